@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: sets up .venv from nothing if needed, then runs the whole suite.
+#   ./run_tests.sh [pytest args...]
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$root"
+scripts/setup_env.sh smollm2-135m || { echo "run_tests.sh: set-up failed" >&2; exit 2; }
+.venv/bin/python -m pytest tests "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "run_tests.sh: pytest collected no tests: that is a failure, not a pass" >&2
+  exit 1
+fi
+exit "$rc"

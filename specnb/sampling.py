@@ -1,0 +1,73 @@
+"""Turning logits into the distributions both models are sampled from.
+
+The same `SamplingConfig` (temperature, then top-k, then top-p) is applied to the target's logits
+(giving p) and to the draft's (giving q), so the lossless rules in `acceptance` reproduce exactly
+the target's *processed* distribution. `temperature == 0` means greedy decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy (argmax); > 0 scales logits before softmax
+    top_k: int = 0  # keep the k most likely tokens; 0 = all
+    top_p: float = 1.0  # keep the smallest set whose probability reaches top_p; 1 = all
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Float32 probabilities [..., V] after temperature, top-k and top-p (sampling mode only).
+
+    logits: [..., V]
+    """
+    if config.greedy:
+        raise ValueError("probabilities() is for sampling; greedy decoding uses argmax")
+    logits = logits.float() / config.temperature
+    if config.top_k and config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if config.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # drop a token when the tokens strictly more likely already reach top_p
+        drop_sorted = sorted_probs.cumsum(-1) - sorted_probs >= config.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_without_replacement(
+    probs: torch.Tensor, k: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Long [..., k]: k draws without replacement from each row of `probs`, in draw order.
+
+    Gumbel-top-k (Kool et al. 2019): the top-k of log p + Gumbel noise are distributed as k
+    sequential draws without replacement. Draws beyond a row's support are arbitrary zero-probability
+    tokens; the acceptance rule skips them.
+    probs: [..., V]
+    """
+    u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32)
+    gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)).clamp_min(1e-20))
+    return torch.topk(probs.float().log() + gumbel, k, dim=-1).indices
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from a probability vector [V]."""
+    return int(torch.multinomial(probs, 1, generator=generator))

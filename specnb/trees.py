@@ -1,0 +1,262 @@
+"""Draft trees: their shape, canonical order, and the tensors verification needs.
+
+A `Tree` holds the draft positions of one speculative step. The root, the last accepted token, is
+implicit; node i is named by its *rank path* (Medusa's tree spec, Cai et al. 2024): entry d is the
+sibling rank of the node at depth d+1, i.e. rank r = the draft's r-th most likely token after the
+parent's path (in sampling mode, the r-th draw without replacement from q).
+
+Canonical order is by (depth, path): depth-1 nodes first, and every node after its parent. Since
+nodes are sorted by depth, the nodes of depth <= d are a prefix of the order; drafting level by
+level and truncating a tree at a depth both rely on it.
+
+Shape presets, each filled to a budget of n draft tokens:
+    Tree.chain(n)          one sequence (the classic draft of Leviathan et al. 2023)
+    Tree.kary(k, n)        the complete k-ary tree, filled breadth-first
+    Tree.wide(n)           n siblings at depth 1
+    Tree.beams(k, n)       k independent chains, one per depth-1 rank (SpecInfer-style beams)
+    Tree.sparse(n)         Medusa-style: best-first under an assumed per-rank acceptance vector, so
+                           higher-ranked parents get more children
+    Tree.best_first(n, v)  the same for any acceptance vector v (Sequoia's positional assumption)
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable, Sequence
+
+import torch
+
+Path = tuple[int, ...]
+
+# Per-rank acceptance assumed by `Tree.sparse`: the top-1 child of an accepted node is accepted
+# about half the time, lower ranks far less (the shape of measured vectors in Sequoia, Fig. 3).
+SPARSE_ACCEPTANCE: tuple[float, ...] = (0.55, 0.2, 0.1, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01, 0.01)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """An immutable draft tree; build it with `from_paths`, `from_parents` or a preset."""
+
+    paths: tuple[Path, ...]
+    # derived, filled in __post_init__; not part of equality or hashing
+    parents: tuple[int, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        paths = tuple(tuple(int(r) for r in p) for p in self.paths)
+        _check_paths(paths)
+        order = sorted(paths, key=lambda p: (len(p), p))
+        if order != list(paths):
+            raise ValueError("Tree paths must be in canonical (depth, path) order; use Tree.from_paths")
+        index = {p: i for i, p in enumerate(paths)}
+        object.__setattr__(self, "paths", paths)
+        object.__setattr__(self, "parents", tuple(index.get(p[:-1], -1) for p in paths))
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[Sequence[int]]) -> Tree:
+        """Tree from Medusa-style rank paths, in any order, e.g. [(0,), (1,), (0, 0)]."""
+        checked = [tuple(int(r) for r in p) for p in paths]
+        _check_paths(tuple(checked))
+        return cls(tuple(sorted(checked, key=lambda p: (len(p), p))))
+
+    @classmethod
+    def from_parents(cls, parents: Sequence[int]) -> Tree:
+        """Tree from a parents list (-1 = child of the root) in topological order.
+
+        Sibling ranks follow the order of appearance. The result is in canonical order, which may
+        differ from the input's order: read `tree.parents` for the canonical parents list.
+        """
+        paths: list[Path] = []
+        num_children: dict[int, int] = {}
+        for i, parent in enumerate(parents):
+            parent = int(parent)
+            if parent < -1 or parent >= i:
+                raise ValueError(
+                    f"parents[{i}] = {parent}: a parent must be -1 (the root) or an earlier node "
+                    f"(0..{i - 1}); the list must be topological"
+                )
+            rank = num_children.get(parent, 0)
+            num_children[parent] = rank + 1
+            paths.append((paths[parent] if parent >= 0 else ()) + (rank,))
+        return cls.from_paths(paths)
+
+    # ---- presets ------------------------------------------------------------------------------
+
+    @classmethod
+    def chain(cls, n: int) -> Tree:
+        """A single sequence of n draft tokens."""
+        return cls(tuple((0,) * d for d in range(1, _budget(n) + 1)))
+
+    @classmethod
+    def kary(cls, k: int, n: int) -> Tree:
+        """The first n nodes, breadth-first, of the complete k-ary tree."""
+        if k < 1:
+            raise ValueError(f"k-ary tree needs k >= 1, got {k}")
+        n = _budget(n)
+        paths: list[Path] = []
+        level: list[Path] = [()]
+        while len(paths) < n:
+            level = [p + (r,) for p in level for r in range(k)]
+            paths.extend(level[: n - len(paths)])
+        return cls(tuple(paths))
+
+    @classmethod
+    def wide(cls, n: int) -> Tree:
+        """n siblings at depth 1: the draft's top-n guesses for the next token only."""
+        return cls(tuple((r,) for r in range(_budget(n))))
+
+    @classmethod
+    def beams(cls, k: int, n: int) -> Tree:
+        """k independent chains (SpecInfer-style): chain i starts at depth-1 rank i and continues
+        with rank 0; the n nodes are spread level by level, so chain lengths differ by at most one."""
+        if k < 1:
+            raise ValueError(f"beams need k >= 1, got {k}")
+        n = _budget(n)
+        paths = [(i,) + (0,) * d for d in range(n) for i in range(k)][:n]
+        return cls.from_paths(paths)
+
+    @classmethod
+    def best_first(cls, n: int, acceptance: Sequence[float], max_depth: int | None = None) -> Tree:
+        """The n nodes with the largest product of `acceptance[rank]` along their path.
+
+        Under Sequoia's positional assumption (the rank-r child of an accepted node is accepted with
+        probability acceptance[r]) that product is the probability the node is accepted, so this
+        greedy expansion gives a tree with a high expected acceptance length; it is the exact
+        optimum when `acceptance` is non-increasing (a node's value never exceeds its parent's nor
+        its elder sibling's, so the top-n set is closed under both). Ties break by (depth, path).
+        """
+        n = _budget(n)
+        acc = [float(a) for a in acceptance]
+        if not acc or any(not 0.0 < a <= 1.0 for a in acc):
+            raise ValueError(f"acceptance values must lie in (0, 1], got {acceptance!r}")
+        # frontier: (-log value, depth, path); a node enters when its parent or elder sibling is taken
+        frontier: list[tuple[float, int, Path]] = [(-math.log(acc[0]), 1, (0,))]
+        chosen: list[Path] = []
+        while frontier and len(chosen) < n:
+            neg_log, depth, path = heapq.heappop(frontier)
+            chosen.append(path)
+            if max_depth is None or depth < max_depth:
+                heapq.heappush(frontier, (neg_log - math.log(acc[0]), depth + 1, path + (0,)))
+            nxt = path[-1] + 1
+            if nxt < len(acc):
+                step = math.log(acc[path[-1]]) - math.log(acc[nxt])
+                heapq.heappush(frontier, (neg_log + step, depth, path[:-1] + (nxt,)))
+        return cls.from_paths(chosen)
+
+    @classmethod
+    def sparse(cls, n: int) -> Tree:
+        """Medusa-style sparse tree: best-first under `SPARSE_ACCEPTANCE`."""
+        return cls.best_first(n, SPARSE_ACCEPTANCE)
+
+    # ---- structure ----------------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of each node; depth-1 nodes are children of the root."""
+        return tuple(len(p) for p in self.paths)
+
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth (0 for the empty tree)."""
+        return max(self.depths, default=0)
+
+    @cached_property
+    def ranks(self) -> tuple[int, ...]:
+        """Each node's sibling rank (the last entry of its path)."""
+        return tuple(p[-1] for p in self.paths)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """children[0] = the root's children, children[i + 1] = node i's children, by rank."""
+        kids: list[list[int]] = [[] for _ in range(self.num_nodes + 1)]
+        for i, parent in enumerate(self.parents):
+            kids[parent + 1].append(i)
+        return tuple(tuple(sorted(k, key=lambda i: self.ranks[i])) for k in kids)
+
+    @cached_property
+    def has_rank_gaps(self) -> bool:
+        """True if some node has a rank-r child but no rank r-1 sibling (Medusa allows it; lossless
+        sampling, whose rank r is the r-th draw, does not)."""
+        return any(
+            [self.ranks[c] for c in kids] != list(range(len(kids))) for kids in self.children
+        )
+
+    @cached_property
+    def leaves(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_nodes) if not self.children[i + 1])
+
+    @cached_property
+    def leaf_paths(self) -> tuple[tuple[int, ...], ...]:
+        """For each leaf, the node indices from depth 1 down to it (Medusa's retrieve indices,
+        unpadded): one candidate sequence per leaf."""
+        return tuple(self.node_path(leaf) for leaf in self.leaves)
+
+    def node_path(self, i: int) -> tuple[int, ...]:
+        """Node indices on the path from depth 1 down to node i, inclusive."""
+        out: list[int] = []
+        while i >= 0:
+            out.append(i)
+            i = self.parents[i]
+        return tuple(reversed(out))
+
+    def level(self, depth: int) -> range:
+        """Indices of the nodes at `depth` (a contiguous range in canonical order)."""
+        start = sum(1 for d in self.depths if d < depth)
+        stop = sum(1 for d in self.depths if d <= depth)
+        return range(start, stop)
+
+    def truncated(self, max_depth: int) -> Tree:
+        """The subtree of nodes with depth <= max_depth (a prefix of the canonical order)."""
+        if max_depth >= self.depth:
+            return self
+        return Tree(tuple(p for p in self.paths if len(p) <= max(max_depth, 0)))
+
+    # ---- tensors ------------------------------------------------------------------------------
+
+    def ancestor_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Bool [N, N]: row i is True at j iff node j is node i or one of its ancestors."""
+        n = self.num_nodes
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:
+                mask[i] = mask[parent]  # canonical order: the parent's row is already complete
+            mask[i, i] = True
+        return mask.to(device) if device is not None else mask
+
+    def position_offsets(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Long [N]: each node's depth, its position relative to the root."""
+        return torch.tensor(self.depths, dtype=torch.long, device=device)
+
+    def describe(self) -> str:
+        return f"{self.num_nodes} nodes, depth {self.depth}, {len(self.leaves)} leaves"
+
+
+def _budget(n: int) -> int:
+    if n < 0:
+        raise ValueError(f"a tree's budget must be >= 0 draft tokens, got {n}")
+    return int(n)
+
+
+def _check_paths(paths: tuple[Path, ...]) -> None:
+    seen = set(paths)
+    if len(seen) != len(paths):
+        dupes = sorted({p for p in paths if paths.count(p) > 1})
+        raise ValueError(f"duplicate tree paths: {dupes}")
+    for p in paths:
+        if len(p) == 0:
+            raise ValueError("empty path (): the root is implicit and is not a tree node")
+        if any(r < 0 for r in p):
+            raise ValueError(f"negative rank in path {p}")
+        if len(p) > 1 and p[:-1] not in seen:
+            raise ValueError(f"path {p} has no parent: {p[:-1]} is missing")
