@@ -64,7 +64,8 @@ def sample_without_replacement(
     probs: [..., V]
     """
     u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32)
-    gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)).clamp_min(1e-20))
+    exponential = (-torch.log(u.clamp_min(1e-20))).clamp_min(1e-20)  # Exp(1) draws
+    gumbel = -torch.log(exponential)
     return torch.topk(probs.float().log() + gumbel, k, dim=-1).indices
 
 

@@ -1,0 +1,58 @@
+"""Seeded tiny models built from a config (transformers' test habit): they download nothing and
+odd sizes catch shape bugs. `scale` multiplies the LM head so random models have peaked,
+distinguishable next-token distributions instead of near-uniform ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+
+def tiny_model(
+    seed: int,
+    vocab: int = 61,
+    arch: str = "llama",
+    attn: str = "sdpa",
+    scale: float = 1.0,
+    layers: int = 2,
+    hidden: int = 48,
+) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    kwargs = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden + 4,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**kwargs, attn_implementation=attn))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kwargs, attn_implementation=attn))
+    else:
+        raise ValueError(arch)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model.eval()
+
+
+def random_prompt(seed: int, length: int = 7, vocab: int = 61) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (1, length), generator=g)  # ids 0-2 are pad/bos/eos
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> torch.nn.Module:
+    return tiny_model(0, scale=30.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> torch.nn.Module:
+    """A different random model: agrees with the target now and then."""
+    return tiny_model(1, scale=30.0, layers=1)

@@ -1,0 +1,151 @@
+"""End-to-end: greedy speculative output equals plain greedy output token for token; sampled
+output follows the target's distribution (chi-square); stops at EOS and max_new_tokens exactly."""
+
+import pytest
+import torch
+
+import specnb.generation
+from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate, summarize
+
+from conftest import random_prompt, tiny_model
+from stats import ALPHA, chi_square_pvalue
+from test_acceptance import broken_accept
+
+TREES = {
+    "chain4": Tree.chain(4),
+    "kary2x10": Tree.kary(2, 10),
+    "wide5": Tree.wide(5),
+    "beams3x9": Tree.beams(3, 9),
+    "sparse16": Tree.sparse(16),
+    "medusa_gaps": Tree.from_paths([(0,), (2,), (0, 1), (0, 1, 3)]),
+}
+
+
+def test_autoregressive_matches_transformers_generate(tiny_target):
+    ids = random_prompt(3)
+    ours = autoregressive_generate(tiny_target, ids, max_new_tokens=20, eos_token_id=())
+    theirs = tiny_target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False, eos_token_id=None
+    )[0, ids.shape[1] :]
+    assert torch.equal(ours.tokens, theirs)
+    s = summarize(ours)
+    assert s.tau == 1.0 and s.num_steps == 20
+
+
+def rank0_chain(tree: Tree) -> int:
+    return max((len(p) for p in tree.paths if set(p) == {0}), default=0)
+
+
+CASES = [("llama", name, kind) for name in TREES for kind in ("random_draft", "draft_is_target", "agrees_with_nothing")]
+CASES += [("qwen2", name, "random_draft") for name in ("chain4", "sparse16")]
+
+
+@pytest.mark.parametrize("arch, name, draft_kind", CASES)
+def test_greedy_speculative_equals_greedy(arch, name, draft_kind, tiny_target, tiny_draft):
+    target = tiny_target if arch == "llama" else tiny_model(0, arch="qwen2", scale=30.0)
+    draft = {
+        "random_draft": tiny_draft,
+        "draft_is_target": target,
+        "agrees_with_nothing": tiny_model(9, scale=-30.0, layers=1),
+    }[draft_kind]
+    tree = TREES[name]
+    for prompt_seed in (1, 2):
+        ids = random_prompt(prompt_seed, length=5 + prompt_seed)
+        reference = autoregressive_generate(target, ids, max_new_tokens=23, eos_token_id=())
+        result = speculative_generate(target, draft, ids, tree=tree, max_new_tokens=23, eos_token_id=())
+        assert result.tokens.tolist() == reference.tokens.tolist()
+        s = summarize(result)
+        assert s.num_tokens == 23
+        if draft_kind == "draft_is_target":
+            # the draft's top-1 is the target's argmax: each step accepts the tree's whole
+            # rank-0 chain (cut to the step's tree), and nothing off it
+            for st in result.steps:
+                assert st.accepted_ranks == (0,) * st.num_accepted
+                assert st.num_accepted == rank0_chain(tree.truncated(st.tree_depth)) or st.num_tokens < st.num_accepted + 1
+        if draft_kind == "agrees_with_nothing":
+            assert s.acceptance_rate < 0.2
+
+
+def test_eos_inside_an_accepted_path(tiny_target):
+    ids = random_prompt(4)
+    plain = autoregressive_generate(tiny_target, ids, max_new_tokens=30, eos_token_id=())
+    eos = plain.tokens[6].item()
+    first = plain.tokens.tolist().index(eos)  # the first occurrence stops generation
+    reference = autoregressive_generate(tiny_target, ids, max_new_tokens=30, eos_token_id=eos)
+    assert reference.tokens.tolist() == plain.tokens[: first + 1].tolist()
+    result = speculative_generate(tiny_target, tiny_target, ids, tree=Tree.chain(4), max_new_tokens=30, eos_token_id=eos)
+    assert result.tokens.tolist() == reference.tokens.tolist()
+    last = result.steps[-1]
+    if first % 5 != 4:  # EOS is not the bonus position of a 5-token step: it cut an accepted path
+        assert last.num_tokens <= last.num_accepted
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7, 13])
+def test_max_new_tokens_exact_with_deep_tree(tiny_target, max_new):
+    ids = random_prompt(5)
+    reference = autoregressive_generate(tiny_target, ids, max_new_tokens=max_new, eos_token_id=())
+    result = speculative_generate(tiny_target, tiny_target, ids, tree=Tree.chain(4), max_new_tokens=max_new, eos_token_id=())
+    assert result.tokens.tolist() == reference.tokens.tolist()
+    assert len(result.tokens) == max_new
+    assert result.steps[-1].num_drafted == (max_new - 1) % 5  # the last tree was cut to fit
+
+
+def test_drafter_cache_is_reused_across_steps_and_prompts(tiny_target, tiny_draft):
+    drafter = ModelDrafter(tiny_draft)
+    for seed in (1, 2, 1):
+        ids = random_prompt(seed)
+        reference = autoregressive_generate(tiny_target, ids, max_new_tokens=15, eos_token_id=())
+        result = speculative_generate(tiny_target, drafter, ids, tree=Tree.kary(2, 6), max_new_tokens=15, eos_token_id=())
+        assert result.tokens.tolist() == reference.tokens.tolist()
+
+
+def test_one_token_prompt(tiny_target, tiny_draft):
+    ids = torch.tensor([[7]])
+    reference = autoregressive_generate(tiny_target, ids, max_new_tokens=9, eos_token_id=())
+    result = speculative_generate(tiny_target, tiny_draft, ids, tree=Tree.kary(2, 6), max_new_tokens=9, eos_token_id=())
+    assert result.tokens.tolist() == reference.tokens.tolist()
+
+
+# ---- lossless sampling through real (tiny) models ------------------------------------------
+
+VOCAB = 7
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    target = tiny_model(20, vocab=VOCAB, scale=4.0, layers=1, hidden=16)
+    draft = tiny_model(21, vocab=VOCAB, scale=4.0, layers=1, hidden=16)
+    prompt = torch.tensor([[3, 5, 4]])
+    with torch.inference_mode():
+        first = torch.softmax(target(prompt).logits[0, -1], -1)
+        exact = {}
+        for a in range(VOCAB):
+            second = torch.softmax(target(torch.cat([prompt, torch.tensor([[a]])], 1)).logits[0, -1], -1)
+            for b in range(VOCAB):
+                exact[(a, b)] = float(first[a] * second[b])
+    return target, draft, prompt, exact
+
+
+def first_two(target, draft, prompt, tree, runs):
+    drafter = ModelDrafter(draft)
+    out = []
+    for seed in range(runs):
+        r = speculative_generate(
+            target, drafter, prompt, tree=tree, max_new_tokens=3, temperature=1.0, seed=seed, eos_token_id=()
+        )
+        out.append(tuple(r.tokens[:2].tolist()))
+    return out
+
+
+@pytest.mark.parametrize("tree", [Tree.chain(3), Tree.kary(2, 6)], ids=["chain", "kary"])
+def test_sampled_output_follows_the_target(sampling_pair, tree):
+    target, draft, prompt, exact = sampling_pair
+    samples = first_two(target, draft, prompt, tree, runs=2500)
+    assert chi_square_pvalue(samples, exact) > ALPHA
+
+
+def test_sampling_check_detects_a_broken_rule(sampling_pair, monkeypatch):
+    target, draft, prompt, exact = sampling_pair
+    monkeypatch.setattr(specnb.generation, "speculative_accept", broken_accept)
+    samples = first_two(target, draft, prompt, Tree.kary(2, 6), runs=2500)
+    assert chi_square_pvalue(samples, exact) < ALPHA

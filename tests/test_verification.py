@@ -1,0 +1,112 @@
+"""Tree-masked verification equals running each root-to-node path as a plain sequence."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specnb import Tree
+from specnb.cache import new_cache
+from specnb.masks import model_mask, prefix_tree_mask, rooted_ancestor_mask
+from specnb.verification import commit, prefill, verify
+
+from conftest import random_prompt, tiny_model
+from test_trees import random_tree
+
+ATOL = 1e-4  # fp32; path logits come from different matmul shapes, so not bit-identical
+
+TREES = {
+    "chain": Tree.chain(5),
+    "kary": Tree.kary(2, 9),
+    "wide": Tree.wide(4),
+    "sparse": Tree.sparse(10),
+    "random": random_tree(7, 11),
+}
+
+
+def plain_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=ids).logits[0].float()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", list(TREES))
+def test_tree_logits_equal_each_path(arch, attn, name):
+    tree = TREES[name]
+    model = tiny_model(3, arch=arch, attn=attn)
+    prompt = random_prompt(5, length=9)
+    g = torch.Generator().manual_seed(11)
+    tokens = torch.randint(3, 61, (tree.num_nodes,), generator=g)
+
+    cache = new_cache(model)
+    prefill(model, cache, prompt[:, :-1])
+    logits = verify(model, cache, int(prompt[0, -1]), tree, tokens)  # [N+1, V]
+
+    reference = plain_logits(model, prompt)[-1]
+    torch.testing.assert_close(logits[0], reference, atol=ATOL, rtol=0)
+    for i in range(tree.num_nodes):
+        path = torch.tensor([tokens[j] for j in tree.node_path(i)])[None]
+        reference = plain_logits(model, torch.cat([prompt, path], dim=1))[-1]
+        torch.testing.assert_close(logits[i + 1], reference, atol=ATOL, rtol=0)
+
+
+def test_boolean_mask_on_eager_would_be_wrong():
+    """The pitfall `model_mask` exists for: eager adds a bool mask to the scores."""
+    model = tiny_model(3, attn="eager")
+    tree = Tree.wide(3)
+    prompt = random_prompt(5)
+    tokens = torch.tensor([10, 11, 12])
+    bool_mask = prefix_tree_mask(rooted_ancestor_mask(tree.ancestor_mask()), prompt.shape[1] - 1)
+    ids = torch.cat([prompt[:, -1:], tokens[None]], 1)
+    positions = prompt.shape[1] - 1 + torch.tensor([[0, 1, 1, 1]])
+
+    def run(mask):
+        cache = new_cache(model)
+        prefill(model, cache, prompt[:, :-1])
+        with torch.inference_mode():
+            return model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache).logits[0]
+
+    good = run(model_mask(bool_mask, model, model.dtype))
+    bad = run(bool_mask)
+    reference = plain_logits(model, torch.cat([prompt, tokens[:1, None]], 1))[-1]
+    torch.testing.assert_close(good[1], reference, atol=ATOL, rtol=0)
+    assert (bad[1] - reference).abs().max() > 1e-2
+
+
+def test_unsupported_attention_is_refused():
+    model = tiny_model(3)
+    model.config._attn_implementation = "flash_attention_2"
+    cache = DynamicCache(config=model.config)
+    with pytest.raises(ValueError, match="cannot take a tree mask.*sdpa"):
+        verify(model, cache, 5, Tree.chain(2), torch.tensor([6, 7]))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("path_leaf", [None, 0, 3, 5])
+def test_commit_equals_plain_prefill_of_accepted_sequence(attn, path_leaf):
+    tree = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 1, 0)])
+    path = () if path_leaf is None else tree.node_path(path_leaf)
+    model = tiny_model(4, attn=attn)
+    prompt = random_prompt(6, length=8)
+    tokens = torch.tensor([20, 21, 22, 23, 24, 25])
+
+    cache = new_cache(model)
+    prefill(model, cache, prompt[:, :-1])
+    prefix_len = prompt.shape[1] - 1
+    verify(model, cache, int(prompt[0, -1]), tree, tokens)
+    commit(cache, prefix_len, path)
+
+    accepted = torch.cat([prompt, tokens[list(path)][None]], dim=1)
+    plain = new_cache(model)
+    prefill(model, plain, accepted)
+    assert cache.get_seq_length() == plain.get_seq_length() == accepted.shape[1]
+    for ours, theirs in zip(cache.layers, plain.layers):
+        torch.testing.assert_close(ours.keys, theirs.keys, atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours.values, theirs.values, atol=ATOL, rtol=0)
+
+    # and the next step continues from it: logits of one more token match a plain run
+    nxt = torch.tensor([[30]])
+    with torch.inference_mode():
+        ours = model(input_ids=nxt, past_key_values=cache).logits[0, -1]
+    reference = plain_logits(model, torch.cat([accepted, nxt], 1))[-1]
+    torch.testing.assert_close(ours, reference, atol=ATOL, rtol=0)
