@@ -17,6 +17,7 @@ Shape presets, each filled to a budget of n draft tokens:
     Tree.sparse(n)         Medusa-style: best-first under an assumed per-rank acceptance vector, so
                            higher-ranked parents get more children
     Tree.best_first(n, v)  the same for any acceptance vector v (Sequoia's positional assumption)
+    Tree.preset(name, n)   any of the above by name ("chain", "kary2", "beams4", ...)
 """
 
 from __future__ import annotations
@@ -146,6 +147,18 @@ class Tree:
                 step = math.log(acc[path[-1]]) - math.log(acc[nxt])
                 heapq.heappush(frontier, (neg_log + step, depth, path[:-1] + (nxt,)))
         return cls.from_paths(chosen)
+
+    @classmethod
+    def preset(cls, name: str, n: int) -> Tree:
+        """A preset by name, for parameter files: chain, wide, sparse, kary<k>, beams<k>."""
+        if name in ("chain", "wide", "sparse"):
+            return getattr(cls, name)(n)
+        for prefix in ("kary", "beams"):
+            if name.startswith(prefix) and name[len(prefix) :].isdigit():
+                return getattr(cls, prefix)(int(name[len(prefix) :]), n)
+        raise ValueError(
+            f"unknown tree shape {name!r}; use chain, wide, sparse, kary<k> or beams<k> (e.g. kary2, beams4)"
+        )
 
     @classmethod
     def sparse(cls, n: int) -> Tree:

@@ -172,3 +172,12 @@ def test_bad_budgets_raise():
 def test_empty_tree_and_rank_gaps():
     assert Tree.chain(0).num_nodes == 0 and Tree.chain(0).depth == 0
     assert Tree.from_paths([(0,), (2,)]).has_rank_gaps
+
+
+def test_presets_by_name():
+    assert Tree.preset("chain", 4) == Tree.chain(4)
+    assert Tree.preset("kary3", 7) == Tree.kary(3, 7)
+    assert Tree.preset("beams2", 6) == Tree.beams(2, 6)
+    assert Tree.preset("sparse", 9) == Tree.sparse(9)
+    with pytest.raises(ValueError, match="unknown tree shape"):
+        Tree.preset("karyx", 4)
