@@ -352,9 +352,26 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of an embedded model (short name), a hub id or a local folder. No weights load."""
     if name_or_path in EMBEDDED_MODELS:
-        gguf = gguf_path(name_or_path)
-        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return _embedded_tokenizer(EMBEDDED_MODELS[name_or_path])
     return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def _embedded_tokenizer(model: EmbeddedModel) -> PreTrainedTokenizerBase:
+    """Converting a tokenizer from GGUF takes ~9 s for Qwen; a save_pretrained copy (same vocabulary,
+    template and encodings) loads in under 1 s. The copy is keyed by the model's checksum and
+    written to a temporary folder renamed into place, so it is never half-written."""
+    gguf = gguf_path(model)
+    folder = cache_dir() / f"{model.name}-tokenizer-{model.sha256[:12]}"
+    if folder.is_dir():
+        return AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=cache_dir()))
+    try:
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race: its copy is as good
+    return tokenizer
 
 
 def _check_quantization(quantization: str | None) -> None:

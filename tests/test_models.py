@@ -517,3 +517,19 @@ def test_smollm2_generates_paris() -> None:
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+def test_cached_tokenizer_equals_gguf_tokenizer():
+    from transformers import AutoTokenizer
+
+    gguf = models.gguf_path("smollm2-135m")
+    fresh = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    models.load_tokenizer("smollm2-135m")  # makes the cached copy if missing
+    cached = models.load_tokenizer("smollm2-135m")  # loads it
+    assert cached.get_vocab() == fresh.get_vocab()
+    text = "Déjà vu: 3.14 × 2 = 6.28 <|im_end|>\n  def f(x):\n\treturn x"
+    assert cached(text)["input_ids"] == fresh(text)["input_ids"]
+    chat = [{"role": "user", "content": text}]
+    assert cached.apply_chat_template(chat, tokenize=False) == fresh.apply_chat_template(chat, tokenize=False)
+    assert cached.eos_token_id == fresh.eos_token_id
