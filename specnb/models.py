@@ -459,6 +459,7 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
+    layers: int | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM in eval mode and its tokenizer.
 
@@ -467,11 +468,31 @@ def load_model(
     quantization: None, or "4bit" for bitsandbytes nf4 (an embedded model is first de-quantized
         once into `<cache>/<name>-hf/`, since GGUF and a quantization config do not combine).
     dtype: default float16 on CUDA, float32 elsewhere. device: default "cuda" if available, else "cpu".
+    layers: keep only the first `layers` decoder layers (then the final norm and LM head): an
+        early-exit copy of the model, e.g. a draft made from the target itself (LayerSkip-style,
+        but as a separate model with its own cache).
     """
     _check_quantization(quantization)
     tokenizer = load_tokenizer(name_or_path)
     model = _load_causal_lm(name_or_path, quantization, dtype, device, attn_implementation)
+    if layers is not None:
+        truncate_layers(model, layers)
     return model, tokenizer
+
+
+def truncate_layers(model: PreTrainedModel, layers: int) -> PreTrainedModel:
+    """Keep the first `layers` decoder layers of `model`, in place (frees the others)."""
+    decoder = getattr(getattr(model, "model", None), "layers", None)
+    if decoder is None:
+        raise ValueError(f"{type(model).__name__} has no model.layers: cannot keep its first layers")
+    total = len(decoder)
+    if not 1 <= layers <= total:
+        raise ValueError(f"layers must lie in 1..{total} for this model, got {layers}")
+    model.model.layers = decoder[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    return model
 
 
 def check_pair(

@@ -533,3 +533,27 @@ def test_cached_tokenizer_equals_gguf_tokenizer():
     chat = [{"role": "user", "content": text}]
     assert cached.apply_chat_template(chat, tokenize=False) == fresh.apply_chat_template(chat, tokenize=False)
     assert cached.eos_token_id == fresh.eos_token_id
+
+
+def test_4bit_runs_speculative_generate(tiny_dir: Path) -> None:
+    """The 4-bit path Colab users take (a 4-bit target), here on CPU: greedy speculative output
+    with a float draft equals the 4-bit target's own greedy output."""
+    from specnb import Tree, autoregressive_generate, speculative_generate
+
+    target, tokenizer = load_model(str(tiny_dir), quantization="4bit")
+    draft, _ = load_model(str(tiny_dir))
+    ids = prompt_ids(tokenizer, PROMPT)
+    plain = autoregressive_generate(target, ids, max_new_tokens=12, eos_token_id=())
+    for tree in (Tree.chain(3), Tree.kary(2, 6)):
+        spec = speculative_generate(target, draft, ids, tree=tree, max_new_tokens=12, eos_token_id=())
+        assert spec.tokens.tolist() == plain.tokens.tolist()
+        assert sum(s.num_accepted for s in spec.steps) > 0  # the float copy agrees with its 4-bit self
+
+
+def test_truncate_layers(tiny_dir: Path) -> None:
+    full, _ = load_model(str(tiny_dir))
+    early, _ = load_model(str(tiny_dir), layers=1)
+    assert len(early.model.layers) == 1 and early.config.num_hidden_layers == 1
+    torch.testing.assert_close(early.model.layers[0].mlp.up_proj.weight, full.model.layers[0].mlp.up_proj.weight)
+    with pytest.raises(ValueError, match="layers must lie in 1..2"):
+        load_model(str(tiny_dir), layers=3)

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.models import load_model, prompt_ids
+from specnb.models import load_model, prompt_ids, truncate_layers
 from specnb.prompts import BUILTIN
 
 pytestmark = pytest.mark.slow
@@ -27,11 +27,7 @@ def smollm():
 @pytest.fixture(scope="module")
 def drafts(smollm):
     model, _ = smollm
-    early = copy.deepcopy(model)
-    early.model.layers = early.model.layers[:8]  # the first 8 of 30 layers + final norm + head
-    early.config.num_hidden_layers = 8
-    if getattr(early.config, "layer_types", None):
-        early.config.layer_types = early.config.layer_types[:8]
+    early = truncate_layers(copy.deepcopy(model), 8)  # the first 8 of 30 layers + final norm + head
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=model.config.vocab_size, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
