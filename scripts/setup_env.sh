@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make the project's virtual environment (.venv) ready, from nothing, on a fresh machine.
 #
-#   scripts/setup_env.sh [MODEL ...]
+#   scripts/setup_env.sh [MODEL ...]     set up, then install these embedded models
+#   scripts/setup_env.sh --python        print the python that the set-up installs into
 #
 # - torch: on a machine without an NVIDIA GPU, the CPU build (torch==2.13.0) is installed first, so
 #   that requirements.txt's `torch>=...` does not pull a CUDA build of several GB. Where `nvidia-smi`
@@ -11,15 +12,24 @@
 # Re-running is cheap: a stamp records what was installed and nothing is repeated.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${SPECNB_VENV:-$root/.venv}
-py=$venv/bin/python
+# On Colab (or with SPECNB_SYSTEM_PYTHON=1) install into the running python3, keeping its torch.
+if [ -n "${COLAB_RELEASE_TAG:-}" ] || [ "${SPECNB_SYSTEM_PYTHON:-0}" = 1 ]; then
+  py=$(command -v python3)
+  state=$root/.specnb-system
+  mkdir -p "$state"
+else
+  venv=${SPECNB_VENV:-$root/.venv}
+  py=$venv/bin/python
+  state=$venv
+fi
+if [ "${1:-}" = "--python" ]; then echo "$py"; exit 0; fi
 
 if [ ! -x "$py" ]; then
   echo "[setup] creating $venv"
   python3 -m venv "$venv"
 fi
 
-stamp=$venv/.specnb-requirements
+stamp=$state/.specnb-requirements
 want=$(cat "$root/requirements.txt" "$root/pyproject.toml" "$root/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if ! "$py" -c "import torch" 2>/dev/null; then

@@ -534,11 +534,12 @@ def load_pair(
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
+    draft_layers: int | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
     """(target model, draft model, shared tokenizer). The vocabularies are checked before any weights load.
 
     Names, quantization, dtype, device and attn_implementation mean what they mean in `load_model`;
-    the last three apply to both models.
+    the last three apply to both models. draft_layers keeps only the draft's first layers.
     """
     _check_quantization(target_quantization)
     _check_quantization(draft_quantization)
@@ -546,6 +547,8 @@ def load_pair(
     check_pair(tokenizer, load_tokenizer(draft), target, draft)
     target_model = _load_causal_lm(target, target_quantization, dtype, device, attn_implementation)
     draft_model = _load_causal_lm(draft, draft_quantization, dtype, device, attn_implementation)
+    if draft_layers is not None:
+        truncate_layers(draft_model, draft_layers)
     return target_model, draft_model, tokenizer
 
 

@@ -84,11 +84,14 @@ def load_prompts(
     categories: Sequence[str] | None = None,
     limit: int | None = None,
 ) -> list[Prompt]:
-    """Prompts from "builtin", "spec_bench" (the default Spec-Bench path) or a JSONL path.
+    """Prompts from "builtin", "spec_bench" (the default Spec-Bench path), "auto" (Spec-Bench when
+    its file is found, else builtin) or a JSONL path.
 
     per_category keeps the first k prompts of each category (file order), categories filters, and
     limit caps the total, taking categories in turn so a small limit still spans several.
     """
+    if source == "auto":
+        source = "spec_bench" if default_spec_bench_path() is not None else "builtin"
     if source == "builtin":
         prompts = list(BUILTIN)
     elif source == "spec_bench":

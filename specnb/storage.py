@@ -78,12 +78,15 @@ def run_folder(outputs: str | Path, notebook: str, run_id: str) -> Path:
 
 
 class Sweep:
-    """A resumable store of units of work, one JSON line each: {"key": {...}, "rows": [...]}."""
+    """A resumable store of units of work, one JSON line each:
+    {"key": {...}, "rows": [...], "meta": {...}}: rows are the unit's tidy rows (e.g. one per step),
+    meta its one-row summary."""
 
     def __init__(self, path: str | Path, key: Sequence[str]) -> None:
         self.path = Path(path)
         self.key = tuple(key)
         self._units: dict[tuple, list[dict]] = {}
+        self._meta: dict[tuple, dict] = {}
         self._load()
 
     def _load(self) -> None:
@@ -99,7 +102,9 @@ class Sweep:
                     break  # a line cut short by an interruption: it and anything after is dropped
                 if not line.endswith(b"\n"):
                     break
-                self._units.setdefault(k, unit["rows"])
+                if k not in self._units:
+                    self._units[k] = unit["rows"]
+                    self._meta[k] = unit.get("meta") or {}
                 good += len(line)
         if good < self.path.stat().st_size:
             with self.path.open("r+b") as f:
@@ -111,19 +116,30 @@ class Sweep:
     def __len__(self) -> int:
         return len(self._units)
 
-    def add(self, key: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> None:
+    def add(self, key: Mapping[str, Any], rows: Iterable[Mapping[str, Any]], meta: Mapping[str, Any] | None = None) -> None:
         """Store a finished unit (no-op if its key is already stored); durable on return."""
         k = self._key(key)
         if k in self._units:
             return
-        rows = [dict(r) for r in rows]
-        line = json.dumps({"key": dict(zip(self.key, k)), "rows": rows}, default=_jsonable) + "\n"
+        rows = [{c: _jsonable(v) for c, v in r.items()} for r in rows]
+        meta = {c: _jsonable(v) for c, v in (meta or {}).items()}
+        line = json.dumps({"key": dict(zip(self.key, k)), "rows": rows, "meta": meta}) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
         self._units[k] = rows
+        self._meta[k] = meta
+
+    def meta(self, key: Mapping[str, Any] | tuple) -> dict | None:
+        """A stored unit's summary, or None if the unit is not stored."""
+        k = self._key(key)
+        return self._meta.get(k) if k in self._units else None
+
+    def meta_frame(self) -> pd.DataFrame:
+        """One row per unit: its key columns and its summary."""
+        return pd.DataFrame([{**dict(zip(self.key, k)), **self._meta[k]} for k in self._units])
 
     def frame(self) -> pd.DataFrame:
         """All rows, each with its unit's key columns, in the order the units finished."""

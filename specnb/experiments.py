@@ -1,0 +1,305 @@
+"""Experiments the notebooks run: sweeps of tree shapes x budgets x prompts for draft -> target
+pairs, stored resumably, and the tidy tables computed from them.
+
+A unit of work is one generation: (pair, shape, budget, prompt). The target's own greedy decoding
+of each prompt is the unit with shape "autoregressive" and budget 0; it is the reference output
+(greedy equality is checked for every speculative unit) and the speed baseline of the same run.
+Each unit stores its per-step rows and a one-row summary (see `storage.Sweep`).
+
+Metric conventions (`metrics`): acceptance_rate = accepted / drafted; acceptance_length = accepted
+draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bonus INCLUDED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .drafting import ModelDrafter
+from .generation import GenerationResult, autoregressive_generate, speculative_generate
+from .metrics import summarize
+from .prompts import Prompt
+from .storage import Sweep
+from .trees import Tree
+
+BASELINE = "autoregressive"
+UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A draft -> target pair as named in parameter files."""
+
+    target: str
+    draft: str
+    target_quantization: str | None = None
+    draft_quantization: str | None = None
+    draft_layers: int | None = None  # keep only the draft's first layers (early-exit self-draft)
+
+    @property
+    def label(self) -> str:
+        def side(name: str, quant: str | None, layers: int | None = None) -> str:
+            out = name + (f"[{quant}]" if quant else "")
+            return out + (f"[:{layers} layers]" if layers else "")
+
+        return f"{side(self.draft, self.draft_quantization, self.draft_layers)} -> {side(self.target, self.target_quantization)}"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Pair:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown pair fields {sorted(unknown)}; allowed: {sorted(cls.__dataclass_fields__)}")
+        return cls(**d)
+
+
+def run_sweep(
+    store: Sweep,
+    pair_label: str,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    trees: dict[tuple[str, int], Tree],
+    max_new_tokens: int,
+    progress: bool = True,
+) -> None:
+    """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt."""
+    from .models import prompt_ids
+
+    drafter = ModelDrafter(draft)
+    todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
+    todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
+    references: dict[str, list[int]] = {}
+    for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
+        ids = prompt_ids(tokenizer, prompt.text)
+        if k is None:
+            result = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
+        else:
+            result = speculative_generate(target, drafter, ids, tree=trees[k], max_new_tokens=max_new_tokens)
+        reference = references.get(prompt.id) or _stored_tokens(store, pair_label, prompt)
+        if k is None:
+            references[prompt.id] = result.tokens.tolist()
+            reference = references[prompt.id]
+        store.add(
+            _key(pair_label, k, prompt),
+            _step_rows(result),
+            meta=_unit_summary(result, prompt, reference, trees[k] if k else None),
+        )
+
+
+def run_pairs(
+    store: Sweep,
+    pairs: Sequence[Pair],
+    prompts: Sequence[Prompt],
+    trees: dict[tuple[str, int], Tree],
+    max_new_tokens: int,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Load each pair in turn and sweep it; a pair whose tokenizers differ is skipped (its reason
+    recorded) before any weights load. Returns one row per pair: label, status, reason."""
+    import gc
+
+    from .models import check_pair, load_pair, load_tokenizer
+
+    status = []
+    for pair in pairs:
+        try:
+            check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
+        except ValueError as e:
+            status.append({"pair": pair.label, "status": "skipped", "reason": str(e)})
+            continue
+        target, draft, tokenizer = load_pair(
+            pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, draft_layers=pair.draft_layers
+        )
+        run_sweep(store, pair.label, target, draft, tokenizer, prompts, trees, max_new_tokens, progress)
+        status.append({"pair": pair.label, "status": "measured", "reason": ""})
+        del target, draft
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return pd.DataFrame(status)
+
+
+def unit_table(store: Sweep) -> pd.DataFrame:
+    """One row per generation: its key, prompt category and summary metrics."""
+    return store.meta_frame()
+
+
+def steps_frame(store: Sweep) -> pd.DataFrame:
+    """One row per target call, with its unit's key."""
+    return store.frame()
+
+
+def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budget")) -> pd.DataFrame:
+    """Pooled metrics per group (sums over all steps of all prompts), the spread of per-prompt tau,
+    and speed against the same pair's baseline in the same run."""
+    by = list(by)
+    spec = units[units["shape"] != BASELINE]
+    base = units[units["shape"] == BASELINE]
+    g = spec.groupby(by, sort=False)
+    out = g.agg(
+        prompts=("prompt_id", "nunique"),
+        steps=("num_steps", "sum"),
+        drafted=("num_drafted", "sum"),
+        accepted=("num_accepted", "sum"),
+        tokens=("num_tokens", "sum"),
+        time_s=("total_time", "sum"),
+        tau_prompt_std=("tau", "std"),
+        tau_prompt_min=("tau", "min"),
+        tau_prompt_max=("tau", "max"),
+        greedy_equal=("greedy_equal", "sum"),
+        nodes=("num_nodes", "first"),
+        depth=("depth", "first"),
+    ).reset_index()
+    out["acceptance_rate"] = out["accepted"] / out["drafted"]
+    out["acceptance_length"] = out["accepted"] / out["steps"]
+    out["tau"] = out["tokens"] / out["steps"]
+    out["tokens_per_s"] = out["tokens"] / out["time_s"]
+    base_by = [c for c in by if c not in ("shape", "budget")]
+    base_speed = base.groupby(base_by)[["num_tokens", "total_time"]].sum()
+    base_speed = (base_speed["num_tokens"] / base_speed["total_time"]).rename("baseline_tokens_per_s").reset_index()
+    out = out.merge(base_speed, on=base_by, how="left")
+    out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
+    return out
+
+
+def baseline_table(units: pd.DataFrame, by: Sequence[str] = ("pair",)) -> pd.DataFrame:
+    """The target's own decoding per group: time to first token, time per output token, tokens/s."""
+    base = units[units["shape"] == BASELINE]
+    out = base.groupby(list(by)).agg(
+        prompts=("prompt_id", "nunique"),
+        tokens=("num_tokens", "sum"),
+        time_s=("total_time", "sum"),
+        ttft_s=("ttft_s", "mean"),
+        tpot_s=("tpot_s", "mean"),
+        peak_memory_bytes=("peak_memory_bytes", "max"),
+    ).reset_index()
+    out["tokens_per_s"] = out["tokens"] / out["time_s"]
+    return out
+
+
+def depth_table(steps: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budget")) -> pd.DataFrame:
+    """Tidy per-depth acceptance: steps that accepted at least d draft tokens / steps."""
+    rows = []
+    spec = steps[steps["shape"] != BASELINE]
+    for key, g in spec.groupby(list(by), sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        for d in range(1, int(g["tree_depth"].max()) + 1):
+            rows.append({**dict(zip(by, key)), "depth": d, "acceptance": float((g["num_accepted"] >= d).mean())})
+    return pd.DataFrame(rows)
+
+
+def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], float]:
+    """How often each node of `tree` was on the accepted path, per step."""
+    counts = {p: 0 for p in tree.paths}
+    n = 0
+    for ranks in steps["accepted_ranks"]:
+        n += 1
+        path = tuple(int(r) for r in str(ranks).split("/") if r != "")
+        for d in range(1, len(path) + 1):
+            if path[:d] in counts:
+                counts[path[:d]] += 1
+    return {p: c / n for p, c in counts.items()} if n else counts
+
+
+def reading(table: pd.DataFrame) -> str:
+    """A short markdown reading of a shape table, computed from it (no fixed conclusions)."""
+    lines = []
+    for pair, t in table.groupby("pair", sort=False):
+        lines.append(f"**{pair}** (tau = tokens per target call, bonus included):")
+        for budget, b in t.groupby("budget"):
+            best = b.loc[b["tau"].idxmax()]
+            worst = b.loc[b["tau"].idxmin()]
+            lines.append(
+                f"- {budget} draft tokens: best {best['shape']} (tau {best['tau']:.2f}, acceptance rate "
+                f"{best['acceptance_rate']:.2f}), worst {worst['shape']} (tau {worst['tau']:.2f})"
+            )
+        best = t.loc[t["tau"].idxmax()]
+        fastest = t.loc[t["tokens_per_s"].idxmax()]
+        lines.append(
+            f"- highest tau overall: {best['shape']} with {best['budget']} tokens ({best['tau']:.2f}); "
+            f"fastest: {fastest['shape']} with {fastest['budget']} tokens, "
+            f"{fastest['speedup']:.2f}x the target alone"
+        )
+        rate_trend = t.groupby("budget")["acceptance_rate"].mean()
+        if len(rate_trend) > 1:
+            direction = "falls" if rate_trend.iloc[-1] < rate_trend.iloc[0] else "rises"
+            lines.append(
+                f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} at {rate_trend.index[0]} "
+                f"to {rate_trend.iloc[-1]:.2f} at {rate_trend.index[-1]} tokens: more draft tokens, "
+                f"each less likely to be accepted"
+                if direction == "falls"
+                else f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} to {rate_trend.iloc[-1]:.2f}"
+            )
+        equal, total = int(t["greedy_equal"].sum()), int(t["prompts"].sum())
+        lines.append(f"- greedy output equal to the target's own: {equal}/{total} generations")
+    return "\n".join(lines)
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def _key(pair: str, k: tuple[str, int] | None, prompt: Prompt) -> dict:
+    shape, budget = k if k is not None else (BASELINE, 0)
+    return {"pair": pair, "shape": shape, "budget": budget, "prompt_id": prompt.id}
+
+
+def _stored_tokens(store: Sweep, pair: str, prompt: Prompt) -> list[int] | None:
+    meta = store.meta(_key(pair, None, prompt))
+    return None if meta is None else [int(t) for t in str(meta["tokens"]).split() if t]
+
+
+def _step_rows(result: GenerationResult) -> list[dict]:
+    rows = []
+    for s in result.steps:
+        row = asdict(s)
+        row["accepted_ranks"] = "/".join(map(str, s.accepted_ranks))
+        row["child_counts"] = "/".join(map(str, s.child_counts))
+        rows.append(row)
+    return rows
+
+
+def _unit_summary(result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None) -> dict:
+    s = summarize(result)
+    tokens = result.tokens.tolist()
+    return {
+        "category": prompt.category,
+        "num_nodes": tree.num_nodes if tree else 0,
+        "depth": tree.depth if tree else 0,
+        "num_steps": s.num_steps,
+        "num_drafted": s.num_drafted,
+        "num_accepted": s.num_accepted,
+        "num_tokens": s.num_tokens,
+        "acceptance_rate": s.acceptance_rate,
+        "acceptance_length": s.acceptance_length,
+        "tau": s.tau,
+        "ttft_s": s.ttft_s,
+        "tpot_s": s.tpot_s,
+        "tokens_per_s": s.tokens_per_s,
+        "total_time": result.total_time,
+        "draft_time_s": s.draft_time_s,
+        "verify_time_s": s.verify_time_s,
+        "peak_memory_bytes": s.peak_memory_bytes,
+        "greedy_equal": reference is not None and tokens == reference,
+        "tokens": " ".join(map(str, tokens)),
+    }
+
+
+def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, int], Tree]:
+    """Every shape x budget preset, keyed (shape, budget)."""
+    return {(s, b): Tree.preset(s, b) for s in shapes for b in budgets}
+
+
+def parse_trees(specs: Iterable[str]) -> dict[tuple[str, int], Tree]:
+    """Trees from "shape:budget" strings, e.g. ["chain:4", "kary2:8"]."""
+    out = {}
+    for spec in specs:
+        shape, _, budget = spec.partition(":")
+        if not budget.isdigit():
+            raise ValueError(f"tree {spec!r} must be shape:budget, e.g. chain:4 or kary2:8")
+        out[(shape, int(budget))] = Tree.preset(shape, int(budget))
+    return out

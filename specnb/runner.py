@@ -1,0 +1,292 @@
+"""Running the numbered notebooks headlessly with papermill: profiles, run folders, the index.
+
+    python -m specnb.runner run [PROFILE] [-p NAME VALUE]... [-f FILE.yaml]... [--notebook NAME]...
+    python -m specnb.runner models [PROFILE]      # embedded models the profile needs (for set-up)
+
+A profile is `notebooks/profiles/<PROFILE>.yaml`: an `all:` section applied to every notebook that
+declares the name, and one section per notebook (e.g. `01_tree_shapes:`). The notebooks' own
+parameter literals are the `cpu` defaults, so `cpu.yaml` only names itself. Every name is checked
+against the parameters the notebooks declare before anything runs.
+
+Each notebook run goes to `outputs/<notebook>/<run-id>/` (run-id = profile + a hash of the
+parameters): the executed notebook, its HTML export, params.json (parameters, environment, status,
+duration) and whatever tables and figures the notebook writes there. A finished run is never
+overwritten: the same parameters again get a new folder. An interrupted run resumes in its folder
+(the notebooks' sweeps skip finished units). `outputs/index.md` and `index.html` list every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import html
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .storage import environment, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+PROFILES = NOTEBOOKS / "profiles"
+RESERVED = ("run_dir",)  # set by the runner, never by a profile
+
+
+class RunnerError(Exception):
+    """A problem with the request (profile, parameter, notebook): nothing was run."""
+
+
+def notebooks(folder: Path = NOTEBOOKS, only: list[str] | None = None) -> list[Path]:
+    found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        names = {p.stem: p for p in found}
+        missing = [n for n in only if n not in names]
+        if missing:
+            raise RunnerError(f"no notebook named {missing}; have {sorted(names)}")
+        found = [names[n] for n in only]
+    return found
+
+
+def declared_parameters(notebook: Path) -> dict[str, Any]:
+    """The notebook's parameters cell: name -> default value (literal)."""
+    import papermill
+
+    params = papermill.inspect_notebook(str(notebook))
+    if not params:
+        raise RunnerError(f"{notebook.name}: no cell tagged 'parameters'")
+    return {name: ast.literal_eval(info["default"]) for name, info in params.items()}
+
+
+def load_profile(name: str, folder: Path = PROFILES) -> dict[str, dict]:
+    path = folder / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise RunnerError(f"unknown profile {name!r}; profiles: {known} (in {folder})")
+    return _read_yaml(path)
+
+
+def resolve(
+    profile: str,
+    overrides: dict[str, Any],
+    extra_files: list[Path],
+    books: list[Path],
+    profiles: Path = PROFILES,
+) -> dict[str, dict[str, Any]]:
+    """Parameters per notebook: defaults <- profile <- -f files <- -p overrides, all checked."""
+    layers = [load_profile(profile, profiles)] + [_read_yaml(f) for f in extra_files]
+    declared = {nb.stem: declared_parameters(nb) for nb in books}
+    resolved = {stem: dict(params) for stem, params in declared.items()}
+    for source, layer in zip([f"profile {profile}"] + [str(f) for f in extra_files], layers):
+        for section, values in layer.items():
+            values = values or {}
+            if section == "all":
+                targets = list(declared)
+                _check_known(values, declared, source)
+            elif section in declared:
+                targets = [section]
+                unknown = sorted(set(values) - set(declared[section]))
+                if unknown:
+                    raise RunnerError(
+                        f"{source}: {unknown} not parameters of {section}; it declares {sorted(declared[section])}"
+                    )
+            elif any(section == p.stem for p in notebooks(books[0].parent) if books):
+                continue  # a section for a notebook not selected this time
+            else:
+                raise RunnerError(f"{source}: section {section!r} is neither 'all' nor a notebook ({sorted(declared)})")
+            for stem in targets:
+                resolved[stem].update({k: v for k, v in values.items() if k in declared[stem]})
+    _check_known(overrides, declared, "-p")
+    for stem in resolved:
+        resolved[stem].update({k: v for k, v in overrides.items() if k in declared[stem]})
+        if "profile" in declared[stem]:
+            resolved[stem]["profile"] = profile
+    return resolved
+
+
+def run_id(profile: str, params: dict[str, Any]) -> str:
+    digest = hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{profile}-{digest}"
+
+
+def run_folder_for(outputs: Path, notebook: str, base_id: str) -> tuple[Path, bool]:
+    """(folder, resumed): an unfinished run with this id is resumed; a finished one is kept and a
+    new folder is used."""
+    n = 1
+    while True:
+        rid = base_id if n == 1 else f"{base_id}-{n}"
+        folder = outputs / notebook / rid
+        status = _status(folder)
+        if status is None:
+            return folder, False
+        if status != "finished":
+            return folder, True
+        n += 1
+
+
+def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: list[str] | None,
+        outputs: Path, books_folder: Path = NOTEBOOKS) -> int:
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    books = notebooks(books_folder, only)
+    if not books:
+        raise RunnerError(f"no numbered notebooks in {books_folder}")
+    resolved = resolve(profile, overrides, extra_files, books, books_folder / "profiles")
+    failures = []
+    for nb in books:
+        params = resolved[nb.stem]
+        folder, resumed = run_folder_for(outputs, nb.stem, run_id(profile, params))
+        folder.mkdir(parents=True, exist_ok=True)
+        print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
+        record = {"notebook": nb.stem, "profile": profile, "parameters": params, "environment": environment(),
+                  "status": "running", "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        write_json(folder / "params.json", record)
+        executed = folder / f"{nb.stem}.ipynb"
+        start = time.perf_counter()
+        try:
+            papermill.execute_notebook(
+                str(nb), str(executed), parameters={**params, "run_dir": str(folder.resolve())},
+                cwd=str(nb.parent), progress_bar=False, log_output=True, kernel_name="python3",
+            )
+            record["status"] = "finished"
+        except PapermillExecutionError as e:
+            record["status"] = "failed"
+            record["error"] = f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
+            failures.append(f"{nb.stem}: {record['error']}")
+            print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
+        record["duration_s"] = round(time.perf_counter() - start, 1)
+        if executed.exists():
+            _export_html(executed)
+        write_json(folder / "params.json", record)
+        print(f"== {nb.stem}: {record['status']} in {record['duration_s']} s", flush=True)
+    write_index(outputs)
+    if failures:
+        print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_index(outputs: Path) -> None:
+    """outputs/index.md and index.html: every run folder with its status and files."""
+    rows = []
+    for params in sorted(outputs.glob("*/*/params.json")):
+        folder = params.parent
+        try:
+            info = json.loads(params.read_text())
+        except json.JSONDecodeError:
+            continue
+        files = sorted(p.name for p in folder.iterdir() if p.suffix in (".html", ".ipynb", ".csv", ".png"))
+        rows.append((info, folder.relative_to(outputs), files))
+    md = ["# specnb runs", "", "| notebook | run | profile | status | started | duration (s) | commit | files |",
+          "|---|---|---|---|---|---|---|---|"]
+    body = []
+    for info, rel, files in rows:
+        commit = (info.get("environment", {}).get("git_commit") or "")[:12]
+        links_md = " ".join(f"[{f}]({rel / f})" for f in files)
+        md.append(f"| {info.get('notebook')} | {rel.name} | {info.get('profile')} | {info.get('status')} | "
+                  f"{info.get('started')} | {info.get('duration_s', '')} | {commit} | {links_md} |")
+        links = " ".join(f'<a href="{html.escape(str(rel / f))}">{html.escape(f)}</a>' for f in files)
+        body.append(f"<tr><td>{html.escape(str(info.get('notebook')))}</td><td>{html.escape(rel.name)}</td>"
+                    f"<td>{html.escape(str(info.get('profile')))}</td><td>{html.escape(str(info.get('status')))}</td>"
+                    f"<td>{html.escape(str(info.get('started')))}</td><td>{info.get('duration_s', '')}</td>"
+                    f"<td>{html.escape(commit)}</td><td>{links}</td></tr>")
+    outputs.mkdir(parents=True, exist_ok=True)
+    (outputs / "index.md").write_text("\n".join(md) + "\n")
+    (outputs / "index.html").write_text(
+        "<!doctype html><meta charset='utf-8'><title>specnb runs</title><h1>specnb runs</h1>"
+        "<table border=1 cellpadding=4><tr><th>notebook</th><th>run</th><th>profile</th><th>status</th>"
+        "<th>started</th><th>duration (s)</th><th>commit</th><th>files</th></tr>" + "".join(body) + "</table>\n"
+    )
+
+
+def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
+    """Embedded model names the profile's notebooks use (so set-up can install them)."""
+    from .models import EMBEDDED_MODELS
+
+    resolved = resolve(profile, {}, [], notebooks(books_folder), books_folder / "profiles")
+    names: set[str] = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, str) and value in EMBEDDED_MODELS:
+            names.add(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+
+    for params in resolved.values():
+        visit(params)
+    return sorted(names)
+
+
+def _check_known(values: dict, declared: dict[str, dict], source: str) -> None:
+    everywhere = set().union(*declared.values()) if declared else set()
+    reserved = sorted(set(values) & set(RESERVED))
+    if reserved:
+        raise RunnerError(f"{source}: {reserved} is set by the runner, not by parameters")
+    unknown = sorted(set(values) - everywhere)
+    if unknown:
+        raise RunnerError(f"{source}: unknown parameter(s) {unknown}; the notebooks declare {sorted(everywhere)}")
+
+
+def _read_yaml(path: Path) -> dict[str, dict]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise RunnerError(f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict) or not all(isinstance(v, (dict, type(None))) for v in data.values()):
+        raise RunnerError(f"{path}: expected sections ('all:' or a notebook name) holding name: value pairs")
+    return data
+
+
+def _status(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "params.json").read_text()).get("status")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _export_html(executed: Path) -> None:
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(executed))
+    executed.with_suffix(".html").write_text(body)
+
+
+def _parse_value(text: str) -> Any:
+    return yaml.safe_load(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specnb.runner", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the numbered notebooks")
+    r.add_argument("profile", nargs="?", default="cpu")
+    r.add_argument("-p", "--parameters", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    r.add_argument("-f", "--parameters-file", action="append", default=[], type=Path)
+    r.add_argument("--notebook", action="append", default=None, help="run only this notebook (repeatable)")
+    r.add_argument("--outputs", type=Path, default=ROOT / "outputs")
+    m = sub.add_parser("models", help="print the embedded models a profile needs")
+    m.add_argument("profile", nargs="?", default="cpu")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "models":
+            print(" ".join(profile_models(args.profile)))
+            return 0
+        overrides = {name: _parse_value(value) for name, value in args.parameters}
+        return run(args.profile, overrides, args.parameters_file, args.notebook, args.outputs)
+    except RunnerError as e:
+        print(f"run_notebooks: {e}\nnothing was run.", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
