@@ -557,3 +557,19 @@ def test_truncate_layers(tiny_dir: Path) -> None:
     torch.testing.assert_close(early.model.layers[0].mlp.up_proj.weight, full.model.layers[0].mlp.up_proj.weight)
     with pytest.raises(ValueError, match="layers must lie in 1..2"):
         load_model(str(tiny_dir), layers=3)
+
+
+def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
+    tiny_dir: Path, tiny_dir_same_vocab: Path, tiny_dir_other_vocab: Path, tmp_path: Path
+) -> None:
+    from specnb import experiments as ex
+    from specnb.prompts import Prompt
+    from specnb.storage import Sweep
+
+    store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
+    pairs = [ex.Pair(str(tiny_dir), str(tiny_dir_other_vocab)), ex.Pair(str(tiny_dir), str(tiny_dir_same_vocab))]
+    status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], ex.parse_trees(["chain:2"]), 6, progress=False)
+    assert status["status"].tolist() == ["skipped", "measured"]
+    assert str(len(WORDS_A) + 3) in status["reason"][0] and str(len(WORDS_B) + 3) in status["reason"][0]
+    units = ex.unit_table(store)
+    assert set(units["pair"]) == {pairs[1].label} and units["greedy_equal"].all()

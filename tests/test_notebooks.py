@@ -1,0 +1,167 @@
+"""The notebooks and the papermill runner: committed notebooks are clean, every notebook runs
+under the smoke profile and writes sane tables and figures, reruns never overwrite a finished run,
+bad requests run nothing, a failing notebook names its cell, a killed run resumes exactly."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import papermill
+import pandas as pd
+import pytest
+from papermill.translators import PythonTranslator
+
+from specnb import runner
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def run_cli(*args, outputs: Path, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specnb.runner", *args, "--outputs", str(outputs)],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_is_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert not any(c.get("outputs") or c.get("execution_count") for c in code), "clear outputs before committing"
+    assert "parameters" in code[0].metadata.get("tags", []), "the first code cell must be tagged parameters"
+    inspected = papermill.inspect_notebook(str(path))
+    assert all(info["help"] for info in inspected.values()), "every parameter needs a comment (its help)"
+    assignments = [l for l in code[0].source.splitlines() if PythonTranslator.PARAMETER_PATTERN.match(l)]
+    assert len(inspected) == len(assignments), "a parameter line papermill cannot parse"
+    declared = runner.declared_parameters(path)
+    assert "profile" in declared and "run_dir" in declared
+    assert not any(c.source.count("\n") > 30 for c in code), "notebook cells stay short: logic lives in specnb"
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    outputs = tmp_path_factory.mktemp("outputs")
+    start = time.perf_counter()
+    proc = run_cli("run", "smoke", outputs=outputs)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return outputs, time.perf_counter() - start
+
+
+def test_smoke_profile_runs_every_notebook(smoke):
+    outputs, seconds = smoke
+    assert seconds < 180, f"the smoke profile must finish in under 3 minutes, took {seconds:.0f} s"
+    for nb in NOTEBOOKS:
+        runs = list((outputs / nb.stem).iterdir())
+        assert len(runs) == 1
+        folder = runs[0]
+        params = json.loads((folder / "params.json").read_text())
+        assert params["status"] == "finished" and params["profile"] == "smoke"
+        assert params["environment"]["packages"]["torch"]
+        assert (folder / f"{nb.stem}.ipynb").exists() and (folder / f"{nb.stem}.html").stat().st_size > 10_000
+        pngs = list(folder.glob("*.png"))
+        assert pngs and all(p.stat().st_size > 5_000 for p in pngs)
+    index = (outputs / "index.md").read_text()
+    assert all(nb.stem in index for nb in NOTEBOOKS) and (outputs / "index.html").exists()
+
+
+def check_shape_table(table: pd.DataFrame):
+    assert {"pair", "shape", "budget", "acceptance_rate", "acceptance_length", "tau", "speedup", "greedy_equal"} <= set(table.columns)
+    assert ((table["acceptance_rate"] >= 0) & (table["acceptance_rate"] <= 1)).all()
+    assert ((table["acceptance_length"] >= 0) & (table["acceptance_length"] <= table["depth"])).all()
+    assert ((table["tau"] >= 1) & (table["tau"] <= table["depth"] + 1)).all()
+    assert (table["speedup"] > 0).all() and table["speedup"].map(math.isfinite).all()
+    assert (table["greedy_equal"] == table["prompts"]).all(), "every greedy output must equal the target's"
+
+
+def test_tree_shapes_tables(smoke):
+    outputs, _ = smoke
+    folder = next((outputs / "01_tree_shapes").iterdir())
+    table = pd.read_csv(folder / "shape_budget.csv")
+    check_shape_table(table)
+    assert set(table["shape"]) == {"chain", "kary2"} and set(table["budget"]) == {2, 4}
+    depths = pd.read_csv(folder / "depth_acceptance.csv")
+    assert depths["acceptance"].between(0, 1).all()
+    units = pd.read_csv(folder / "units.csv")
+    assert len(units) == 2 * (1 + 4) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+
+
+def test_model_pairs_tables(smoke):
+    outputs, _ = smoke
+    folder = next((outputs / "02_model_pairs").iterdir())
+    check_shape_table(pd.read_csv(folder / "pairs_trees.csv"))
+    baseline = pd.read_csv(folder / "baseline.csv")
+    assert (baseline["tokens_per_s"] > 0).all() and (baseline["ttft_s"] > 0).all() and (baseline["tpot_s"] > 0).all()
+    assert set(pd.read_csv(folder / "pairs.csv")["status"]) == {"measured"}
+    assert pd.read_csv(folder / "by_category.csv")["category"].nunique() == 2
+
+
+def test_rerun_keeps_the_finished_run(smoke, tmp_path):
+    outputs, _ = smoke
+    proc = run_cli("run", "smoke", "--notebook", "02_model_pairs", outputs=outputs)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = sorted(p.name for p in (outputs / "02_model_pairs").iterdir())
+    assert len(runs) == 2 and runs[1] == runs[0] + "-2"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "nosuchprofile"], "unknown profile"),
+        (["run", "smoke", "-p", "no_such_parameter", "3"], "unknown parameter"),
+        (["run", "smoke", "-p", "run_dir", "/tmp/x"], "set by the runner"),
+        (["run", "smoke", "--notebook", "99_nothing"], "no notebook named"),
+    ],
+)
+def test_bad_requests_run_nothing(tmp_path, args, message):
+    proc = run_cli(*args, outputs=tmp_path, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "nothing was run" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_failing_notebook_names_its_cell(tmp_path):
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    (books / "profiles" / "smoke.yaml").write_text("all:\n")
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('profile: str = "x"  # profile\nrun_dir: str = ""  # folder')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("raise ValueError('boom')")]
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(nb, books / "01_broken.ipynb")
+    code = runner.run("smoke", {}, [], None, tmp_path / "outputs", books_folder=books)
+    assert code == 1
+    record = json.loads(next((tmp_path / "outputs" / "01_broken").iterdir()).joinpath("params.json").read_text())
+    assert record["status"] == "failed" and "ValueError: boom" in record["error"] and "cell" in record["error"]
+
+
+def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
+    outputs = tmp_path / "outputs"
+    cmd = [sys.executable, "-m", "specnb.runner", "run", "smoke", "--notebook", "01_tree_shapes",
+           "-p", "budgets", "[2, 3, 4]", "--outputs", str(outputs)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    sweep = None
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        found = list(outputs.glob("01_tree_shapes/*/sweep.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 4:
+            sweep = found[0]
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert sweep is not None, "the sweep never started"
+    before = len(sweep.read_text().splitlines())
+    assert before < 2 * (1 + 6), "killed too late to test a resume"
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    units = pd.read_csv(sweep.parent / "units.csv")
+    assert len(units) == 2 * (1 + 6)
+    assert not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    assert (units["greedy_equal"]).all()
