@@ -1,0 +1,129 @@
+"""The timing harness and the cost model: what gets called and stored, hand-checked cost-model
+arithmetic, resumable grids and curves on tiny models. No time is asserted (timing is measured, not
+tested)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from specnb import Tree
+from specnb.storage import Sweep
+from specnb.timing import (
+    CURVE_KEY,
+    GRID_KEY,
+    HEAD_SHAPES,
+    HeadShape,
+    cost_table,
+    curve_table,
+    draft_seconds,
+    environment_row,
+    expected_tau,
+    grid,
+    grid_table,
+    measure,
+    recommendation,
+    run_grid,
+    speedup_table,
+    verify_curve,
+)
+
+from conftest import tiny_model
+
+
+def test_measure_warms_up_repeats_and_sets_up_each_run():
+    calls = []
+    t = measure(lambda: calls.append("run"), "cpu", warmup=2, repeats=5, setup=lambda: calls.append("setup"))
+    assert calls == ["setup", "run"] * 7
+    assert t.repeats == 5 and t.warmup == 2
+    assert t.min_s <= t.q25_s <= t.median_s <= t.q75_s <= t.max_s
+    with pytest.raises(ValueError):
+        measure(lambda: None, "cpu", repeats=0)
+
+
+def test_environment_row_names_device_dtype_and_torch():
+    row = environment_row("cpu", torch.float16)
+    assert row["dtype"] == "float16" and row["torch"] == torch.__version__ and row["device"].startswith("cpu")
+
+
+def test_expected_tau_hand_checked():
+    assert expected_tau(Tree.chain(3), [0.5]) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tau(Tree.wide(3), [0.5, 0.2]) == pytest.approx(1.7)  # rank 2 is beyond the vector
+    # root -> (0) -> (0,0), (0,1); (1): 1 + .6 + .6*.6 + .6*.3 + .3
+    assert expected_tau(Tree.from_paths([(0,), (1,), (0, 0), (0, 1)]), [0.6, 0.3]) == pytest.approx(2.44)
+
+
+def test_draft_seconds_one_forward_per_depth():
+    tree = Tree.kary(2, 6)  # levels of width 2 and 4: the root's forward, then level 1 is fed
+    assert draft_seconds(tree, lambda w: w) == 1 + 2
+    assert draft_seconds(Tree.chain(5), lambda w: 1.0) == 5  # depth x t_draft for a chain
+
+
+def test_grid_is_the_product_cheapest_first():
+    points = grid([1, 4], [128, 1024], [4, 64], ["sparse", "chain"])
+    assert len(points) == 16 and len(set(points)) == 16
+    costs = [p.batch * (p.prefix + p.nodes) * p.nodes for p in points]
+    assert costs == sorted(costs)
+
+
+def test_head_shapes_from_config():
+    config = tiny_model(0).config
+    shape = HeadShape.from_config(config, "tiny")
+    assert (shape.heads, shape.kv_heads, shape.head_dim) == (4, 2, 12)
+    assert HEAD_SHAPES["llama-2-7b"] == HeadShape("llama-2-7b", 32, 32, 128)
+
+
+def test_grid_rows_and_resume(tmp_path):
+    path = tmp_path / "grid.jsonl"
+    points = grid([1, 2], [37], [4, 9], ["sparse"])
+    impls = ("sdpa", "per_sequence", "eager", "causal")
+    heads = HeadShape("tiny", 4, 2, 8)
+    run_grid(Sweep(path, GRID_KEY), points[:2], heads, impls, warmup=0, repeats=2, progress=False)
+    store = Sweep(path, GRID_KEY)
+    run_grid(store, points, heads, impls, warmup=0, repeats=2, progress=False)  # resumes: 2 more points
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4 and len({json.dumps(json.loads(l)["key"]) for l in lines}) == 4
+    table = grid_table(store)
+    assert len(table) == 4 * len(impls) and (table["status"] == "ok").all()
+    assert {"device", "dtype", "torch", "median_ms", "q25_ms", "q75_ms", "leaves", "depth"} <= set(table.columns)
+    assert (table[table["batch"] == 2]["prefix_lens"] == "37/18").all()  # ragged: 37 down to about half
+    speed = speedup_table(table)
+    assert len(speed) == 4 and (speed["per_sequence_over_tree"] > 0).all() and (speed["mask_overhead"] > 0).all()
+
+
+def test_unsupported_implementation_is_stored_as_skipped(tmp_path, monkeypatch):
+    import specnb.attention as attention
+
+    monkeypatch.setattr(attention, "flex_unsupported", lambda device, dtype: "not here, for this test")
+    store = Sweep(tmp_path / "g.jsonl", GRID_KEY)
+    run_grid(store, grid([1], [5], [3], ["chain"]), HeadShape("tiny", 2, 2, 8), ("sdpa", "flex"),
+             warmup=0, repeats=1, progress=False)
+    table = grid_table(store).set_index("impl")
+    assert table.loc["flex", "status"] == "skipped" and table.loc["flex", "note"] == "not here, for this test"
+    assert table.loc["sdpa", "status"] == "ok"
+
+
+def test_verify_curve_cost_table_and_recommendation(tmp_path):
+    target, draft = tiny_model(0), tiny_model(1, layers=1)
+    store = Sweep(tmp_path / "curve.jsonl", CURVE_KEY)
+    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], warmup=0, repeats=2, progress=False)
+    verify_curve(store, draft, "tiny-draft", 11, [1, 2, 4], role="draft", warmup=0, repeats=2, progress=False)
+    before = len(store)
+    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], warmup=0, repeats=2, progress=False)
+    assert len(store) == before == 3 * 2 + 3, "a finished curve point is never measured twice"
+    curve = curve_table(store)
+    verify_rows = curve[curve["kind"] == "verify"].sort_values("nodes")
+    assert verify_rows["tokens"].tolist() == [1, 3, 6] and (curve["median_s"] > 0).all()
+    assert {"device", "dtype", "torch"} <= set(curve.columns)
+    cost = cost_table(curve, ["chain", "kary2"], [0.6, 0.2], "tiny-target", "tiny-draft")
+    assert len(cost) == 4 and set(cost["nodes"]) == {2, 5}
+    row = cost[(cost["shape"] == "chain") & (cost["nodes"] == 5)].iloc[0]
+    assert row["expected_tau"] == pytest.approx(expected_tau(Tree.chain(5), [0.6, 0.2]))
+    assert row["tokens_per_s"] == pytest.approx(row["expected_tau"] / (row["t_draft_s"] + row["t_verify_s"]))
+    assert row["speedup"] == pytest.approx(row["tokens_per_s"] / row["baseline_tokens_per_s"])
+    assert "Best on this device" in recommendation(cost)
+    with pytest.raises(ValueError, match="n = 0"):
+        cost_table(curve[curve["nodes"] != 0], ["chain"], [0.5], "tiny-target", "tiny-draft")
