@@ -43,7 +43,7 @@ import functools
 import importlib.util
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -260,17 +260,15 @@ def _prepare_sdpa(x: AttentionInputs) -> Callable[[], torch.Tensor]:
 
 
 def _prepare_causal(x: AttentionInputs) -> Callable[[], torch.Tensor]:
-    """Plain causal attention in its fastest correct form here: for a uniform batch, torch's
-    lower-right `causal_lower_right` bias (a fused causal kernel where the backend has one, e.g.
-    CUDA flash / memory-efficient attention); for a ragged batch the padded causal mask."""
+    """Plain causal attention in its fastest correct form here: for a uniform batch one lower-right
+    causal mask for all (`_causal_mask`: a fused causal kernel on CUDA); for a ragged batch the
+    padded causal mask."""
     q, k, v, gqa = x.q, x.k, x.v, x.gqa
     b = x.batch
     if len(set(b.prefix_lens)) == 1 and len({t.num_nodes for t in b.trees}) == 1:
-        from torch.nn.attention.bias import causal_lower_right
-
-        bias = causal_lower_right(b.tree_capacity, b.kv_len)
-        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=gqa)
-    mask = b.causal(q.device)
+        mask = _causal_mask(b.tree_capacity, b.kv_len, q.device)
+    else:
+        mask = b.causal(q.device)
     return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
@@ -299,9 +297,10 @@ def _prepare_eager(x: AttentionInputs) -> Callable[[], torch.Tensor]:
 class _Leaf:
     b: int  # sequence in the batch
     prefix_len: int
-    nodes: torch.Tensor  # long [L]: the path's node indices (query rows / tree slots)
+    length: int  # L, nodes on the path
     fresh: int  # path positions from here on are written to the output (earlier ones already were)
-    mask: torch.Tensor  # bool [L, p + L], lower-right causal
+    write: torch.Tensor  # long [L - fresh]: the output rows (node indices) of those positions
+    mask: Any  # bool [L, p + L] lower-right causal, or torch's causal_lower_right bias on CUDA
 
 
 def _prepare_per_sequence(x: AttentionInputs) -> Callable[[], torch.Tensor]:
@@ -317,6 +316,7 @@ def _prepare_per_sequence(x: AttentionInputs) -> Callable[[], torch.Tensor]:
     caches: list[tuple[torch.Tensor, torch.Tensor]] = []
     paths: list[tuple[torch.Tensor, torch.Tensor]] = []  # per leaf: its path's k, v [1, Hkv, L, D]
     leaves: list[_Leaf] = []
+    path_queries: list[torch.Tensor] = []  # per leaf: its path's queries [1, Hq, L, D]
     for b, (p, tree) in enumerate(zip(batch.prefix_lens, batch.trees)):
         ck = k.new_empty(1, k.shape[1], p + tree.depth, k.shape[3])
         cv = torch.empty_like(ck)
@@ -329,27 +329,37 @@ def _prepare_per_sequence(x: AttentionInputs) -> Callable[[], torch.Tensor]:
             nodes = torch.tensor(path, dtype=torch.long, device=device)
             fresh = next(i for i, node in enumerate(path) if node not in done)  # a leaf is never done
             done.update(path)
-            causal = torch.ones(L, p + L, dtype=torch.bool, device=device).tril(diagonal=p)
-            leaves.append(_Leaf(b, p, nodes, fresh, causal))
+            leaves.append(_Leaf(b, p, L, fresh, nodes[fresh:], _causal_mask(L, p + L, device)))
             paths.append(((k[b : b + 1, :, P + nodes]).contiguous(), (v[b : b + 1, :, P + nodes]).contiguous()))
+            path_queries.append(q[b : b + 1, :, nodes].contiguous())  # as the sequence's own forward makes them
     n = [t.num_nodes for t in batch.trees]
     pad = [(b, torch.arange(n[b], M, device=device)) for b in range(batch.batch_size) if n[b] < M]
-    path_queries = [q[leaf.b : leaf.b + 1, :, leaf.nodes].contiguous() for leaf in leaves]
 
     def run() -> torch.Tensor:
         out = torch.empty_like(q)
         for leaf, (pk, pv), pq in zip(leaves, paths, path_queries):
             ck, cv = caches[leaf.b]
-            end = leaf.prefix_len + pk.shape[2]
+            end = leaf.prefix_len + leaf.length
             ck[:, :, leaf.prefix_len : end] = pk  # this sequence's own tokens after the prefix
             cv[:, :, leaf.prefix_len : end] = pv
             o = F.scaled_dot_product_attention(pq, ck[:, :, :end], cv[:, :, :end], attn_mask=leaf.mask, enable_gqa=gqa)
-            out[leaf.b, :, leaf.nodes[leaf.fresh :]] = o[0, :, leaf.fresh :]
+            out[leaf.b].index_copy_(1, leaf.write, o[0, :, leaf.fresh :])
         for b, rows in pad:  # padding rows: their own slot only, as in the masked implementations
             out[b, :, rows] = v[b, :, P + rows].repeat_interleave(q.shape[1] // v.shape[1], dim=0)
         return out
 
     return run
+
+
+def _causal_mask(queries: int, keys: int, device: torch.device) -> Any:
+    """Lower-right causal mask for `queries` new tokens after `keys - queries` cached ones: on CUDA
+    torch's `causal_lower_right` bias, which runs fused flash / memory-efficient kernels; elsewhere
+    (torch materialises that bias on every call) a boolean mask built once."""
+    if device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(queries, keys)
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(diagonal=keys - queries)
 
 
 # ---- FlexAttention ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 What it holds:
     Timing, measure            wall clock of a callable: warm-up, repeated runs, CUDA synchronised,
-                               median and quartiles
+                               median and quartiles; measure_interleaved: several, round-robin
     environment_row            device, dtype, torch version and threads, put in every timed row
     HeadShape, HEAD_SHAPES     attention heads x head size of real targets (Llama-2-7B, Qwen2.5 1.5B,
                                SmolLM2-135M), or read from a model's config
@@ -28,7 +28,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -91,6 +91,37 @@ def measure(
         synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
+    return _summary(times, repeats, warmup)
+
+
+def measure_interleaved(
+    fns: Mapping[str, Callable[[], Any]],
+    device: torch.device | str,
+    warmup: int = 2,
+    repeats: int = 7,
+    setups: Mapping[str, Callable[[], Any]] | None = None,
+) -> dict[str, Timing]:
+    """Time several callables round-robin (each round runs every one once, in turn), so that a
+    drift in the machine's speed (other load, clocks, caches) falls on all of them alike and their
+    ratios stay fair. setups[name]() runs, untimed, before each call of fns[name]."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    setups = setups or {}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(warmup + repeats):
+        for name, fn in fns.items():
+            if name in setups:
+                setups[name]()
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: _summary(t, repeats, warmup) for name, t in times.items()}
+
+
+def _summary(times: list[float], repeats: int, warmup: int) -> Timing:
     q25, _, q75 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
     return Timing(statistics.median(times), q25, q75, min(times), max(times), repeats, warmup)
 
@@ -186,28 +217,38 @@ def run_grid(
     progress: bool = True,
 ) -> None:
     """Time every implementation at every point not yet in `store` (key `GRID_KEY`); one row per
-    (point, implementation). An implementation that cannot run is stored as skipped, with why."""
+    (point, implementation). An implementation that cannot run is stored as skipped, with why,
+    and is not tried again in this call (a failed compile can take as long as a working one)."""
     env = environment_row(device, dtype)
+    unsupported: dict[str, str] = {}
     todo = [p for p in points if p.key() not in store]
     for i, point in enumerate(tqdm(todo, desc="attention grid", disable=not progress)):
         batch = point.tree_batch(ragged)
         x = random_inputs(batch, heads.heads, heads.head_dim, heads.kv_heads, dtype, device, seed=i)
-        rows = []
+        rows = {impl: {"impl": impl, **env, "heads": heads.heads, "kv_heads": heads.kv_heads,
+                       "head_dim": heads.head_dim, "status": "ok", "note": ""} for impl in impls}
+        runs: dict[str, Callable[[], Any]] = {}
         for impl in impls:
-            row: dict[str, Any] = {"impl": impl, **env, "heads": heads.heads, "kv_heads": heads.kv_heads,
-                                   "head_dim": heads.head_dim, "status": "ok", "note": ""}
+            if impl in unsupported:
+                rows[impl].update(status="skipped", note=unsupported[impl])
+                continue
             try:
-                row.update(measure(prepare(x, impl).run, device, warmup, repeats).row())
+                runs[impl] = prepare(x, impl).run
             except Unsupported as e:
-                row.update(status="skipped", note=str(e))
-            except torch.OutOfMemoryError as e:
-                row.update(status="out of memory", note=str(e)[:200])
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            rows.append(row)
+                unsupported[impl] = str(e)
+                rows[impl].update(status="skipped", note=str(e))
+        try:
+            for impl, t in measure_interleaved(runs, device, warmup, repeats).items():
+                rows[impl].update(t.row())
+        except torch.OutOfMemoryError as e:
+            for impl in runs:
+                rows[impl].update(status="out of memory", note=str(e)[:200])
+        runs.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         tree = batch.trees[0]
-        store.add(point.key(), rows, meta={"leaves": len(tree.leaves), "depth": tree.depth,
-                                           "prefix_lens": "/".join(map(str, batch.prefix_lens)), "ragged": ragged})
+        store.add(point.key(), list(rows.values()), meta={"leaves": len(tree.leaves), "depth": tree.depth,
+                                                        "prefix_lens": "/".join(map(str, batch.prefix_lens)), "ragged": ragged})
         del x
 
 
@@ -250,27 +291,39 @@ def prefilled_cache(model: torch.nn.Module, prefix_len: int, seed: int = 0):
     return cache
 
 
-def verify_timing(model: torch.nn.Module, cache, tree: Tree, warmup: int = 1, repeats: int = 3, seed: int = 0) -> Timing:
-    """One `verify` of root + `tree` on `cache`, which is cropped back to its length before every run."""
+def verify_and_forward(
+    model: torch.nn.Module,
+    cache,
+    tree: Tree | None,
+    tokens: int | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    seed: int = 0,
+) -> dict[str, Timing]:
+    """Timed round-robin on `cache` (cropped back to its length before every run):
+    "verify": one `verification.verify` of root + `tree` (if a tree is given);
+    "plain": one plain forward of `tokens` new tokens with the model's own causal mask (default:
+    as many tokens as verify feeds, root + nodes)."""
     prefix_len = cache.get_seq_length()
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, model.config.vocab_size, (tree.num_nodes,), generator=g)
-    root = int(tokens[0]) if tree.num_nodes else 0
-    return measure(lambda: verify(model, cache, root, tree, tokens), model.device, warmup, repeats,
-                   setup=lambda: crop(cache, prefix_len))
-
-
-def forward_timing(model: torch.nn.Module, cache, tokens: int, warmup: int = 1, repeats: int = 3, seed: int = 0) -> Timing:
-    """One plain forward of `tokens` new tokens on `cache` (the model's own causal mask)."""
-    prefix_len = cache.get_seq_length()
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=g).to(model.device)
+    vocab = model.config.vocab_size
+    fns: dict[str, Callable[[], Any]] = {}
+    if tree is not None:
+        draft = torch.randint(0, vocab, (tree.num_nodes,), generator=g)
+        root = int(torch.randint(0, vocab, (1,), generator=g))
+        fns["verify"] = lambda: verify(model, cache, root, tree, draft)
+    n_plain = tokens if tokens is not None else (tree.num_nodes + 1 if tree is not None else 1)
+    ids = torch.randint(0, vocab, (1, n_plain), generator=g).to(model.device)
 
     @torch.inference_mode()
-    def run() -> None:
+    def plain() -> None:
         model(input_ids=ids, past_key_values=cache, use_cache=True)
 
-    return measure(run, model.device, warmup, repeats, setup=lambda: crop(cache, prefix_len))
+    fns["plain"] = plain
+    reset = lambda: crop(cache, prefix_len)  # noqa: E731
+    out = measure_interleaved(fns, model.device, warmup, repeats, setups={name: reset for name in fns})
+    reset()
+    return out
 
 
 def verify_curve(
@@ -283,29 +336,33 @@ def verify_curve(
     role: str = "target",
     warmup: int = 1,
     repeats: int = 3,
-    plain: bool = True,
     progress: bool = True,
 ) -> None:
-    """For each n in `nodes` not yet in `store` (key `CURVE_KEY`): the time of one verification of
-    an n-node tree (kind "verify"; n = 0 is root alone, one decoding step) and, with `plain`, of one
-    plain forward of the same n + 1 tokens (kind "plain"). role "draft" times plain forwards only:
-    the draft's cost per level of a given width."""
+    """For each n in `nodes` not yet in `store` (key `CURVE_KEY`), on a cache of `prefix_len`
+    tokens: role "target": one verification of an n-node tree (kind "verify"; n = 0 is the root
+    alone, one decoding step) and, interleaved with it, one plain forward of the same n + 1 tokens
+    (kind "plain"); role "draft": one plain forward of n tokens, the draft's cost per tree level
+    of width n."""
     env = environment_row(model.device, model.dtype)
-    kinds = ["plain"] if role == "draft" else (["verify", "plain"] if plain else ["verify"])
-    todo = [(k, n) for n in nodes for k in kinds
-            if {"model": model_name, "role": role, "kind": k, "prefix": prefix_len, "nodes": n, "shape": shape} not in store]
+    kinds = ["plain"] if role == "draft" else ["verify", "plain"]
+
+    def key(kind: str, n: int) -> dict:
+        return {"model": model_name, "role": role, "kind": kind, "prefix": prefix_len, "nodes": n, "shape": shape}
+
+    todo = [n for n in nodes if any(key(k, n) not in store for k in kinds)]
     if not todo:
         return
     cache = prefilled_cache(model, prefix_len)
-    for kind, n in tqdm(todo, desc=f"{model_name} {role}", disable=not progress):
+    for n in tqdm(todo, desc=f"{model_name} {role}", disable=not progress):
         tree = Tree.preset(shape, n)
-        if kind == "verify":
-            t = verify_timing(model, cache, tree, warmup, repeats)
+        if role == "draft":
+            timings = verify_and_forward(model, cache, None, max(n, 1), warmup, repeats)
         else:
-            t = forward_timing(model, cache, n + 1 if role != "draft" else max(n, 1), warmup, repeats)
-        key = {"model": model_name, "role": role, "kind": kind, "prefix": prefix_len, "nodes": n, "shape": shape}
-        store.add(key, [{**env, **t.row(), "tokens": n + 1 if role != "draft" else max(n, 1),
-                         "depth": tree.depth, "leaves": len(tree.leaves)}])
+            timings = verify_and_forward(model, cache, tree, None, warmup, repeats)
+        tokens = max(n, 1) if role == "draft" else n + 1
+        for kind in kinds:
+            store.add(key(kind, n), [{**env, **timings[kind].row(), "tokens": tokens,
+                                      "depth": tree.depth, "leaves": len(tree.leaves)}])
 
 
 def curve_table(store: Sweep) -> pd.DataFrame:
@@ -334,6 +391,14 @@ def draft_seconds(tree: Tree, draft_width_s: Callable[[int], float]) -> float:
     the deepest level is only sampled), each costing `draft_width_s(width)`."""
     widths = [1] + [len(tree.level(d)) for d in range(1, tree.depth)]
     return float(sum(draft_width_s(w) for w in widths))
+
+
+def draft_widths(shapes: Sequence[str], nodes: Sequence[int]) -> list[int]:
+    """Powers of two from 1 up to the widest level of any tree in the cost model: the draft forward
+    widths to time (`cost_table` interpolates between them)."""
+    widest = max([1] + [len(t.level(d)) for s in shapes for n in nodes if n > 0
+                        for t in [Tree.preset(s, n)] for d in range(1, t.depth + 1)])
+    return [2**i for i in range(math.ceil(math.log2(widest)) + 1)]
 
 
 def cost_table(
@@ -385,7 +450,3 @@ def recommendation(cost: pd.DataFrame) -> str:
         f"{best['expected_tau']:.2f} (bonus included), {best['tokens_per_s']:.2f} tokens/s = "
         f"{best['speedup']:.2f}x the target alone; speculation {verdict}. Best budget per shape: {others}."
     )
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b > 0 and math.isfinite(b) else float("nan")

@@ -20,6 +20,7 @@ from specnb.timing import (
     cost_table,
     curve_table,
     draft_seconds,
+    draft_widths,
     environment_row,
     expected_tau,
     grid,
@@ -60,6 +61,12 @@ def test_draft_seconds_one_forward_per_depth():
     tree = Tree.kary(2, 6)  # levels of width 2 and 4: the root's forward, then level 1 is fed
     assert draft_seconds(tree, lambda w: w) == 1 + 2
     assert draft_seconds(Tree.chain(5), lambda w: 1.0) == 5  # depth x t_draft for a chain
+
+
+def test_draft_widths_cover_the_widest_level():
+    assert draft_widths(["chain"], [0, 8]) == [1]
+    assert draft_widths(["kary2"], [6]) == [1, 2, 4]  # levels of width 2 and 4
+    assert draft_widths(["wide"], [5]) == [1, 2, 4, 8]
 
 
 def test_grid_is_the_product_cheapest_first():
