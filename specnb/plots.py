@@ -127,3 +127,167 @@ def category_bars(units: pd.DataFrame, metric: str = "tau", path=None) -> plt.Fi
     g.set_axis_labels("prompt category", TAU if metric == "tau" else metric)
     g.set_xticklabels(rotation=35, ha="right")
     return _save(g.figure, path)
+
+
+# ---- tree attention timing (notebook 03): tables from `specnb.timing` -----------------------
+
+IMPL_ORDER = ("eager", "per_sequence", "sdpa", "flex", "causal")
+IMPL_LABEL = {
+    "eager": "eager (reference)",
+    "per_sequence": "per-sequence (one call per leaf)",
+    "sdpa": "SDPA + tree mask (one call)",
+    "flex": "FlexAttention + BlockMask",
+    "causal": "plain causal (no tree)",
+}
+
+
+def _machine(table: pd.DataFrame) -> str:
+    row = table.iloc[0]
+    return f"{row['device']}, {row['dtype']}, torch {row['torch']}"
+
+
+def _ok(grid: pd.DataFrame) -> pd.DataFrame:
+    data = grid[grid["status"] == "ok"].copy()
+    data["implementation"] = data["impl"].map(IMPL_LABEL).fillna(data["impl"])
+    return data
+
+
+def _nearest(values, target: float):
+    values = sorted(set(values))
+    return min(values, key=lambda v: (abs(v - target), v))
+
+
+def _timed_lines(ax: plt.Axes, data: pd.DataFrame, x: str) -> None:
+    """Median per implementation with its interquartile band."""
+    palette = dict(zip(IMPL_ORDER, sns.color_palette("tab10", len(IMPL_ORDER))))
+    for impl in [i for i in IMPL_ORDER if i in set(data["impl"])] + sorted(set(data["impl"]) - set(IMPL_ORDER)):
+        d = data[data["impl"] == impl].sort_values(x)
+        color = palette.get(impl)
+        ax.plot(d[x], d["median_ms"], marker="o", color=color, label=IMPL_LABEL.get(impl, impl),
+                ls="--" if impl == "causal" else "-")
+        ax.fill_between(d[x], d["q25_ms"], d["q75_ms"], color=color, alpha=0.2, lw=0)
+
+
+def _log_y(ax: plt.Axes) -> None:
+    """Log-scaled y axis labelled in plain numbers (0.05, 2, 30) rather than powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda y, _: f"{y:g}")
+    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
+def _log2_ticks(ax: plt.Axes, values) -> None:
+    values = sorted(set(int(v) for v in values))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.minorticks_off()
+
+
+def attention_time_vs_nodes(grid: pd.DataFrame, batch: int | None = None, shape: str | None = None, path=None) -> plt.Figure:
+    """Time of one attention call against draft tokens, one line per implementation, one panel per
+    prefix length (at the smallest batch and the first tree shape unless given)."""
+    data = _ok(grid)
+    batch = batch if batch is not None else int(data["batch"].min())
+    shape = shape or data["shape"].iloc[0]
+    data = data[(data["batch"] == batch) & (data["shape"] == shape)]
+    prefixes = sorted(data["prefix"].unique())
+    cols = min(len(prefixes), 3)
+    rows = -(-len(prefixes) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows + 0.6), squeeze=False)
+    for ax, prefix in zip(axes.flat, prefixes):
+        _timed_lines(ax, data[data["prefix"] == prefix], "nodes")
+        _log2_ticks(ax, data["nodes"])
+        _log_y(ax)
+        ax.set_xlabel("draft tokens in the tree (N)")
+        ax.set_ylabel("time per attention call (ms)")
+        ax.set_title(f"prefix {prefix} tokens", fontsize=10)
+    for ax in list(axes.flat)[len(prefixes):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"one tree-attention call, batch {batch}, {shape} trees\nmedian, band = interquartile range\n"
+                 f"{_machine(data)}", fontsize=9)
+    return _save(fig, path)
+
+
+def tree_speedup(speed: pd.DataFrame, shape: str | None = None, path=None) -> plt.Figure:
+    """per-sequence time / one-tree-call time against draft tokens, one line per prefix length,
+    one panel per batch size; the dashed line is the number of leaves (the calls one tree replaces)."""
+    shape = shape or speed["shape"].iloc[0]
+    data = speed[speed["shape"] == shape]
+    batches = sorted(data["batch"].unique())
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.6 * len(batches), 4.0), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        d = data[data["batch"] == batch]
+        sns.lineplot(data=d, x="nodes", y="per_sequence_over_tree", hue="prefix", marker="o", palette="viridis", ax=ax)
+        leaves = d.groupby("nodes")["leaves"].first()
+        ax.plot(leaves.index, leaves.values, color="black", ls="--", lw=1, label="leaves (calls replaced)")
+        ax.axhline(1.0, color="grey", lw=1)
+        _log2_ticks(ax, d["nodes"])
+        _log_y(ax)
+        ax.set_xlabel("draft tokens in the tree (N)")
+        ax.set_ylabel("per-sequence time / tree time (x)")
+        ax.set_title(f"batch {batch}", fontsize=10)
+        ax.legend(title="prefix (tokens)", fontsize=8)
+    fig.suptitle(f"speedup of one tree call over one call per root-to-leaf sequence ({shape} trees)\n"
+                 f"{_machine(speed)}", fontsize=9)
+    return _save(fig, path)
+
+
+def attention_time_vs_prefix_and_batch(grid: pd.DataFrame, nodes: int | None = None, shape: str | None = None, path=None) -> plt.Figure:
+    """Two panels: time against prefix length (smallest batch) and against batch size (longest
+    prefix), one line per implementation, at `nodes` draft tokens (default: nearest to 64)."""
+    data = _ok(grid)
+    shape = shape or data["shape"].iloc[0]
+    data = data[data["shape"] == shape]
+    nodes = nodes if nodes is not None else _nearest(data["nodes"], 64)
+    data = data[data["nodes"] == nodes]
+    batch, prefix = int(data["batch"].min()), int(data["prefix"].max())
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    _timed_lines(left, data[data["batch"] == batch], "prefix")
+    _log2_ticks(left, data["prefix"])
+    left.set_xlabel("prefix length (tokens; the longest in the batch)")
+    left.set_title(f"batch {batch}", fontsize=10)
+    _timed_lines(right, data[data["prefix"] == prefix], "batch")
+    _log2_ticks(right, data["batch"])
+    right.set_xlabel("batch size (sequences, each its own prefix length and tree)")
+    right.set_title(f"prefix {prefix}", fontsize=10)
+    for ax in (left, right):
+        _log_y(ax)
+        ax.set_ylabel("time per attention call (ms)")
+    left.legend(fontsize=8)
+    fig.suptitle(f"{nodes}-node {shape} trees; median, band = interquartile range\n{_machine(data)}", fontsize=9)
+    return _save(fig, path)
+
+
+def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figure:
+    """Left: one target verification against tree nodes, beside a plain forward of the same tokens.
+    Right: expected tokens/s of each tree shape from the cost model, against the target alone."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 4.3))
+    target = curve[curve["role"] == "target"]
+    for kind, label, ls in (("verify", "verify: root + N nodes, tree mask", "-"),
+                            ("plain", "plain forward of N + 1 tokens", "--")):
+        d = target[target["kind"] == kind].sort_values("nodes")
+        if not d.empty:
+            left.plot(d["nodes"], d["median_ms"], marker="o", ls=ls, label=label)
+            left.fill_between(d["nodes"], d["q25_s"] * 1e3, d["q75_s"] * 1e3, alpha=0.2, lw=0)
+    left.set_xlabel("draft tokens in the tree (N)")
+    left.set_ylabel("time of one target forward (ms)")
+    left.set_title(f"{target['model'].iloc[0]}, {target['prefix'].iloc[0]} tokens cached; {_machine(target)}", fontsize=9)
+    left.set_ylim(bottom=0)
+    left.legend(fontsize=8)
+    sns.lineplot(data=cost, x="nodes", y="tokens_per_s", hue="shape", marker="o", ax=right)
+    right.axhline(cost["baseline_tokens_per_s"].iloc[0], color="black", ls="--", lw=1, label="target alone")
+    best = cost.loc[cost["tokens_per_s"].idxmax()]
+    right.scatter([best["nodes"]], [best["tokens_per_s"]], s=160, facecolors="none", edgecolors="red", zorder=5,
+                  label=f"best: {best['shape']} {int(best['nodes'])}")
+    _log2_ticks(right, cost["nodes"])
+    right.set_xlabel("draft tokens in the tree (N)")
+    right.set_ylabel("expected tokens/s")
+    right.set_title(f"draft {cost['draft'].iloc[0]}: tau / (draft time + verify time);\n"
+                    "tau = expected tokens per target call, bonus included", fontsize=9)
+    right.legend(fontsize=8)
+    return _save(fig, path)
