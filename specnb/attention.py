@@ -55,9 +55,11 @@ IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "per_sequence", "eager", "flex")
 REFERENCE = "eager"
 CAUSAL = "causal"  # not a tree implementation: the same queries as a plain causal block
 
-# fp32 agreement with the reference, stated once for tests and notebooks (max abs error; inputs
-# are standard normal, so outputs are O(1)); reduced precision gets the looser bound
-TOLERANCE: dict[torch.dtype, float] = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+# agreement with the reference (max abs error over real rows), stated once for tests and notebooks;
+# inputs are standard normal, so outputs are O(1). Seen on CPU (32 x 128 heads, trees up to 128
+# nodes): float32 <= 1e-6, float16 ~1e-3 (the reference rounds its probabilities to float16, as
+# transformers' eager attention does), bfloat16 ~8e-3.
+TOLERANCE: dict[torch.dtype, float] = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
 class Unsupported(RuntimeError):

@@ -269,7 +269,8 @@ def speedup_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per grid point: per_sequence_over_tree = t(per_sequence) / t(sdpa) (how much one
     tree call saves), mask_overhead = t(sdpa) / t(causal), and each implementation's median."""
     ok = table[table["status"] == "ok"]
-    wide = ok.pivot_table(index=list(GRID_KEY) + ["leaves", "depth"], columns="impl", values="median_s").reset_index()
+    wide = ok.pivot_table(index=list(GRID_KEY) + ["leaves", "depth", "device", "dtype", "torch"],
+                          columns="impl", values="median_s").reset_index()
     if {"per_sequence", "sdpa"} <= set(wide.columns):
         wide["per_sequence_over_tree"] = wide["per_sequence"] / wide["sdpa"]
     if {"sdpa", CAUSAL} <= set(wide.columns):
@@ -430,7 +431,7 @@ def cost_table(
             t_draft = draft_seconds(tree, per_width)
             t_step = t_draft + float(t_verify.loc[n])
             rows.append({
-                "shape": shape, "nodes": n, "depth": tree.depth, "leaves": len(tree.leaves),
+                "target": target, "draft": draft, "shape": shape, "nodes": n, "depth": tree.depth, "leaves": len(tree.leaves),
                 "expected_tau": tau, "t_draft_s": t_draft, "t_draft_chain_s": tree.depth * per_width(1),
                 "t_verify_s": float(t_verify.loc[n]), "t_step_s": t_step,
                 "tokens_per_s": tau / t_step, "baseline_tokens_per_s": 1.0 / base,
