@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -101,15 +102,21 @@ def measure_interleaved(
     repeats: int = 7,
     setups: Mapping[str, Callable[[], Any]] | None = None,
 ) -> dict[str, Timing]:
-    """Time several callables round-robin (each round runs every one once, in turn), so that a
-    drift in the machine's speed (other load, clocks, caches) falls on all of them alike and their
-    ratios stay fair. setups[name]() runs, untimed, before each call of fns[name]."""
+    """Time several callables round-robin (each round runs every one once), so that a drift in the
+    machine's speed (other load, clocks) falls on all of them alike and their ratios stay fair. The
+    order within a round is shuffled (seeded), so that the effect of what ran just before a call
+    (e.g. the caches it left) lands on every callable alike.
+    setups[name]() runs, untimed, before each call of fns[name]."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     setups = setups or {}
     times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    rng = random.Random(0)
     for i in range(warmup + repeats):
-        for name, fn in fns.items():
+        rng.shuffle(order)
+        for name in order:
+            fn = fns[name]
             if name in setups:
                 setups[name]()
             synchronize(device)

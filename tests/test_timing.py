@@ -26,6 +26,7 @@ from specnb.timing import (
     grid,
     grid_table,
     measure,
+    measure_interleaved,
     recommendation,
     run_grid,
     speedup_table,
@@ -43,6 +44,17 @@ def test_measure_warms_up_repeats_and_sets_up_each_run():
     assert t.min_s <= t.q25_s <= t.median_s <= t.q75_s <= t.max_s
     with pytest.raises(ValueError):
         measure(lambda: None, "cpu", repeats=0)
+
+
+def test_measure_interleaved_runs_each_in_every_round():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    timings = measure_interleaved(fns, "cpu", warmup=1, repeats=4, setups={"b": lambda: calls.append("setup b")})
+    assert set(timings) == set("abc") and all(t.repeats == 4 for t in timings.values())
+    assert [calls.count(n) for n in "abc"] == [5, 5, 5] and calls.count("setup b") == 5
+    rounds = [c for c in calls if c != "setup b"]
+    assert all(sorted(rounds[i : i + 3]) == list("abc") for i in range(0, 15, 3))
+    assert calls[calls.index("setup b") + 1] == "b"
 
 
 def test_environment_row_names_device_dtype_and_torch():
