@@ -83,7 +83,7 @@ def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Fi
 
     place(0)
     width = max(order, 1.0)
-    fig, ax = plt.subplots(figsize=(min(max(6.0, 2 + 0.45 * width), 18), 2.0 + 1.1 * max(tree.depth, 1)))
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 2 + 0.45 * width), 18), min(2.0 + 0.6 * max(tree.depth, 1), 10.0)))
     cmap = plt.get_cmap("viridis")
     for i, parent in enumerate(tree.parents):
         ax.plot([x[parent + 1], x[i + 1]], [-tree.depths[i] + 1, -tree.depths[i]], color="0.7", lw=1, zorder=1)
