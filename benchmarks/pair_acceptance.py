@@ -20,15 +20,9 @@ import torch
 from tqdm.auto import tqdm
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
+from specnb.experiments import parse_trees
 from specnb.models import load_pair, prompt_ids
 from specnb.prompts import load_prompts
-
-
-def parse_tree(spec: str) -> Tree:
-    name, _, n = spec.partition(":")
-    if not n.isdigit():
-        raise SystemExit(f"tree spec {spec!r} must be NAME:BUDGET, e.g. chain:4 or kary2:8")
-    return Tree.preset(name, int(n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", default=None, help="also write the per-tree table here")
     args = ap.parse_args(argv)
 
-    trees = {spec: parse_tree(spec) for spec in args.trees}
+    try:
+        trees = {f"{shape}:{budget}": tree for (shape, budget), tree in parse_trees(args.trees).items()}
+    except ValueError as e:
+        raise SystemExit(str(e))
     prompts = load_prompts(args.prompts, per_category=args.per_category, limit=args.limit)
     target, draft, tokenizer = load_pair(args.target, args.draft)
     print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} prompts={len(prompts)}")
