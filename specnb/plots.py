@@ -114,7 +114,7 @@ def speed_bars(table: pd.DataFrame, path=None) -> plt.Figure:
     ax.axhline(1.0, color="black", lw=1, ls="--")
     ax.set_xlabel("tree (shape:draft tokens)")
     ax.set_ylabel("speedup over the target alone (x)")
-    ax.set_title("wall-clock tokens/s relative to the target's own decoding, measured in the same run", fontsize=10)
+    ax.set_title("wall-clock tokens/s relative to the target's own decoding,\nmeasured in the same run", fontsize=10)
     return _save(fig, path)
 
 
