@@ -199,7 +199,7 @@ def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], flo
     n = 0
     for ranks in steps["accepted_ranks"]:
         n += 1
-        path = tuple(int(r) for r in str(ranks).split("/") if r != "")
+        path = _rank_path(ranks)
         for d in range(1, len(path) + 1):
             if path[:d] in counts:
                 counts[path[:d]] += 1
@@ -246,6 +246,16 @@ def reading(table: pd.DataFrame) -> str:
 def _key(pair: str, k: tuple[str, int] | None, prompt: Prompt) -> dict:
     shape, budget = k if k is not None else (BASELINE, 0)
     return {"pair": pair, "shape": shape, "budget": budget, "prompt_id": prompt.id}
+
+
+def _rank_path(value) -> tuple[int, ...]:
+    """A stored rank path ("0/1/0") back as a tuple; read back from CSV, pandas may have made an
+    empty path NaN and a one-rank path a number."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ()
+    if isinstance(value, (int, float)):
+        return (int(value),)
+    return tuple(int(float(r)) for r in str(value).split("/") if r.strip() != "")
 
 
 def _stored_tokens(store: Sweep, pair: str, prompt: Prompt) -> list[int] | None:

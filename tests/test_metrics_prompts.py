@@ -75,3 +75,20 @@ def test_spec_bench_file():
     assert len(prompts) == 480
     assert len({p.category for p in prompts}) == 13
     assert len(load_prompts("spec_bench", per_category=2)) == 26
+
+
+def test_node_frequency_reads_steps_back_from_csv(tmp_path):
+    """Empty paths come back from CSV as NaN and one-rank paths as numbers; both must parse."""
+    import pandas as pd
+
+    from specnb import Tree
+    from specnb.experiments import node_frequency
+
+    tree = Tree.from_paths([(0,), (1,), (0, 0)])
+    steps = pd.DataFrame({"accepted_ranks": ["", "0", "0/0", "1"]})
+    steps.to_csv(tmp_path / "steps.csv", index=False)
+    for frame in (steps, pd.read_csv(tmp_path / "steps.csv"), pd.DataFrame({"accepted_ranks": ["", "0"]})):
+        freq = node_frequency(frame, tree)
+        assert set(freq) == set(tree.paths)
+    freq = node_frequency(pd.read_csv(tmp_path / "steps.csv"), tree)
+    assert freq == {(0,): 0.5, (1,): 0.25, (0, 0): 0.25}
