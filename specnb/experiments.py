@@ -12,7 +12,7 @@ draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bonus INCLU
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import pandas as pd
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .drafting import ModelDrafter
 from .generation import GenerationResult, autoregressive_generate, speculative_generate
-from .metrics import summarize
+from .metrics import step_row, summarize
 from .prompts import Prompt
 from .storage import Sweep
 from .trees import Tree
@@ -74,8 +74,9 @@ def run_sweep(
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
+    ids_of = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}  # tokenize each prompt once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
-        ids = prompt_ids(tokenizer, prompt.text)
+        ids = ids_of[prompt.id]
         if k is None:
             result = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
         else:
@@ -264,13 +265,7 @@ def _stored_tokens(store: Sweep, pair: str, prompt: Prompt) -> list[int] | None:
 
 
 def _step_rows(result: GenerationResult) -> list[dict]:
-    rows = []
-    for s in result.steps:
-        row = asdict(s)
-        row["accepted_ranks"] = "/".join(map(str, s.accepted_ranks))
-        row["child_counts"] = "/".join(map(str, s.child_counts))
-        rows.append(row)
-    return rows
+    return [step_row(s) for s in result.steps]
 
 
 def _unit_summary(result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None) -> dict:

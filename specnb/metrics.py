@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-from .generation import GenerationResult
+from .generation import GenerationResult, Step
 
 
 @dataclass(frozen=True)
@@ -105,14 +105,16 @@ def rank_acceptance(steps: Iterable) -> tuple[float, ...]:
 def steps_table(results: Mapping[str, GenerationResult] | Iterable[GenerationResult]) -> pd.DataFrame:
     """Tidy table, one row per step; `run` labels the result (its key, or its index)."""
     items = results.items() if isinstance(results, Mapping) else enumerate(results)
-    rows = []
-    for label, r in items:
-        for s in r.steps:
-            row = asdict(s)
-            row["accepted_ranks"] = "/".join(map(str, s.accepted_ranks))
-            row["child_counts"] = "/".join(map(str, s.child_counts))
-            rows.append({"run": label, "method": r.method, **row})
+    rows = [{"run": label, "method": r.method, **step_row(s)} for label, r in items for s in r.steps]
     return pd.DataFrame(rows)
+
+
+def step_row(step: Step) -> dict:
+    """One step as a flat row; rank paths and child counts as "0/1/0" strings."""
+    row = asdict(step)
+    row["accepted_ranks"] = "/".join(map(str, step.accepted_ranks))
+    row["child_counts"] = "/".join(map(str, step.child_counts))
+    return row
 
 
 def summary_table(groups: Mapping[str, GenerationResult | Iterable[GenerationResult]]) -> pd.DataFrame:
