@@ -15,6 +15,11 @@ verification: row 0 is the root, row i + 1 is tree node i.
   this is exactly the rule of Leviathan et al. 2023 / Chen et al. 2023. Each round is a Leviathan
   step with proposal q_i, which emits a sample of p_i for any q_i, so the token emitted at a node is
   distributed exactly as p at that node: the output follows the target's distribution.
+  With `q=None` the children are *deterministic* proposals (n-gram matches, top-k dynamic trees,
+  merged drafts): a proposal is a draw from the one-hot distribution at its token, so the same
+  rounds become: accept x with probability p(x); on rejection p <- norm(p with x zeroed). Any set
+  of distinct or repeated tokens, chosen without looking at the target, is then lossless (a repeat
+  of a rejected token has p = 0 and is rejected), and sibling ranks may have gaps.
 """
 
 from __future__ import annotations
@@ -56,14 +61,20 @@ def speculative_accept(
     tree: Tree,
     tokens: torch.Tensor,
     p: torch.Tensor,
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     generator: torch.Generator | None,
 ) -> Acceptance:
     """tokens: long [N]; p: target probabilities [N + 1, V]; q: draft probabilities [N + 1, V]
     (rows of leaves are not read). Children must have been drawn without replacement from q at
-    their parent, in rank order, with no rank gaps (see `Tree.has_rank_gaps`)."""
+    their parent, in rank order, with no rank gaps (see `Tree.has_rank_gaps`).
+    q=None: the children are deterministic proposals (see the module docstring); gaps allowed."""
+    if q is None:
+        return _deterministic_accept(tree, tokens, p, generator)
     if tree.has_rank_gaps:
-        raise ValueError("lossless tree sampling needs sibling ranks 0..k-1 without gaps")
+        raise ValueError(
+            "lossless tree sampling needs sibling ranks 0..k-1 without gaps when children are drawn "
+            "from q; use a gap-free tree, or a drafter that proposes deterministically (q=None)"
+        )
     toks = tokens.tolist()
     path: list[int] = []
     row = 0
@@ -90,6 +101,36 @@ def speculative_accept(
             if q_mass <= 0.0:
                 break
             q_row = q_row / q_mass
+        if accepted is None:
+            return Acceptance(tuple(path), sample(p_row, generator))
+        path.append(accepted)
+        row = accepted + 1
+
+
+def _deterministic_accept(
+    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+) -> Acceptance:
+    """Multi-round rejection with one-hot proposals: accept x w.p. p(x), else zero x in p."""
+    toks = tokens.tolist()
+    path: list[int] = []
+    row = 0
+    while True:
+        p_row = p[row]
+        accepted = None
+        for child in tree.children[row]:
+            x = toks[child]
+            px = float(p_row[x])
+            u = float(torch.rand((), generator=generator, device=p_row.device))
+            if u < px:
+                accepted = child
+                break
+            if px > 0.0:
+                p_row = p_row.clone()
+                p_row[x] = 0.0
+                mass = float(p_row.sum())
+                if mass <= 0.0:  # only rounding can get here (px < 1 was rejected)
+                    break
+                p_row = p_row / mass
         if accepted is None:
             return Acceptance(tuple(path), sample(p_row, generator))
         path.append(accepted)

@@ -1,6 +1,15 @@
 """Drafters fill a `Tree` with tokens.
 
 A drafter is any object with `draft(tokens, tree, sampling, generator) -> Draft` and `reset()`.
+The requested tree is a budget: a drafter that shapes its own tree (dynamic trees, adaptive draft
+length, n-gram matches, merged drafts) returns it in `Draft.tree`, no deeper than the requested
+one (the loop truncates the request so that no step overshoots `max_new_tokens`). Two optional
+hooks, called by `speculative_generate` when a drafter defines them:
+
+    observe(draft, acceptance)   after each verification (adaptive draft length learns here)
+    bind_target_cache(cache)     once, after the target's prefill: a self-draft that shares the
+                                 target's layers may read their keys/values; it must leave the
+                                 cache as it found it (same length) before `draft` returns
 `ModelDrafter` wraps a small causal LM and builds the tree level by level: one draft forward pass
 per depth, all nodes of that depth at once under the tree mask, on top of the draft's own KV cache.
 The child at rank r of a node is the draft's r-th most likely token after that node's path
@@ -28,7 +37,10 @@ from .trees import Tree
 class Draft:
     tokens: torch.Tensor  # long [N]: node i's token, canonical order
     q: torch.Tensor | None  # float [N + 1, V]: draft distribution at the root (row 0) and node i
-    #                         (row i + 1); None when greedy. Rows of leaves are unused zeros.
+    #                         (row i + 1); None when greedy, or when sampling with deterministic
+    #                         proposals (see `acceptance`). Rows of leaves are unused zeros.
+    tree: Tree | None = None  # the tree the drafter built, when it shapes its own; None: the
+    #                           requested tree
 
 
 @runtime_checkable

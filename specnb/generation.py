@@ -15,7 +15,7 @@ import torch
 
 from .acceptance import Acceptance, greedy_accept, speculative_accept
 from .cache import new_cache
-from .drafting import Drafter, as_drafter
+from .drafting import Draft, Drafter, ModelDrafter, as_drafter
 from .masks import attention_implementation
 from .sampling import SamplingConfig, probabilities, sample
 from .trees import Tree
@@ -72,7 +72,7 @@ def speculative_generate(
     tree = Tree.chain(4) if tree is None else tree
     drafter = as_drafter(drafter)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    if not sampling.greedy and tree.has_rank_gaps:
+    if not sampling.greedy and tree.has_rank_gaps and isinstance(drafter, ModelDrafter):
         raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
     attention_implementation(target)  # refuse a mask-less attention before any compute
     device = target.device
@@ -86,6 +86,8 @@ def speculative_generate(
     cache = new_cache(target)
     if seq.shape[1] > 1:
         prefill(target, cache, seq[:, :-1])
+    if hasattr(drafter, "bind_target_cache"):
+        drafter.bind_target_cache(cache)
     prefill_time = timer.now() - start
 
     new: list[int] = []
@@ -96,6 +98,7 @@ def speculative_generate(
         t0 = timer.now()
         draft = drafter.draft(seq, step_tree, sampling, generator)
         t1 = timer.now()
+        step_tree = _drafted_tree(draft, step_tree)
         prefix_len = seq.shape[1] - 1
         logits = verify(target, cache, int(seq[0, -1]), step_tree, draft.tokens)  # [N+1, V]
         t2 = timer.now()
@@ -103,8 +106,11 @@ def speculative_generate(
             result = greedy_accept(step_tree, draft.tokens, logits.argmax(-1))
         else:
             p = probabilities(logits, sampling)
-            result = speculative_accept(step_tree, draft.tokens, p, _match_vocab(draft.q, p), generator)
+            q = None if draft.q is None else _match_vocab(draft.q, p)
+            result = speculative_accept(step_tree, draft.tokens, p, q, generator)
         commit(cache, prefix_len, result.path)
+        if hasattr(drafter, "observe"):
+            drafter.observe(draft, result)
 
         added = draft.tokens[list(result.path)].tolist() + [result.next_token]
         added, stopped = _cut_at_eos(added, eos)
@@ -210,10 +216,19 @@ def _generator(seed: int | None, device: torch.device) -> torch.Generator:
     return generator
 
 
-def _match_vocab(q: torch.Tensor | None, p: torch.Tensor) -> torch.Tensor:
+def _drafted_tree(draft: Draft, requested: Tree) -> Tree:
+    """The tree to verify: the drafter's own if it built one, checked against the request."""
+    tree = requested if draft.tree is None else draft.tree
+    if tree.num_nodes != draft.tokens.numel():
+        raise ValueError(f"the drafter returned {draft.tokens.numel()} tokens for a tree of {tree.num_nodes} nodes")
+    if tree.depth > requested.depth:
+        raise ValueError(f"the drafter built a tree of depth {tree.depth}, deeper than the {requested.depth} allowed")
+    return tree
+
+
+def _match_vocab(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Draft probabilities over the target's vocabulary size (models may pad embeddings
     differently; a token outside a model's vocabulary has probability 0 there)."""
-    assert q is not None, "a sampling drafter must return q"
     q = q.to(p.device)
     if q.shape[-1] == p.shape[-1]:
         return q

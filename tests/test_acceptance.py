@@ -134,3 +134,52 @@ def test_rank_gaps_are_refused_for_sampling():
     tree = Tree.from_paths([(0,), (2,)])
     with pytest.raises(ValueError, match="gaps"):
         speculative_accept(tree, torch.tensor([1, 2]), torch.ones(3, 4) / 4, torch.ones(3, 4) / 4, None)
+
+
+# ---- deterministic proposals (q=None): n-gram matches, top-k dynamic trees, merged drafts -------
+
+GAPPY = Tree.from_paths([(0,), (2,), (3,), (0, 1), (0, 4), (2, 0)])  # rank gaps, as a merged tree has
+
+
+def deterministic_draft(tree, vocab):
+    """Tokens chosen without sampling: the rank-th most likely token of a draft distribution after
+    the node's context, except that node 2 repeats node 0's token (merged drafts can repeat)."""
+    tokens = torch.zeros(tree.num_nodes, dtype=torch.long)
+    context: dict[int, tuple] = {}
+    for i, (parent, rank) in enumerate(zip(tree.parents, tree.ranks)):
+        ctx = () if parent < 0 else context[parent] + (int(tokens[parent]),)
+        order = torch.argsort(toy_distribution(ctx, vocab, 1), descending=True)
+        tokens[i] = order[rank % vocab]
+        context[i] = ctx
+    tokens[2] = tokens[0]
+    p = torch.stack([toy_distribution((), vocab, 0)] + [
+        toy_distribution(context[i] + (int(tokens[i]),), vocab, 0) for i in range(tree.num_nodes)
+    ])
+    return tokens, p
+
+
+def not_zeroing_accept(tree, tokens, p, q, g):
+    """A broken rule: on rejection, keep p as it was instead of zeroing the rejected token."""
+    toks, path, row = tokens.tolist(), [], 0
+    while True:
+        child = next((c for c in tree.children[row] if float(torch.rand((), generator=g)) < float(p[row][toks[c]])), None)
+        if child is None:
+            return Acceptance(tuple(path), sample(p[row], g))
+        path.append(child)
+        row = child + 1
+
+
+@pytest.mark.parametrize("rule, lossless", [(speculative_accept, True), (not_zeroing_accept, False)], ids=["rule", "broken"])
+def test_deterministic_proposals_are_lossless(rule, lossless):
+    vocab = 5
+    tokens, p = deterministic_draft(GAPPY, vocab)
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(6000):
+        result = rule(GAPPY, tokens, p, None, g)
+        emitted = tokens[list(result.path)].tolist() + [result.next_token]
+        if len(emitted) == 1:
+            emitted.append(sample(toy_distribution(tuple(emitted), vocab, 0), g))
+        samples.append(tuple(emitted[:2]))
+    pvalue = chi_square_pvalue(samples, exact_first_two(vocab))
+    assert (pvalue > ALPHA) if lossless else (pvalue < ALPHA)

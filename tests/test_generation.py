@@ -4,6 +4,7 @@ output follows the target's distribution (chi-square); stops at EOS and max_new_
 import pytest
 import torch
 
+import specnb
 import specnb.generation
 from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate, summarize
 
@@ -149,3 +150,64 @@ def test_sampling_check_detects_a_broken_rule(sampling_pair, monkeypatch):
     monkeypatch.setattr(specnb.generation, "speculative_accept", broken_accept)
     samples = first_two(target, draft, prompt, Tree.kary(2, 6), runs=2500)
     assert chi_square_pvalue(samples, exact) < ALPHA
+
+
+class OwnTreeDrafter:
+    """A drafter that shapes its own tree each step (as dynamic, n-gram and merged drafters do):
+    the target's own argmax as rank 0 plus a wrong sibling at rank 3, then a chain of the draft
+    model's guesses under rank 0, with a depth that varies step to step. Deterministic proposals."""
+
+    def __init__(self, target, draft):
+        self.target, self.draft_model, self.observed = target, draft, []
+
+    def reset(self):
+        self.observed = []
+
+    @torch.no_grad()
+    def draft(self, tokens, tree, sampling, generator):
+        depth = min(tree.depth, 1 + len(self.observed) % 3)
+        seq = tokens.reshape(1, -1)
+        paths, out = [], []
+        for d in range(depth):
+            guess = int(self.draft_model(seq).logits[0, -1].argmax())
+            if d == 0:
+                right = int(self.target(seq).logits[0, -1].argmax())
+                paths += [(0,), (3,)]
+                out += [right, (right + 1) % 61]
+                guess = right
+            else:
+                paths.append((0,) * (d + 1))
+                out.append(guess)
+            seq = torch.cat([seq, torch.tensor([[guess]])], dim=1)
+        tree = Tree.from_paths(paths)
+        order = {p: i for i, p in enumerate(paths)}
+        tokens = torch.tensor([out[order[p]] for p in tree.paths], dtype=torch.long)
+        return specnb.Draft(tokens, None, tree)
+
+    def observe(self, draft, acceptance):
+        self.observed.append((draft.tree.num_nodes, acceptance.num_accepted))
+
+
+def test_a_drafter_may_shape_its_own_tree(tiny_target, tiny_draft):
+    ids = random_prompt(4)
+    reference = autoregressive_generate(tiny_target, ids, max_new_tokens=25, eos_token_id=())
+    drafter = OwnTreeDrafter(tiny_target, tiny_draft)
+    result = speculative_generate(tiny_target, drafter, ids, tree=Tree.chain(3), max_new_tokens=25, eos_token_id=())
+    assert result.tokens.tolist() == reference.tokens.tolist()
+    assert [s.num_drafted for s in result.steps] == [n for n, _ in drafter.observed]
+    assert [s.num_accepted for s in result.steps] == [a for _, a in drafter.observed]
+    assert {s.num_drafted for s in result.steps} >= {2, 3, 4}  # the drafter's trees, not chain(3)
+    assert all(s.num_accepted >= 1 and s.accepted_ranks[0] == 0 for s in result.steps[:-1])
+    # sampled, with gaps in the ranks: allowed because the proposals are deterministic
+    sampled = speculative_generate(tiny_target, drafter, ids, tree=Tree.chain(3), max_new_tokens=25, temperature=1.0, eos_token_id=())
+    assert sampled.tokens.numel() == 25
+
+
+class TooDeepDrafter(OwnTreeDrafter):
+    def draft(self, tokens, tree, sampling, generator):
+        return specnb.Draft(torch.zeros(tree.depth + 1, dtype=torch.long), None, Tree.chain(tree.depth + 1))
+
+
+def test_a_drafter_tree_deeper_than_allowed_is_refused(tiny_target, tiny_draft):
+    with pytest.raises(ValueError, match="deeper"):
+        speculative_generate(tiny_target, TooDeepDrafter(tiny_target, tiny_draft), random_prompt(4), tree=Tree.chain(3), max_new_tokens=8)
