@@ -15,6 +15,7 @@ Modules, one idea each:
     cache         KV caches that keep exactly the accepted branch
     sampling      SamplingConfig and logits -> p / q
     drafting      Drafter protocol, ModelDrafter (one draft forward per depth)
+    dynamic_trees EAGLE-2-style trees rebuilt each step: global top n by cumulative draft log-prob
     verification  one target forward over root + tree; commit the accepted branch
     acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
     generation    speculative_generate, autoregressive_generate, Step, GenerationResult
@@ -25,6 +26,7 @@ Modules, one idea each:
 
 from .acceptance import Acceptance, greedy_accept, speculative_accept
 from .drafting import Draft, Drafter, ModelDrafter
+from .dynamic_trees import DynamicTreeDrafter
 from .generation import GenerationResult, Step, autoregressive_generate, speculative_generate
 from .metrics import Summary, rank_acceptance, steps_table, summarize, summary_table
 from .sampling import SamplingConfig
@@ -34,6 +36,7 @@ __all__ = [
     "Acceptance",
     "Draft",
     "Drafter",
+    "DynamicTreeDrafter",
     "GenerationResult",
     "ModelDrafter",
     "SamplingConfig",

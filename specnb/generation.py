@@ -66,11 +66,13 @@ def speculative_generate(
     """Tree speculative decoding; greedy output equals the target's greedy output token for token,
     sampled output follows the target's distribution.
 
-    input_ids: long [1, T]. tree: default `Tree.chain(4)`. eos_token_id: default the target's
+    input_ids: long [1, T]. tree: default the drafter's `default_tree` if it has one (drafters that
+    shape their own trees), else `Tree.chain(4)`. eos_token_id: default the target's
     generation config; pass () to never stop early.
     """
-    tree = Tree.chain(4) if tree is None else tree
     drafter = as_drafter(drafter)
+    if tree is None:
+        tree = getattr(drafter, "default_tree", None) or Tree.chain(4)
     sampling = SamplingConfig(temperature, top_k, top_p)
     if not sampling.greedy and tree.has_rank_gaps and isinstance(drafter, ModelDrafter):
         raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")

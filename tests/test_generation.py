@@ -128,7 +128,8 @@ def sampling_pair():
 
 
 def first_two(target, draft, prompt, tree, runs):
-    drafter = ModelDrafter(draft)
+    """First two tokens of `runs` sampled generations; draft: a model or any drafter."""
+    drafter = ModelDrafter(draft) if isinstance(draft, torch.nn.Module) else draft
     out = []
     for seed in range(runs):
         r = speculative_generate(

@@ -1,0 +1,122 @@
+"""EAGLE-2-style dynamic draft trees: the tree is rebuilt every step from the draft's confidence.
+
+Definition (the one `replay` uses too). Below every node, the child at rank r is the draft's r-th
+most likely token there (`top_k` children per node, depth at most `max_depth`). A node's *score* is
+its cumulative draft log-probability, the sum of log q (softmax of the draft's logits, temperature
+1) over its path. The dynamic tree of budget n is the n nodes with the highest scores, ties broken
+by canonical (depth, path) order. A child never scores above its parent, nor a sibling above its
+elder sibling, so the chosen set is closed under both: a gap-free rank-path `Tree`.
+
+Construction, level by level with one draft forward per depth (EAGLE-2, Li et al. 2024, keeps the
+global top nodes by cumulative confidence in the same way): after depth d, only the depth-d nodes
+inside the top n among all nodes of depth <= d can have children in the final top n (adding deeper
+nodes can only push nodes out), so only those are fed. The result is the exact top n, not a beam
+approximation.
+
+The proposals are chosen, not sampled, so under sampling the draft is deterministic (`q=None`) and
+the acceptance rule treats each proposal as a one-hot draw (see `acceptance`): lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .drafting import Draft, ModelDrafter
+from .masks import model_mask, prefix_tree_mask
+from .sampling import SamplingConfig
+from .trees import Path, Tree
+
+
+@dataclass(frozen=True)
+class ScoredTree:
+    """A dynamic tree with its draft tokens and node scores, in the tree's canonical order."""
+
+    tree: Tree
+    tokens: torch.Tensor  # long [N]
+    scores: torch.Tensor  # float [N]: cumulative draft log-probability of each node
+
+
+def top_n(scores: dict[Path, float], n: int) -> list[Path]:
+    """The n paths with the highest scores, ties broken by canonical (depth, path) order."""
+    return sorted(scores, key=lambda p: (-scores[p], len(p), p))[:n]
+
+
+class DynamicTreeDrafter(ModelDrafter):
+    """Drafts the global top-`n` tree by cumulative draft probability each step.
+
+    n: nodes per tree; top_k: children considered below each node; max_depth: deepest level.
+    The tree passed to `speculative_generate` only caps the depth (the loop shortens it near
+    `max_new_tokens`); leave it out and the drafter's `default_tree` (depth `max_depth`) is used.
+    """
+
+    def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6) -> None:
+        if n < 1 or top_k < 1 or max_depth < 1:
+            raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
+        super().__init__(model)
+        self.n, self.top_k, self.max_depth = n, top_k, max_depth
+        self.default_tree = Tree.chain(max_depth)
+
+    @torch.inference_mode()
+    def draft(
+        self,
+        tokens: torch.Tensor,
+        tree: Tree,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
+        scored = self.expand(tokens, min(self.max_depth, tree.depth))
+        return Draft(scored.tokens, None, scored.tree)
+
+    @torch.inference_mode()
+    def expand(self, tokens: torch.Tensor, max_depth: int, n: int | None = None) -> ScoredTree:
+        """The top-n tree (default `self.n`) after `tokens`, at most `max_depth` deep."""
+        n = self.n if n is None else n
+        seq = tokens.reshape(-1).tolist()
+        device = self.model.device
+        if max_depth < 1:
+            return ScoredTree(Tree(()), torch.zeros(0, dtype=torch.long), torch.zeros(0))
+        root_logits = self._advance(seq)
+        prefix_len = len(seq)
+        scores: dict[Path, float] = {}
+        token: dict[Path, int] = {}
+        self._add_children((), 0.0, root_logits, scores, token)
+        chosen = top_n(scores, n)
+        fed: list[Path] = []  # paths fed to the draft, in cache order after the prefix
+        for depth in range(1, max_depth):
+            level = [p for p in chosen if len(p) == depth]
+            if not level:
+                break
+            slot = {p: i for i, p in enumerate(fed)}
+            rows = torch.zeros(len(level), len(fed) + len(level), dtype=torch.bool)
+            for i, p in enumerate(level):
+                for d in range(1, depth):
+                    rows[i, slot[p[:d]]] = True  # ancestors were fed at their own depth
+                rows[i, len(fed) + i] = True
+            mask = prefix_tree_mask(rows.to(device), prefix_len)
+            positions = torch.full((1, len(level)), prefix_len - 1 + depth, dtype=torch.long, device=device)
+            logits = self.model(
+                input_ids=torch.tensor([[token[p] for p in level]], device=device),
+                position_ids=positions,
+                attention_mask=model_mask(mask, self.model, self.model.dtype),
+                past_key_values=self._cache,
+                use_cache=True,
+            ).logits[0].float()
+            fed.extend(level)
+            for p, row in zip(level, logits):
+                self._add_children(p, scores[p], row, scores, token)
+            chosen = top_n(scores, n)
+        tree = Tree.from_paths(chosen)
+        return ScoredTree(
+            tree,
+            torch.tensor([token[p] for p in tree.paths], dtype=torch.long, device=device),
+            torch.tensor([scores[p] for p in tree.paths], dtype=torch.float32),
+        )
+
+    def _add_children(self, path: Path, score: float, logits: torch.Tensor, scores: dict, token: dict) -> None:
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(logq, min(self.top_k, logq.shape[-1]))
+        for rank, (lq, tok) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+            scores[path + (rank,)] = score + lq
+            token[path + (rank,)] = tok
