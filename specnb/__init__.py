@@ -10,11 +10,16 @@ Notation (used everywhere, never swapped):
     tau                tokens per target call, the bonus token INCLUDED (= 1 + acceptance length)
 
 Modules, one idea each:
-    trees         Tree: draft-tree shapes, canonical order, ancestor mask, presets
+    trees         Tree: draft-tree shapes, canonical order, ancestor mask, presets; TokenTrie
     masks         4D attention masks and position ids that put a tree into a stock model
     cache         KV caches that keep exactly the accepted branch
     sampling      SamplingConfig and logits -> p / q
-    drafting      Drafter protocol, ModelDrafter (one draft forward per depth)
+    drafting      Drafter protocol, ModelDrafter (one draft forward per depth; optional
+                  confidence threshold for chains)
+    ngram         NgramDrafter: prompt lookup, n-gram continuations filling a tree
+    self_draft    EarlyExitDrafter (target's first layers on its own KV cache), quantized_self_draft
+    merging       MergedDrafter: several drafters' trees merged into one token tree (SpecInfer)
+    draft_length  AdaptiveLength: transformers' +2/-1 draft-length schedule, for any drafter
     dynamic_trees EAGLE-2-style trees rebuilt each step: global top n by cumulative draft log-prob
     verification  one target forward over root + tree; commit the accepted branch
     acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
@@ -25,26 +30,37 @@ Modules, one idea each:
 """
 
 from .acceptance import Acceptance, greedy_accept, speculative_accept
+from .draft_length import AdaptiveLength
 from .drafting import Draft, Drafter, ModelDrafter
 from .dynamic_trees import DynamicTreeDrafter
 from .generation import GenerationResult, Step, autoregressive_generate, speculative_generate
+from .merging import MergedDrafter
 from .metrics import Summary, rank_acceptance, steps_table, summarize, summary_table
+from .ngram import NgramDrafter
 from .sampling import SamplingConfig
-from .trees import Tree
+from .self_draft import EarlyExitDrafter, early_exit_model, quantized_self_draft
+from .trees import TokenTrie, Tree
 
 __all__ = [
     "Acceptance",
+    "AdaptiveLength",
     "Draft",
     "Drafter",
+    "EarlyExitDrafter",
     "DynamicTreeDrafter",
     "GenerationResult",
+    "MergedDrafter",
     "ModelDrafter",
+    "NgramDrafter",
     "SamplingConfig",
     "Step",
     "Summary",
+    "TokenTrie",
     "Tree",
     "autoregressive_generate",
+    "early_exit_model",
     "greedy_accept",
+    "quantized_self_draft",
     "rank_acceptance",
     "speculative_accept",
     "speculative_generate",

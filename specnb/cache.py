@@ -3,7 +3,9 @@
 After a tree is verified, the cache holds the prefix, the root and all N tree nodes. Only the
 accepted branch may stay, and a branch is not contiguous in the cache, so cropping is not enough
 (shared/docs/ANCHORS.md): the kept positions are gathered in every layer. The same gather serves the
-draft model's cache.
+draft model's cache. A self-draft that runs the target's first layers on the target's own cache
+saves those layers' state before it drafts and puts it back after (`layer_states`,
+`restore_layers`), so the target finds its cache as it left it.
 """
 
 from __future__ import annotations
@@ -55,3 +57,19 @@ def crop(cache: DynamicCache, length: int) -> None:
         if layer.is_initialized and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
+
+
+def layer_states(cache: DynamicCache, layers: int) -> list[dict]:
+    """The state of the first `layers` cache layers (their tensors by reference, not copied).
+
+    Model calls never write into a layer's tensors (`DynamicLayer.update` concatenates into new
+    ones), so `restore_layers` with this brings those layers back bit for bit, at no cost.
+    """
+    return [dict(layer.__dict__) for layer in cache.layers[:layers]]
+
+
+def restore_layers(cache: DynamicCache, states: list[dict]) -> None:
+    """Put back the first len(states) layers as `layer_states` saw them."""
+    for layer, state in zip(cache.layers, states):
+        layer.__dict__.clear()
+        layer.__dict__.update(state)

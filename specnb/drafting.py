@@ -18,6 +18,10 @@ The child at rank r of a node is the draft's r-th most likely token after that n
 The draft's cache persists across steps. It holds the committed sequence plus, after a draft, the
 tree nodes fed for the deeper levels; at the next call the tree tail is cropped (it is contiguous)
 and only the tokens accepted since are fed.
+
+`ModelDrafter(model, confidence_threshold=t)` drafts chains of adaptive length: it stops after the
+first token whose draft probability is below t (transformers' `assistant_confidence_threshold`;
+`draft_length` has the other adaptive-length rule and the reasoning for both).
 """
 
 from __future__ import annotations
@@ -57,10 +61,22 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """Drafts with a transformers causal LM that shares the target's vocabulary."""
+    """Drafts with a transformers causal LM that shares the target's vocabulary.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    confidence_threshold: 0 (default) fills the requested tree. t > 0 needs a chain request and
+    stops the chain after the first token x with q(x) < t, q the draft's distribution at its
+    position after the sampling transforms (plain softmax when greedy, where x is the argmax), as
+    transformers' `ConfidenceCriteria` does (stopping_criteria.py): the token that fell below t is
+    kept, so t = 1 drafts one token per step (unless q(x) rounds to exactly 1) and t = 0 never
+    stops early. The shorter chain is returned in `Draft.tree`. Under sampling q is still returned:
+    see `draft_length` for why stopping on q(x) keeps the output distribution exact.
+    """
+
+    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0) -> None:
+        if not 0.0 <= confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
         self.model = model
+        self.confidence_threshold = confidence_threshold
         self.reset()
 
     def reset(self) -> None:
@@ -76,10 +92,13 @@ class ModelDrafter:
         generator: torch.Generator | None = None,
     ) -> Draft:
         """tokens: long [1, T] or [T], the sequence so far; its last token is the tree's root."""
+        n = tree.num_nodes
+        stop_early = self.confidence_threshold > 0.0
+        if stop_early and tree != Tree.chain(n):
+            raise ValueError(f"confidence_threshold applies to chains; got a tree of {tree.describe()}")
         seq = tokens.reshape(-1).tolist()
         device = self.model.device
         root_logits = self._advance(seq)  # [V]
-        n = tree.num_nodes
         out = torch.zeros(n, dtype=torch.long, device=device)
         q = None
         if not sampling.greedy:
@@ -106,6 +125,11 @@ class ModelDrafter:
                 q[level_rows] = probs
                 choices = sample_without_replacement(probs, k, generator)
             out[nodes.start : nodes.stop] = choices[local, ranks[nodes.start : nodes.stop]]
+            if stop_early and depth < n:
+                # a chain: one node per level, one parent row
+                row = torch.softmax(level_logits[0], -1) if sampling.greedy else probs[0]
+                if float(row[out[depth - 1]]) < self.confidence_threshold:
+                    return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
             if depth == tree.depth:
                 break
             # feed this level: it sees the prefix, the nodes fed before it, and its own ancestors

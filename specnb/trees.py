@@ -18,6 +18,9 @@ Shape presets, each filled to a budget of n draft tokens:
                            higher-ranked parents get more children
     Tree.best_first(n, v)  the same for any acceptance vector v (Sequoia's positional assumption)
     Tree.preset(name, n)   any of the above by name ("chain", "kary2", "beams4", ...)
+
+`TokenTrie` builds a tree from token sequences instead (n-gram continuations, merged drafts): one
+node per distinct token path, identical prefixes shared, sibling ranks in order of first appearance.
 """
 
 from __future__ import annotations
@@ -253,6 +256,48 @@ class Tree:
 
     def describe(self) -> str:
         return f"{self.num_nodes} nodes, depth {self.depth}, {len(self.leaves)} leaves"
+
+
+class TokenTrie:
+    """Distinct token paths grown one token at a time; `build` gives the tree and its tokens.
+
+    Nodes are numbered in insertion order (a node after its parent); a node's rank is the number
+    of siblings inserted before it, so ranks have no gaps.
+    """
+
+    def __init__(self) -> None:
+        self._child: dict[tuple[int, int], int] = {}  # (parent, token) -> node; parent -1 = root
+        self._paths: list[Path] = []
+        self._tokens: list[int] = []
+        self._num_children: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def child(self, parent: int, token: int) -> int | None:
+        """The node for `token` under `parent` (-1 = the root), if inserted."""
+        return self._child.get((parent, token))
+
+    def add(self, parent: int, token: int) -> int:
+        """The node for `token` under `parent`, inserted if new."""
+        node = self._child.get((parent, token))
+        if node is None:
+            node = len(self._tokens)
+            rank = self._num_children.get(parent, 0)
+            self._num_children[parent] = rank + 1
+            self._paths.append((self._paths[parent] if parent >= 0 else ()) + (rank,))
+            self._tokens.append(int(token))
+            self._child[(parent, token)] = node
+        return node
+
+    def build(self, device: torch.device | str | None = None) -> tuple[Tree, torch.Tensor, tuple[int, ...]]:
+        """(tree, tokens long [N] in the tree's canonical order, order): canonical node i is
+        inserted node order[i]."""
+        tree = Tree.from_paths(self._paths)
+        position = {path: i for i, path in enumerate(self._paths)}
+        order = tuple(position[path] for path in tree.paths)
+        tokens = torch.tensor([self._tokens[i] for i in order], dtype=torch.long, device=device)
+        return tree, tokens, order
 
 
 def _budget(n: int) -> int:

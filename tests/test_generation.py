@@ -6,6 +6,7 @@ import torch
 
 import specnb
 import specnb.generation
+from specnb.drafting import as_drafter
 from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate, summarize
 
 from conftest import random_prompt, tiny_model
@@ -112,24 +113,30 @@ def test_one_token_prompt(tiny_target, tiny_draft):
 VOCAB = 7
 
 
+def target_first_two(target, prompt):
+    """The target's exact distribution of its first two sampled tokens after `prompt` (temperature 1)."""
+    vocab = target.config.vocab_size
+    with torch.inference_mode():
+        first = torch.softmax(target(prompt).logits[0, -1], -1)
+        exact = {}
+        for a in range(vocab):
+            second = torch.softmax(target(torch.cat([prompt, torch.tensor([[a]])], 1)).logits[0, -1], -1)
+            for b in range(vocab):
+                exact[(a, b)] = float(first[a] * second[b])
+    return exact
+
+
 @pytest.fixture(scope="module")
 def sampling_pair():
     target = tiny_model(20, vocab=VOCAB, scale=4.0, layers=1, hidden=16)
     draft = tiny_model(21, vocab=VOCAB, scale=4.0, layers=1, hidden=16)
     prompt = torch.tensor([[3, 5, 4]])
-    with torch.inference_mode():
-        first = torch.softmax(target(prompt).logits[0, -1], -1)
-        exact = {}
-        for a in range(VOCAB):
-            second = torch.softmax(target(torch.cat([prompt, torch.tensor([[a]])], 1)).logits[0, -1], -1)
-            for b in range(VOCAB):
-                exact[(a, b)] = float(first[a] * second[b])
-    return target, draft, prompt, exact
+    return target, draft, prompt, target_first_two(target, prompt)
 
 
 def first_two(target, draft, prompt, tree, runs):
-    """First two tokens of `runs` sampled generations; draft: a model or any drafter."""
-    drafter = ModelDrafter(draft) if isinstance(draft, torch.nn.Module) else draft
+    """The first two tokens of `runs` sampled generations; `draft` is a model or any drafter."""
+    drafter = as_drafter(draft)  # a model: one ModelDrafter, reused across runs
     out = []
     for seed in range(runs):
         r = speculative_generate(

@@ -1,0 +1,128 @@
+"""Several drafts merged into one token tree and verified in one target pass (SpecInfer).
+
+SpecInfer (Miao et al. 2024, Sec. 3) drafts with several small models and merges their token trees
+into one: a node of the merged tree is a distinct token path, so identical paths proposed by
+different drafters are verified once, and the target checks every drafter's guesses in a single
+forward pass under the merged tree's mask. `MergedDrafter` does this for any drafters: model
+drafters, n-gram lookup, early exit, each with its own requested tree.
+
+Sampling stays lossless. The merged tree is returned with `q=None`: its children are treated as
+deterministic proposals (one-hot draws, `acceptance`), which is exact for any set of tokens chosen
+without looking at the verifier's random numbers, repeats and rank gaps included. A component that
+sampled its tokens from its own q still chose them before, and independently of, the verification
+draws, so conditional on the merged tree the one-hot rule emits a sample of p at every node. The
+components' q are not used (after merging, a node's siblings are no longer draws without
+replacement from one q).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .acceptance import Acceptance
+from .drafting import Draft, Drafter, as_drafter
+from .sampling import SamplingConfig
+from .trees import TokenTrie, Tree
+
+
+class MergedDrafter:
+    """Merges the trees of `components`, pairs (drafter or model, the tree it drafts).
+
+    Each component drafts its tree truncated to the requested tree's depth (the request sets only
+    the depth: the merged tree has at most the components' node counts summed). Merge rule:
+    components in the given order, each one's nodes in canonical order, inserted into a token trie
+    (`trees.TokenTrie`): a node is a distinct token path; a sibling's rank is its order of first
+    appearance. After each draft:
+        last_sources[i]  the components (indices) that proposed merged node i
+        last_times[c]    seconds component c spent drafting
+    Hooks: `bind_target_cache` reaches every component that has it (each restores the cache before
+    the next drafts); `observe` gives each component the acceptance of its own tree: the longest
+    prefix of the accepted path that it proposed, and the target's token after that prefix.
+    """
+
+    def __init__(self, components: Sequence[tuple[Drafter | torch.nn.Module, Tree]]) -> None:
+        if not components:
+            raise ValueError("MergedDrafter needs at least one (drafter, tree) pair")
+        self.components = tuple((as_drafter(drafter), tree) for drafter, tree in components)
+        self.reset()
+
+    def reset(self) -> None:
+        for drafter, _ in self.components:
+            drafter.reset()
+        self.last_sources: tuple[tuple[int, ...], ...] = ()
+        self.last_times: tuple[float, ...] = ()
+        self._drafts: list[Draft] = []
+        self._nodes: list[tuple[int, ...]] = []  # per component: its node i -> merged node
+
+    def bind_target_cache(self, cache: DynamicCache) -> None:
+        for drafter, _ in self.components:
+            if hasattr(drafter, "bind_target_cache"):
+                drafter.bind_target_cache(cache)
+
+    def draft(
+        self,
+        tokens: torch.Tensor,
+        tree: Tree,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
+        trie = TokenTrie()
+        sources: list[list[int]] = []
+        times: list[float] = []
+        drafts: list[Draft] = []
+        inserted: list[list[int]] = []
+        for c, (drafter, own) in enumerate(self.components):
+            request = own.truncated(tree.depth)
+            start = _now(tokens.device)
+            draft = drafter.draft(tokens, request, sampling, generator)
+            times.append(_now(tokens.device) - start)
+            drafted = request if draft.tree is None else draft.tree
+            if drafted.num_nodes != draft.tokens.numel() or drafted.depth > tree.depth:
+                raise ValueError(f"component {c} returned {draft.tokens.numel()} tokens for {drafted.describe()}")
+            draft = Draft(draft.tokens, draft.q, drafted)
+            toks = draft.tokens.tolist()
+            nodes: list[int] = []
+            for i, parent in enumerate(drafted.parents):
+                node = trie.add(nodes[parent] if parent >= 0 else -1, toks[i])
+                if node == len(sources):
+                    sources.append([])
+                if c not in sources[node]:
+                    sources[node].append(c)
+                nodes.append(node)
+            drafts.append(draft)
+            inserted.append(nodes)
+        merged, out, order = trie.build(tokens.device)
+        canonical = {node: i for i, node in enumerate(order)}
+        self.last_sources = tuple(tuple(sources[node]) for node in order)
+        self.last_times = tuple(times)
+        self._drafts = drafts
+        self._nodes = [tuple(canonical[node] for node in nodes) for nodes in inserted]
+        return Draft(out, None, merged)
+
+    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
+        accepted = acceptance.path
+        for (drafter, _), own, nodes in zip(self.components, self._drafts, self._nodes):
+            if not hasattr(drafter, "observe"):
+                continue
+            own_index = {node: i for i, node in reversed(list(enumerate(nodes)))}  # first wins
+            path: list[int] = []
+            for node in accepted:
+                if node not in own_index:
+                    break
+                path.append(own_index[node])
+            if len(path) < len(accepted):
+                next_token = int(draft.tokens[accepted[len(path)]])
+            else:
+                next_token = acceptance.next_token
+            drafter.observe(own, Acceptance(tuple(path), next_token))
+
+
+def _now(device: torch.device) -> float:
+    """Wall clock after the queued work on `device` is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
