@@ -1,0 +1,130 @@
+"""Methods by name: the strings parameter files use for every drafter, tree and baseline.
+
+A method spec is `[drafter/]shape:budget`:
+
+    chain:4, kary2:8, sparse:16     the pair's draft model fills the `Tree.preset` (ModelDrafter)
+    ngram/chain:4, ngram/kary2:8    prompt lookup: n-gram continuations fill the tree (NgramDrafter)
+    early_exit12/chain:4            the target's first 12 layers on its own KV cache (EarlyExitDrafter)
+    merged/kary2:8                  the draft model's tree and the n-gram tree merged (MergedDrafter)
+    adaptive/chain:4                the draft model, chain length from 4 by transformers' +2 / -1
+                                    rule (AdaptiveLength, reset per prompt), at most 2 x 4 deep
+    confidence0.4/chain:8           the draft model's chain, stopped at the first token with
+                                    q < 0.4 (transformers' assistant_confidence_threshold)
+    dynamic:16                      EAGLE-2-style dynamic tree of 16 nodes (top 8 children, depth
+                                    at most 6) from the draft model (DynamicTreeDrafter)
+    hf_assisted:4                   transformers assisted generation, 4 draft tokens per step
+    hf_prompt_lookup:4              transformers prompt lookup, 4 draft tokens per step
+
+In tables, a method's `shape` is the spec before the colon ("ngram/kary2", "dynamic") and its
+`budget` the number after it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .trees import Tree
+
+HF_METHODS = ("hf_assisted", "hf_prompt_lookup")
+DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence")
+DYNAMIC = "dynamic"
+DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH = 8, 6
+
+
+@dataclass(frozen=True)
+class Method:
+    drafter: str  # one of DRAFTERS, DYNAMIC or HF_METHODS
+    shape: str  # Tree.preset name; "dynamic" or the transformers method name otherwise
+    budget: int
+    arg: float | None = None  # early_exit: layers; confidence: threshold
+
+    @property
+    def label(self) -> str:
+        """The `shape` column of tables: the spec without its budget."""
+        if self.drafter in HF_METHODS or self.drafter == DYNAMIC:
+            return self.drafter
+        if self.drafter == "draft":
+            return self.shape
+        arg = "" if self.arg is None else f"{self.arg:g}"
+        return f"{self.drafter}{arg}/{self.shape}"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.label}:{self.budget}"
+
+    @property
+    def tree(self) -> Tree:
+        """The tree requested each step (for dynamic and adaptive methods, a depth cap; for
+        transformers' methods, the chain they draft at most)."""
+        if self.drafter in HF_METHODS:
+            return Tree.chain(self.budget)
+        if self.drafter == DYNAMIC:
+            return Tree.chain(DYNAMIC_MAX_DEPTH)
+        if self.drafter == "adaptive":
+            return Tree.chain(2 * self.budget)
+        return Tree.preset(self.shape, self.budget)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.drafter not in ("ngram", "early_exit", "hf_prompt_lookup")
+
+
+_SPEC = re.compile(r"^(?:(?P<drafter>[a-z_]+?)(?P<arg>\d+(?:\.\d+)?)?/)?(?P<shape>[a-z_]+\d*):(?P<budget>\d+)$")
+
+
+def parse_method(spec: str) -> Method:
+    """A `Method` from its spec (module docstring); a ValueError names the accepted forms."""
+    m = _SPEC.match(spec.strip())
+    if not m:
+        raise ValueError(f"method {spec!r} must be [drafter/]shape:budget, e.g. chain:4, ngram/kary2:8, dynamic:16, hf_assisted:4")
+    drafter, arg, shape, budget = m["drafter"] or "draft", m["arg"], m["shape"], int(m["budget"])
+    if budget < 1:
+        raise ValueError(f"method {spec!r}: the budget must be >= 1")
+    if m["drafter"] is None and (shape in HF_METHODS or shape == DYNAMIC):
+        return Method(shape, shape, budget)
+    if drafter not in DRAFTERS:
+        raise ValueError(f"method {spec!r}: unknown drafter {drafter!r}; use one of {DRAFTERS[1:]} (or none for the draft model)")
+    needs_arg = drafter in ("early_exit", "confidence")
+    if needs_arg != (arg is not None):
+        raise ValueError(
+            f"method {spec!r}: early_exit and confidence take a number (early_exit12, confidence0.4), the others none"
+        )
+    value = None if arg is None else (int(arg) if drafter == "early_exit" else float(arg))
+    method = Method(drafter, shape, budget, value)
+    method.tree  # an unknown shape fails here, with Tree.preset's message
+    if drafter in ("adaptive", "confidence") and shape != "chain":
+        raise ValueError(f"method {spec!r}: {drafter} drafts chains; use {drafter}{arg or ''}/chain:N")
+    return method
+
+
+def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None):
+    """The drafter object of a specnb method (not for transformers' methods)."""
+    from .draft_length import AdaptiveLength
+    from .drafting import ModelDrafter
+    from .dynamic_trees import DynamicTreeDrafter
+    from .merging import MergedDrafter
+    from .ngram import NgramDrafter
+    from .self_draft import EarlyExitDrafter
+
+    if method.drafter in HF_METHODS:
+        raise ValueError(f"{method.spec} is a transformers method, run by `baselines`, not a drafter")
+    if method.needs_draft_model and draft is None:
+        raise ValueError(f"method {method.spec} needs the pair's draft model")
+    if method.drafter == "draft":
+        return ModelDrafter(draft)
+    if method.drafter == "ngram":
+        return NgramDrafter()
+    if method.drafter == "early_exit":
+        return EarlyExitDrafter(target, int(method.arg))
+    if method.drafter == "merged":
+        return MergedDrafter([(ModelDrafter(draft), method.tree), (NgramDrafter(), method.tree)])
+    if method.drafter == "adaptive":
+        return AdaptiveLength(ModelDrafter(draft), start=method.budget, schedule="heuristic_transient")
+    if method.drafter == "confidence":
+        return ModelDrafter(draft, confidence_threshold=float(method.arg))
+    if method.drafter == DYNAMIC:
+        return DynamicTreeDrafter(draft, n=method.budget, top_k=DYNAMIC_TOP_K, max_depth=DYNAMIC_MAX_DEPTH)
+    raise AssertionError(method)
