@@ -235,3 +235,37 @@ def test_greedy_equal():
     assert greedy_equal(torch.tensor([1, 2, 3]), [1, 2, 3])
     assert not greedy_equal([1, 2, 3], [1, 2])
     assert not greedy_equal([1, 2], None)
+
+
+# ---- in a sweep -----------------------------------------------------------------------------
+
+
+class FakeTokenizer:
+    chat_template = None
+
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": torch.tensor([[3 + (ord(c) % 50) for c in text]])}
+
+
+def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, near_target):
+    from specnb import experiments as ex
+    from specnb.prompts import Prompt
+    from specnb.storage import Sweep
+
+    store = Sweep(tmp_path / "sweep", key=ex.UNIT_KEY)
+    prompts = [Prompt("a", "cat1", "abcabcabc"), Prompt("b", "cat2", "hello world")]
+    trees = ex.parse_trees(["chain:3", "hf_assisted:3", "hf_prompt_lookup:4"])
+    ex.run_sweep(store, "pair", tiny_target, near_target, FakeTokenizer(), prompts, trees, 12, progress=False)
+    units = ex.unit_table(store)
+    assert set(units["shape"]) == {"autoregressive", "chain", "hf_assisted", "hf_prompt_lookup"}
+    assert units["greedy_equal"].astype(bool).all()  # 8 units, the baselines equal to themselves
+    assert units["perplexity"].notna().all()
+    # equal outputs, equal perplexity: the column is per prompt, whatever the method
+    assert units.groupby("prompt_id")["perplexity"].nunique().eq(1).all()
+    chain = units[units["shape"] == "chain"].set_index("prompt_id")
+    assisted = units[units["shape"] == "hf_assisted"].set_index("prompt_id")
+    for col in ("num_steps", "num_drafted", "num_accepted"):  # same draft, same chain
+        assert chain[col].tolist() == assisted[col].tolist()
+    table = ex.shape_table(units)
+    assert {"speedup", "perplexity", "tau", "acceptance_rate"} <= set(table.columns)
+    assert (table["nodes"] == [3, 3, 4]).all()
