@@ -14,7 +14,10 @@ without changing its decoding: for the length of one `generate` call, the target
 generator it builds is handed to `_assisted_decoding` inside a recording proxy. The proxy times
 `get_candidates` (draft time) and the span up to `update_candidate_strategy(input_ids, scores,
 num_matches)` (verify time: the target forward, acceptance and cache crop), and keeps each step's
-candidate tokens. After the call the steps are rebuilt from the final sequence:
+candidate tokens. (`generate` takes no candidate generator and reports no steps, so this
+temporary instance attribute, removed in a `finally`, is the one place specnb touches a model
+from outside; wrapping the class instead would reach every model of that class.) After the call
+the steps are rebuilt from the final sequence:
 
     num_tokens   = tokens the step appended (input_ids grows by exactly this much)
     num_drafted  = candidate tokens the target verified that step
@@ -46,6 +49,7 @@ from __future__ import annotations
 import copy
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -153,8 +157,9 @@ def hf_prompt_lookup_generate(
     eos_token_id: int | Sequence[int] | None = None,
 ) -> GenerationResult:
     """transformers prompt lookup decoding: each step drafts up to `prompt_lookup_num_tokens`
-    tokens that followed the latest match of the sequence's last n-gram (n = max_matching_ngram_size
-    down to 1), or nothing when there is no match (a plain target step).
+    tokens that followed the earliest earlier occurrence of the sequence's last n-gram (n =
+    max_matching_ngram_size down to 1; cut before a stop token), or nothing when there is no match
+    (a plain target step).
 
     Not exactly recoverable: transformers does not cap a prompt-lookup draft at the tokens left, so
     the last step may verify candidates beyond `max_new_tokens`; they count as drafted, and the
@@ -171,15 +176,25 @@ def hf_prompt_lookup_generate(
 # ---- recording ------------------------------------------------------------------------------
 
 
+@dataclass
+class _StepRecord:
+    """What the proxy sees of one step; filled in two calls, read after `generate` returns."""
+
+    before: int  # sequence length when the step began
+    candidates: torch.Tensor  # long [n], the proposed tokens (read after the call: no sync per step)
+    drafted_at: float  # get_candidates called
+    verified_at: float  # get_candidates returned; the target's verify forward starts
+    done_at: float = 0.0  # update_candidate_strategy called: accepted tokens appended, cache cropped
+    after: int = 0  # sequence length after the step
+
+
 class _RecordingCandidates:
     """Proxy of a transformers CandidateGenerator: delegates everything, records each step."""
 
     def __init__(self, inner: Any, clock: _Timer) -> None:
         self._inner = inner
         self._clock = clock
-        # per step: (length before, candidate ids [n] (a view, read after the call), t0, t1, t2,
-        # length after)
-        self.steps: list[list[Any]] = []
+        self.steps: list[_StepRecord] = []
 
     def __getattr__(self, name: str) -> Any:  # requires_model_outputs, model_kwargs_overrides, ...
         return getattr(self._inner, name)
@@ -189,13 +204,13 @@ class _RecordingCandidates:
         candidate_ids, logits = self._inner.get_candidates(input_ids, **kwargs)
         t1 = self._clock.now()
         start = input_ids.shape[1]
-        self.steps.append([start, candidate_ids[0, start:], t0, t1, None, None])
+        self.steps.append(_StepRecord(start, candidate_ids[0, start:], t0, t1))
         return candidate_ids, logits
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         step = self.steps[-1]
-        step[4] = self._clock.now()
-        step[5] = input_ids.shape[1]
+        step.done_at = self._clock.now()
+        step.after = input_ids.shape[1]
         self._inner.update_candidate_strategy(input_ids, scores, num_matches)
 
 
@@ -238,10 +253,10 @@ def _recorded_generate(
         raise RuntimeError(f"expected transformers to build one candidate generator, it built {len(made)}")
     sequence = out[0].tolist()
     prompt_length = int(ids.shape[1])
-    steps = tuple(_step(sequence, prompt_length, *record) for record in made[0].steps)
+    steps = tuple(_step(sequence, prompt_length, record) for record in made[0].steps)
     if sum(s.num_tokens for s in steps) != len(sequence) - prompt_length:
         raise RuntimeError("recorded steps do not add up to the generated tokens")  # a transformers change
-    first_draft = made[0].steps[0][2] if steps else start
+    first_draft = made[0].steps[0].drafted_at if steps else start
     return GenerationResult(
         tokens=torch.tensor(sequence[prompt_length:], dtype=torch.long),
         steps=steps,
@@ -254,23 +269,21 @@ def _recorded_generate(
     )
 
 
-def _step(
-    sequence: list[int], prompt_length: int, before: int, candidates: torch.Tensor, t0: float, t1: float, t2: float, after: int
-) -> Step:
-    drafted = candidates.tolist()
-    added = sequence[before:after]
+def _step(sequence: list[int], prompt_length: int, record: _StepRecord) -> Step:
+    drafted = record.candidates.tolist()
+    added = sequence[record.before : record.after]
     accepted = 0
     while accepted < min(len(drafted), len(added)) and drafted[accepted] == added[accepted]:
         accepted += 1
     # a chain: one child at the root and at each accepted node that is not the chain's end
     child_counts = tuple(int(d < len(drafted)) for d in range(accepted + 1))
     return Step(
-        position=before - prompt_length,
+        position=record.before - prompt_length,
         num_drafted=len(drafted),
         num_accepted=accepted,
         num_tokens=len(added),
-        draft_time=t1 - t0,
-        verify_time=t2 - t1,
+        draft_time=record.verified_at - record.drafted_at,
+        verify_time=record.done_at - record.verified_at,
         tree_depth=len(drafted),
         accepted_ranks=(0,) * accepted,
         child_counts=child_counts,
