@@ -42,7 +42,11 @@ def keep_positions(cache: DynamicCache, keep: torch.Tensor | Sequence[int]) -> N
     """Keep only the cache positions `keep` (ascending), in every layer, in place.
 
     keep: long [K], positions along the sequence axis of each layer's keys/values [B, H, S, D].
+    A contiguous prefix (a chain's accepted path) is cropped, not gathered: no copy of the cache.
     """
+    if len(keep) and int(keep[-1]) == len(keep) - 1:  # ascending and distinct, so exactly 0..K-1
+        crop(cache, len(keep))
+        return
     for layer in cache.layers:
         if not layer.is_initialized or layer.keys.numel() == 0:
             continue

@@ -4,6 +4,11 @@ pairs, stored resumably, and the tidy tables computed from them.
 A unit of work is one generation: (pair, shape, budget, prompt). The target's own greedy decoding
 of each prompt is the unit with shape "autoregressive" and budget 0; it is the reference output
 (greedy equality is checked for every speculative unit) and the speed baseline of the same run.
+transformers' own speculative decoders run as units too, on the same prompts in the same process
+(`specnb.baselines`): shape "hf_assisted" (assisted generation with the pair's draft, budget = its
+fixed draft length) and "hf_prompt_lookup" (budget = `prompt_lookup_num_tokens`); their tree is
+recorded as a chain of that length. Every unit also gets the perplexity of its output under the
+target (`quality.perplexity`).
 Each unit stores its per-step rows and a one-row summary (see `storage.Sweep`).
 
 Metric conventions (`metrics`): acceptance_rate = accepted / drafted; acceptance_length = accepted
@@ -19,14 +24,18 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .baselines import hf_assisted_generate, hf_prompt_lookup_generate
 from .drafting import ModelDrafter
 from .generation import GenerationResult, autoregressive_generate, speculative_generate
 from .metrics import step_row, summarize
 from .prompts import Prompt
+from .quality import greedy_equal, perplexity
 from .storage import Sweep
 from .trees import Tree
 
 BASELINE = "autoregressive"
+# transformers' decoders, run as sweep units beside specnb's trees ("hf_assisted:4")
+HF_METHODS = ("hf_assisted", "hf_prompt_lookup")
 UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
 
 
@@ -75,12 +84,13 @@ def run_sweep(
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
     ids_of = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}  # tokenize each prompt once
+    perplexities: dict[tuple[str, tuple[int, ...]], float] = {}  # equal outputs are scored once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
         ids = ids_of[prompt.id]
-        if k is None:
-            result = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
-        else:
-            result = speculative_generate(target, drafter, ids, tree=trees[k], max_new_tokens=max_new_tokens)
+        result = _generate(target, draft, drafter, ids, k, trees[k] if k else None, max_new_tokens)
+        output = (prompt.id, tuple(result.tokens.tolist()))
+        if output not in perplexities:
+            perplexities[output] = perplexity(target, ids, result.tokens)
         reference = references.get(prompt.id) or _stored_tokens(store, pair_label, prompt)
         if k is None:
             references[prompt.id] = result.tokens.tolist()
@@ -88,8 +98,28 @@ def run_sweep(
         store.add(
             _key(pair_label, k, prompt),
             _step_rows(result),
-            meta=_unit_summary(result, prompt, reference, trees[k] if k else None),
+            meta=_unit_summary(result, prompt, reference, trees[k] if k else None, perplexities[output]),
         )
+
+
+def _generate(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    drafter: ModelDrafter,
+    ids: torch.Tensor,
+    k: tuple[str, int] | None,
+    tree: Tree | None,
+    max_new_tokens: int,
+) -> GenerationResult:
+    """One unit: the baseline (k None), a transformers method, or specnb with `tree`."""
+    if k is None:
+        return autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
+    shape, budget = k
+    if shape == "hf_assisted":
+        return hf_assisted_generate(target, draft, ids, num_assistant_tokens=budget, max_new_tokens=max_new_tokens)
+    if shape == "hf_prompt_lookup":
+        return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=budget, max_new_tokens=max_new_tokens)
+    return speculative_generate(target, drafter, ids, tree=tree, max_new_tokens=max_new_tokens)
 
 
 def run_pairs(
@@ -155,6 +185,7 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         greedy_equal=("greedy_equal", "sum"),
         nodes=("num_nodes", "first"),
         depth=("depth", "first"),
+        **({"perplexity": ("perplexity", "mean")} if "perplexity" in spec else {}),
     ).reset_index()
     out["acceptance_rate"] = out["accepted"] / out["drafted"]
     out["acceptance_length"] = out["accepted"] / out["steps"]
@@ -268,7 +299,9 @@ def _step_rows(result: GenerationResult) -> list[dict]:
     return [step_row(s) for s in result.steps]
 
 
-def _unit_summary(result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None) -> dict:
+def _unit_summary(
+    result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None, ppl: float = float("nan")
+) -> dict:
     s = summarize(result)
     tokens = result.tokens.tolist()
     return {
@@ -289,22 +322,28 @@ def _unit_summary(result: GenerationResult, prompt: Prompt, reference: list[int]
         "draft_time_s": s.draft_time_s,
         "verify_time_s": s.verify_time_s,
         "peak_memory_bytes": s.peak_memory_bytes,
-        "greedy_equal": reference is not None and tokens == reference,
+        "greedy_equal": greedy_equal(tokens, reference),
+        "perplexity": ppl,
         "tokens": " ".join(map(str, tokens)),
     }
 
 
 def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, int], Tree]:
-    """Every shape x budget preset, keyed (shape, budget)."""
-    return {(s, b): Tree.preset(s, b) for s in shapes for b in budgets}
+    """Every shape x budget preset, keyed (shape, budget); a transformers method's tree is the chain
+    it drafts at most."""
+    return {(s, b): _method_tree(s, b) for s in shapes for b in budgets}
 
 
 def parse_trees(specs: Iterable[str]) -> dict[tuple[str, int], Tree]:
-    """Trees from "shape:budget" strings, e.g. ["chain:4", "kary2:8"]."""
+    """Trees from "shape:budget" strings, e.g. ["chain:4", "kary2:8", "hf_assisted:4"]."""
     out = {}
     for spec in specs:
         shape, _, budget = spec.partition(":")
         if not budget.isdigit():
             raise ValueError(f"tree {spec!r} must be shape:budget, e.g. chain:4 or kary2:8")
-        out[(shape, int(budget))] = Tree.preset(shape, int(budget))
+        out[(shape, int(budget))] = _method_tree(shape, int(budget))
     return out
+
+
+def _method_tree(shape: str, budget: int) -> Tree:
+    return Tree.chain(budget) if shape in HF_METHODS else Tree.preset(shape, budget)

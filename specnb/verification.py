@@ -19,8 +19,10 @@ from .trees import Tree
 
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor) -> torch.Tensor:
-    """Append `tokens` (long [1, T], T >= 1) to the cache; returns float32 logits [T, V]."""
-    return model(input_ids=tokens, past_key_values=cache, use_cache=True).logits[0].float()
+    """Append `tokens` (long [1, T], T >= 1) to the cache; returns float32 logits [1, V] at the last
+    token only (`logits_to_keep=1`, as transformers' generate does: the LM head over a whole prompt
+    is wasted work, about 11% of a 700-token prefill of Qwen2.5-1.5B on CPU)."""
+    return model(input_ids=tokens, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0].float()
 
 
 @torch.inference_mode()

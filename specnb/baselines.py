@@ -1,0 +1,384 @@
+"""Baselines from transformers itself, measured with specnb's instrumentation: the same
+`GenerationResult` and `Step` records as `speculative_generate`, so they sit in the same tables.
+
+What it holds:
+    hf_generate                 `target.generate` greedy or sampled, no assistant (one Step per token)
+    hf_assisted_generate        transformers assisted generation (Leviathan et al. 2023 / the HF
+                                "assisted generation" blog) with a draft model at a FIXED draft length
+    hf_prompt_lookup_generate   transformers prompt lookup decoding (`prompt_lookup_num_tokens`,
+                                Saxena 2023): drafts copied from n-gram matches in the sequence
+
+transformers returns no acceptance statistics (shared/docs/ANCHORS.md). They are recovered here
+without changing its decoding: for the length of one `generate` call, the target's
+`_get_candidate_generator` is wrapped (on the instance, restored afterwards) so that the candidate
+generator it builds is handed to `_assisted_decoding` inside a recording proxy. The proxy times
+`get_candidates` (draft time) and the span up to `update_candidate_strategy(input_ids, scores,
+num_matches)` (verify time: the target forward, acceptance and cache crop), and keeps each step's
+candidate tokens. (`generate` takes no candidate generator and reports no steps, so this
+temporary instance attribute, removed in a `finally`, is the one place specnb touches a model
+from outside; wrapping the class instead would reach every model of that class.) After the call
+the steps are rebuilt from the final sequence:
+
+    num_tokens   = tokens the step appended (input_ids grows by exactly this much)
+    num_drafted  = candidate tokens the target verified that step
+    num_accepted = the candidate tokens that are a prefix of what was appended: the same
+                   convention as specnb (an EOS accepted from the draft counts as accepted; it is
+                   not the bonus token). transformers' own `num_matches` is `appended - 1`, which
+                   differs only when an EOS or the length limit cut the step short.
+
+Fixed draft length for `hf_assisted_generate`: transformers reads the draft length from the
+*assistant's* `generation_config`; for the call it is set to `num_assistant_tokens = k`, schedule
+"constant" and `assistant_confidence_threshold = 0` (no early stop on low confidence), then
+restored. The draft is still capped so as not to pass `max_new_tokens` (as specnb truncates its
+tree), and it stops at a stop token, as transformers does (the assistant shares the target's stop
+tokens; with `eos_token_id=()` there are none). Every step's real length is recorded.
+
+Stop tokens: `eos_token_id` has specnb's meaning: default the target's generation config, `()` =
+never stop. `()` is passed to transformers as `eos_token_id=None`, which builds no stopping
+criterion and no EOS logits processor, so greedy outputs stay comparable token for token (a
+`min_new_tokens` would instead mask EOS out of the logits and change them).
+
+Timing is wall clock (CUDA synchronized). `prefill_time` is the set-up before the first step:
+transformers has no separate prefill, the prompt goes through the target in the first step's
+verify forward (and through the draft in its first draft), so the first step is the slow one.
+Prompt lookup's per-step time is all "verify" except the n-gram search, recorded as draft time.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from .generation import GenerationResult, Step, _check_input, _Timer
+
+# generation-config fields that add logits processors specnb does not apply; a target whose
+# generation config sets any of them is refused rather than compared unfairly
+_UNSUPPORTED_PROCESSORS = (
+    "sequence_bias",
+    "bad_words_ids",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "exponential_decay_length_penalty",
+    "min_p",
+    "top_h",
+)
+
+
+def hf_generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> GenerationResult:
+    """`target.generate` without an assistant: transformers' own decoding loop, one Step per token
+    (times from a streamer, so the first step includes the prompt)."""
+    ids = _check_input(input_ids, max_new_tokens).to(target.device)
+    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    streamer = _TokenClock(target.device)
+    with _seeded(seed, target.device):
+        start = streamer.now()
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs)
+        total = streamer.now() - start
+    new = out[0, ids.shape[1] :].cpu()
+    times = streamer.times[1:]  # put() is first called with the prompt, before any forward
+    steps = tuple(
+        Step(i, 0, 0, 1, 0.0, times[i] - (times[i - 1] if i else streamer.times[0]), child_counts=(0,))
+        for i in range(len(new))
+    )
+    return GenerationResult(
+        tokens=new.long(),
+        steps=steps,
+        prompt_length=int(ids.shape[1]),
+        prefill_time=streamer.times[0] - start,
+        total_time=total,
+        peak_memory_bytes=streamer.peak_memory(),
+        method="hf_generate",
+    )
+
+
+def hf_assisted_generate(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    input_ids: torch.Tensor,
+    num_assistant_tokens: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> GenerationResult:
+    """transformers assisted generation with `draft` proposing a chain of `num_assistant_tokens`
+    tokens per step (schedule "constant", confidence threshold 0).
+
+    input_ids: long [1, T]. Greedy (temperature 0) output equals the target's greedy output; with
+    temperature > 0 transformers applies speculative sampling with the draft's logits.
+    """
+    if num_assistant_tokens < 1:
+        raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
+    ids = _check_input(input_ids, max_new_tokens).to(target.device)
+    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    fixed = {
+        "num_assistant_tokens": num_assistant_tokens,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+        # the assistant's own generate fills an unset eos from its model's config: give it the
+        # target's stop tokens (none for eos_token_id=())
+        "eos_token_id": kwargs["eos_token_id"],
+    }
+    with _generation_config_set(draft, fixed):
+        return _recorded_generate(
+            target, ids, {**kwargs, "assistant_model": draft}, "hf_assisted", seed, {"num_assistant_tokens": num_assistant_tokens}
+        )
+
+
+def hf_prompt_lookup_generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    prompt_lookup_num_tokens: int = 10,
+    max_matching_ngram_size: int = 2,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> GenerationResult:
+    """transformers prompt lookup decoding: each step drafts up to `prompt_lookup_num_tokens`
+    tokens that followed the earliest earlier occurrence of the sequence's last n-gram (n =
+    max_matching_ngram_size down to 1; cut before a stop token), or nothing when there is no match
+    (a plain target step).
+
+    Not exactly recoverable: transformers does not cap a prompt-lookup draft at the tokens left, so
+    the last step may verify candidates beyond `max_new_tokens`; they count as drafted, and the
+    ones past the limit can never count as accepted (acceptance rate is biased low by at most one
+    step's worth).
+    """
+    ids = _check_input(input_ids, max_new_tokens).to(target.device)
+    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    kwargs.update(prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_matching_ngram_size=max_matching_ngram_size)
+    meta = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens, "max_matching_ngram_size": max_matching_ngram_size}
+    return _recorded_generate(target, ids, kwargs, "hf_prompt_lookup", seed, meta)
+
+
+# ---- recording ------------------------------------------------------------------------------
+
+
+@dataclass
+class _StepRecord:
+    """What the proxy sees of one step; filled in two calls, read after `generate` returns."""
+
+    before: int  # sequence length when the step began
+    candidates: torch.Tensor  # long [n], the proposed tokens (read after the call: no sync per step)
+    drafted_at: float  # get_candidates called
+    verified_at: float  # get_candidates returned; the target's verify forward starts
+    done_at: float = 0.0  # update_candidate_strategy called: accepted tokens appended, cache cropped
+    after: int = 0  # sequence length after the step
+
+
+class _RecordingCandidates:
+    """Proxy of a transformers CandidateGenerator: delegates everything, records each step."""
+
+    def __init__(self, inner: Any, clock: _Timer) -> None:
+        self._inner = inner
+        self._clock = clock
+        self.steps: list[_StepRecord] = []
+
+    def __getattr__(self, name: str) -> Any:  # requires_model_outputs, model_kwargs_overrides, ...
+        return getattr(self._inner, name)
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs: Any) -> tuple[torch.LongTensor, Any]:
+        t0 = self._clock.now()
+        candidate_ids, logits = self._inner.get_candidates(input_ids, **kwargs)
+        t1 = self._clock.now()
+        start = input_ids.shape[1]
+        self.steps.append(_StepRecord(start, candidate_ids[0, start:], t0, t1))
+        return candidate_ids, logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
+        step = self.steps[-1]
+        step.done_at = self._clock.now()
+        step.after = input_ids.shape[1]
+        self._inner.update_candidate_strategy(input_ids, scores, num_matches)
+
+
+@contextmanager
+def _recording(target: torch.nn.Module, clock: _Timer) -> Iterator[list[_RecordingCandidates]]:
+    """For one `generate` call: the candidate generator transformers builds is wrapped in a
+    `_RecordingCandidates`, yielded in the list. The instance attribute is removed afterwards."""
+    made: list[_RecordingCandidates] = []
+    had_own = "_get_candidate_generator" in vars(target)
+    original = target._get_candidate_generator
+
+    def build(*args: Any, **kwargs: Any) -> _RecordingCandidates:
+        made.append(_RecordingCandidates(original(*args, **kwargs), clock))
+        return made[-1]
+
+    target._get_candidate_generator = build
+    try:
+        yield made
+    finally:
+        if had_own:
+            target._get_candidate_generator = original
+        else:
+            del target._get_candidate_generator
+
+
+def _recorded_generate(
+    target: torch.nn.Module,
+    ids: torch.Tensor,
+    kwargs: dict,
+    method: str,
+    seed: int | None,
+    meta: dict,
+) -> GenerationResult:
+    clock = _Timer(target.device)
+    with _seeded(seed, target.device), _recording(target, clock) as made:
+        start = clock.now()
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        total = clock.now() - start
+    if len(made) != 1:
+        raise RuntimeError(f"expected transformers to build one candidate generator, it built {len(made)}")
+    sequence = out[0].tolist()
+    prompt_length = int(ids.shape[1])
+    steps = tuple(_step(sequence, prompt_length, record) for record in made[0].steps)
+    if sum(s.num_tokens for s in steps) != len(sequence) - prompt_length:
+        raise RuntimeError("recorded steps do not add up to the generated tokens")  # a transformers change
+    first_draft = made[0].steps[0].drafted_at if steps else start
+    return GenerationResult(
+        tokens=torch.tensor(sequence[prompt_length:], dtype=torch.long),
+        steps=steps,
+        prompt_length=prompt_length,
+        prefill_time=first_draft - start,
+        total_time=total,
+        peak_memory_bytes=clock.peak_memory(),
+        method=method,
+        meta=meta,
+    )
+
+
+def _step(sequence: list[int], prompt_length: int, record: _StepRecord) -> Step:
+    drafted = record.candidates.tolist()
+    added = sequence[record.before : record.after]
+    accepted = 0
+    while accepted < min(len(drafted), len(added)) and drafted[accepted] == added[accepted]:
+        accepted += 1
+    # a chain: one child at the root and at each accepted node that is not the chain's end
+    child_counts = tuple(int(d < len(drafted)) for d in range(accepted + 1))
+    return Step(
+        position=record.before - prompt_length,
+        num_drafted=len(drafted),
+        num_accepted=accepted,
+        num_tokens=len(added),
+        draft_time=record.verified_at - record.drafted_at,
+        verify_time=record.done_at - record.verified_at,
+        tree_depth=len(drafted),
+        accepted_ranks=(0,) * accepted,
+        child_counts=child_counts,
+    )
+
+
+# ---- configuration --------------------------------------------------------------------------
+
+
+def _generate_kwargs(
+    target: torch.nn.Module,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    eos_token_id: int | Sequence[int] | None,
+) -> dict[str, Any]:
+    """`generate` keyword arguments with specnb's semantics: batch 1, no beams, no logits processors
+    but the sampling transforms specnb applies, the same stop tokens.
+
+    Keyword arguments, not a GenerationConfig: transformers fills a config's None fields from the
+    model's generation config, so `eos_token_id=None` there would still stop at the model's EOS;
+    a keyword None is kept.
+    """
+    base = getattr(target, "generation_config", None) or GenerationConfig()
+    for name in _UNSUPPORTED_PROCESSORS:
+        if getattr(base, name, None) is not None:
+            raise ValueError(
+                f"the target's generation config sets {name}={getattr(base, name)!r}, a logits processor "
+                "specnb does not apply; clear it so outputs are comparable"
+            )
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=None,
+        min_length=0,
+        num_beams=1,
+        do_sample=temperature > 0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        use_cache=True,
+        return_dict_in_generate=False,
+        eos_token_id=_eos(base, eos_token_id),
+    )
+    if temperature > 0:  # greedy ignores the warpers (and transformers warns when they are set)
+        kwargs.update(temperature=temperature, top_k=top_k, top_p=top_p, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+    return kwargs
+
+
+def _eos(base: GenerationConfig, eos_token_id: int | Sequence[int] | None) -> list[int] | None:
+    """specnb's stop tokens as transformers takes them: None (no stopping) for ()."""
+    if eos_token_id is None:
+        eos_token_id = base.eos_token_id
+        if eos_token_id is None:
+            return None
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+    return ids or None
+
+
+@contextmanager
+def _generation_config_set(model: torch.nn.Module, values: dict) -> Iterator[None]:
+    """Set fields of `model.generation_config` for the block, then put the original back."""
+    original = model.generation_config
+    patched = copy.deepcopy(original)
+    for name, value in values.items():
+        setattr(patched, name, value)
+    model.generation_config = patched
+    try:
+        yield
+    finally:
+        model.generation_config = original
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+@contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """transformers samples with torch's global generator: seed it for the call, and give the
+    caller's generator state back afterwards."""
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        if seed is not None:
+            torch.manual_seed(seed)
+        yield
+
+
+class _TokenClock(_Timer):
+    """A transformers streamer that only notes when each token arrives."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(self.now())
+
+    def end(self) -> None:
+        pass
