@@ -1,7 +1,9 @@
 """Experiments the notebooks run: sweeps of tree shapes x budgets x prompts for draft -> target
 pairs, stored resumably, and the tidy tables computed from them.
 
-A unit of work is one generation: (pair, shape, budget, prompt). The target's own greedy decoding
+A unit of work is one generation: (pair, shape, budget, prompt), where (shape, budget) names a
+method (`methods`: "chain:4" is the draft model filling a chain of 4, "ngram/kary2:8" the n-gram
+drafter filling a binary tree of 8, "dynamic:16" a dynamic tree). The target's own greedy decoding
 of each prompt is the unit with shape "autoregressive" and budget 0; it is the reference output
 (greedy equality is checked for every speculative unit) and the speed baseline of the same run.
 transformers' own speculative decoders run as units too, on the same prompts in the same process
@@ -25,8 +27,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .baselines import hf_assisted_generate, hf_prompt_lookup_generate
-from .drafting import ModelDrafter
 from .generation import GenerationResult, autoregressive_generate, speculative_generate
+from .methods import build_drafter, parse_method
 from .metrics import step_row, summarize
 from .prompts import Prompt
 from .quality import greedy_equal, perplexity
@@ -34,8 +36,6 @@ from .storage import Sweep
 from .trees import Tree
 
 BASELINE = "autoregressive"
-# transformers' decoders, run as sweep units beside specnb's trees ("hf_assisted:4")
-HF_METHODS = ("hf_assisted", "hf_prompt_lookup")
 UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
 
 
@@ -79,7 +79,7 @@ def run_sweep(
     """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt."""
     from .models import prompt_ids
 
-    drafter = ModelDrafter(draft)
+    drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
@@ -87,7 +87,7 @@ def run_sweep(
     perplexities: dict[tuple[str, tuple[int, ...]], float] = {}  # equal outputs are scored once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
         ids = ids_of[prompt.id]
-        result = _generate(target, draft, drafter, ids, k, trees[k] if k else None, max_new_tokens)
+        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens)
         output = (prompt.id, tuple(result.tokens.tolist()))
         if output not in perplexities:
             perplexities[output] = perplexity(target, ids, result.tokens)
@@ -104,22 +104,24 @@ def run_sweep(
 
 def _generate(
     target: torch.nn.Module,
-    draft: torch.nn.Module,
-    drafter: ModelDrafter,
+    draft: torch.nn.Module | None,
+    drafters: dict[str, object],
     ids: torch.Tensor,
     k: tuple[str, int] | None,
     tree: Tree | None,
     max_new_tokens: int,
 ) -> GenerationResult:
-    """One unit: the baseline (k None), a transformers method, or specnb with `tree`."""
+    """One unit: the baseline (k None), a transformers method, or a specnb method (`methods`)."""
     if k is None:
         return autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
-    shape, budget = k
-    if shape == "hf_assisted":
-        return hf_assisted_generate(target, draft, ids, num_assistant_tokens=budget, max_new_tokens=max_new_tokens)
-    if shape == "hf_prompt_lookup":
-        return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=budget, max_new_tokens=max_new_tokens)
-    return speculative_generate(target, drafter, ids, tree=tree, max_new_tokens=max_new_tokens)
+    method = parse_method(f"{k[0]}:{k[1]}")
+    if method.drafter == "hf_assisted":
+        return hf_assisted_generate(target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens)
+    if method.drafter == "hf_prompt_lookup":
+        return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens)
+    if method.spec not in drafters:
+        drafters[method.spec] = build_drafter(method, target, draft)
+    return speculative_generate(target, drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
 
 
 def run_pairs(
@@ -329,21 +331,12 @@ def _unit_summary(
 
 
 def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, int], Tree]:
-    """Every shape x budget preset, keyed (shape, budget); a transformers method's tree is the chain
-    it drafts at most."""
-    return {(s, b): _method_tree(s, b) for s in shapes for b in budgets}
+    """Every shape x budget method, keyed (shape, budget), with the tree it requests each step."""
+    return parse_trees(f"{s}:{b}" for s in shapes for b in budgets)
 
 
 def parse_trees(specs: Iterable[str]) -> dict[tuple[str, int], Tree]:
-    """Trees from "shape:budget" strings, e.g. ["chain:4", "kary2:8", "hf_assisted:4"]."""
-    out = {}
-    for spec in specs:
-        shape, _, budget = spec.partition(":")
-        if not budget.isdigit():
-            raise ValueError(f"tree {spec!r} must be shape:budget, e.g. chain:4 or kary2:8")
-        out[(shape, int(budget))] = _method_tree(shape, int(budget))
-    return out
-
-
-def _method_tree(shape: str, budget: int) -> Tree:
-    return Tree.chain(budget) if shape in HF_METHODS else Tree.preset(shape, budget)
+    """Method specs (`methods`: "chain:4", "ngram/kary2:8", "dynamic:16", "hf_assisted:4") keyed
+    (shape, budget) as tables name them, with the tree each requests per step."""
+    methods = [parse_method(spec) for spec in specs]
+    return {(m.label, m.budget): m.tree for m in methods}

@@ -92,3 +92,4 @@ def test_node_frequency_reads_steps_back_from_csv(tmp_path):
         assert set(freq) == set(tree.paths)
     freq = node_frequency(pd.read_csv(tmp_path / "steps.csv"), tree)
     assert freq == {(0,): 0.5, (1,): 0.25, (0, 0): 0.25}
+
