@@ -48,6 +48,12 @@ class Pair:
     target_quantization: str | None = None
     draft_quantization: str | None = None
     draft_layers: int | None = None  # keep only the draft's first layers (early-exit self-draft)
+    methods: tuple[str, ...] | None = None  # this pair's method specs; None: the sweep's own
+
+    def __post_init__(self) -> None:
+        if self.methods is not None:
+            object.__setattr__(self, "methods", tuple(self.methods))
+            parse_trees(self.methods)  # refuse a bad spec before any model loads
 
     @property
     def label(self) -> str:
@@ -148,7 +154,8 @@ def run_pairs(
         target, draft, tokenizer = load_pair(
             pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, draft_layers=pair.draft_layers
         )
-        run_sweep(store, pair.label, target, draft, tokenizer, prompts, trees, max_new_tokens, progress)
+        own = trees if pair.methods is None else parse_trees(pair.methods)
+        run_sweep(store, pair.label, target, draft, tokenizer, prompts, own, max_new_tokens, progress)
         status.append({"pair": pair.label, "status": "measured", "reason": ""})
         del target, draft
         gc.collect()
@@ -238,6 +245,58 @@ def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], flo
             if path[:d] in counts:
                 counts[path[:d]] += 1
     return {p: c / n for p, c in counts.items()} if n else counts
+
+
+# specnb methods and the transformers method that drafts the same tokens (same draft, same length)
+COUNTERPARTS = (("chain", "hf_assisted"), ("ngram/chain", "hf_prompt_lookup"))
+
+
+def head_to_head(table: pd.DataFrame, matchups: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """specnb method against another method of the same pair, same prompts, same run: one row per
+    (pair, ours, theirs) found in a shape table, with tau and tokens/s of both and their ratio.
+    matchups: spec pairs, e.g. [("chain:4", "hf_assisted:4")]; default: every budget of each
+    `COUNTERPARTS` pair present in the table."""
+    if matchups is None:
+        budgets = sorted(table["budget"].unique())
+        matchups = [(f"{a}:{k}", f"{b}:{k}") for a, b in COUNTERPARTS for k in budgets]
+    spec = table.assign(spec=table["shape"] + ":" + table["budget"].astype(str)).set_index(["pair", "spec"])
+    rows = []
+    for pair in table["pair"].unique():
+        for ours, theirs in matchups:
+            if (pair, ours) not in spec.index or (pair, theirs) not in spec.index:
+                continue
+            a, b = spec.loc[(pair, ours)], spec.loc[(pair, theirs)]
+            rows.append({
+                "pair": pair, "ours": ours, "theirs": theirs,
+                "tau_ours": a["tau"], "tau_theirs": b["tau"],
+                "tokens_per_s_ours": a["tokens_per_s"], "tokens_per_s_theirs": b["tokens_per_s"],
+                "speed_ratio": a["tokens_per_s"] / b["tokens_per_s"],
+                "greedy_equal_ours": f"{int(a['greedy_equal'])}/{int(a['prompts'])}",
+                "greedy_equal_theirs": f"{int(b['greedy_equal'])}/{int(b['prompts'])}",
+            })
+    return pd.DataFrame(rows)
+
+
+def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
+    """Why a method is fast or slow: mean draft and verify seconds per target call, against the
+    target's own seconds per token (its plain decoding steps in the same run), per pair and method.
+    draft_cost = draft s per step / target s per token; verify_cost = verify s per step / target s
+    per token (a tree costs more than one token to verify on a compute-bound device); tau is what
+    one step buys. Speculation pays when tau > draft_cost + verify_cost."""
+    plain = steps[(steps["shape"] == BASELINE) & (steps["position"] > 0)]  # step 0 includes the prefill
+    base = plain.groupby("pair")["verify_time"].mean().rename("target_s_per_token")
+    spec = steps[steps["shape"] != BASELINE]
+    out = spec.groupby(["pair", "shape", "budget"], sort=False).agg(
+        steps=("num_tokens", "size"),
+        tau=("num_tokens", "mean"),
+        nodes_per_step=("num_drafted", "mean"),
+        draft_s_per_step=("draft_time", "mean"),
+        verify_s_per_step=("verify_time", "mean"),
+    ).reset_index().merge(base.reset_index(), on="pair", how="left")
+    out["draft_cost"] = out["draft_s_per_step"] / out["target_s_per_token"]
+    out["verify_cost"] = out["verify_s_per_step"] / out["target_s_per_token"]
+    out["predicted_speedup"] = out["tau"] / (out["draft_cost"] + out["verify_cost"])
+    return out
 
 
 def reading(table: pd.DataFrame) -> str:

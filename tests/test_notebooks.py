@@ -95,7 +95,15 @@ def test_tree_shapes_tables(smoke):
 def test_model_pairs_tables(smoke):
     outputs, _ = smoke
     folder = next((outputs / "02_model_pairs").iterdir())
-    check_shape_table(pd.read_csv(folder / "pairs_trees.csv"))
+    table = pd.read_csv(folder / "pairs_methods.csv")
+    check_shape_table(table)
+    assert set(table["shape"]) == {"chain", "dynamic", "ngram/kary2", "early_exit24/chain", "merged/kary2",
+                                   "adaptive/chain", "hf_assisted", "hf_prompt_lookup"}
+    assert ((table["perplexity"] > 1) & table["perplexity"].map(math.isfinite)).all()
+    versus = pd.read_csv(folder / "versus_transformers.csv")
+    assert list(versus["theirs"]) == ["hf_assisted:2"] and (versus["speed_ratio"] > 0).all()
+    costs = pd.read_csv(folder / "step_costs.csv")
+    assert (costs["verify_cost"] > 0).all() and len(costs) == len(table)
     baseline = pd.read_csv(folder / "baseline.csv")
     assert (baseline["tokens_per_s"] > 0).all() and (baseline["ttft_s"] > 0).all() and (baseline["tpot_s"] > 0).all()
     assert set(pd.read_csv(folder / "pairs.csv")["status"]) == {"measured"}
