@@ -53,14 +53,15 @@ import json
 import re
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path as FilePath
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
+from transformers import DynamicCache
 
 from .cache import crop, new_cache
 from .drafting import ModelDrafter
@@ -139,7 +140,9 @@ class PromptData:
     alpha: np.ndarray | None = None  # float32 [L, R, N + 1, K]: sampling, per cover row and child rank
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in asdict(self).items() if isinstance(v, np.ndarray)}
+        """The collected arrays by field name (what is stored in the prompt's .npz)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
 
 
 @dataclass(frozen=True)
@@ -284,7 +287,7 @@ def _collect_prompt(
 
 @torch.inference_mode()
 def _super_trees(
-    draft: torch.nn.Module, cache, prompt_len: int, tokens: list[int], logp: torch.Tensor, config: CollectConfig
+    draft: torch.nn.Module, cache: DynamicCache, prompt_len: int, tokens: list[int], logp: torch.Tensor, config: CollectConfig
 ) -> dict[str, np.ndarray]:
     """Grow the super-tree at every position. cache: the draft's cache of prompt + continuation
     (restored after each chunk); logp: float [L + 1, V], teacher-forced log q, row j predicting
@@ -423,7 +426,7 @@ def _children_by_rank(tree: Tree, width: int) -> list[int]:
 @torch.inference_mode()
 def _draft_copies(
     model: torch.nn.Module,
-    cache,
+    cache: DynamicCache,
     seq: torch.Tensor,
     forest: Tree,
     copies: int,

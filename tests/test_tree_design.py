@@ -4,7 +4,6 @@ data; the budget recommendation against the cost model's arithmetic."""
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pandas as pd
