@@ -19,6 +19,9 @@ end-to-end time of the whole static sweep / (collection without super-trees + al
 
     python benchmarks/replay_sweep.py            # 13 Spec-Bench prompts (one per category), 48 tokens
     python benchmarks/replay_sweep.py --quick    # 4 prompts, 24 tokens, fewer measured pairs
+
+--quick took 7 min (81 s of it loading the pair) with --threads 1 on this 2-core CPU while other
+jobs kept it busy; there, torch's default 2 threads competing with them ran a model ~10x slower.
 """
 
 from __future__ import annotations
