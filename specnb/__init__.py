@@ -27,6 +27,8 @@ Modules, one idea each:
     metrics       summaries and tidy tables with the conventions above
     models        load_model / load_pair for embedded, hub and local models (4-bit nf4)
     prompts       built-in prompts and the Spec-Bench prompt file reader
+    replay        collect once, replay many: every tree shape and budget from one collection
+    tree_design   data-driven trees (Sequoia DP, hindsight-best static) and the budget to use
 """
 
 from .acceptance import Acceptance, greedy_accept, speculative_accept

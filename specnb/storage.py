@@ -3,7 +3,9 @@
 Only this module (and `plots`) writes files. A sweep stores each finished unit of work (e.g. one
 shape x budget x prompt) as one JSON line holding its key and its rows; a rerun skips every key
 already stored, and a line cut short by an interrupted write is dropped, so an interrupted sweep
-resumes with every finished row exactly once.
+resumes with every finished row exactly once. `write_arrays` / `read_arrays` keep named numpy
+arrays in one compressed .npz, written atomically (a unit's bulky data, e.g. a replay collection's
+per-prompt arrays, beside its sweep line).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -68,6 +71,26 @@ def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def write_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
+    """Write named arrays as one compressed .npz, atomically (temp file + rename): a reader sees
+    the whole file or none of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        np.savez_compressed(f, **{k: np.asarray(v) for k, v in arrays.items()})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays `write_arrays` wrote, loaded into memory."""
+    with np.load(Path(path), allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
 
 
 def run_folder(outputs: str | Path, notebook: str, run_id: str) -> Path:

@@ -16,6 +16,8 @@ What it holds:
                                call under a per-rank acceptance vector (positional assumption), and
                                expected tokens/s = tau / (t_draft(tree) + t_verify(n)), where the
                                draft runs one forward per depth (depth x t_draft for a chain)
+    StepCost, step_cost        that step-time model alone, for any tree and any tau (e.g. a tau
+                               replayed from collected data, `tree_design.recommend_budget`)
 
 No timing is asserted anywhere: tables are measurements of this machine, with the machine named.
 """
@@ -409,6 +411,55 @@ def draft_widths(shapes: Sequence[str], nodes: Sequence[int]) -> list[int]:
     return [2**i for i in range(math.ceil(math.log2(widest)) + 1)]
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one speculative step on the measured device, read from the curves.
+
+    t_verify(n): the target's "verify" rows at n nodes (trees of any shape with n nodes: the
+    attention is dense, so the shape hardly changes the time), linearly interpolated between
+    measured n; the draft's time per level of width w is interpolated from its plain-forward rows.
+    """
+
+    verify_s: pd.Series  # median seconds of one verification, indexed by nodes (0 = plain decoding)
+    draft_width_s: pd.Series  # median seconds of one draft forward, indexed by its width in tokens
+    target: str
+    draft: str
+
+    def t_verify(self, n: int) -> float:
+        if n in self.verify_s.index:
+            return float(self.verify_s.loc[n])
+        return float(np.interp(n, self.verify_s.index.to_numpy(), self.verify_s.to_numpy()))
+
+    def t_draft(self, tree: Tree) -> float:
+        widths = self.draft_width_s
+        return draft_seconds(tree, lambda w: float(np.interp(w, widths.index.to_numpy(), widths.to_numpy())))
+
+    def row(self, tree: Tree, tau: float) -> dict[str, float | int | str]:
+        """Expected speed of `tree` at `tau` tokens per target call (bonus included)."""
+        base = self.t_verify(0)
+        t_draft = self.t_draft(tree)
+        t_verify = self.t_verify(tree.num_nodes)
+        t_step = t_draft + t_verify
+        return {
+            "target": self.target, "draft": self.draft, "nodes": tree.num_nodes, "depth": tree.depth,
+            "leaves": len(tree.leaves), "expected_tau": tau, "t_draft_s": t_draft,
+            "t_draft_chain_s": tree.depth * self.t_draft(Tree.chain(1)), "t_verify_s": t_verify,
+            "t_step_s": t_step, "tokens_per_s": tau / t_step, "baseline_tokens_per_s": 1.0 / base,
+            "speedup": tau / t_step * base,
+        }
+
+
+def step_cost(curve: pd.DataFrame, target: str, draft: str) -> StepCost:
+    """The step-time model of `target` verifying and `draft` drafting, from `verify_curve` rows."""
+    v = curve[(curve["model"] == target) & (curve["role"] == "target") & (curve["kind"] == "verify")]
+    d = curve[(curve["model"] == draft) & (curve["role"] == "draft")]
+    if v.empty or d.empty or 0 not in set(v["nodes"]):
+        raise ValueError("cost_table needs the target's verify curve including n = 0 and the draft's forward curve")
+    t_verify = v.groupby("nodes")["median_s"].median().sort_index()
+    widths = d.groupby("tokens")["median_s"].median().sort_index()
+    return StepCost(t_verify, widths, target, draft)
+
+
 def cost_table(
     curve: pd.DataFrame,
     shapes: Sequence[str],
@@ -416,35 +467,20 @@ def cost_table(
     target: str,
     draft: str,
 ) -> pd.DataFrame:
-    """Expected tokens/s per (tree shape, nodes) from the measured curves.
-
-    t_verify(n) is read from the target's "verify" rows at the same n (trees of any shape with n
-    nodes: the attention is dense, so the shape hardly changes the time); the draft's time per level
-    of width w is interpolated from its plain-forward rows. speedup = tokens/s over the target's own
-    decoding, 1 / t_verify(0)."""
-    v = curve[(curve["model"] == target) & (curve["role"] == "target") & (curve["kind"] == "verify")]
-    d = curve[(curve["model"] == draft) & (curve["role"] == "draft")]
-    if v.empty or d.empty or 0 not in set(v["nodes"]):
-        raise ValueError("cost_table needs the target's verify curve including n = 0 and the draft's forward curve")
-    t_verify = v.groupby("nodes")["median_s"].median()
-    dw = d.groupby("tokens")["median_s"].median().sort_index()
-    per_width = lambda w: float(np.interp(w, dw.index.to_numpy(), dw.to_numpy()))  # noqa: E731
-    base = float(t_verify.loc[0])
+    """Expected tokens/s per (tree shape, nodes) from the measured curves (see `StepCost`), with
+    tau from the acceptance vector (`expected_tau`), at every measured n > 0. speedup = tokens/s
+    over the target's own decoding, 1 / t_verify(0)."""
+    cost = step_cost(curve, target, draft)
     rows = []
     for shape in shapes:
-        for n in sorted(int(n) for n in t_verify.index if n > 0):
+        for n in sorted(int(n) for n in cost.verify_s.index if n > 0):
             tree = Tree.preset(shape, n)
-            tau = expected_tau(tree, acceptance)
-            t_draft = draft_seconds(tree, per_width)
-            t_step = t_draft + float(t_verify.loc[n])
-            rows.append({
-                "target": target, "draft": draft, "shape": shape, "nodes": n, "depth": tree.depth, "leaves": len(tree.leaves),
-                "expected_tau": tau, "t_draft_s": t_draft, "t_draft_chain_s": tree.depth * per_width(1),
-                "t_verify_s": float(t_verify.loc[n]), "t_step_s": t_step,
-                "tokens_per_s": tau / t_step, "baseline_tokens_per_s": 1.0 / base,
-                "speedup": tau / t_step * base,
-            })
-    return pd.DataFrame(rows)
+            rows.append({"shape": shape, **cost.row(tree, expected_tau(tree, acceptance))})
+    return pd.DataFrame(rows)[_COST_COLUMNS]
+
+
+_COST_COLUMNS = ["target", "draft", "shape", "nodes", "depth", "leaves", "expected_tau", "t_draft_s",
+                 "t_draft_chain_s", "t_verify_s", "t_step_s", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
 
 
 def recommendation(cost: pd.DataFrame) -> str:

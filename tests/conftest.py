@@ -56,3 +56,12 @@ def tiny_target() -> torch.nn.Module:
 def tiny_draft() -> torch.nn.Module:
     """A different random model: agrees with the target now and then."""
     return tiny_model(1, scale=30.0, layers=1)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (embedded GGUF) and its tokenizer, loaded once per session: de-quantizing
+    the GGUF takes ~20 s. Shared: tests copy it before changing it."""
+    from specnb.models import load_model
+
+    return load_model("smollm2-135m")

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.models import load_model, prompt_ids, truncate_layers
+from specnb.models import prompt_ids, truncate_layers
 from specnb.prompts import BUILTIN
 
 pytestmark = pytest.mark.slow
@@ -19,9 +19,8 @@ MAX_NEW = 40
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    model, tokenizer = load_model("smollm2-135m")
-    return model, tokenizer
+def smollm(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

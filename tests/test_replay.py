@@ -1,0 +1,349 @@
+"""Collect once, replay many: replayed steps equal real `speculative_generate` steps one by one
+(greedy, static and dynamic trees, EOS and shorter generations, tiny models and SmolLM2), all
+positions agree with the trajectory, the hindsight tree beats every static shape, an interrupted
+collection resumes, and sampled replay agrees with real sampled runs within a stated significance
+level (and rejects a wrong acceptance rule)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import specnb.replay as replay_module
+from specnb import Tree, autoregressive_generate, speculative_generate, summarize
+from specnb.drafting import ModelDrafter
+from specnb.models import truncate_layers
+from specnb.replay import (
+    Collection,
+    CollectConfig,
+    acceptance_vector,
+    ceiling,
+    collect,
+    dynamic_tree,
+    oracle,
+    position_table,
+    prefix_counts,
+    replay,
+    replay_dynamic,
+    replay_steps,
+    sampled_accepted,
+    sequoia,
+)
+from specnb.sampling import SamplingConfig
+from specnb.tree_design import prefix_value
+
+from conftest import random_prompt, tiny_model
+from stats import ALPHA
+from test_generation import TREES  # chain, k-ary, wide, beams, sparse and a Medusa tree with rank gaps
+
+MAX_NEW = 24
+PROMPTS = {f"p{i}": random_prompt(10 + i, length=6 + i) for i in range(3)}
+
+
+def step_tuple(s):
+    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_target, tiny_draft):
+    """A draft that agrees with the target at rank 0 about half the time (its first layer), one that
+    agrees with everything (itself) and one that agrees with almost nothing."""
+    return {"early": truncate_layers(copy.deepcopy(tiny_target), 1), "self": tiny_target, "random": tiny_draft}
+
+
+@pytest.fixture(scope="module")
+def collections(tmp_path_factory, tiny_target, drafts):
+    root = tmp_path_factory.mktemp("collections")
+    config = CollectConfig(max_new_tokens=MAX_NEW, eos_token_id=(), top_k=12)
+    return {name: collect(root / name, tiny_target, d, PROMPTS, config) for name, d in drafts.items()}
+
+
+def real_runs(target, draft, tree, max_new=MAX_NEW, eos=()):
+    return {pid: speculative_generate(target, draft, ids, tree=tree, max_new_tokens=max_new, eos_token_id=eos)
+            for pid, ids in PROMPTS.items()}
+
+
+def assert_same_steps(replayed, real):
+    for pid, result in real.items():
+        assert [step_tuple(s) for s in replayed[pid]] == [step_tuple(s) for s in result.steps], pid
+
+
+def assert_row_equals_summary(row, summary):
+    assert row["steps"] == summary.num_steps and row["accepted"] == summary.num_accepted
+    assert row["tau"] == pytest.approx(summary.tau) and row["acceptance_length"] == pytest.approx(summary.acceptance_length)
+    assert row["acceptance_rate"] == pytest.approx(summary.acceptance_rate, nan_ok=True)
+    for d, v in enumerate(summary.depth_acceptance, 1):
+        assert row[f"depth_{d}_acceptance"] == pytest.approx(v)
+    for r, v in enumerate(summary.rank_acceptance):
+        assert row[f"rank_{r}_acceptance"] == pytest.approx(v)
+
+
+@pytest.mark.parametrize("draft_name", ["early", "self", "random"])
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_trajectory_steps_equal_real_runs(tiny_target, drafts, collections, draft_name, tree_name):
+    tree = TREES[tree_name]
+    real = real_runs(tiny_target, drafts[draft_name], tree)
+    assert_same_steps(replay_steps(collections[draft_name], tree), real)
+    row = replay(collections[draft_name], {(tree_name, tree.num_nodes): tree}, mode="trajectory").iloc[0]
+    assert_row_equals_summary(row, summarize(list(real.values())))
+
+
+def test_continuation_is_the_target_greedy_output(tiny_target, collections):
+    for pid, ids in PROMPTS.items():
+        reference = autoregressive_generate(tiny_target, ids, max_new_tokens=MAX_NEW, eos_token_id=()).tokens.tolist()
+        for c in collections.values():
+            assert next(p for p in c.prompts if p.prompt_id == pid).tokens.tolist() == reference
+
+
+def test_data_driven_trees_replay_exactly_and_the_ceiling_beats_every_shape(tiny_target, drafts, collections):
+    c = collections["early"]
+    acc = acceptance_vector(c)
+    assert sum(acc) <= 1 and acc[0] > 0.3
+    designed = {("sequoia", n): t for n, t in sequoia(c, [6, 12]).items()}
+    designed |= {("hindsight", n): t for n, t in ceiling(c, [6, 12]).items()}
+    for tree in designed.values():
+        assert_same_steps(replay_steps(c, tree), real_runs(tiny_target, drafts["early"], tree))
+    counts = prefix_counts(c)
+    shapes = {(s, n): Tree.preset(s, n) for s in ("chain", "wide", "sparse", "kary2", "kary3", "beams2") for n in (6, 12)}
+    table = replay(c, designed | shapes, mode="all").set_index(["shape", "budget"])
+    for n in (6, 12):
+        best = table.loc[("hindsight", n), "accepted"]
+        assert best == prefix_value(designed[("hindsight", n)], counts)  # sum of counts = replayed acceptance
+        assert all(best >= table.loc[(s, n), "accepted"] for s in ("chain", "wide", "sparse", "kary2", "kary3", "beams2", "sequoia"))
+
+
+def test_eos_and_shorter_generations_replay_exactly(tmp_path, tiny_target, drafts, collections):
+    draft = drafts["early"]
+    # a shorter generation replayed from the 24-token collection
+    for tree in (TREES["chain4"], TREES["sparse16"]):
+        assert_same_steps(replay_steps(collections["early"], tree, max_new_tokens=13), real_runs(tiny_target, draft, tree, 13))
+    # EOS: a token the continuation reaches mid-way ends every run there
+    eos = int(collections["early"].prompts[0].tokens[9])
+    c = collect(tmp_path / "eos", tiny_target, draft, PROMPTS, CollectConfig(max_new_tokens=MAX_NEW, eos_token_id=(eos,)))
+    assert c.prompts[0].stopped and len(c.prompts[0].tokens) <= 10
+    for tree in (TREES["chain4"], TREES["kary2x10"], Tree.chain(9)):
+        assert_same_steps(replay_steps(c, tree), real_runs(tiny_target, draft, tree, eos=eos))
+
+
+def test_all_positions_agree_with_the_trajectory(collections):
+    c = collections["early"]
+    tree = TREES["sparse16"]
+    table = position_table(c, tree)
+    assert len(table) == sum(len(p.tokens) for p in c.prompts)
+    steps = replay_steps(c, tree)
+    for pid, group in table.groupby("prompt_id"):
+        visited = group[group["on_trajectory"]]
+        assert visited["position"].tolist() == [s.position for s in steps[pid]]
+        assert visited["accepted"].tolist() == [s.num_accepted for s in steps[pid]]
+    row = replay(c, {("sparse", 16): tree}, mode="all").iloc[0]
+    assert row["steps"] == len(table) and row["accepted"] == table["accepted"].sum()
+    # one node of rank 0: accepted exactly where the next token is the draft's top-1, except at the
+    # last position of each prompt, where the real loop drafts nothing
+    ranks = np.concatenate([p.ranks[:-1] for p in c.prompts])
+    assert replay(c, {("chain", 1): Tree.chain(1)}).iloc[0]["accepted"] == (ranks == 0).sum()
+
+
+def test_collection_resumes_after_an_interruption(tmp_path, monkeypatch, tiny_target, drafts):
+    config = CollectConfig(max_new_tokens=8, eos_token_id=(), super_k=2, super_depth=2, super_size=4)
+    fresh = collect(tmp_path / "fresh", tiny_target, drafts["early"], PROMPTS, config)
+    folder = tmp_path / "resumed"
+    first = dict(list(PROMPTS.items())[:1])
+    collect(folder, tiny_target, drafts["early"], first, config)
+    units = folder / replay_module.UNITS_FILE
+    with units.open("a") as f:
+        f.write('{"key": {"prompt_id": "p1"}, "ro')  # killed while writing p1's line
+    (folder / replay_module._file_name("p1")).write_bytes(b"half a file")  # and its arrays
+    calls = []
+    original = replay_module._collect_prompt
+    monkeypatch.setattr(replay_module, "_collect_prompt", lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    resumed = collect(folder, tiny_target, drafts["early"], PROMPTS, config)
+    assert calls == ["p1", "p2"], "finished prompts are never collected twice"
+    assert len(units.read_text().splitlines()) == 3
+    assert resumed.config == fresh.config and json.loads((folder / "collection.json").read_text())["config"]["super_k"] == 2
+    for a, b in zip(resumed.prompts, fresh.prompts):
+        assert a.prompt_id == b.prompt_id and a.arrays().keys() == b.arrays().keys()
+        for k in a.arrays():
+            np.testing.assert_array_equal(a.arrays()[k], b.arrays()[k], err_msg=k)
+    assert Collection.load(folder, ["p2"]).prompts[0].prompt_id == "p2"
+    with pytest.raises(ValueError, match="other parameters"):
+        collect(folder, tiny_target, drafts["early"], PROMPTS, CollectConfig(max_new_tokens=9, eos_token_id=()))
+
+
+@pytest.fixture(scope="module")
+def super_collection(tmp_path_factory, tiny_target, drafts):
+    config = CollectConfig(max_new_tokens=16, eos_token_id=(), top_k=8, super_k=3, super_depth=3, super_size=9, super_chunk=5)
+    return collect(tmp_path_factory.mktemp("super"), tiny_target, drafts["early"], PROMPTS, config)
+
+
+@torch.inference_mode()
+def brute_force_top(draft, seq, k, depth, size):
+    """Every node of the draft's top-k expansion to `depth`, each scored by a plain forward over
+    the sequence and its path; the top `size` in (score desc, depth, path) order."""
+    nodes = []
+    frontier = [((), [], 0.0)]
+    for d in range(depth):
+        grown = []
+        for path, toks, score in frontier:
+            ids = torch.tensor([seq + toks])
+            logp = torch.log_softmax(draft(input_ids=ids).logits[0, -1].float(), -1)
+            top = torch.topk(logp, k)
+            for r, (v, x) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+                grown.append((path + (r,), toks + [x], score + v))
+        nodes += grown
+        frontier = grown
+    nodes.sort(key=lambda n: (-n[2], len(n[0]), n[0]))
+    return nodes[:size]
+
+
+def test_super_trees_equal_brute_force_and_the_real_drafter(drafts, super_collection):
+    c, draft = super_collection, drafts["early"]
+    p = c.prompts[1]
+    for t in (0, 7, 15):
+        seq = p.prompt.tolist() + p.tokens[:t].tolist()
+        expect = brute_force_top(draft, seq, 3, 3, 9)
+        tree, tokens = dynamic_tree(c, p.prompt_id, t, 9)
+        got = {path: tok for path, tok in zip(tree.paths, tokens)}
+        assert got == {path: toks[-1] for path, toks, _ in expect}
+        scores = sorted(p.super_score[t].tolist(), reverse=True)
+        assert scores == pytest.approx([s for *_, s in expect], abs=1e-4)
+        # the library's own drafter puts the same tokens on that tree
+        drafted = ModelDrafter(draft).draft(torch.tensor([seq]), tree, SamplingConfig(), None)
+        assert drafted.tokens.tolist() == tokens
+
+
+@pytest.mark.parametrize("budget", [4, 9])
+def test_dynamic_trees_replay_equals_real_steps(tiny_target, drafts, super_collection, budget):
+    """At every step the replay says a real run visits, a real step with that position's dynamic
+    tree accepts what the replay says."""
+    c = super_collection
+    steps = replay_steps(c, budget)
+    for p in c.prompts:
+        for s in steps[p.prompt_id]:
+            tree, _ = dynamic_tree(c, p.prompt_id, s.position, budget)
+            seq = torch.tensor([p.prompt.tolist() + p.tokens[: s.position].tolist()])
+            real = speculative_generate(tiny_target, drafts["early"], seq, tree=tree,
+                                        max_new_tokens=c.config.max_new_tokens - s.position, eos_token_id=())
+            assert step_tuple(real.steps[0])[1:] == step_tuple(s)[1:], (p.prompt_id, s.position)
+    dyn = replay_dynamic(c, [budget], mode="all").iloc[0]
+    orc = oracle(c, [budget], mode="all").iloc[0]
+    assert dyn["accepted"] <= orc["accepted"] and orc["acceptance_length"] <= budget
+    top = position_table(c, budget)
+    assert top["accepted"].sum() == dyn["accepted"]
+    assert (replay_dynamic(c, [budget], mode="trajectory").iloc[0]["steps"]
+            == sum(len(v) for v in steps.values()))
+
+
+def test_oracle_is_the_longest_on_path_prefix_in_the_super_tree(super_collection):
+    c = super_collection
+    on_path = np.concatenate([p.super_on_path for p in c.prompts])  # [T, D], M = absent
+    cap = np.concatenate([c.config.max_new_tokens - np.arange(len(p.tokens)) - 1 for p in c.prompts])
+    inside = np.cumprod((on_path < c.config.super_size) & (np.arange(1, 4) <= cap[:, None]), axis=1).sum(1)
+    for n in (1, 2, 5):
+        assert oracle(c, [n]).iloc[0]["accepted"] == np.minimum(inside, n).sum()
+
+
+def test_replay_refuses_what_it_cannot_replay(collections, super_collection):
+    with pytest.raises(ValueError, match="rank"):
+        replay(collections["early"], {("wide", 13): Tree.wide(13)})  # ranks stored below top_k = 12 only
+    with pytest.raises(ValueError, match="super-tree"):
+        replay_dynamic(collections["early"], [4])
+    with pytest.raises(ValueError, match="exceeds"):
+        replay_dynamic(super_collection, [10])
+    with pytest.raises(ValueError, match="mode"):
+        replay(collections["early"], {("chain", 2): Tree.chain(2)}, mode="some")
+    with pytest.raises(ValueError, match="cannot replay"):
+        replay(collections["early"], {("chain", 2): Tree.chain(2)}, max_new_tokens=MAX_NEW + 1)
+
+
+# ---- sampling ----------------------------------------------------------------------------------
+
+SAMPLED_CASES = [("p0", "kary3x12", Tree.kary(3, 12)), ("p1", "wide3", Tree.wide(3))]
+REAL_RUNS = 150
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    """Smoother models than the greedy fixtures, so acceptance is neither ~0 nor ~1."""
+    return tiny_model(0, scale=10.0), tiny_model(1, scale=10.0, layers=1)
+
+
+@pytest.fixture(scope="module")
+def real_sampled(sampling_pair):
+    """Accepted draft tokens of the first step of many real sampled runs (temperature 1, one seed
+    each), per case."""
+    target, draft = sampling_pair
+    out = {}
+    for pid, name, tree in SAMPLED_CASES:
+        out[name] = np.array([
+            speculative_generate(target, draft, PROMPTS[pid], tree=tree, max_new_tokens=tree.depth + 1,
+                                 temperature=1.0, seed=seed, eos_token_id=()).steps[0].num_accepted
+            for seed in range(REAL_RUNS)
+        ])
+    return out
+
+
+def sampled_z(collection, real):
+    """z of replayed minus real mean accepted length at each case's prompt (position 0)."""
+    zs = {}
+    first = {p.prompt_id: int(sum(len(q.tokens) for q in collection.prompts[:i])) for i, p in enumerate(collection.prompts)}
+    for pid, name, tree in SAMPLED_CASES:
+        per_sample = sampled_accepted(collection, tree)[first[pid]]  # [R] at position 0
+        se = np.sqrt(per_sample.var(ddof=1) / len(per_sample) + real[name].var(ddof=1) / len(real[name]))
+        zs[name] = (per_sample.mean() - real[name].mean()) / se
+    return zs
+
+
+def sampled_collection(folder, pair):
+    config = CollectConfig(max_new_tokens=3, eos_token_id=(), temperature=1.0, samples=300, sample_chunk=300,
+                           cover_tree="kary3:12")
+    return collect(folder, *pair, {pid: PROMPTS[pid] for pid, _, _ in SAMPLED_CASES}, config)
+
+
+def test_sampled_replay_agrees_with_real_sampled_runs(tmp_path, monkeypatch, sampling_pair, real_sampled):
+    from scipy import stats
+
+    bound = stats.norm.ppf(1 - ALPHA / 2)
+    c = sampled_collection(tmp_path / "good", sampling_pair)
+    zs = sampled_z(c, real_sampled)
+    assert all(abs(z) < bound for z in zs.values()), zs
+    row = replay(c, {("kary3", 12): Tree.kary(3, 12)}).iloc[0]
+    assert row["tau_ci_low"] < row["tau"] < row["tau_ci_high"] and 1 < row["tau"] < 3
+    assert row["accepted"] == pytest.approx(sum(sampled_accepted(c, Tree.kary(3, 12)).mean(1)))
+    with pytest.raises(ValueError, match="all positions"):
+        replay(c, {("chain", 2): Tree.chain(2)}, mode="trajectory")
+
+    def no_residuals(p, q, children):
+        """Wrong: every child checked against the original p and q, as if drawn independently."""
+        rows = torch.arange(children.shape[0])[:, None]
+        x = children.clamp_min(0)
+        return torch.where(children >= 0, (p[rows, x] / q[rows, x].clamp_min(1e-30)).clamp(max=1.0), 0.0).float()
+
+    monkeypatch.setattr(replay_module, "node_alphas", no_residuals)
+    wrong = sampled_z(sampled_collection(tmp_path / "wrong", sampling_pair), real_sampled)
+    assert max(abs(z) for z in wrong.values()) > bound, wrong
+
+
+# ---- a real model ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_trajectory_steps_equal_real_runs_smollm2(tmp_path, smollm2):
+    """SmolLM2-135M (float32) with its first 8 layers as the draft: the teacher-forced ranks give
+    the real runs' steps exactly."""
+    from specnb.models import prompt_ids
+    from specnb.prompts import BUILTIN
+
+    model, tokenizer = smollm2
+    early = truncate_layers(copy.deepcopy(model), 8)
+    prompts = {p.id: prompt_ids(tokenizer, p.text) for p in BUILTIN[:2]}
+    c = collect(tmp_path / "smol", model, early, prompts, CollectConfig(max_new_tokens=24))
+    trees = {"chain4": Tree.chain(4), "sparse12": Tree.sparse(12), "sequoia8": sequoia(c, [8])[8]}
+    for name, tree in trees.items():
+        steps = replay_steps(c, tree)
+        for pid, ids in prompts.items():
+            real = speculative_generate(model, early, ids, tree=tree, max_new_tokens=24)
+            assert [step_tuple(s) for s in real.steps] == [step_tuple(s) for s in steps[pid]], (name, pid)
