@@ -48,7 +48,8 @@ class DynamicTreeDrafter(ModelDrafter):
 
     n: nodes per tree; top_k: children considered below each node; max_depth: deepest level.
     The tree passed to `speculative_generate` only caps the depth (the loop shortens it near
-    `max_new_tokens`); leave it out and the drafter's `default_tree` (depth `max_depth`) is used.
+    `max_new_tokens`; the top-n tree is then cut at that depth, as `replay` replays it); leave it
+    out and the drafter's `default_tree` (depth `max_depth`) is used.
     """
 
     def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6) -> None:
@@ -66,7 +67,10 @@ class DynamicTreeDrafter(ModelDrafter):
         sampling: SamplingConfig,
         generator: torch.Generator | None = None,
     ) -> Draft:
-        scored = self.expand(tokens, min(self.max_depth, tree.depth))
+        scored = self.expand(tokens, self.max_depth)
+        if scored.tree.depth > tree.depth:  # near max_new_tokens: cut the same top-n tree
+            cut = scored.tree.truncated(tree.depth)
+            return Draft(scored.tokens[: cut.num_nodes], None, cut)
         return Draft(scored.tokens, None, scored.tree)
 
     @torch.inference_mode()

@@ -347,3 +347,21 @@ def test_trajectory_steps_equal_real_runs_smollm2(tmp_path, smollm2):
         for pid, ids in prompts.items():
             real = speculative_generate(model, early, ids, tree=tree, max_new_tokens=24)
             assert [step_tuple(s) for s in real.steps] == [step_tuple(s) for s in steps[pid]], (name, pid)
+
+
+@pytest.mark.parametrize("budget", [4, 9])
+def test_dynamic_replay_equals_the_dynamic_drafter(tiny_target, drafts, super_collection, budget):
+    """The library's DynamicTreeDrafter (one definition: top n by cumulative log q, ties canonical)
+    run end to end makes the steps the replay of the super-trees says, one by one."""
+    from specnb.dynamic_trees import DynamicTreeDrafter
+
+    c = super_collection
+    replayed = replay_steps(c, budget)
+    drafter = DynamicTreeDrafter(drafts["early"], n=budget, top_k=c.config.super_k, max_depth=c.config.super_depth)
+    compared = 0
+    for p in c.prompts:
+        real = speculative_generate(tiny_target, drafter, torch.tensor([p.prompt.tolist()]), max_new_tokens=c.config.max_new_tokens, eos_token_id=())
+        assert real.tokens.tolist() == p.tokens.tolist()
+        assert [step_tuple(s) for s in real.steps] == [step_tuple(s) for s in replayed[p.prompt_id]]
+        compared += len(real.steps)
+    assert compared > 10
