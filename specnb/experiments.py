@@ -19,6 +19,7 @@ draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bonus INCLU
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -297,6 +298,134 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
     out["verify_cost"] = out["verify_s_per_step"] / out["target_s_per_token"]
     out["predicted_speedup"] = out["tau"] / (out["draft_cost"] + out["verify_cost"])
     return out
+
+
+# ---- collect once, replay many (notebook 01; `replay`) ------------------------------------------
+
+
+def collect_pair(
+    folder,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    trees: dict[tuple[str, int], Tree],
+    max_new_tokens: int,
+    super_k: int,
+    super_depth: int,
+    dynamic_budgets: Sequence[int],
+    describe: dict | None = None,
+):
+    """`replay.collect` for a prompt set: ranks kept up to the widest rank any tree uses, super-trees
+    (when super_k > 0) as large as the largest dynamic budget. Resumable in `folder`."""
+    from .models import prompt_ids
+    from .replay import CollectConfig, collect
+
+    widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
+    config = CollectConfig(
+        max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, 2), super_k=super_k,
+        super_depth=super_depth, super_size=max(dynamic_budgets, default=1),
+    )
+    ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
+    return collect(folder, target, draft, ids, config, categories={p.id: p.category for p in prompts},
+                   describe=describe, progress=True)
+
+
+def replay_table(collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int], dynamic_budgets: Sequence[int]):
+    """Every shape x budget replayed, plus the data-driven trees: "sequoia" (Sequoia's DP under the
+    measured acceptance vector), "hindsight" (the best static tree on this data), "dynamic" and the
+    per-position "oracle" (super-trees needed). Returns (table, trees incl. the designed ones).
+
+    Rows: trajectory-mode metrics (the positions a real run visits: what it would measure), plus
+    tau_all over every position, and tau_all as a fraction of the hindsight ceiling and of the
+    oracle of the same budget (both defined on all positions)."""
+    from . import replay
+
+    designed = {("sequoia", n): t for n, t in replay.sequoia(collection, budgets).items()}
+    designed |= {("hindsight", n): t for n, t in replay.ceiling(collection, budgets).items()}
+    every = {**trees, **designed}
+    parts = [(replay.replay(collection, every, mode="trajectory"), replay.replay(collection, every, mode="all"))]
+    if collection.has_super_trees and dynamic_budgets:
+        for fn in (replay.replay_dynamic, replay.oracle):
+            parts.append((fn(collection, dynamic_budgets, mode="trajectory"), fn(collection, dynamic_budgets, mode="all")))
+    table = pd.concat([t for t, _ in parts], ignore_index=True)
+    every_pos = pd.concat([a for _, a in parts], ignore_index=True)[["shape", "budget", "tau"]]
+    table = table.merge(every_pos.rename(columns={"tau": "tau_all"}), on=["shape", "budget"])
+    for ref in ("hindsight", "oracle"):
+        top = every_pos[every_pos["shape"] == ref].set_index("budget")["tau"]
+        table[f"tau_all_over_{ref}"] = table["tau_all"] / table["budget"].map(top)
+    return table, every
+
+
+def replay_agreement(store: Sweep, pair_label: str, collection, specs: Sequence[str]) -> pd.DataFrame:
+    """Real runs (units in `store`) against the replay, step by step: one row per method with the
+    steps compared and how many were identical (position, drafted, accepted and tokens added)."""
+    from .replay import replay_steps
+
+    steps = steps_frame(store)
+    rows = []
+    for spec in specs:
+        method = parse_method(spec)
+        tree = method.budget if method.drafter == "dynamic" else method.tree
+        replayed = replay_steps(collection, tree)
+        real = steps[(steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)]
+        compared = identical = 0
+        for pid, mine in replayed.items():
+            theirs = real[real["prompt_id"] == pid].sort_values("position")
+            pairs = list(zip([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in mine],
+                             theirs[["position", "num_drafted", "num_accepted", "num_tokens"]].itertuples(index=False)))
+            compared += max(len(mine), len(theirs))
+            identical += sum(tuple(a) == tuple(int(x) for x in b) for a, b in pairs)
+        rows.append({"method": spec, "steps_compared": compared, "identical_steps": identical,
+                     "tau_real": real["num_tokens"].sum() / max(len(real), 1),
+                     "tau_replayed": sum(s.num_tokens for v in replayed.values() for s in v) / max(sum(len(v) for v in replayed.values()), 1)})
+    return pd.DataFrame(rows)
+
+
+def replayed_steps_frame(collection, tree: Tree) -> pd.DataFrame:
+    """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`)."""
+    from .replay import replay_steps
+
+    return pd.DataFrame([step_row(s) for v in replay_steps(collection, tree).values() for s in v])
+
+
+def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
+    """Tidy per-depth acceptance (P(accepted >= d), run trajectory) from a replay table, in the
+    columns of `depth_table`, for the trees a real drafter could build (not the oracle)."""
+    cols = [c for c in table.columns if re.fullmatch(r"depth_\d+_acceptance", c)]
+    long = table[table["shape"] != "oracle"].melt(id_vars=["shape", "budget"], value_vars=cols,
+                                                  var_name="depth", value_name="acceptance")
+    long["depth"] = long["depth"].str.extract(r"(\d+)", expand=False).astype(int)
+    return long.dropna(subset=["acceptance"]).sort_values(["budget", "shape", "depth"]).reset_index(drop=True)
+
+
+def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataFrame) -> str:
+    """Markdown reading of notebook 01's replay, computed from its tables (no fixed conclusions)."""
+    lines = ["tau = tokens per target call, bonus included; run-trajectory positions unless noted."]
+    presets = table[~table["shape"].isin(["sequoia", "hindsight", "dynamic", "oracle"])]
+    for budget, b in table.groupby("budget"):
+        parts = []
+        p = presets[presets["budget"] == budget]
+        if len(p):
+            best = p.loc[p["tau"].idxmax()]
+            parts.append(f"best preset {best['shape']} tau {best['tau']:.2f}")
+        for shape in ("sequoia", "hindsight", "dynamic", "oracle"):
+            row = b[b["shape"] == shape]
+            if len(row):
+                parts.append(f"{shape} {row['tau'].iloc[0]:.2f}")
+        lines.append(f"- {budget} draft tokens: " + ", ".join(parts))
+    if len(presets):
+        frac = presets.groupby("shape")["tau_all_over_hindsight"].mean().sort_values(ascending=False)
+        if frac.notna().any():
+            lines.append("- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
+                         + ", ".join(f"{k} {v:.2f}" for k, v in frac.items()))
+    same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
+    lines.append(f"- replay against real runs: {same}/{compared} steps identical ({', '.join(agreement['method'])})")
+    best = speed.iloc[0]
+    verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
+    lines.append(f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
+                 f"tokens, {best['speedup']:.2f}x the target alone: speculation {verdict}")
+    return "\n".join(lines)
 
 
 def reading(table: pd.DataFrame) -> str:

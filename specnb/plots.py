@@ -291,3 +291,27 @@ def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figur
                     "tau = expected tokens per target call, bonus included", fontsize=9)
     right.legend(fontsize=8)
     return _save(fig, path)
+
+
+# ---- replay (notebook 01): tables from `experiments.replay_table` ----------------------------
+
+DESIGNED = ("sequoia", "hindsight", "dynamic", "oracle")
+
+
+def replay_vs_budget(table: pd.DataFrame, metric: str = "tau", label: str = TAU, title: str = "", path=None) -> plt.Figure:
+    """A replayed metric against the budget: preset shapes thin, data-driven trees bold, the
+    per-position oracle dashed."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for shape, t in table.groupby("shape", sort=False):
+        t = t.sort_values("budget")
+        bold = shape in DESIGNED
+        ax.plot(t["budget"], t[metric], marker="o", lw=2.6 if bold else 1.2, ls="--" if shape == "oracle" else "-",
+                label=shape, alpha=1.0 if bold else 0.75)
+    budgets = sorted(table["budget"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(budgets, [str(b) for b in budgets])
+    ax.set_xlabel("draft tokens in the tree (N)")
+    ax.set_ylabel(label)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, ncol=2)
+    return _save(fig, path)

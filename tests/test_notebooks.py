@@ -83,13 +83,22 @@ def check_shape_table(table: pd.DataFrame):
 def test_tree_shapes_tables(smoke):
     outputs, _ = smoke
     folder = next((outputs / "01_tree_shapes").iterdir())
-    table = pd.read_csv(folder / "shape_budget.csv")
-    check_shape_table(table)
-    assert set(table["shape"]) == {"chain", "kary2"} and set(table["budget"]) == {2, 4}
+    table = pd.read_csv(folder / "replay.csv")
+    assert set(table["shape"]) == {"chain", "kary2", "sequoia", "hindsight", "dynamic", "oracle"}
+    assert set(table["budget"]) == {2, 4}
+    assert table["acceptance_rate"].between(0, 1).all() and (table["tau"] >= 1).all()
+    assert (table["tau"] <= table["depth"] + 1).all()
+    static = table[table["shape"].isin(["chain", "kary2", "sequoia"])].merge(
+        table[table["shape"] == "hindsight"][["budget", "tau_all"]], on="budget", suffixes=("", "_ceiling"))
+    assert (static["tau_all"] <= static["tau_all_ceiling"] + 1e-9).all(), "the hindsight tree is the best static tree"
+    agreement = pd.read_csv(folder / "replay_agreement.csv")
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
+    check_shape_table(pd.read_csv(folder / "measured.csv"))
     depths = pd.read_csv(folder / "depth_acceptance.csv")
     assert depths["acceptance"].between(0, 1).all()
+    assert len(pd.read_csv(folder / "recommendation.csv")) == len(table[~table["shape"].isin(["dynamic", "oracle"])])
     units = pd.read_csv(folder / "units.csv")
-    assert len(units) == 2 * (1 + 4) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    assert len(units) == 2 * (1 + 3) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
 
 
 def test_model_pairs_tables(smoke):
@@ -152,24 +161,27 @@ def test_failing_notebook_names_its_cell(tmp_path):
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     outputs = tmp_path / "outputs"
     cmd = [sys.executable, "-m", "specnb.runner", "run", "smoke", "--notebook", "01_tree_shapes",
-           "-p", "budgets", "[2, 3, 4]", "--outputs", str(outputs)]
+           "-p", "max_prompts", "3", "--outputs", str(outputs)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    sweep = None
+    collected = None
     deadline = time.time() + 300
     while time.time() < deadline:
-        found = list(outputs.glob("01_tree_shapes/*/sweep.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 4:
-            sweep = found[0]
+        found = list(outputs.glob("01_tree_shapes/*/collection/prompts.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 1:
+            collected = found[0]
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert sweep is not None, "the sweep never started"
-    before = len(sweep.read_text().splitlines())
-    assert before < 2 * (1 + 6), "killed too late to test a resume"
+    assert collected is not None, "the collection never started"
+    before = len(collected.read_text().splitlines())
+    assert before < 3, "killed too late to test a resume"
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
-    units = pd.read_csv(sweep.parent / "units.csv")
-    assert len(units) == 2 * (1 + 6)
-    assert not units.duplicated(["shape", "budget", "prompt_id"]).any()
-    assert (units["greedy_equal"]).all()
+    lines = collected.read_text().splitlines()
+    assert len(lines) == 3 and len({json.loads(line)["key"]["prompt_id"] for line in lines}) == 3
+    units = pd.read_csv(collected.parent.parent / "units.csv")
+    assert len(units) == 3 * (1 + 3) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    assert units["greedy_equal"].all()
+    agreement = pd.read_csv(collected.parent.parent / "replay_agreement.csv")
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
