@@ -133,12 +133,16 @@ class ModelDrafter:
             if depth == tree.depth:
                 break
             # feed this level: it sees the prefix, the nodes fed before it, and its own ancestors
-            mask = prefix_tree_mask(ancestors[nodes.start : nodes.stop, : nodes.stop], prefix_len)
+            rows = ancestors[nodes.start : nodes.stop, : nodes.stop]
+            # one query that sees every cached token (a chain so far) needs no mask: the model's
+            # own mask for a single query is all-visible, and it keeps the fast attention path
+            visible_to_all = len(nodes) == 1 and bool(rows.all())
+            mask = None if visible_to_all else model_mask(prefix_tree_mask(rows, prefix_len), self.model, self.model.dtype)
             positions = (prefix_len - 1 + depth) * torch.ones(len(nodes), dtype=torch.long)
             logits = self.model(
                 input_ids=out[None, nodes.start : nodes.stop],
                 position_ids=positions[None].to(device),
-                attention_mask=model_mask(mask, self.model, self.model.dtype),
+                attention_mask=mask,
                 past_key_values=self._cache,
                 use_cache=True,
             ).logits[0]
