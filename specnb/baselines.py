@@ -47,7 +47,6 @@ Prompt lookup's per-step time is all "verify" except the n-gram search, recorded
 from __future__ import annotations
 
 import copy
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
