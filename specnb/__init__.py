@@ -24,6 +24,8 @@ Modules, one idea each:
     verification  one target forward over root + tree; commit the accepted branch
     acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
     generation    speculative_generate, autoregressive_generate, Step, GenerationResult
+    baselines     transformers assisted generation (fixed k) and prompt lookup, as GenerationResults
+    quality       perplexity of an output under the target, greedy equality
     metrics       summaries and tidy tables with the conventions above
     models        load_model / load_pair for embedded, hub and local models (4-bit nf4)
     prompts       built-in prompts and the Spec-Bench prompt file reader

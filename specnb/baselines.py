@@ -23,8 +23,10 @@ the steps are rebuilt from the final sequence:
     num_drafted  = candidate tokens the target verified that step
     num_accepted = the candidate tokens that are a prefix of what was appended: the same
                    convention as specnb (an EOS accepted from the draft counts as accepted; it is
-                   not the bonus token). transformers' own `num_matches` is `appended - 1`, which
-                   differs only when an EOS or the length limit cut the step short.
+                   not the bonus token). transformers' own `num_matches` (kept in
+                   `meta["hf_num_matches"]`) is `appended - 1` in transformers 5.x (it is recounted
+                   after the EOS and length cuts), which differs only where an EOS or the length
+                   limit cut the step short.
 
 Fixed draft length for `hf_assisted_generate`: transformers reads the draft length from the
 *assistant's* `generation_config`; for the call it is set to `num_assistant_tokens = k`, schedule
@@ -47,7 +49,6 @@ Prompt lookup's per-step time is all "verify" except the n-gram search, recorded
 from __future__ import annotations
 
 import copy
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -186,6 +187,7 @@ class _StepRecord:
     verified_at: float  # get_candidates returned; the target's verify forward starts
     done_at: float = 0.0  # update_candidate_strategy called: accepted tokens appended, cache cropped
     after: int = 0  # sequence length after the step
+    num_matches: int = 0  # what transformers passed to update_candidate_strategy
 
 
 class _RecordingCandidates:
@@ -211,6 +213,7 @@ class _RecordingCandidates:
         step = self.steps[-1]
         step.done_at = self._clock.now()
         step.after = input_ids.shape[1]
+        step.num_matches = int(num_matches)
         self._inner.update_candidate_strategy(input_ids, scores, num_matches)
 
 
@@ -257,6 +260,7 @@ def _recorded_generate(
     if sum(s.num_tokens for s in steps) != len(sequence) - prompt_length:
         raise RuntimeError("recorded steps do not add up to the generated tokens")  # a transformers change
     first_draft = made[0].steps[0].drafted_at if steps else start
+    meta = {**meta, "hf_num_matches": tuple(record.num_matches for record in made[0].steps)}
     return GenerationResult(
         tokens=torch.tensor(sequence[prompt_length:], dtype=torch.long),
         steps=steps,

@@ -127,8 +127,9 @@ def test_stops_at_eos_like_specnb(tiny_target, prompt_seed):
         assert r.tokens.tolist() == reference.tokens.tolist(), r.method
         assert sum(s.num_tokens for s in r.steps) == len(reference.tokens)
     # an EOS accepted from the draft counts as accepted, as in specnb (transformers' num_matches
-    # would say one less); the assistant stops drafting at EOS, so only num_drafted may differ
+    # says one less); the assistant stops drafting at EOS, so only num_drafted may differ
     assert [s[1:] for s in counts(assisted)] == [s[1:] for s in counts(ours)]
+    assert assisted.meta["hf_num_matches"] == tuple(s.num_tokens - 1 for s in assisted.steps)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,307 @@
+"""End to end, greedy: specnb against transformers' own speculative decoders, per Spec-Bench category.
+
+Rows, all in this one process, on the same prompts, interleaved per prompt (each prompt runs every
+method before the next prompt starts, in an order rotated from prompt to prompt) after a warm-up:
+
+    target alone          specnb.autoregressive_generate (the speed baseline and reference output)
+    hf_assisted k         transformers assisted generation, the same draft, fixed k tokens a step
+    specnb chain k        speculative_generate with Tree.chain(k) and the same draft
+    specnb <best tree>    speculative_generate with --best-tree (default sparse:8)
+    hf_prompt_lookup L    transformers prompt lookup, L = --lookup-tokens
+    specnb ngram chain L  specnb's n-gram drafter with Tree.chain(L)       } only when specnb has
+    specnb ngram tree     specnb's n-gram drafter with --ngram-tree        } an n-gram drafter
+
+Per category: tokens/s (all tokens / all wall time, prefill included), speedup over the target
+alone, tau (tokens per target call, bonus INCLUDED), acceptance rate (accepted / drafted),
+greedy-equal count, and the perplexity of the output under the target. Then the cost model that
+says where speculation pays: c = one draft forward / one target decoding forward, and the
+verify cost of each tree (verify step / target decoding step), both from the measured steps
+(first steps excluded: transformers puts the prompt in them). A step costs about
+verify_ratio + depth * c target forwards and yields tau tokens, so the predicted speedup is
+tau / (verify_ratio + depth * c) (Leviathan et al. 2023, section 3.4).
+
+    python benchmarks/end_to_end.py --quick
+    python benchmarks/end_to_end.py --per-category 3 --max-new-tokens 128 --repeats 2
+
+The last line is
+    chain_over_hf_assisted=<x> ngram_over_hf_prompt_lookup=<y> greedy_outputs_equal=<n>/<m>
+x: tokens/s of specnb's chain over transformers assisted at the same k, all prompts pooled;
+y: specnb's n-gram chain over transformers prompt lookup at the same length, on the
+summarization and rag prompts (nan without an n-gram drafter or such prompts); n/m: greedy runs
+whose output equals the target's own greedy output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+import torch
+
+from specnb import Tree, autoregressive_generate, speculative_generate, summarize
+from specnb.baselines import hf_assisted_generate, hf_prompt_lookup_generate
+from specnb.drafting import ModelDrafter
+from specnb.experiments import parse_trees
+from specnb.generation import GenerationResult
+from specnb.models import load_pair, prompt_ids
+from specnb.prompts import load_prompts
+from specnb.quality import greedy_equal, perplexity
+
+QUICK_CATEGORIES = ("coding", "summarization", "rag")
+LOOKUP_CATEGORIES = ("summarization", "rag")  # where copying from the prompt is expected to pay
+TARGET_ALONE = "target alone"
+# where specnb's n-gram drafter may live (another change adds it; the first found is used)
+NGRAM_DRAFTERS = ("specnb.drafting:NgramDrafter", "specnb.ngram:NgramDrafter", "specnb.lookup:NgramDrafter")
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    kind: str  # "target", "model_draft", "lookup": which comparison it belongs to
+    run: Callable[[torch.Tensor, int], GenerationResult]  # (input ids, max new tokens) -> result
+    depth: int = 0  # draft forwards per step (model drafts), for the cost model
+    nodes: int = 0  # tree size verified per step (upper bound for lookup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
+    ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4, help="draft length of hf_assisted and the specnb chain")
+    ap.add_argument("--best-tree", default="sparse:8", help="specnb tree with the draft model, shape:budget")
+    ap.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens, and the n-gram chain length")
+    ap.add_argument("--ngram-size", type=int, default=2, help="max_matching_ngram_size of prompt lookup")
+    ap.add_argument("--ngram-tree", default="auto",
+                    help="tree for specnb's n-gram drafter, shape:budget; 'own' = its default_tree; "
+                         "'auto' = own when it has one, else sparse:8")
+    ap.add_argument("--pick", choices=("first", "shortest"), default="first",
+                    help="which prompts of a category: Spec-Bench file order, or the shortest texts")
+    ap.add_argument("--quick", action="store_true",
+                    help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every (prompt, method), interleaved; the fastest is kept (a shared CPU's spikes only slow runs down)")
+    ap.add_argument("--csv", default=None, help="also write the per-run table here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.categories = args.categories or list(QUICK_CATEGORIES)
+        args.per_category, args.max_new_tokens, args.pick = 1, 32, "shortest"
+
+    started = time.perf_counter()
+    prompts = load_prompts(args.prompts, categories=args.categories)
+    prompts = pick(prompts, args.per_category, args.pick)
+    if not prompts:
+        raise SystemExit(f"no prompts in categories {args.categories}")
+    target, draft, tokenizer = load_pair(args.target, args.draft)
+    print(
+        f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"prompts={len(prompts)} max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - started:.0f}"
+    )
+    methods = build_methods(target, draft, args)
+
+    # warm-up: every method once on a short prompt, so no measured call pays one-off costs
+    warm = prompt_ids(tokenizer, "Say hello.")
+    for m in methods:
+        m.run(warm, 3)
+
+    runs: list[dict] = []
+    scored: dict[tuple[str, tuple[int, ...]], float] = {}  # perplexity per distinct output
+    for i, prompt in enumerate(prompts):
+        ids = prompt_ids(tokenizer, prompt.text)
+        order = methods[i % len(methods) :] + methods[: i % len(methods)]
+        results: dict[str, GenerationResult] = {}
+        for _ in range(args.repeats):
+            for m in order:
+                r = m.run(ids, args.max_new_tokens)
+                if m.name not in results or r.total_time < results[m.name].total_time:
+                    results[m.name] = r
+        reference = results[TARGET_ALONE].tokens
+        for m in methods:
+            r = results[m.name]
+            out = (prompt.id, tuple(r.tokens.tolist()))
+            if out not in scored:
+                scored[out] = perplexity(target, ids, r.tokens)
+            runs.append(
+                {"category": prompt.category, "prompt_id": prompt.id, "prompt_tokens": ids.shape[1], "method": m.name,
+                 "kind": m.kind, "depth": m.depth, "nodes": m.nodes, "result": r,
+                 "greedy_equal": greedy_equal(r.tokens, reference), "perplexity": scored[out]}
+            )
+        line = " ".join(f"{m.name}={summarize(results[m.name]).tokens_per_s:.2f}" for m in methods)
+        print(f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}", flush=True)
+
+    table = per_category(runs, [m.name for m in methods])
+    pd.set_option("display.width", 200)
+    print("\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = tokens per target call (bonus INCLUDED);"
+          " acceptance = accepted / drafted; speedup over the target alone in this run")
+    for category, t in table.groupby("category", sort=False):
+        print(f"\n== {category}")
+        print(t.drop(columns="category").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print()
+    print(cost_report(runs, methods))
+
+    greedy = [r for r in runs if r["method"] != TARGET_ALONE]
+    equal = sum(r["greedy_equal"] for r in greedy)
+    chain, assisted = f"specnb chain {args.k}", f"hf_assisted {args.k}"
+    x = pooled_speed(runs, chain) / pooled_speed(runs, assisted)
+    ngram_chain = next((m.name for m in methods if m.name.startswith("specnb ngram chain")), None)
+    lookup = f"hf_prompt_lookup {args.lookup_tokens}"
+    y = math.nan
+    if ngram_chain is None:
+        print("note: specnb has no n-gram drafter yet (looked for " + ", ".join(NGRAM_DRAFTERS) + "): n-gram rows and y are absent")
+    elif not any(r["category"] in LOOKUP_CATEGORIES for r in runs):
+        print(f"note: no {'/'.join(LOOKUP_CATEGORIES)} prompts: ngram_over_hf_prompt_lookup is nan")
+    else:
+        y = pooled_speed(runs, ngram_chain, LOOKUP_CATEGORIES) / pooled_speed(runs, lookup, LOOKUP_CATEGORIES)
+    if args.csv:
+        flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
+        pd.DataFrame(flat).to_csv(args.csv, index=False)
+    print(f"elapsed_s={time.perf_counter() - started:.0f}")
+    print(f"chain_over_hf_assisted={x:.3f} ngram_over_hf_prompt_lookup={y:.3f} greedy_outputs_equal={equal}/{len(greedy)}")
+    return 0 if equal == len(greedy) else 1
+
+
+def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argparse.Namespace) -> list[Method]:
+    k, lookup = args.k, args.lookup_tokens
+    (best_key, best_tree), = parse_trees([args.best_tree]).items()
+    chain_drafter, tree_drafter = ModelDrafter(draft), ModelDrafter(draft)  # one cache per method
+    methods = [
+        Method(TARGET_ALONE, "target", lambda ids, n: autoregressive_generate(target, ids, max_new_tokens=n)),
+        Method(f"hf_assisted {k}", "model_draft",
+               lambda ids, n: hf_assisted_generate(target, draft, ids, num_assistant_tokens=k, max_new_tokens=n), k, k),
+        Method(f"specnb chain {k}", "model_draft",
+               lambda ids, n: speculative_generate(target, chain_drafter, ids, tree=Tree.chain(k), max_new_tokens=n), k, k),
+        Method(f"specnb {best_key[0]}:{best_key[1]}", "model_draft",
+               lambda ids, n: speculative_generate(target, tree_drafter, ids, tree=best_tree, max_new_tokens=n),
+               best_tree.depth, best_tree.num_nodes),
+        Method(f"hf_prompt_lookup {lookup}", "lookup",
+               lambda ids, n: hf_prompt_lookup_generate(
+                   target, ids, prompt_lookup_num_tokens=lookup, max_matching_ngram_size=args.ngram_size, max_new_tokens=n),
+               0, lookup),
+    ]
+    ngram = ngram_drafter_class()
+    if ngram is not None:
+        try:
+            drafter = ngram()  # the lead wires its final arguments
+        except TypeError as e:
+            print(f"note: {ngram.__name__}() needs arguments ({e}); n-gram rows skipped")
+            return methods
+        spec = args.ngram_tree
+        if spec == "auto":
+            spec = "own" if getattr(drafter, "default_tree", None) is not None else "sparse:8"
+        own = spec == "own"
+        tree = None if own else next(iter(parse_trees([spec]).values()))
+        methods += [
+            Method(f"specnb ngram chain {lookup}", "lookup",
+                   lambda ids, n: speculative_generate(target, drafter, ids, tree=Tree.chain(lookup), max_new_tokens=n),
+                   0, lookup),
+            Method(f"specnb ngram {'own tree' if own else spec}", "lookup",
+                   lambda ids, n: speculative_generate(target, drafter, ids, tree=tree, max_new_tokens=n),
+                   0, 0 if tree is None else tree.num_nodes),
+        ]
+    return methods
+
+
+def pick(prompts: list, per_category: int, how: str) -> list:
+    """`per_category` prompts of each category, the first in file order or the shortest texts."""
+    by_category: dict[str, list] = defaultdict(list)
+    for p in prompts:
+        by_category[p.category].append(p)
+    if how == "shortest":
+        by_category = {c: sorted(ps, key=lambda p: len(p.text)) for c, ps in by_category.items()}
+    return [p for ps in by_category.values() for p in ps[:per_category]]
+
+
+def ngram_drafter_class() -> type | None:
+    for spec in NGRAM_DRAFTERS:
+        module, _, name = spec.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def per_category(runs: list[dict], order: list[str]) -> pd.DataFrame:
+    """One row per (category, method), pooled over the category's prompts, plus an "all" block."""
+    rows = []
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[(r["category"], r["method"])].append(r)
+        groups[("all", r["method"])].append(r)
+    categories = list(dict.fromkeys(r["category"] for r in runs)) + ["all"]
+    for category in categories:
+        base = summarize([r["result"] for r in groups[(category, TARGET_ALONE)]]).tokens_per_s
+        for method in order:
+            rs = groups[(category, method)]
+            s = summarize([r["result"] for r in rs])
+            rows.append({
+                "category": category,
+                "method": method,
+                "tokens_per_s": s.tokens_per_s,
+                "speedup": s.tokens_per_s / base,
+                "tau": s.tau,
+                "acceptance_rate": s.acceptance_rate,
+                "greedy_equal": f"{sum(r['greedy_equal'] for r in rs)}/{len(rs)}",
+                "perplexity": sum(r["perplexity"] for r in rs) / len(rs),
+                "draft_s": s.draft_time_s,
+                "verify_s": s.verify_time_s,
+                "prefill_s": sum(r["result"].prefill_time for r in rs),
+            })
+    return pd.DataFrame(rows)
+
+
+def pooled_speed(runs: list[dict], method: str, categories: tuple[str, ...] | None = None) -> float:
+    chosen = [r["result"] for r in runs if r["method"] == method and (categories is None or r["category"] in categories)]
+    return summarize(chosen).tokens_per_s if chosen else math.nan
+
+
+def cost_report(runs: list[dict], methods: list[Method]) -> str:
+    """Draft and verify costs in units of one target decoding forward, from the measured steps
+    (each run's first step left out: for transformers it carries the prompt), and the speedup
+    they predict against the one measured."""
+    def later_steps(method: str) -> list:
+        return [s for r in runs if r["method"] == method for s in r["result"].steps[1:]]
+
+    base_steps = later_steps(TARGET_ALONE)
+    if not base_steps:
+        return "cost model: too few steps (max_new_tokens 1)"
+    t_target = sum(s.verify_time for s in base_steps) / len(base_steps)  # one decoding forward
+    lines = [f"cost model (per step, first step excluded): target decoding forward = {t_target * 1e3:.0f} ms"]
+    for m in methods:
+        steps = later_steps(m.name)
+        if m.kind == "target" or not steps:
+            continue
+        verify = sum(s.verify_time for s in steps) / len(steps) / t_target
+        draft = sum(s.draft_time for s in steps) / len(steps) / t_target
+        tau = sum(s.num_tokens for s in steps) / len(steps)
+        nodes = sum(s.num_drafted for s in steps) / len(steps)
+        measured = summarize([r["result"] for r in runs if r["method"] == m.name]).tokens_per_s / summarize(
+            [r["result"] for r in runs if r["method"] == TARGET_ALONE]).tokens_per_s
+        per_forward = f", c = one draft forward / target forward = {draft / m.depth:.3f}" if m.depth else ""
+        verdict = "pays" if tau > verify + draft else "does NOT pay"
+        lines.append(
+            f"- {m.name}: verify {nodes + 1:.1f} tokens = {verify:.2f} target forwards, draft = {draft:.2f}{per_forward}; "
+            f"tau {tau:.2f} vs cost {verify + draft:.2f} -> predicted {tau / (verify + draft):.2f}x, "
+            f"measured {measured:.2f}x (prefill included): speculation {verdict} here"
+        )
+    lines.append(
+        "A step pays when tau (tokens it yields) exceeds its cost in target forwards: verify ratio + draft cost. "
+        "The verify ratio is what one forward over the verified tokens costs against a one-token forward; "
+        "the draft cost is depth x c for a draft model (c near 1 leaves no room), ~0 for n-gram lookup. "
+        "Predicted and measured speedups differ by the prefill (in the measured one) and per-step overheads."
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
