@@ -8,8 +8,8 @@ method before the next prompt starts, in an order rotated from prompt to prompt)
     specnb chain k        speculative_generate with Tree.chain(k) and the same draft
     specnb <best tree>    speculative_generate with --best-tree (default sparse:8)
     hf_prompt_lookup L    transformers prompt lookup, L = --lookup-tokens
-    specnb ngram chain L  specnb's n-gram drafter with Tree.chain(L)       } only when specnb has
-    specnb ngram tree     specnb's n-gram drafter with --ngram-tree        } an n-gram drafter
+    specnb ngram chain L  specnb's NgramDrafter, one continuation (a chain) of up to L tokens
+    specnb ngram tree L   specnb's NgramDrafter, several continuations in the same L-node budget
 
 Per category: tokens/s (all tokens / all wall time, prefill included), speedup over the target
 alone, tau (tokens per target call, bonus INCLUDED), acceptance rate (accepted / drafted),
@@ -34,7 +34,6 @@ whose output equals the target's own greedy output.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
 import time
@@ -51,14 +50,13 @@ from specnb.drafting import ModelDrafter
 from specnb.experiments import parse_trees
 from specnb.generation import GenerationResult
 from specnb.models import load_pair, prompt_ids
+from specnb.ngram import NgramDrafter
 from specnb.prompts import load_prompts
 from specnb.quality import greedy_equal, perplexity
 
 QUICK_CATEGORIES = ("coding", "summarization", "rag")
 LOOKUP_CATEGORIES = ("summarization", "rag")  # where copying from the prompt is expected to pay
 TARGET_ALONE = "target alone"
-# where specnb's n-gram drafter may live (another change adds it; the first found is used)
-NGRAM_DRAFTERS = ("specnb.drafting:NgramDrafter", "specnb.ngram:NgramDrafter", "specnb.lookup:NgramDrafter")
 
 
 @dataclass(frozen=True)
@@ -82,9 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--best-tree", default="sparse:8", help="specnb tree with the draft model, shape:budget")
     ap.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens, and the n-gram chain length")
     ap.add_argument("--ngram-size", type=int, default=2, help="max_matching_ngram_size of prompt lookup")
-    ap.add_argument("--ngram-tree", default="auto",
-                    help="tree for specnb's n-gram drafter, shape:budget; 'own' = its default_tree; "
-                         "'auto' = own when it has one, else sparse:8")
     ap.add_argument("--pick", choices=("first", "shortest"), default="first",
                     help="which prompts of a category: Spec-Bench file order, or the shortest texts")
     ap.add_argument("--quick", action="store_true",
@@ -153,12 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     equal = sum(r["greedy_equal"] for r in greedy)
     chain, assisted = f"specnb chain {args.k}", f"hf_assisted {args.k}"
     x = pooled_speed(runs, chain) / pooled_speed(runs, assisted)
-    ngram_chain = next((m.name for m in methods if m.name.startswith("specnb ngram chain")), None)
+    ngram_chain = f"specnb ngram chain {args.lookup_tokens}"
     lookup = f"hf_prompt_lookup {args.lookup_tokens}"
     y = math.nan
-    if ngram_chain is None:
-        print("note: specnb has no n-gram drafter yet (looked for " + ", ".join(NGRAM_DRAFTERS) + "): n-gram rows and y are absent")
-    elif not any(r["category"] in LOOKUP_CATEGORIES for r in runs):
+    if not any(r["category"] in LOOKUP_CATEGORIES for r in runs):
         print(f"note: no {'/'.join(LOOKUP_CATEGORIES)} prompts: ngram_over_hf_prompt_lookup is nan")
     else:
         y = pooled_speed(runs, ngram_chain, LOOKUP_CATEGORIES) / pooled_speed(runs, lookup, LOOKUP_CATEGORIES)
@@ -188,26 +181,19 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
                    target, ids, prompt_lookup_num_tokens=lookup, max_matching_ngram_size=args.ngram_size, max_new_tokens=n),
                0, lookup),
     ]
-    ngram = ngram_drafter_class()
-    if ngram is not None:
-        try:
-            drafter = ngram()  # the lead wires its final arguments
-        except TypeError as e:
-            print(f"note: {ngram.__name__}() needs arguments ({e}); n-gram rows skipped")
-            return methods
-        spec = args.ngram_tree
-        if spec == "auto":
-            spec = "own" if getattr(drafter, "default_tree", None) is not None else "sparse:8"
-        own = spec == "own"
-        tree = None if own else next(iter(parse_trees([spec]).values()))
-        methods += [
-            Method(f"specnb ngram chain {lookup}", "lookup",
-                   lambda ids, n: speculative_generate(target, drafter, ids, tree=Tree.chain(lookup), max_new_tokens=n),
-                   0, lookup),
-            Method(f"specnb ngram {'own tree' if own else spec}", "lookup",
-                   lambda ids, n: speculative_generate(target, drafter, ids, tree=tree, max_new_tokens=n),
-                   0, 0 if tree is None else tree.num_nodes),
-        ]
+    # specnb's n-gram drafter, matched to transformers' prompt lookup: the same n-gram sizes
+    # (max_matching_ngram_size down to 1), earliest match first, one continuation (a chain) of up
+    # to `lookup` tokens; the tree variant fills the same node budget with several continuations
+    chain_lookup = NgramDrafter(max_ngram=args.ngram_size, min_ngram=1, max_branches=1)
+    tree_lookup = NgramDrafter(max_ngram=args.ngram_size, min_ngram=1)
+    methods += [
+        Method(f"specnb ngram chain {lookup}", "lookup",
+               lambda ids, n: speculative_generate(target, chain_lookup, ids, tree=Tree.chain(lookup), max_new_tokens=n),
+               0, lookup),
+        Method(f"specnb ngram tree {lookup}", "lookup",
+               lambda ids, n: speculative_generate(target, tree_lookup, ids, tree=Tree.chain(lookup), max_new_tokens=n),
+               0, lookup),
+    ]
     return methods
 
 
@@ -219,16 +205,6 @@ def pick(prompts: list, per_category: int, how: str) -> list:
     if how == "shortest":
         by_category = {c: sorted(ps, key=lambda p: len(p.text)) for c, ps in by_category.items()}
     return [p for ps in by_category.values() for p in ps[:per_category]]
-
-
-def ngram_drafter_class() -> type | None:
-    for spec in NGRAM_DRAFTERS:
-        module, _, name = spec.partition(":")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            continue
-    return None
 
 
 def per_category(runs: list[dict], order: list[str]) -> pd.DataFrame:
