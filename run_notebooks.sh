@@ -10,8 +10,8 @@ profile=cpu
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then profile=$1; shift; fi
 scripts/setup_env.sh || { echo "run_notebooks.sh: set-up failed" >&2; exit 2; }
 py=$(scripts/setup_env.sh --python)
-models=$("$py" -m specnb.runner models "$profile") || exit 2
+models=$("$py" -m specnb.notebook.runner models "$profile") || exit 2
 if [ -n "$models" ]; then
   scripts/setup_env.sh $models || { echo "run_notebooks.sh: installing models failed" >&2; exit 2; }
 fi
-exec "$py" -m specnb.runner run "$profile" "$@"
+exec "$py" -m specnb.notebook.runner run "$profile" "$@"

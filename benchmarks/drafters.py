@@ -25,8 +25,8 @@ from specnb import (
     speculative_generate,
     summarize,
 )
-from specnb.models import load_model, prompt_ids
-from specnb.prompts import BUILTIN
+from specnb.io.models import load_model, prompt_ids
+from specnb.io.prompts import BUILTIN
 
 REPEAT = "Repeat this list exactly, twice: apples, pears, plums, figs, dates, limes, kiwis."
 

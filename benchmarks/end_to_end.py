@@ -45,14 +45,14 @@ import pandas as pd
 import torch
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.baselines import hf_assisted_generate, hf_prompt_lookup_generate
-from specnb.drafting import ModelDrafter
-from specnb.experiments import parse_trees
-from specnb.generation import GenerationResult
-from specnb.models import load_pair, prompt_ids
-from specnb.ngram import NgramDrafter
-from specnb.prompts import load_prompts
-from specnb.quality import greedy_equal, perplexity
+from specnb.analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
+from specnb.core.drafting import ModelDrafter
+from specnb.notebook.experiments import parse_trees
+from specnb.core.generation import GenerationResult
+from specnb.io.models import load_pair, prompt_ids
+from specnb.drafters.ngram import NgramDrafter
+from specnb.io.prompts import load_prompts
+from specnb.analysis.quality import greedy_equal, perplexity
 
 QUICK_CATEGORIES = ("coding", "summarization", "rag")
 LOOKUP_CATEGORIES = ("summarization", "rag")  # where copying from the prompt is expected to pay

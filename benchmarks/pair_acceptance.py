@@ -20,9 +20,9 @@ import torch
 from tqdm.auto import tqdm
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.experiments import parse_trees
-from specnb.models import load_pair, prompt_ids
-from specnb.prompts import load_prompts
+from specnb.notebook.experiments import parse_trees
+from specnb.io.models import load_pair, prompt_ids
+from specnb.io.prompts import load_prompts
 
 
 def main(argv: list[str] | None = None) -> int:

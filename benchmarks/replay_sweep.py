@@ -1,7 +1,7 @@
 """Collect once, replay many: a sweep of tree shapes x budgets from one collection, against running
 every shape end to end. Greedy.
 
-1. Collect (`specnb.replay.collect`): per prompt, the target's continuation by exact speculative
+1. Collect (`specnb.analysis.replay.collect`): per prompt, the target's continuation by exact speculative
    decoding (chain:4) and one teacher-forced draft forward (the continuation's draft ranks);
    optionally super-trees (dynamic trees, oracle), timed apart: the static sweep does not need them.
 2. Design and replay: Sequoia's DP trees (measured acceptance vector) and the hindsight-best static
@@ -35,12 +35,12 @@ import pandas as pd
 import torch
 
 from specnb import Tree, speculative_generate
-from specnb.models import load_pair, prompt_ids
-from specnb.prompts import load_prompts
-from specnb.replay import CollectConfig, acceptance_vector, ceiling, collect, oracle, replay, replay_dynamic, replay_steps, sequoia
-from specnb.storage import Sweep
-from specnb.timing import CURVE_KEY, curve_table, draft_widths, recommendation, step_cost, verify_curve
-from specnb.tree_design import recommend_budget
+from specnb.io.models import load_pair, prompt_ids
+from specnb.io.prompts import load_prompts
+from specnb.analysis.replay import CollectConfig, acceptance_vector, ceiling, collect, oracle, replay, replay_dynamic, replay_steps, sequoia
+from specnb.io.storage import Sweep
+from specnb.bench.timing import CURVE_KEY, curve_table, draft_widths, recommendation, step_cost, verify_curve
+from specnb.analysis.tree_design import recommend_budget
 
 PRESETS = ["chain", "wide", "sparse", "kary2", "kary3", "kary4", "kary5", "kary6", "kary8",
            "beams2", "beams3", "beams4", "beams5", "beams6", "beams8", "beams12", "beams16"]

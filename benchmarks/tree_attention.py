@@ -10,7 +10,7 @@ in one loop, so drift hits all alike) and three ratios measured in this run:
                                 contiguous prefix cache) / one SDPA call with the tree mask
     (b) mask_overhead           the tree call / plain causal attention of as many query tokens
                                 (one lower-right causal mask; a fused causal kernel on CUDA)
-    (c) verify_overhead         one `specnb.verification.verify` of root + 64 nodes on a real model's
+    (c) verify_overhead         one `specnb.core.verification.verify` of root + 64 nodes on a real model's
                                 cache / one plain forward of the same 65 tokens on the same cache
                                 (batch 1; the model is named in the output)
 
@@ -29,8 +29,8 @@ import pandas as pd
 import torch
 
 from specnb import Tree
-from specnb.attention import CAUSAL, IMPLEMENTATIONS, TreeBatch, Unsupported, prepare, random_inputs
-from specnb.timing import environment_row, head_shape, measure_interleaved, prefilled_cache, verify_and_forward
+from specnb.bench.attention import CAUSAL, IMPLEMENTATIONS, TreeBatch, Unsupported, prepare, random_inputs
+from specnb.bench.timing import environment_row, head_shape, measure_interleaved, prefilled_cache, verify_and_forward
 
 
 def attention_rows(spec: str, batch: TreeBatch, heads: str, dtype: torch.dtype, device: torch.device, repeats: int) -> list[dict]:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trees", nargs="+", default=["beams8:64", "sparse:64"],
                     help="Tree.preset NAME:NODES; the first gives the last line (beams8:64 = 8 leaves of depth 8)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--heads", default="llama-2-7b", help="head shape of a real target (specnb.timing.HEAD_SHAPES)")
+    ap.add_argument("--heads", default="llama-2-7b", help="head shape of a real target (specnb.bench.timing.HEAD_SHAPES)")
     ap.add_argument("--model", default="smollm2-135m", help="the real model for (c)")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(b) tree / causal = {ratios[spec, b][1]:.2f}  eager / tree = {ms['eager'] / ms['sdpa']:.2f}  "
               f"flex / tree = {ms['flex'] / ms['sdpa']:.2f}")
 
-    from specnb.models import load_model
+    from specnb.io.models import load_model
 
     model, _ = load_model(args.model, device=device)
     cache = prefilled_cache(model, args.prefix)

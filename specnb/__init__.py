@@ -33,17 +33,17 @@ Modules, one idea each:
     tree_design   data-driven trees (Sequoia DP, hindsight-best static) and the budget to use
 """
 
-from .acceptance import Acceptance, greedy_accept, speculative_accept
-from .draft_length import AdaptiveLength
-from .drafting import Draft, Drafter, ModelDrafter
-from .dynamic_trees import DynamicTreeDrafter
-from .generation import GenerationResult, Step, autoregressive_generate, speculative_generate
-from .merging import MergedDrafter
-from .metrics import Summary, rank_acceptance, steps_table, summarize, summary_table
-from .ngram import NgramDrafter
-from .sampling import SamplingConfig
-from .self_draft import EarlyExitDrafter, early_exit_model, quantized_self_draft
-from .trees import TokenTrie, Tree
+from .core.acceptance import Acceptance, greedy_accept, speculative_accept
+from .drafters.draft_length import AdaptiveLength
+from .core.drafting import Draft, Drafter, ModelDrafter
+from .drafters.dynamic import DynamicTreeDrafter
+from .core.generation import GenerationResult, Step, autoregressive_generate, speculative_generate
+from .drafters.merging import MergedDrafter
+from .analysis.metrics import Summary, rank_acceptance, steps_table, summarize, summary_table
+from .drafters.ngram import NgramDrafter
+from .core.sampling import SamplingConfig
+from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_self_draft
+from .core.trees import TokenTrie, Tree
 
 __all__ = [
     "Acceptance",

@@ -62,6 +62,6 @@ def tiny_draft() -> torch.nn.Module:
 def smollm2():
     """SmolLM2-135M-Instruct (embedded GGUF) and its tokenizer, loaded once per session: de-quantizing
     the GGUF takes ~20 s. Shared: tests copy it before changing it."""
-    from specnb.models import load_model
+    from specnb.io.models import load_model
 
     return load_model("smollm2-135m")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from specnb import Tree, greedy_accept, speculative_accept
-from specnb.acceptance import Acceptance
-from specnb.sampling import SamplingConfig, probabilities, sample, sample_without_replacement
+from specnb.core.acceptance import Acceptance
+from specnb.core.sampling import SamplingConfig, probabilities, sample, sample_without_replacement
 
 from stats import ALPHA, chi_square_pvalue
 

@@ -16,7 +16,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from specnb import Tree
-from specnb.attention import (
+from specnb.bench.attention import (
     CAUSAL,
     IMPLEMENTATIONS,
     REFERENCE,
@@ -30,7 +30,7 @@ from specnb.attention import (
     random_inputs,
     tree_attention,
 )
-from specnb.masks import prefix_tree_mask
+from specnb.core.masks import prefix_tree_mask
 
 ATOL = TOLERANCE[torch.float32]
 FAST = [i for i in IMPLEMENTATIONS if i not in ("flex", REFERENCE)]

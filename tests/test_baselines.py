@@ -1,4 +1,4 @@
-"""transformers' decoders as baselines (specnb.baselines) and output quality (specnb.quality).
+"""transformers' decoders as baselines (specnb.analysis.baselines) and output quality (specnb.analysis.quality).
 
 The recovered per-step statistics are checked against independent evidence: specnb's own chain
 (same draft, same greedy chain, so the same steps), the target's forward calls counted by a hook
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.baselines import hf_assisted_generate, hf_generate, hf_prompt_lookup_generate
-from specnb.quality import greedy_equal, perplexity
+from specnb.analysis.baselines import hf_assisted_generate, hf_generate, hf_prompt_lookup_generate
+from specnb.analysis.quality import greedy_equal, perplexity
 
 from conftest import random_prompt, tiny_model
 
@@ -250,8 +250,8 @@ class FakeTokenizer:
 
 def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, near_target):
     from specnb import experiments as ex
-    from specnb.prompts import Prompt
-    from specnb.storage import Sweep
+    from specnb.io.prompts import Prompt
+    from specnb.io.storage import Sweep
 
     store = Sweep(tmp_path / "sweep", key=ex.UNIT_KEY)
     prompts = [Prompt("a", "cat1", "abcabcabc"), Prompt("b", "cat2", "hello world")]

@@ -12,7 +12,7 @@ from transformers.generation.candidate_generator import (
     PromptLookupCandidateGenerator,
 )
 
-import specnb.generation
+import specnb.core.generation
 from specnb import (
     AdaptiveLength,
     Draft,
@@ -29,9 +29,9 @@ from specnb import (
     speculative_generate,
     summarize,
 )
-from specnb.cache import new_cache
-from specnb.models import load_model, prompt_ids, truncate_layers
-from specnb.verification import prefill, verify
+from specnb.core.cache import new_cache
+from specnb.io.models import load_model, prompt_ids, truncate_layers
+from specnb.core.verification import prefill, verify
 
 from conftest import random_prompt, tiny_model
 from stats import ALPHA, chi_square_pvalue
@@ -174,7 +174,7 @@ def test_sampled_output_follows_the_target(sampling_models, kind):
 
 def test_ngram_sampling_check_detects_a_broken_rule(sampling_models, monkeypatch):
     target, draft, prompt, exact = sampling_models
-    monkeypatch.setattr(specnb.generation, "speculative_accept", not_zeroing_accept)
+    monkeypatch.setattr(specnb.core.generation, "speculative_accept", not_zeroing_accept)
     samples = first_two(target, NgramDrafter(), prompt, Tree.kary(2, 6), runs=2500)
     assert chi_square_pvalue(samples, exact) < ALPHA
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specnb import Tree, autoregressive_generate, speculative_generate
-from specnb.dynamic_trees import DynamicTreeDrafter, top_n
+from specnb.drafters.dynamic import DynamicTreeDrafter, top_n
 
 from conftest import random_prompt, tiny_model
 from stats import ALPHA, chi_square_pvalue

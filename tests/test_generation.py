@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import specnb
-import specnb.generation
-from specnb.drafting import as_drafter
+import specnb.core.generation
+from specnb.core.drafting import as_drafter
 from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate, summarize
 
 from conftest import random_prompt, tiny_model
@@ -155,7 +155,7 @@ def test_sampled_output_follows_the_target(sampling_pair, tree):
 
 def test_sampling_check_detects_a_broken_rule(sampling_pair, monkeypatch):
     target, draft, prompt, exact = sampling_pair
-    monkeypatch.setattr(specnb.generation, "speculative_accept", broken_accept)
+    monkeypatch.setattr(specnb.core.generation, "speculative_accept", broken_accept)
     samples = first_two(target, draft, prompt, Tree.kary(2, 6), runs=2500)
     assert chi_square_pvalue(samples, exact) < ALPHA
 

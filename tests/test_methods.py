@@ -1,4 +1,4 @@
-"""Method specs (`specnb.methods`): parsing with clear refusals, and every drafter and baseline
+"""Method specs (`specnb.drafters.methods`): parsing with clear refusals, and every drafter and baseline
 running as units of one sweep, each output checked against the target's greedy output."""
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 from specnb import Tree
 from specnb import experiments as ex
-from specnb.methods import parse_method
-from specnb.prompts import Prompt
-from specnb.storage import Sweep
+from specnb.drafters.methods import parse_method
+from specnb.io.prompts import Prompt
+from specnb.io.storage import Sweep
 
 
 def test_method_specs_parse_and_refuse_clearly():

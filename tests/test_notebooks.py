@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from papermill.translators import PythonTranslator
 
-from specnb import runner
+from specnb.notebook import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -25,7 +25,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 def run_cli(*args, outputs: Path, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specnb.runner", *args, "--outputs", str(outputs)],
+        [sys.executable, "-m", "specnb.notebook.runner", *args, "--outputs", str(outputs)],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
     )
 
@@ -160,7 +160,7 @@ def test_failing_notebook_names_its_cell(tmp_path):
 
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     outputs = tmp_path / "outputs"
-    cmd = [sys.executable, "-m", "specnb.runner", "run", "smoke", "--notebook", "01_tree_shapes",
+    cmd = [sys.executable, "-m", "specnb.notebook.runner", "run", "smoke", "--notebook", "01_tree_shapes",
            "-p", "max_prompts", "3", "--outputs", str(outputs)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     collected = None

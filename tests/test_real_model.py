@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.models import prompt_ids, truncate_layers
-from specnb.prompts import BUILTIN
+from specnb.io.models import prompt_ids, truncate_layers
+from specnb.io.prompts import BUILTIN
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-import specnb.replay as replay_module
+import specnb.analysis.replay as replay_module
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.drafting import ModelDrafter
-from specnb.models import truncate_layers
-from specnb.replay import (
+from specnb.core.drafting import ModelDrafter
+from specnb.io.models import truncate_layers
+from specnb.analysis.replay import (
     Collection,
     CollectConfig,
     acceptance_vector,
@@ -33,8 +33,8 @@ from specnb.replay import (
     sampled_accepted,
     sequoia,
 )
-from specnb.sampling import SamplingConfig
-from specnb.tree_design import prefix_value
+from specnb.core.sampling import SamplingConfig
+from specnb.analysis.tree_design import prefix_value
 
 from conftest import random_prompt, tiny_model
 from stats import ALPHA
@@ -334,8 +334,8 @@ def test_sampled_replay_agrees_with_real_sampled_runs(tmp_path, monkeypatch, sam
 def test_trajectory_steps_equal_real_runs_smollm2(tmp_path, smollm2):
     """SmolLM2-135M (float32) with its first 8 layers as the draft: the teacher-forced ranks give
     the real runs' steps exactly."""
-    from specnb.models import prompt_ids
-    from specnb.prompts import BUILTIN
+    from specnb.io.models import prompt_ids
+    from specnb.io.prompts import BUILTIN
 
     model, tokenizer = smollm2
     early = truncate_layers(copy.deepcopy(model), 8)
@@ -353,7 +353,7 @@ def test_trajectory_steps_equal_real_runs_smollm2(tmp_path, smollm2):
 def test_dynamic_replay_equals_the_dynamic_drafter(tiny_target, drafts, super_collection, budget):
     """The library's DynamicTreeDrafter (one definition: top n by cumulative log q, ties canonical)
     run end to end makes the steps the replay of the super-trees says, one by one."""
-    from specnb.dynamic_trees import DynamicTreeDrafter
+    from specnb.drafters.dynamic import DynamicTreeDrafter
 
     c = super_collection
     replayed = replay_steps(c, budget)

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 
-from specnb.storage import Sweep, environment, write_json
+from specnb.io.storage import Sweep, environment, write_json
 
 
 def test_sweep_resumes_and_keeps_each_row_once(tmp_path):
@@ -30,7 +30,7 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
     script = tmp_path / "work.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
-        from specnb.storage import Sweep
+        from specnb.io.storage import Sweep
         s = Sweep({str(path)!r}, key=["i"])
         for i in range(40):
             if {{"i": i}} in s:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from specnb import Tree
-from specnb.storage import Sweep
-from specnb.timing import (
+from specnb.io.storage import Sweep
+from specnb.bench.timing import (
     CURVE_KEY,
     GRID_KEY,
     HEAD_SHAPES,
@@ -114,7 +114,7 @@ def test_grid_rows_and_resume(tmp_path):
 
 
 def test_unsupported_implementation_is_stored_as_skipped(tmp_path, monkeypatch):
-    import specnb.attention as attention
+    import specnb.bench.attention as attention
 
     monkeypatch.setattr(attention, "flex_unsupported", lambda device, dtype: "not here, for this test")
     store = Sweep(tmp_path / "g.jsonl", GRID_KEY)

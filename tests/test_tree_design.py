@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from specnb import Tree
-from specnb.timing import expected_tau, recommendation
-from specnb.tree_design import expected_accepted, hindsight_trees, prefix_value, recommend_budget, sequoia_trees
-from specnb.trees import SPARSE_ACCEPTANCE
+from specnb.bench.timing import expected_tau, recommendation
+from specnb.analysis.tree_design import expected_accepted, hindsight_trees, prefix_value, recommend_budget, sequoia_trees
+from specnb.core.trees import SPARSE_ACCEPTANCE
 
 
 def all_trees(n: int, k: int, gaps: bool, max_depth: int | None = None) -> set[frozenset]:

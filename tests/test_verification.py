@@ -5,9 +5,9 @@ import torch
 from transformers import DynamicCache
 
 from specnb import Tree
-from specnb.cache import new_cache
-from specnb.masks import model_mask, prefix_tree_mask, rooted_ancestor_mask
-from specnb.verification import commit, prefill, verify
+from specnb.core.cache import new_cache
+from specnb.core.masks import model_mask, prefix_tree_mask, rooted_ancestor_mask
+from specnb.core.verification import commit, prefill, verify
 
 from conftest import random_prompt, tiny_model
 from test_trees import random_tree

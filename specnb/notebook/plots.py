@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from .trees import Tree
+from ..core.trees import Tree
 
 TAU = "tau (tokens per target call, bonus included)"
 RATE = "acceptance rate (accepted / drafted)"

@@ -27,14 +27,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .baselines import hf_assisted_generate, hf_prompt_lookup_generate
-from .generation import GenerationResult, autoregressive_generate, speculative_generate
-from .methods import build_drafter, parse_method
-from .metrics import step_row, summarize
-from .prompts import Prompt
-from .quality import greedy_equal, perplexity
-from .storage import Sweep
-from .trees import Tree
+from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
+from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
+from ..drafters.methods import build_drafter, parse_method
+from ..analysis.metrics import step_row, summarize
+from ..io.prompts import Prompt
+from ..analysis.quality import greedy_equal, perplexity
+from ..io.storage import Sweep
+from ..core.trees import Tree
 
 BASELINE = "autoregressive"
 UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
@@ -84,7 +84,7 @@ def run_sweep(
     progress: bool = True,
 ) -> None:
     """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt."""
-    from .models import prompt_ids
+    from ..io.models import prompt_ids
 
     drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
@@ -143,7 +143,7 @@ def run_pairs(
     recorded) before any weights load. Returns one row per pair: label, status, reason."""
     import gc
 
-    from .models import check_pair, load_pair, load_tokenizer
+    from ..io.models import check_pair, load_pair, load_tokenizer
 
     status = []
     for pair in pairs:
@@ -318,8 +318,8 @@ def collect_pair(
 ):
     """`replay.collect` for a prompt set: ranks kept up to the widest rank any tree uses, super-trees
     (when super_k > 0) as large as the largest dynamic budget. Resumable in `folder`."""
-    from .models import prompt_ids
-    from .replay import CollectConfig, collect
+    from ..io.models import prompt_ids
+    from ..analysis.replay import CollectConfig, collect
 
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     config = CollectConfig(
@@ -339,7 +339,7 @@ def replay_table(collection, trees: dict[tuple[str, int], Tree], budgets: Sequen
     Rows: trajectory-mode metrics (the positions a real run visits: what it would measure), plus
     tau_all over every position, and tau_all as a fraction of the hindsight ceiling and of the
     oracle of the same budget (both defined on all positions)."""
-    from . import replay
+    from ..analysis import replay
 
     designed = {("sequoia", n): t for n, t in replay.sequoia(collection, budgets).items()}
     designed |= {("hindsight", n): t for n, t in replay.ceiling(collection, budgets).items()}
@@ -360,7 +360,7 @@ def replay_table(collection, trees: dict[tuple[str, int], Tree], budgets: Sequen
 def replay_agreement(store: Sweep, pair_label: str, collection, specs: Sequence[str]) -> pd.DataFrame:
     """Real runs (units in `store`) against the replay, step by step: one row per method with the
     steps compared and how many were identical (position, drafted, accepted and tokens added)."""
-    from .replay import replay_steps
+    from ..analysis.replay import replay_steps
 
     steps = steps_frame(store)
     rows = []
@@ -384,7 +384,7 @@ def replay_agreement(store: Sweep, pair_label: str, collection, specs: Sequence[
 
 def replayed_steps_frame(collection, tree: Tree) -> pd.DataFrame:
     """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`)."""
-    from .replay import replay_steps
+    from ..analysis.replay import replay_steps
 
     return pd.DataFrame([step_row(s) for v in replay_steps(collection, tree).values() for s in v])
 

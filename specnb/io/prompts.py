@@ -56,7 +56,7 @@ def default_spec_bench_path() -> Path | None:
     env = os.environ.get("SPECNB_SPEC_BENCH")
     if env:
         return Path(env)
-    candidate = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+    candidate = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
     return candidate if candidate.exists() else None
 
 

@@ -39,10 +39,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention import CAUSAL, IMPLEMENTATIONS, TreeBatch, Unsupported, prepare, random_inputs
-from .cache import crop, new_cache
-from .storage import Sweep
-from .trees import Tree
-from .verification import prefill, verify
+from ..core.cache import crop, new_cache
+from ..io.storage import Sweep
+from ..core.trees import Tree
+from ..core.verification import prefill, verify
 
 GRID_KEY = ("batch", "prefix", "nodes", "shape")
 CURVE_KEY = ("model", "role", "kind", "prefix", "nodes", "shape")

@@ -28,8 +28,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .timing import StepCost, expected_tau, step_cost
-from .trees import Path, Tree
+from ..bench.timing import StepCost, expected_tau, step_cost
+from ..core.trees import Path, Tree
 
 _NEG = -np.inf
 

@@ -20,9 +20,9 @@ from typing import Any, MutableMapping
 import torch
 import yaml
 
-from .storage import environment, write_json
+from ..io.storage import environment, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIP = {"In", "Out", "exit", "quit", "get_ipython"}
 
 

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-from .generation import GenerationResult, Step
+from ..core.generation import GenerationResult, Step
 
 
 @dataclass(frozen=True)

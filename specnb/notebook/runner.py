@@ -1,7 +1,7 @@
 """Running the numbered notebooks headlessly with papermill: profiles, run folders, the index.
 
-    python -m specnb.runner run [PROFILE] [-p NAME VALUE]... [-f FILE.yaml]... [--notebook NAME]...
-    python -m specnb.runner models [PROFILE]      # embedded models the profile needs (for set-up)
+    python -m specnb.notebook.runner run [PROFILE] [-p NAME VALUE]... [-f FILE.yaml]... [--notebook NAME]...
+    python -m specnb.notebook.runner models [PROFILE]      # embedded models the profile needs (for set-up)
 
 A profile is `notebooks/profiles/<PROFILE>.yaml`: an `all:` section applied to every notebook that
 declares the name, and one section per notebook (e.g. `01_tree_shapes:`). The notebooks' own
@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from .storage import environment, write_json
+from ..io.storage import environment, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = NOTEBOOKS / "profiles"
 RESERVED = ("run_dir",)  # set by the runner, never by a profile
@@ -206,7 +206,7 @@ def write_index(outputs: Path) -> None:
 
 def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
     """Embedded model names the profile's notebooks use (so set-up can install them)."""
-    from .models import EMBEDDED_MODELS
+    from ..io.models import EMBEDDED_MODELS
 
     resolved = resolve(profile, {}, [], notebooks(books_folder), books_folder / "profiles")
     names: set[str] = set()
@@ -265,7 +265,7 @@ def _parse_value(text: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specnb.runner", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.runner", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the numbered notebooks")

@@ -56,7 +56,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from transformers import GenerationConfig
 
-from .generation import GenerationResult, Step, _check_input, _Timer
+from ..core.generation import GenerationResult, Step, _check_input, _Timer
 
 # generation-config fields that add logits processors specnb does not apply; a target whose
 # generation config sets any of them is refused rather than compared unfairly

@@ -23,10 +23,10 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from .acceptance import Acceptance
-from .drafting import Draft, Drafter, as_drafter
-from .sampling import SamplingConfig
-from .trees import TokenTrie, Tree
+from ..core.acceptance import Acceptance
+from ..core.drafting import Draft, Drafter, as_drafter
+from ..core.sampling import SamplingConfig
+from ..core.trees import TokenTrie, Tree
 
 
 class MergedDrafter:

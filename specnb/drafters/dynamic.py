@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafting import Draft, ModelDrafter
-from .masks import model_mask, prefix_tree_mask
-from .sampling import SamplingConfig
-from .trees import Path, Tree
+from ..core.drafting import Draft, ModelDrafter
+from ..core.masks import model_mask, prefix_tree_mask
+from ..core.sampling import SamplingConfig
+from ..core.trees import Path, Tree
 
 
 @dataclass(frozen=True)

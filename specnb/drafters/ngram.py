@@ -35,9 +35,9 @@ from typing import Iterator
 
 import torch
 
-from .drafting import Draft
-from .sampling import SamplingConfig
-from .trees import TokenTrie, Tree
+from ..core.drafting import Draft
+from ..core.sampling import SamplingConfig
+from ..core.trees import TokenTrie, Tree
 
 ORDERS = ("earliest", "latest")
 

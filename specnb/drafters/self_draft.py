@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from .cache import cache_length, layer_states, restore_layers
-from .drafting import Draft, ModelDrafter
-from .sampling import SamplingConfig
-from .trees import Tree
+from ..core.cache import cache_length, layer_states, restore_layers
+from ..core.drafting import Draft, ModelDrafter
+from ..core.sampling import SamplingConfig
+from ..core.trees import Tree
 
 if TYPE_CHECKING:  # importing the model classes takes seconds; only loading needs them
     from transformers import PreTrainedModel
@@ -139,7 +139,7 @@ def quantized_self_draft(
 
     The copy has its own weights and KV cache. On CPU bitsandbytes computes in bfloat16.
     """
-    from .models import load_model
+    from ..io.models import load_model
 
     model, _ = load_model(name_or_path, "4bit", dtype=dtype, device=device, attn_implementation=attn_implementation)
     return ModelDrafter(model, confidence_threshold)

@@ -31,10 +31,10 @@ from dataclasses import replace
 import torch
 from transformers import DynamicCache
 
-from .acceptance import Acceptance
-from .drafting import Draft, Drafter, as_drafter
-from .sampling import SamplingConfig
-from .trees import Tree
+from ..core.acceptance import Acceptance
+from ..core.drafting import Draft, Drafter, as_drafter
+from ..core.sampling import SamplingConfig
+from ..core.trees import Tree
 
 SCHEDULES = ("heuristic", "heuristic_transient", "constant")
 

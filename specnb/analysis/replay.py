@@ -63,15 +63,15 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from .cache import crop, new_cache
-from .drafting import ModelDrafter
-from .generation import Step, _eos_ids, _match_vocab, speculative_generate
-from .masks import model_mask, prefix_tree_mask
-from .sampling import SamplingConfig, probabilities, sample_without_replacement
-from .storage import Sweep, read_arrays, write_arrays, write_json
+from ..core.cache import crop, new_cache
+from ..core.drafting import ModelDrafter
+from ..core.generation import Step, _eos_ids, _match_vocab, speculative_generate
+from ..core.masks import model_mask, prefix_tree_mask
+from ..core.sampling import SamplingConfig, probabilities, sample_without_replacement
+from ..io.storage import Sweep, read_arrays, write_arrays, write_json
 from .tree_design import hindsight_trees, sequoia_trees
-from .trees import Path, Tree
-from .verification import prefill, verify
+from ..core.trees import Path, Tree
+from ..core.verification import prefill, verify
 
 PARAMS_FILE = "collection.json"
 UNITS_FILE = "prompts.jsonl"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .trees import Tree
+from ..core.trees import Tree
 
 HF_METHODS = ("hf_assisted", "hf_prompt_lookup")
 DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence")
@@ -103,8 +103,8 @@ def parse_method(spec: str) -> Method:
 def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None):
     """The drafter object of a specnb method (not for transformers' methods)."""
     from .draft_length import AdaptiveLength
-    from .drafting import ModelDrafter
-    from .dynamic_trees import DynamicTreeDrafter
+    from ..core.drafting import ModelDrafter
+    from .dynamic import DynamicTreeDrafter
     from .merging import MergedDrafter
     from .ngram import NgramDrafter
     from .self_draft import EarlyExitDrafter

@@ -48,8 +48,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .masks import prefix_tree_mask
-from .trees import Tree
+from ..core.masks import prefix_tree_mask
+from ..core.trees import Tree
 
 IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "per_sequence", "eager", "flex")
 REFERENCE = "eager"

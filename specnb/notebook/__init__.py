@@ -1,0 +1,1 @@
+"""specnb.notebook."""
