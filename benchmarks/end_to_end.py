@@ -47,7 +47,7 @@ import torch
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
 from specnb.core.drafting import ModelDrafter
-from specnb.notebook.experiments import parse_trees
+from specnb.drafters.methods import method_trees
 from specnb.core.generation import GenerationResult
 from specnb.io.models import load_pair, prompt_ids
 from specnb.drafters.ngram import NgramDrafter
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argparse.Namespace) -> list[Method]:
     k, lookup = args.k, args.lookup_tokens
-    (best_key, best_tree), = parse_trees([args.best_tree]).items()
+    (best_key, best_tree), = method_trees([args.best_tree]).items()
     chain_drafter, tree_drafter = ModelDrafter(draft), ModelDrafter(draft)  # one cache per method
     methods = [
         Method(TARGET_ALONE, "target", lambda ids, n: autoregressive_generate(target, ids, max_new_tokens=n)),

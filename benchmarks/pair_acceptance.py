@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.notebook.experiments import parse_trees
+from specnb.drafters.methods import method_trees
 from specnb.io.models import load_pair, prompt_ids
 from specnb.io.prompts import load_prompts
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     try:
-        trees = {f"{shape}:{budget}": tree for (shape, budget), tree in parse_trees(args.trees).items()}
+        trees = {f"{shape}:{budget}": tree for (shape, budget), tree in method_trees(args.trees).items()}
     except ValueError as e:
         raise SystemExit(str(e))
     prompts = load_prompts(args.prompts, per_category=args.per_category, limit=args.limit)

@@ -1,7 +1,7 @@
 """Collect once, replay many: a sweep of tree shapes x budgets from one collection, against running
 every shape end to end. Greedy.
 
-1. Collect (`specnb.analysis.replay.collect`): per prompt, the target's continuation by exact speculative
+1. Collect (`specnb.analysis.collect.collect`): per prompt, the target's continuation by exact speculative
    decoding (chain:4) and one teacher-forced draft forward (the continuation's draft ranks);
    optionally super-trees (dynamic trees, oracle), timed apart: the static sweep does not need them.
 2. Design and replay: Sequoia's DP trees (measured acceptance vector) and the hindsight-best static
@@ -37,10 +37,14 @@ import torch
 from specnb import Tree, speculative_generate
 from specnb.io.models import load_pair, prompt_ids
 from specnb.io.prompts import load_prompts
-from specnb.analysis.replay import CollectConfig, acceptance_vector, ceiling, collect, oracle, replay, replay_dynamic, replay_steps, sequoia
+from specnb.analysis.collect import collect
+from specnb.analysis.collection import CollectConfig
+from specnb.analysis.cost_model import draft_widths, step_cost
+from specnb.analysis.replay import acceptance_vector, oracle, prefix_counts, replay, replay_dynamic, replay_steps
+from specnb.analysis.tree_design import hindsight_trees, recommend_budget, sequoia_trees
+from specnb.bench.verify_curve import CURVE_KEY, curve_table, verify_curve
 from specnb.io.storage import Sweep
-from specnb.bench.timing import CURVE_KEY, curve_table, draft_widths, recommendation, step_cost, verify_curve
-from specnb.analysis.tree_design import recommend_budget
+from specnb.notebook.readings import recommendation
 
 PRESETS = ["chain", "wide", "sparse", "kary2", "kary3", "kary4", "kary5", "kary6", "kary8",
            "beams2", "beams3", "beams4", "beams5", "beams6", "beams8", "beams12", "beams16"]
@@ -99,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     # 2. design trees and replay
     t0 = time.perf_counter()
     trees = {(s, n): Tree.preset(s, n) for s in PRESETS for n in args.budgets}
-    trees |= {("sequoia", n): t for n, t in sequoia(c, args.budgets).items()}
-    trees |= {("sequoia_d3", n): t for n, t in sequoia(c, args.budgets, max_depth=3).items()}
-    trees |= {("sequoia_d5", n): t for n, t in sequoia(c, args.budgets, max_depth=5).items()}
-    trees |= {("hindsight", n): t for n, t in ceiling(c, args.budgets).items()}
+    vector = acceptance_vector(c)
+    for name, depth in (("sequoia", None), ("sequoia_d3", 3), ("sequoia_d5", 5)):
+        designed = sequoia_trees(vector, max(args.budgets), depth)
+        trees |= {(name, n): designed[n] for n in args.budgets if n in designed}
+    trees |= {("hindsight", n): t for n, t in hindsight_trees(prefix_counts(c), args.budgets).items()}
     trajectory = replay(c, trees, mode="trajectory")
     everywhere = replay(c, trees, mode="all")
     replay_s = time.perf_counter() - t0
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     curve_store = Sweep(f"{folder}/curve.jsonl", CURVE_KEY)
     prefix = int(sum(len(x[0]) for x in ids.values()) / len(ids)) + args.max_new_tokens // 2
     verify_curve(curve_store, target, args.target, prefix, [0] + list(args.budgets), warmup=1, repeats=2, progress=False)
-    widths = draft_widths(PRESETS, args.budgets)
+    widths = draft_widths(Tree.preset(s, n) for s in PRESETS for n in args.budgets)
     verify_curve(curve_store, draft, args.draft, prefix, widths, role="draft", warmup=1, repeats=2, progress=False)
     curve = curve_table(curve_store)
     cost = step_cost(curve, args.target, args.draft)

@@ -30,7 +30,9 @@ import torch
 
 from specnb import Tree
 from specnb.bench.attention import CAUSAL, IMPLEMENTATIONS, TreeBatch, Unsupported, prepare, random_inputs
-from specnb.bench.timing import environment_row, head_shape, measure_interleaved, prefilled_cache, verify_and_forward
+from specnb.bench.attention_grid import head_shape
+from specnb.bench.timing import environment_row, measure_interleaved
+from specnb.bench.verify_curve import prefilled_cache, verify_and_forward
 
 
 def attention_rows(spec: str, batch: TreeBatch, heads: str, dtype: torch.dtype, device: torch.device, repeats: int) -> list[dict]:
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trees", nargs="+", default=["beams8:64", "sparse:64"],
                     help="Tree.preset NAME:NODES; the first gives the last line (beams8:64 = 8 leaves of depth 8)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--heads", default="llama-2-7b", help="head shape of a real target (specnb.bench.timing.HEAD_SHAPES)")
+    ap.add_argument("--heads", default="llama-2-7b", help="head shape of a real target (specnb.bench.attention_grid.HEAD_SHAPES)")
     ap.add_argument("--model", default="smollm2-135m", help="the real model for (c)")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)

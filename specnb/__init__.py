@@ -9,49 +9,80 @@ Notation (used everywhere, never swapped):
     acceptance length  accepted draft tokens per verification step, the bonus token EXCLUDED
     tau                tokens per target call, the bonus token INCLUDED (= 1 + acceptance length)
 
-Modules, one idea each:
-    trees         Tree: draft-tree shapes, canonical order, ancestor mask, presets; TokenTrie
-    masks         4D attention masks and position ids that put a tree into a stock model
-    cache         KV caches that keep exactly the accepted branch
-    sampling      SamplingConfig and logits -> p / q
-    drafting      Drafter protocol, ModelDrafter (one draft forward per depth; optional
-                  confidence threshold for chains)
-    ngram         NgramDrafter: prompt lookup, n-gram continuations filling a tree
-    self_draft    EarlyExitDrafter (target's first layers on its own KV cache), quantized_self_draft
-    merging       MergedDrafter: several drafters' trees merged into one token tree (SpecInfer)
-    draft_length  AdaptiveLength: transformers' +2/-1 draft-length schedule, for any drafter
-    dynamic_trees EAGLE-2-style trees rebuilt each step: global top n by cumulative draft log-prob
-    verification  one target forward over root + tree; commit the accepted branch
-    acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
-    generation    speculative_generate, autoregressive_generate, Step, GenerationResult
-    baselines     transformers assisted generation (fixed k) and prompt lookup, as GenerationResults
-    quality       perplexity of an output under the target, greedy equality
-    metrics       summaries and tidy tables with the conventions above
-    models        load_model / load_pair for embedded, hub and local models (4-bit nf4)
-    prompts       built-in prompts and the Spec-Bench prompt file reader
-    replay        collect once, replay many: every tree shape and budget from one collection
-    tree_design   data-driven trees (Sequoia DP, hindsight-best static) and the budget to use
+Layers, each a folder; a layer imports only the layers above it in this list (tests/test_layers.py):
+    core/       the exact speculative step on stock models
+        trees         Tree: shapes, canonical order, ancestor mask, level plan, presets; TokenTrie
+        masks         4D attention masks that put a tree into a stock model
+        cache         KV caches that keep exactly the accepted branch
+        sampling      SamplingConfig, logits -> p / q, the one ranking rule (top_tokens)
+        forward       one forward of new tokens over a cache, with positions and visibility
+        verification  one target forward over root + tree (the prompt folded into the first)
+        acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
+        drafting      Drafter base class (no-op hooks), Draft, ModelDrafter
+        runtime       clock, stop tokens, input checks, generators: what every loop shares
+        generation    speculative_generate, autoregressive_generate, Step, GenerationResult
+    io/         models (embedded, hub ids, local folders, 4-bit), prompts, result storage
+    drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
+                4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
+    analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
+                replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model
+    bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
+    notebook/   experiments (sweeps for the notebooks), plots, readings, session, runner
+
+The names below are importable from `specnb` directly; so are the modules by their short names
+(`from specnb import replay, experiments, models`), loaded on first use.
 """
 
-from .core.acceptance import Acceptance, greedy_accept, speculative_accept
-from .drafters.draft_length import AdaptiveLength
-from .core.drafting import Draft, Drafter, ModelDrafter
-from .drafters.dynamic import DynamicTreeDrafter
-from .core.generation import GenerationResult, Step, autoregressive_generate, speculative_generate
-from .drafters.merging import MergedDrafter
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .analysis.metrics import Summary, rank_acceptance, steps_table, summarize, summary_table
-from .drafters.ngram import NgramDrafter
+from .core.acceptance import Acceptance, greedy_accept, speculative_accept
+from .core.drafting import Draft, Drafter, ModelDrafter
+from .core.generation import GenerationResult, Step, autoregressive_generate, speculative_generate
 from .core.sampling import SamplingConfig
-from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_self_draft
 from .core.trees import TokenTrie, Tree
+from .drafters.draft_length import AdaptiveLength
+from .drafters.dynamic import DynamicTreeDrafter
+from .drafters.merging import MergedDrafter
+from .drafters.ngram import NgramDrafter
+from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_self_draft
+
+# module short name -> its place in the layers (loaded on first access, see __getattr__)
+MODULES = {
+    **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
+                                "acceptance", "drafting", "runtime", "generation")},
+    **{m: f"io.{m}" for m in ("models", "prompts", "storage")},
+    **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
+    **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
+                                    "tree_design", "cost_model")},
+    **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
+    **{m: f"notebook.{m}" for m in ("experiments", "plots", "readings", "session", "runner")},
+}
+# functions users reach for from the top level, loaded with their module on first access
+LAZY = {
+    "load_model": "io.models", "load_pair": "io.models", "load_tokenizer": "io.models", "prompt_ids": "io.models",
+    "load_prompts": "io.prompts", "Sweep": "io.storage", "start_run": "notebook.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in MODULES:
+        return importlib.import_module(f".{MODULES[name]}", __name__)
+    if name in LAZY:
+        return getattr(importlib.import_module(f".{LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'specnb' has no attribute {name!r}")
+
 
 __all__ = [
     "Acceptance",
     "AdaptiveLength",
     "Draft",
     "Drafter",
-    "EarlyExitDrafter",
     "DynamicTreeDrafter",
+    "EarlyExitDrafter",
     "GenerationResult",
     "MergedDrafter",
     "ModelDrafter",
@@ -71,4 +102,5 @@ __all__ = [
     "steps_table",
     "summarize",
     "summary_table",
+    *LAZY,
 ]

@@ -8,6 +8,8 @@ import copy
 import math
 
 import pytest
+
+from specnb.drafters.methods import method_trees
 import torch
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
@@ -255,7 +257,7 @@ def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, nea
 
     store = Sweep(tmp_path / "sweep", key=ex.UNIT_KEY)
     prompts = [Prompt("a", "cat1", "abcabcabc"), Prompt("b", "cat2", "hello world")]
-    trees = ex.parse_trees(["chain:3", "hf_assisted:3", "hf_prompt_lookup:4"])
+    trees = method_trees(["chain:3", "hf_assisted:3", "hf_prompt_lookup:4"])
     ex.run_sweep(store, "pair", tiny_target, near_target, FakeTokenizer(), prompts, trees, 12, progress=False)
     units = ex.unit_table(store)
     assert set(units["shape"]) == {"autoregressive", "chain", "hf_assisted", "hf_prompt_lookup"}

@@ -16,6 +16,7 @@ import specnb.core.generation
 from specnb import (
     AdaptiveLength,
     Draft,
+    Drafter,
     EarlyExitDrafter,
     MergedDrafter,
     ModelDrafter,
@@ -57,19 +58,22 @@ def token_paths(tree: Tree, tokens: list[int]) -> set[tuple[int, ...]]:
     return {tuple(tokens[j] for j in tree.node_path(i)) for i in range(tree.num_nodes)}
 
 
-class Recorder:
+class Recorder(Drafter):
     """Wraps a drafter and keeps every draft it returns (tokens and tree)."""
 
     def __init__(self, drafter):
         self.drafter, self.drafts = drafter, []
+        self.shares_target_cache = drafter.shares_target_cache
 
     def reset(self):
         self.drafter.reset()
         self.drafts = []
 
     def bind_target_cache(self, cache):
-        if hasattr(self.drafter, "bind_target_cache"):
-            self.drafter.bind_target_cache(cache)
+        self.drafter.bind_target_cache(cache)
+
+    def observe(self, draft, acceptance):
+        self.drafter.observe(draft, acceptance)
 
     def draft(self, tokens, tree, sampling, generator):
         d = self.drafter.draft(tokens, tree, sampling, generator)
@@ -77,7 +81,7 @@ class Recorder:
         return d
 
 
-class FixedDrafter:
+class FixedDrafter(Drafter):
     """Proposes the same (tree, tokens) every step, cut to the requested depth."""
 
     def __init__(self, tree: Tree, tokens: list[int]):

@@ -1,6 +1,8 @@
 """End-to-end: greedy speculative output equals plain greedy output token for token; sampled
 output follows the target's distribution (chi-square); stops at EOS and max_new_tokens exactly."""
 
+import copy
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ from specnb.core.drafting import as_drafter
 from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate, summarize
 
 from conftest import random_prompt, tiny_model
+from specnb.core.cache import new_cache
+from specnb.core.verification import prefill
 from stats import ALPHA, chi_square_pvalue
 from test_acceptance import broken_accept
 
@@ -101,6 +105,64 @@ def test_drafter_cache_is_reused_across_steps_and_prompts(tiny_target, tiny_draf
         assert result.tokens.tolist() == reference.tokens.tolist()
 
 
+def count_forwards(model):
+    """Calls of `model`'s forward and the query tokens each one fed, recorded by a hook."""
+    calls: list[int] = []
+    handle = model.register_forward_hook(lambda module, args, kwargs, out: calls.append(kwargs["input_ids"].shape[1]),
+                                         with_kwargs=True)
+    return calls, handle
+
+
+def test_the_prompt_goes_through_the_first_verify(tiny_target, tiny_draft):
+    """No target forward of its own for the prompt: one target call per step."""
+    calls, handle = count_forwards(tiny_target)
+    try:
+        ids = random_prompt(2, length=9)
+        result = speculative_generate(tiny_target, tiny_draft, ids, tree=Tree.kary(2, 6), max_new_tokens=12, eos_token_id=())
+    finally:
+        handle.remove()
+    assert len(calls) == len(result.steps)
+    assert calls[0] == ids.shape[1] + result.steps[0].num_drafted  # the prompt (its last token the root) + the tree
+    assert result.prefill_time < result.total_time
+
+
+def test_the_draft_keeps_the_accepted_nodes_it_fed(tiny_target):
+    """draft = target accepts every node: the accepted nodes fed for deeper levels keep their keys
+    and values, so each step feeds the draft only the accepted leaf and the bonus token; the draft's
+    cache then equals a plain prefill of the sequence."""
+    draft = copy.deepcopy(tiny_target)
+    drafter = ModelDrafter(draft)
+    ids = random_prompt(3, length=7)
+    calls, handle = count_forwards(draft)
+    try:
+        result = speculative_generate(tiny_target, drafter, ids, tree=Tree.chain(4), max_new_tokens=16, eos_token_id=())
+    finally:
+        handle.remove()
+    reference = autoregressive_generate(tiny_target, ids, max_new_tokens=16, eos_token_id=())
+    assert result.tokens.tolist() == reference.tokens.tolist()
+    assert [s.num_accepted for s in result.steps] == [4, 4, 4, 0]  # 5 + 5 + 5 + the last bonus = 16 tokens
+    # per step: one forward that advances the cache, then one per fed level (depth 4 is only chosen)
+    assert calls[:4] == [7, 1, 1, 1]  # the prompt, then levels 1..3
+    assert calls[4:12] == [2, 1, 1, 1] * 2, calls  # the depth-4 leaf and the bonus token: depths 1..3 kept
+    seq = torch.cat([ids[0], result.tokens])[:-1]  # the drafter last drafted from all but the final bonus token
+    plain = new_cache(draft)
+    prefill(draft, plain, seq[None])
+    held = len(drafter._committed)
+    assert held == len(seq)
+    for mine, theirs in zip(drafter._cache.layers, plain.layers):
+        torch.testing.assert_close(mine.keys[..., :held, :], theirs.keys, atol=1e-4, rtol=0)
+        torch.testing.assert_close(mine.values[..., :held, :], theirs.values, atol=1e-4, rtol=0)
+
+
+def test_a_drafter_must_subclass_drafter(tiny_target):
+    class NotADrafter:
+        def draft(self, tokens, tree, sampling, generator):
+            raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="subclass of specnb.Drafter"):
+        speculative_generate(tiny_target, NotADrafter(), random_prompt(1), max_new_tokens=3)
+
+
 def test_one_token_prompt(tiny_target, tiny_draft):
     ids = torch.tensor([[7]])
     reference = autoregressive_generate(tiny_target, ids, max_new_tokens=9, eos_token_id=())
@@ -160,7 +222,7 @@ def test_sampling_check_detects_a_broken_rule(sampling_pair, monkeypatch):
     assert chi_square_pvalue(samples, exact) < ALPHA
 
 
-class OwnTreeDrafter:
+class OwnTreeDrafter(specnb.Drafter):
     """A drafter that shapes its own tree each step (as dynamic, n-gram and merged drafters do):
     the target's own argmax as rank 0 plus a wrong sibling at rank 3, then a chain of the draft
     model's guesses under rank 0, with a depth that varies step to step. Deterministic proposals."""

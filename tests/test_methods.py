@@ -2,6 +2,8 @@
 running as units of one sweep, each output checked against the target's greedy output."""
 
 import pytest
+
+from specnb.drafters.methods import method_trees
 import torch
 
 from specnb import Tree
@@ -37,7 +39,7 @@ def test_every_method_runs_in_a_sweep_and_equals_greedy(tmp_path, tiny_target, t
              "confidence0.5/chain:4", "dynamic:6", "hf_assisted:3", "hf_prompt_lookup:3"]
     store = Sweep(tmp_path / "s.jsonl", key=ex.UNIT_KEY)
     prompts = [Prompt("a", "writing", "abcabcabcab"), Prompt("b", "qa", "xyzzy xyz")]
-    ex.run_sweep(store, "tiny", tiny_target, tiny_draft, Tok(), prompts, ex.parse_trees(specs), 12, progress=False)
+    ex.run_sweep(store, "tiny", tiny_target, tiny_draft, Tok(), prompts, method_trees(specs), 12, progress=False)
     units = ex.unit_table(store)
     assert len(units) == len(prompts) * (len(specs) + 1)
     assert units["greedy_equal"].all(), units[~units["greedy_equal"]][["shape", "budget", "prompt_id"]]

@@ -18,6 +18,8 @@ from types import MappingProxyType
 import bitsandbytes as bnb
 import numpy as np
 import pytest
+
+from specnb.drafters.methods import method_trees
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
@@ -568,7 +570,7 @@ def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
 
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     pairs = [ex.Pair(str(tiny_dir), str(tiny_dir_other_vocab)), ex.Pair(str(tiny_dir), str(tiny_dir_same_vocab))]
-    status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], ex.parse_trees(["chain:2"]), 6, progress=False)
+    status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], method_trees(["chain:2"]), 6, progress=False)
     assert status["status"].tolist() == ["skipped", "measured"]
     assert str(len(WORDS_A) + 3) in status["reason"][0] and str(len(WORDS_B) + 3) in status["reason"][0]
     units = ex.unit_table(store)

@@ -185,3 +185,27 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     assert units["greedy_equal"].all()
     agreement = pd.read_csv(collected.parent.parent / "replay_agreement.csv")
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
+
+
+def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
+    """profile = "auto" applies the profile's values through the runner's checks, but a value the
+    user edited in the parameters cell wins, and the cell says which is which."""
+    from specnb.notebook.session import apply_profile
+
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    (books / "profiles" / "t4.yaml").write_text("01_x:\n  budget: 64\n  model: big\n  steps: 9\n")
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(
+        'profile: str = "auto"  # profile\nbudget: int = 8  # budget\nmodel: str = "small"  # model\n'
+        'steps: int = 3  # steps\nrun_dir: str = ""  # folder')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params]
+    nbformat.write(nb, books / "01_x.ipynb")
+    namespace = {"profile": "auto", "budget": 8, "model": "mine", "steps": 3, "run_dir": ""}
+    report = apply_profile("01_x", namespace, "t4", books)
+    assert namespace == {"profile": "t4", "budget": 64, "model": "mine", "steps": 9, "run_dir": ""}
+    assert report == {"set": ["budget", "steps"], "kept": ["model"]}
+    with pytest.raises(runner.RunnerError, match="not parameters of 01_x"):
+        (books / "profiles" / "t4.yaml").write_text("01_x:\n  no_such: 1\n")
+        apply_profile("01_x", dict(namespace, profile="auto"), "t4", books)

@@ -13,16 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-import specnb.analysis.replay as replay_module
+import specnb.analysis.collect as collect_module
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.core.drafting import ModelDrafter
-from specnb.io.models import truncate_layers
+from specnb.analysis.collect import collect
+from specnb.analysis.collection import UNITS_FILE, Collection, CollectConfig, file_name
 from specnb.analysis.replay import (
-    Collection,
-    CollectConfig,
     acceptance_vector,
-    ceiling,
-    collect,
     dynamic_tree,
     oracle,
     position_table,
@@ -31,16 +27,24 @@ from specnb.analysis.replay import (
     replay_dynamic,
     replay_steps,
     sampled_accepted,
-    sequoia,
 )
+from specnb.analysis.tree_design import hindsight_trees, prefix_value, sequoia_trees
+from specnb.core.drafting import ModelDrafter
 from specnb.core.sampling import SamplingConfig
-from specnb.analysis.tree_design import prefix_value
+from specnb.io.models import truncate_layers
 
 from conftest import random_prompt, tiny_model
 from stats import ALPHA
 from test_generation import TREES  # chain, k-ary, wide, beams, sparse and a Medusa tree with rank gaps
 
 MAX_NEW = 24
+
+
+def sequoia(collection, budgets):
+    """Sequoia's DP trees for the collection's measured acceptance vector, per budget."""
+    trees = sequoia_trees(acceptance_vector(collection), max(budgets))
+    return {n: trees[n] for n in budgets}
+
 PROMPTS = {f"p{i}": random_prompt(10 + i, length=6 + i) for i in range(3)}
 
 
@@ -104,7 +108,7 @@ def test_data_driven_trees_replay_exactly_and_the_ceiling_beats_every_shape(tiny
     acc = acceptance_vector(c)
     assert sum(acc) <= 1 and acc[0] > 0.3
     designed = {("sequoia", n): t for n, t in sequoia(c, [6, 12]).items()}
-    designed |= {("hindsight", n): t for n, t in ceiling(c, [6, 12]).items()}
+    designed |= {("hindsight", n): t for n, t in hindsight_trees(prefix_counts(c), [6, 12]).items()}
     for tree in designed.values():
         assert_same_steps(replay_steps(c, tree), real_runs(tiny_target, drafts["early"], tree))
     counts = prefix_counts(c)
@@ -153,13 +157,13 @@ def test_collection_resumes_after_an_interruption(tmp_path, monkeypatch, tiny_ta
     folder = tmp_path / "resumed"
     first = dict(list(PROMPTS.items())[:1])
     collect(folder, tiny_target, drafts["early"], first, config)
-    units = folder / replay_module.UNITS_FILE
+    units = folder / UNITS_FILE
     with units.open("a") as f:
         f.write('{"key": {"prompt_id": "p1"}, "ro')  # killed while writing p1's line
-    (folder / replay_module._file_name("p1")).write_bytes(b"half a file")  # and its arrays
+    (folder / file_name("p1")).write_bytes(b"half a file")  # and its arrays
     calls = []
-    original = replay_module._collect_prompt
-    monkeypatch.setattr(replay_module, "_collect_prompt", lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    original = collect_module.collect_prompt
+    monkeypatch.setattr(collect_module, "collect_prompt", lambda *a, **k: calls.append(a[3]) or original(*a, **k))
     resumed = collect(folder, tiny_target, drafts["early"], PROMPTS, config)
     assert calls == ["p1", "p2"], "finished prompts are never collected twice"
     assert len(units.read_text().splitlines()) == 3
@@ -237,13 +241,28 @@ def test_dynamic_trees_replay_equals_real_steps(tiny_target, drafts, super_colle
             == sum(len(v) for v in steps.values()))
 
 
-def test_oracle_is_the_longest_on_path_prefix_in_the_super_tree(super_collection):
+def test_oracle_is_the_longest_prefix_of_ranks_below_k(super_collection):
     c = super_collection
-    on_path = np.concatenate([p.super_on_path for p in c.prompts])  # [T, D], M = absent
-    cap = np.concatenate([c.config.max_new_tokens - np.arange(len(p.tokens)) - 1 for p in c.prompts])
-    inside = np.cumprod((on_path < c.config.super_size) & (np.arange(1, 4) <= cap[:, None]), axis=1).sum(1)
-    for n in (1, 2, 5):
-        assert oracle(c, [n]).iloc[0]["accepted"] == np.minimum(inside, n).sum()
+    k = c.config.top_k
+    for n in (1, 2, 5, 9):
+        expected = 0
+        for p in c.prompts:
+            for t in range(len(p.tokens)):
+                cap = min(n, c.config.max_new_tokens - t - 1)
+                path = p.ranks[t : t + cap]
+                expected += next((i for i, r in enumerate(path) if r >= k), len(path))
+        assert oracle(c, [n]).iloc[0]["accepted"] == expected
+        assert oracle(c, [n]).iloc[0]["top_k"] == k
+
+
+@pytest.mark.parametrize("budget", [2, 4, 9])
+def test_oracle_bounds_every_tree_of_its_budget(super_collection, budget):
+    """No static tree (the hindsight one is the best of them) and no dynamic tree accepts more."""
+    c = super_collection
+    orc = oracle(c, [budget], mode="all").iloc[0]["accepted"]
+    best_static = hindsight_trees(prefix_counts(c), [budget])[budget]
+    assert replay(c, {("hindsight", budget): best_static}, mode="all").iloc[0]["accepted"] <= orc
+    assert replay_dynamic(c, [budget], mode="all").iloc[0]["accepted"] <= orc
 
 
 def test_replay_refuses_what_it_cannot_replay(collections, super_collection):
@@ -320,9 +339,9 @@ def test_sampled_replay_agrees_with_real_sampled_runs(tmp_path, monkeypatch, sam
         """Wrong: every child checked against the original p and q, as if drawn independently."""
         rows = torch.arange(children.shape[0])[:, None]
         x = children.clamp_min(0)
-        return torch.where(children >= 0, (p[rows, x] / q[rows, x].clamp_min(1e-30)).clamp(max=1.0), 0.0).float()
+        return torch.where(children >= 0, (p[rows, x] / q[rows, x].clamp_min(1e-30)).clamp(max=1.0), 0.0), p
 
-    monkeypatch.setattr(replay_module, "node_alphas", no_residuals)
+    monkeypatch.setattr(collect_module, "sibling_alphas", no_residuals)
     wrong = sampled_z(sampled_collection(tmp_path / "wrong", sampling_pair), real_sampled)
     assert max(abs(z) for z in wrong.values()) > bound, wrong
 

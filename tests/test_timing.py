@@ -12,26 +12,11 @@ import torch
 
 from specnb import Tree
 from specnb.io.storage import Sweep
-from specnb.bench.timing import (
-    CURVE_KEY,
-    GRID_KEY,
-    HEAD_SHAPES,
-    HeadShape,
-    cost_table,
-    curve_table,
-    draft_seconds,
-    draft_widths,
-    environment_row,
-    expected_tau,
-    grid,
-    grid_table,
-    measure,
-    measure_interleaved,
-    recommendation,
-    run_grid,
-    speedup_table,
-    verify_curve,
-)
+from specnb.analysis.cost_model import cost_table, draft_seconds, draft_widths, expected_tau
+from specnb.bench.attention_grid import GRID_KEY, HEAD_SHAPES, HeadShape, grid, grid_table, run_grid, speedup_table
+from specnb.bench.timing import environment_row, measure, measure_interleaved
+from specnb.bench.verify_curve import CURVE_KEY, curve_table, verify_curve
+from specnb.notebook.readings import recommendation
 
 from conftest import tiny_model
 
@@ -73,12 +58,15 @@ def test_draft_seconds_one_forward_per_depth():
     tree = Tree.kary(2, 6)  # levels of width 2 and 4: the root's forward, then level 1 is fed
     assert draft_seconds(tree, lambda w: w) == 1 + 2
     assert draft_seconds(Tree.chain(5), lambda w: 1.0) == 5  # depth x t_draft for a chain
+    gappy = Tree.from_paths([(0,), (1,), (0, 0)])  # (1,) is a leaf: chosen, never fed
+    assert draft_seconds(gappy, lambda w: w) == 1 + 1
 
 
 def test_draft_widths_cover_the_widest_level():
-    assert draft_widths(["chain"], [0, 8]) == [1]
-    assert draft_widths(["kary2"], [6]) == [1, 2, 4]  # levels of width 2 and 4
-    assert draft_widths(["wide"], [5]) == [1, 2, 4, 8]
+    assert draft_widths([Tree.chain(8)]) == [1]
+    assert draft_widths([Tree.kary(2, 6)]) == [1, 2]  # depth 1 (2 nodes) is fed; depth 2 is only chosen
+    assert draft_widths([Tree.kary(2, 14)]) == [1, 2, 4]  # depths 1 and 2 fed (2 and 4 nodes)
+    assert draft_widths([Tree.wide(5)]) == [1]  # leaves only: nothing is fed beyond the root
 
 
 def test_grid_is_the_product_cheapest_first():

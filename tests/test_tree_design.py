@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from specnb import Tree
-from specnb.bench.timing import expected_tau, recommendation
+from specnb.analysis.cost_model import expected_tau
+from specnb.notebook.readings import recommendation
 from specnb.analysis.tree_design import expected_accepted, hindsight_trees, prefix_value, recommend_budget, sequoia_trees
 from specnb.core.trees import SPARSE_ACCEPTANCE
 

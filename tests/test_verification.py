@@ -110,3 +110,28 @@ def test_commit_equals_plain_prefill_of_accepted_sequence(attn, path_leaf):
         ours = model(input_ids=nxt, past_key_values=cache).logits[0, -1]
     reference = plain_logits(model, torch.cat([accepted, nxt], 1))[-1]
     torch.testing.assert_close(ours, reference, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_pending_prompt_folded_into_verify_equals_prefill_then_verify(attn):
+    """The first step's verify may carry the prompt: logits and the committed cache equal a prefill
+    followed by a verify, and a plain prefill of the accepted sequence."""
+    tree = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 1, 0)])
+    model = tiny_model(4, attn=attn)
+    prompt = random_prompt(6, length=8)
+    tokens = torch.tensor([20, 21, 22, 23, 24, 25])
+    root, before = int(prompt[0, -1]), prompt[0, :-1]
+
+    folded = new_cache(model)
+    logits = verify(model, folded, root, tree, tokens, pending=before)
+    separate = new_cache(model)
+    prefill(model, separate, before[None])
+    reference = verify(model, separate, root, tree, tokens)
+    torch.testing.assert_close(logits, reference, atol=ATOL, rtol=0)
+
+    path = tree.node_path(5)
+    commit(folded, len(before), path)
+    plain = new_cache(model)
+    prefill(model, plain, torch.cat([prompt, tokens[list(path)][None]], dim=1))
+    for ours, theirs in zip(folded.layers, plain.layers):
+        torch.testing.assert_close(ours.keys, theirs.keys, atol=ATOL, rtol=0)

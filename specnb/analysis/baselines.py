@@ -56,7 +56,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from transformers import GenerationConfig
 
-from ..core.generation import GenerationResult, Step, _check_input, _Timer
+from ..core.generation import GenerationResult, Step
+from ..core.runtime import Clock, check_input, eos_ids, peak_memory, reset_peak_memory
 
 # generation-config fields that add logits processors specnb does not apply; a target whose
 # generation config sets any of them is refused rather than compared unfairly
@@ -85,9 +86,10 @@ def hf_generate(
 ) -> GenerationResult:
     """`target.generate` without an assistant: transformers' own decoding loop, one Step per token
     (times from a streamer, so the first step includes the prompt)."""
-    ids = _check_input(input_ids, max_new_tokens).to(target.device)
+    ids = check_input(input_ids, max_new_tokens).to(target.device)
     kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
     streamer = _TokenClock(target.device)
+    reset_peak_memory(target.device)
     with _seeded(seed, target.device):
         start = streamer.now()
         out = target.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs)
@@ -104,7 +106,7 @@ def hf_generate(
         prompt_length=int(ids.shape[1]),
         prefill_time=streamer.times[0] - start,
         total_time=total,
-        peak_memory_bytes=streamer.peak_memory(),
+        peak_memory_bytes=peak_memory(target.device),
         method="hf_generate",
     )
 
@@ -129,7 +131,7 @@ def hf_assisted_generate(
     """
     if num_assistant_tokens < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
-    ids = _check_input(input_ids, max_new_tokens).to(target.device)
+    ids = check_input(input_ids, max_new_tokens).to(target.device)
     kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
     fixed = {
         "num_assistant_tokens": num_assistant_tokens,
@@ -167,7 +169,7 @@ def hf_prompt_lookup_generate(
     ones past the limit can never count as accepted (acceptance rate is biased low by at most one
     step's worth).
     """
-    ids = _check_input(input_ids, max_new_tokens).to(target.device)
+    ids = check_input(input_ids, max_new_tokens).to(target.device)
     kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
     kwargs.update(prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_matching_ngram_size=max_matching_ngram_size)
     meta = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens, "max_matching_ngram_size": max_matching_ngram_size}
@@ -193,7 +195,7 @@ class _StepRecord:
 class _RecordingCandidates:
     """Proxy of a transformers CandidateGenerator: delegates everything, records each step."""
 
-    def __init__(self, inner: Any, clock: _Timer) -> None:
+    def __init__(self, inner: Any, clock: Clock) -> None:
         self._inner = inner
         self._clock = clock
         self.steps: list[_StepRecord] = []
@@ -218,7 +220,7 @@ class _RecordingCandidates:
 
 
 @contextmanager
-def _recording(target: torch.nn.Module, clock: _Timer) -> Iterator[list[_RecordingCandidates]]:
+def _recording(target: torch.nn.Module, clock: Clock) -> Iterator[list[_RecordingCandidates]]:
     """For one `generate` call: the candidate generator transformers builds is wrapped in a
     `_RecordingCandidates`, yielded in the list. The instance attribute is removed afterwards."""
     made: list[_RecordingCandidates] = []
@@ -247,7 +249,8 @@ def _recorded_generate(
     seed: int | None,
     meta: dict,
 ) -> GenerationResult:
-    clock = _Timer(target.device)
+    clock = Clock(target.device)
+    reset_peak_memory(target.device)
     with _seeded(seed, target.device), _recording(target, clock) as made:
         start = clock.now()
         out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
@@ -267,7 +270,7 @@ def _recorded_generate(
         prompt_length=prompt_length,
         prefill_time=first_draft - start,
         total_time=total,
-        peak_memory_bytes=clock.peak_memory(),
+        peak_memory_bytes=peak_memory(target.device),
         method=method,
         meta=meta,
     )
@@ -329,21 +332,11 @@ def _generate_kwargs(
         no_repeat_ngram_size=0,
         use_cache=True,
         return_dict_in_generate=False,
-        eos_token_id=_eos(base, eos_token_id),
+        eos_token_id=sorted(eos_ids(target, eos_token_id)) or None,  # () = no stop token: None for transformers
     )
     if temperature > 0:  # greedy ignores the warpers (and transformers warns when they are set)
         kwargs.update(temperature=temperature, top_k=top_k, top_p=top_p, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
     return kwargs
-
-
-def _eos(base: GenerationConfig, eos_token_id: int | Sequence[int] | None) -> list[int] | None:
-    """specnb's stop tokens as transformers takes them: None (no stopping) for ()."""
-    if eos_token_id is None:
-        eos_token_id = base.eos_token_id
-        if eos_token_id is None:
-            return None
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
-    return ids or None
 
 
 @contextmanager
@@ -374,7 +367,7 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
         yield
 
 
-class _TokenClock(_Timer):
+class _TokenClock(Clock):
     """A transformers streamer that only notes when each token arrives."""
 
     def __init__(self, device: torch.device) -> None:

@@ -1,515 +1,50 @@
-"""Collect once, replay many: the acceptance of every tree shape and budget from one pass of data.
+"""Replay many: the acceptance of every tree shape and budget from one collection, no model run.
 
 Greedy decoding. The output of exact speculative decoding is the target's greedy continuation
 c_0, c_1, ... whatever the tree. At a step that starts with t tokens generated, `greedy_accept`
 walks down from the root taking the child whose token is c_t, then c_{t+1}, ...; the child of
 rank r is the draft's r-th most likely token there. So the step accepts the longest prefix of the
 *continuation rank path* (r_t, r_{t+1}, ...) that is a node path of the tree, where r_j is the rank
-of c_j under the draft after c_{<j}. One teacher-forced draft forward over prompt + continuation
-gives every r_j, and with it the acceptance of every rank-path tree at every position, without
-running the target on any tree. The real loop's two caps are replayed too: the tree is truncated
-to depth max_new_tokens - t - 1, and a step ends at EOS (ranks past the continuation's end count as
-no match). "Run trajectory" positions are those a real run visits (t = 0, then t += tokens added);
-"all positions" are every t.
+of c_j under the draft after c_{<j}, collected once (`analysis.collect`). That gives the acceptance
+of every rank-path tree at every position without running the target on any tree. The real loop's
+two caps are replayed too: the tree is truncated to depth max_new_tokens - t - 1, and a step ends
+at EOS (ranks past the continuation's end count as no match). "Run trajectory" positions are those
+a real run visits (t = 0, then t += tokens added); "all positions" are every t.
 
-Super-trees (optional, greedy): at each position the draft's top-K children of every node to depth
-D, pruned to the global top-M nodes by cumulative draft log-probability. A dynamic tree of budget n
-(EAGLE-2-style, Li et al. 2024) is *defined* here as the top-n nodes of that expansion in the
-order (cumulative log q descending, then canonical (depth, path)); a child never precedes its
-parent in that order, so every top-n is a tree and, for n <= M, the top-n of the pruned super-tree
-equal those of the full expansion. A drafter that builds the same trees must break ties the same
-way. Greedy replay of a dynamic tree accepts the leading on-path nodes (tokens c_t, c_{t+1}, ...)
-that are among its n nodes; the per-position oracle accepts the longest on-path prefix inside the
-super-tree, capped at n: what any tree of n nodes drawn from this draft's top-K could reach.
+Dynamic trees (EAGLE-2-style, Li et al. 2024) need the collected super-trees: the dynamic tree of
+budget n is *defined* as the top-n nodes of the super-tree in the order (cumulative log q
+descending, then canonical (depth, path)); a child never precedes its parent in that order, so
+every top-n is a tree and, for n <= M, the top-n of the pruned super-tree equal those of the full
+expansion. `DynamicTreeDrafter` builds the same trees (a test checks it step by step). Greedy replay
+of a dynamic tree accepts the leading on-path nodes (tokens c_t, c_{t+1}, ...) among its n nodes.
 
-Growing a super-tree needs the draft's logits at its off-path nodes: the teacher-forced cache of
-prompt + continuation already holds every on-path node, so off-path nodes are fed in batches over
-several positions at once, each seeing the sequence up to its deepest on-path ancestor plus its
-own fed ancestors (one forward per depth per chunk of positions).
+The per-position oracle (`oracle`) accepts, at each position, the longest prefix of the
+continuation's rank path whose ranks are all below K (the collection's top_k), capped at the budget
+n: what the best tree of n nodes drawn from the draft's top-K children could accept there, chosen
+with hindsight per position. No static or dynamic tree within those ranks can accept more.
 
-Sampling. Lossless tree sampling (`acceptance.speculative_accept`) checks the children of a node
-in draw order; child i (drawn i-th without replacement from q) is accepted, given children 0..i-1
-were rejected, with probability alpha_i = min(1, p_i(x_i) / q_i(x_i)), where p_i, q_i are the
-residuals after the earlier rejections. Given the draft's sample, node v of a gap-free subtree is
-accepted with probability P(v) = P(parent) * prod_{j<i}(1 - alpha_j) * alpha_i at its parent, so
-the expected accepted length of any gap-free subtree of the sampled tree is sum_v P(v). Collection
-draws R samples of a cover tree per position along a sampled continuation, runs the target once
-over all of them (a forest under the root, one tree-masked pass) and stores the alphas; replay
+Sampling. Node v of a gap-free subtree of the cover tree is accepted with probability P(v) =
+P(parent) * prod_{j<i}(1 - alpha_j) * alpha_i at its parent (alphas from `analysis.collect`), so
+the expected accepted length of any gap-free subtree of the sampled tree is sum_v P(v); replay
 averages over samples and positions, with a normal-approximation confidence interval over
 positions. EOS inside a step is not modelled in sampling mode.
 
-Storage (`storage.Sweep` + `storage.write_arrays`): a folder with collection.json (the
-parameters), prompts.jsonl (one line per finished prompt) and one .npz per prompt; an interrupted
-collection resumes where it stopped, and a folder made with other parameters is refused.
-
-Metric conventions (`metrics`): acceptance_rate = accepted / drafted, acceptance_length = accepted
-draft tokens per step (bonus EXCLUDED), tau = tokens per target call (bonus INCLUDED),
+Metric conventions (`analysis.metrics`): acceptance_rate = accepted / drafted, acceptance_length =
+accepted draft tokens per step (bonus EXCLUDED), tau = tokens per target call (bonus INCLUDED),
 depth_d_acceptance = P(accepted >= d), rank_r_acceptance = Sequoia's acceptance vector.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import time
-import zlib
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path as FilePath
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
-import torch
-from tqdm.auto import tqdm
-from transformers import DynamicCache
 
-from ..core.cache import crop, new_cache
-from ..core.drafting import ModelDrafter
-from ..core.generation import Step, _eos_ids, _match_vocab, speculative_generate
-from ..core.masks import model_mask, prefix_tree_mask
-from ..core.sampling import SamplingConfig, probabilities, sample_without_replacement
-from ..io.storage import Sweep, read_arrays, write_arrays, write_json
-from .tree_design import hindsight_trees, sequoia_trees
+from ..core.generation import Step
 from ..core.trees import Path, Tree
-from ..core.verification import prefill, verify
-
-PARAMS_FILE = "collection.json"
-UNITS_FILE = "prompts.jsonl"
-UNIT_KEY = ("prompt_id",)
-
-
-@dataclass(frozen=True)
-class CollectConfig:
-    """What a collection measures; stored beside it and checked when it resumes."""
-
-    max_new_tokens: int = 64  # target tokens per prompt (fewer if EOS ends the continuation)
-    top_k: int = 16  # greedy: ranks >= top_k are stored as "out"; replayed trees use ranks < top_k
-    run_tree: str = "chain:4"  # shape:budget of the exact speculative run that makes the continuation
-    eos_token_id: tuple[int, ...] | None = None  # None: the target's generation config; () = never stop
-    super_k: int = 0  # super-tree children per node; 0 = no super-trees (they cost draft forwards)
-    super_depth: int = 6  # D, super-tree depth
-    super_size: int = 64  # M, nodes kept per position (global top-M by cumulative draft log-prob)
-    super_chunk: int = 8  # positions whose off-path nodes share one draft forward per depth
-    temperature: float = 0.0  # > 0: sampling mode (continuation sampled, alphas collected)
-    sample_top_k: int = 0  # sampling transforms shared by p and q (`SamplingConfig`)
-    sample_top_p: float = 1.0
-    samples: int = 0  # R draft samples of the cover tree per position (sampling mode)
-    cover_tree: str = "kary2:6"  # sampling: drawn R times per position; any gap-free subtree replays
-    sample_chunk: int = 16  # samples verified in one target pass
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.eos_token_id is not None:
-            object.__setattr__(self, "eos_token_id", tuple(int(e) for e in self.eos_token_id))
-        if self.sampling and self.samples < 1:
-            raise ValueError("sampling mode (temperature > 0) needs samples >= 1 draft samples per position")
-        if self.super_k and self.sampling:
-            raise ValueError("super-trees are collected in greedy mode only")
-        if self.sampling and _tree(self.cover_tree).has_rank_gaps:
-            raise ValueError(f"cover tree {self.cover_tree} has rank gaps; sampling needs ranks 0..k-1")
-
-    @property
-    def sampling(self) -> bool:
-        return self.temperature > 0.0
-
-    @property
-    def sampling_config(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.sample_top_k, self.sample_top_p)
-
-
-@dataclass(frozen=True)
-class PromptData:
-    """One prompt's collected arrays (L = continuation length)."""
-
-    prompt_id: str
-    category: str
-    prompt: np.ndarray  # int64 [P] prompt ids
-    tokens: np.ndarray  # int64 [L] the target's continuation
-    stopped: bool  # the continuation ended at EOS (else at max_new_tokens)
-    times: dict[str, float]  # seconds per collection stage
-    ranks: np.ndarray | None = None  # int16 [L]: rank of tokens[j] under the draft; >= top_k: out
-    logq: np.ndarray | None = None  # float32 [L]: draft log-probability of tokens[j]
-    # super-trees, nodes sorted by (cumulative log q desc, depth, path); -1 / padding past `size`
-    super_size: np.ndarray | None = None  # int16 [L]: nodes kept at each position (<= M)
-    super_parent: np.ndarray | None = None  # int16 [L, M]: parent's index in the sorted order, -1 root
-    super_rank: np.ndarray | None = None  # int16 [L, M]: sibling rank (the draft's r-th child)
-    super_depth: np.ndarray | None = None  # int16 [L, M]
-    super_token: np.ndarray | None = None  # int64 [L, M]
-    super_score: np.ndarray | None = None  # float32 [L, M]: cumulative draft log-probability
-    super_on_path: np.ndarray | None = None  # int16 [L, D]: sorted index of the on-path node at depth d, M if absent
-    alpha: np.ndarray | None = None  # float32 [L, R, N + 1, K]: sampling, per cover row and child rank
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The collected arrays by field name (what is stored in the prompt's .npz)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
-
-
-@dataclass(frozen=True)
-class Collection:
-    """Collected prompts with the parameters that made them; `Collection.load(folder)`."""
-
-    config: CollectConfig
-    describe: dict[str, Any]
-    prompts: tuple[PromptData, ...]
-    folder: FilePath | None = field(default=None, compare=False)
-
-    @classmethod
-    def load(cls, folder: str | FilePath, prompt_ids: Iterable[str] | None = None) -> Collection:
-        folder = FilePath(folder)
-        params = json.loads((folder / PARAMS_FILE).read_text())
-        config = _config_from_json(params["config"])
-        units = Sweep(folder / UNITS_FILE, UNIT_KEY)
-        table = units.meta_frame()
-        stored = [] if table.empty else table["prompt_id"].astype(str).tolist()
-        wanted = stored if prompt_ids is None else [str(p) for p in prompt_ids]
-        missing = [p for p in wanted if p not in stored]
-        if missing:
-            raise KeyError(f"prompts not collected in {folder}: {missing}")
-        prompts = []
-        for pid in wanted:
-            meta = units.meta({"prompt_id": pid})
-            arrays = read_arrays(folder / meta["file"])
-            prompts.append(PromptData(
-                prompt_id=pid, category=str(meta["category"]), stopped=bool(meta["stopped"]),
-                times={k[:-2]: float(v) for k, v in meta.items() if k.endswith("_s")}, **arrays,
-            ))
-        return cls(config, params.get("describe", {}), tuple(prompts), folder)
-
-    @property
-    def sampling(self) -> bool:
-        return self.config.sampling
-
-    @property
-    def has_super_trees(self) -> bool:
-        return bool(self.prompts) and self.prompts[0].super_size is not None
-
-    def times(self) -> dict[str, float]:
-        """Seconds per collection stage, summed over prompts."""
-        out: dict[str, float] = {}
-        for p in self.prompts:
-            for k, v in p.times.items():
-                out[k] = out.get(k, 0.0) + v
-        return out
-
-
-# ---- collection -------------------------------------------------------------------------------
-
-
-def collect(
-    folder: str | FilePath,
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    prompts: Mapping[str, torch.Tensor],
-    config: CollectConfig = CollectConfig(),
-    categories: Mapping[str, str] | None = None,
-    describe: Mapping[str, Any] | None = None,
-    progress: bool = False,
-) -> Collection:
-    """Collect every prompt not yet in `folder` and return the collection of `prompts`.
-
-    prompts: prompt id -> input ids long [1, P]. describe: what made it (pair names, prompt
-    source...), stored with the config; resuming with another config or description raises.
-    """
-    folder = FilePath(folder)
-    params = {"config": _config_to_json(config), "describe": dict(describe or {})}
-    existing = folder / PARAMS_FILE
-    if existing.exists():
-        stored = json.loads(existing.read_text())
-        if stored != json.loads(json.dumps(params)):
-            raise ValueError(
-                f"{folder} holds a collection made with other parameters:\n  stored: {stored}\n  asked:  {params}"
-            )
-    else:
-        write_json(existing, params)
-    units = Sweep(folder / UNITS_FILE, UNIT_KEY)
-    drafter = ModelDrafter(draft)
-    todo = [pid for pid in prompts if {"prompt_id": str(pid)} not in units]
-    for pid in tqdm(todo, desc="collect", disable=not progress):
-        category = (categories or {}).get(pid, "")
-        data = _collect_prompt(target, draft, drafter, str(pid), category, prompts[pid], config)
-        name = _file_name(str(pid))
-        write_arrays(folder / name, data.arrays())  # the arrays first: a unit line means a whole file
-        units.add(
-            {"prompt_id": str(pid)}, [],
-            meta={"category": category, "file": name, "prompt_length": int(len(data.prompt)),
-                  "length": int(len(data.tokens)), "stopped": data.stopped,
-                  **{f"{k}_s": v for k, v in data.times.items()}},
-        )
-    return Collection.load(folder, [str(p) for p in prompts])
-
-
-def _collect_prompt(
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    drafter: ModelDrafter,
-    prompt_id: str,
-    category: str,
-    input_ids: torch.Tensor,
-    config: CollectConfig,
-) -> PromptData:
-    ids = input_ids.reshape(1, -1).long()
-    eos = config.eos_token_id
-    times: dict[str, float] = {}
-    start = time.perf_counter()
-    run = speculative_generate(
-        target, drafter, ids, tree=_tree(config.run_tree), max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature, top_k=config.sample_top_k, top_p=config.sample_top_p,
-        seed=_seed(config.seed, prompt_id), eos_token_id=eos,
-    )
-    times["continuation"] = time.perf_counter() - start
-    tokens = run.tokens.tolist()
-    stopped = bool(tokens) and tokens[-1] in _eos_ids(target, eos)
-    out: dict[str, Any] = {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64)}
-    if config.sampling:
-        start = time.perf_counter()
-        out["alpha"] = _sampled_alphas(target, draft, ids, tokens, config, _seed(config.seed + 1, prompt_id))
-        times["sampling"] = time.perf_counter() - start
-    else:
-        start = time.perf_counter()
-        cache = new_cache(draft)
-        seq = torch.cat([ids, torch.tensor([tokens], dtype=torch.long)], dim=1).to(draft.device)
-        with torch.inference_mode():
-            logits = draft(input_ids=seq, past_key_values=cache, use_cache=True, logits_to_keep=len(tokens) + 1).logits[0]
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [L + 1, V]: row j predicts tokens[j]
-        truth = torch.tensor(tokens, dtype=torch.long, device=logp.device)
-        top = torch.topk(logits[: len(tokens)].float(), config.top_k, dim=-1).indices  # [L, top_k]
-        hit = top == truth[:, None]
-        out["ranks"] = torch.where(hit.any(-1), hit.int().argmax(-1), config.top_k).cpu().numpy().astype(np.int16)
-        out["logq"] = logp[torch.arange(len(tokens)), truth].cpu().numpy().astype(np.float32)
-        times["ranks"] = time.perf_counter() - start
-        if config.super_k:
-            start = time.perf_counter()
-            out.update(_super_trees(draft, cache, ids.shape[1], tokens, logp, config))
-            times["super_tree"] = time.perf_counter() - start
-    return PromptData(prompt_id=prompt_id, category=category, stopped=stopped, times=times, **out)
-
-
-@torch.inference_mode()
-def _super_trees(
-    draft: torch.nn.Module, cache: DynamicCache, prompt_len: int, tokens: list[int], logp: torch.Tensor, config: CollectConfig
-) -> dict[str, np.ndarray]:
-    """Grow the super-tree at every position. cache: the draft's cache of prompt + continuation
-    (restored after each chunk); logp: float [L + 1, V], teacher-forced log q, row j predicting
-    tokens[j], i.e. the children of the on-path node at depth d of position t are in row t + d."""
-    k, depth, size = config.super_k, config.super_depth, config.super_size
-    n_seq, length, device = prompt_len + len(tokens), len(tokens), draft.device
-    on_top = torch.topk(logp, k, dim=-1)  # [L + 1, k]
-    on_values, on_indices = on_top.values.tolist(), on_top.indices.tolist()
-    cols = {name: np.zeros((length, size), dtype=dt) for name, dt in
-            [("parent", np.int16), ("rank", np.int16), ("depth", np.int16), ("token", np.int64), ("score", np.float32)]}
-    sizes = np.zeros(length, dtype=np.int16)
-    on_path = np.full((length, depth), size, dtype=np.int16)
-    for start in range(0, length, config.super_chunk):
-        chunk = range(start, min(length, start + config.super_chunk))
-        # node: [sort key (-score, depth, path), token, parent index, on-path depth, fed column]
-        nodes: dict[int, list[list]] = {t: [] for t in chunk}
-
-        def add_children(t: int, parent: int, values: list[float], indices: list[int]) -> None:
-            base_score, base_depth, base_path = (0.0, 0, ()) if parent < 0 else (
-                -nodes[t][parent][0][0], nodes[t][parent][0][1], nodes[t][parent][0][2])
-            parent_on = parent < 0 or nodes[t][parent][3] == base_depth
-            for r, (v, x) in enumerate(zip(values, indices)):
-                d = base_depth + 1
-                on = parent_on and t + d - 1 < length and x == tokens[t + d - 1]
-                on_depth = d if on else (base_depth if parent_on else nodes[t][parent][3])
-                nodes[t].append([(-(base_score + v), d, base_path + (r,)), x, parent, on_depth, -1])
-
-        for t in chunk:
-            add_children(t, -1, on_values[t], on_indices[t])
-        fed = 0
-        for d in range(1, depth):
-            expand: list[tuple[int, int]] = []
-            for t in chunk:
-                kept = sorted(range(len(nodes[t])), key=lambda i: nodes[t][i][0])[:size]
-                expand += [(t, i) for i in kept if nodes[t][i][0][1] == d]
-            feed = [(t, i) for t, i in expand if nodes[t][i][3] != d]  # off-path: no teacher-forced row
-            for t, i in expand:
-                if nodes[t][i][3] == d:
-                    add_children(t, i, on_values[t + d], on_indices[t + d])
-            if not feed:
-                continue
-            q = len(feed)
-            mask = torch.zeros(q, n_seq + fed + q, dtype=torch.bool)
-            for row, (t, i) in enumerate(feed):
-                node = nodes[t][i]
-                node[4] = fed + row
-                mask[row, : prompt_len + t + node[3]] = True  # the sequence up to the deepest on-path ancestor
-                a = i
-                while a >= 0 and nodes[t][a][4] >= 0:  # itself and its fed (off-path) ancestors
-                    mask[row, n_seq + nodes[t][a][4]] = True
-                    a = nodes[t][a][2]
-            ids = torch.tensor([[nodes[t][i][1] for t, i in feed]], device=device)
-            positions = torch.tensor([[prompt_len + t - 1 + d for t, _ in feed]], device=device)
-            logits = draft(
-                input_ids=ids, position_ids=positions, attention_mask=model_mask(mask[None, None].to(device), draft, draft.dtype),
-                past_key_values=cache, use_cache=True,
-            ).logits[0]
-            fed += q
-            top = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
-            for (t, i), values, indices in zip(feed, top.values.tolist(), top.indices.tolist()):
-                add_children(t, i, values, indices)
-        crop(cache, n_seq)
-        for t in chunk:
-            kept = sorted(range(len(nodes[t])), key=lambda i: nodes[t][i][0])[:size]
-            where = {old: new for new, old in enumerate(kept)}
-            sizes[t] = len(kept)
-            for new, old in enumerate(kept):
-                (neg_score, d, path), token, parent, on_depth, _ = nodes[t][old]
-                cols["parent"][t, new] = where[parent] if parent >= 0 else -1
-                cols["rank"][t, new], cols["depth"][t, new] = path[-1], d
-                cols["token"][t, new], cols["score"][t, new] = token, -neg_score
-                if on_depth == d:
-                    on_path[t, d - 1] = new
-    return {"super_size": sizes, **{f"super_{k}": v for k, v in cols.items()}, "super_on_path": on_path}
-
-
-@torch.inference_mode()
-def _sampled_alphas(
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    ids: torch.Tensor,
-    tokens: list[int],
-    config: CollectConfig,
-    seed: int,
-) -> np.ndarray:
-    """Float32 [L, R, N + 1, K]: per position, draft sample and cover-tree row, the acceptance
-    probability of each child rank given the earlier ones were rejected (`node_alphas`).
-
-    Samples are drafted `sample_chunk` at a time as copies of the cover tree side by side under the
-    root (`_forest`), one draft forward per depth, and verified in one target pass."""
-    cover = _tree(config.cover_tree)
-    sampling = config.sampling_config
-    generator = torch.Generator(device=draft.device).manual_seed(seed)
-    width = max(len(c) for c in cover.children)
-    caches = {}
-    for name, model in (("target", target), ("draft", draft)):  # both hold the sequence but its last token
-        caches[name] = new_cache(model)
-        if ids.shape[1] > 1:
-            prefill(model, caches[name], ids[:, :-1].to(model.device))
-    seq = ids.to(target.device)
-    out = np.zeros((len(tokens), config.samples, cover.num_nodes + 1, width), dtype=np.float32)
-    forests = {n: _forest(cover, n) for n in {min(config.sample_chunk, config.samples - s0)
-                                              for s0 in range(0, config.samples, config.sample_chunk)}}
-    for t in range(len(tokens)):
-        prefix_len = seq.shape[1] - 1
-        for s0 in range(0, config.samples, config.sample_chunk):
-            copies = min(config.sample_chunk, config.samples - s0)
-            forest, index = forests[copies]
-            draft_tokens, q = _draft_copies(draft, caches["draft"], seq, forest, copies, sampling, generator)
-            logits = verify(target, caches["target"], int(seq[0, -1]), forest, draft_tokens)  # [1 + S N, V]
-            crop(caches["target"], prefix_len)
-            p = probabilities(logits, sampling)
-            q = _match_vocab(q, p)
-            rows = torch.tensor([[0] + [i + 1 for i in index[s]] for s in range(copies)])  # [S, N + 1]
-            child = torch.tensor([[index[s][c] if c >= 0 else -1 for c in _children_by_rank(cover, width)]
-                                  for s in range(copies)])  # [S, (N + 1) * K], forest node per cover child
-            child_tokens = torch.where(child >= 0, draft_tokens[child.clamp_min(0)], -1)
-            alpha = node_alphas(p[rows.reshape(-1)], q[rows.reshape(-1)], child_tokens.reshape(-1, width))
-            out[t, s0 : s0 + copies] = alpha.reshape(copies, cover.num_nodes + 1, width).cpu().numpy()
-        for name, model in (("target", target), ("draft", draft)):  # the root joins the cached sequence
-            crop(caches[name], prefix_len)
-            prefill(model, caches[name], seq[:, -1:].to(model.device))
-        seq = torch.cat([seq, torch.tensor([[tokens[t]]], device=seq.device)], dim=1)
-    return out
-
-
-def _children_by_rank(tree: Tree, width: int) -> list[int]:
-    """Flat [(N + 1) * width]: the node index of row r's child of rank k at r * width + k, -1 if none."""
-    out = [-1] * ((tree.num_nodes + 1) * width)
-    for row, kids in enumerate(tree.children):
-        for c in kids:
-            out[row * width + tree.ranks[c]] = c
-    return out
-
-
-@torch.inference_mode()
-def _draft_copies(
-    model: torch.nn.Module,
-    cache: DynamicCache,
-    seq: torch.Tensor,
-    forest: Tree,
-    copies: int,
-    sampling: SamplingConfig,
-    generator: torch.Generator,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft `copies` independent samples of a tree at once: tokens long [N_f] and q float
-    [N_f + 1, V] of `forest` (its copies side by side). Draws as `ModelDrafter.draft` makes them
-    (children of every node without replacement from q there, one draft forward per depth under the
-    tree mask), except that the root's children are drawn once per copy. cache: the draft's cache
-    of seq[:, :-1]; it is cropped back to that on return."""
-    prefix_len = seq.shape[1]
-    device = model.device
-    root = model(input_ids=seq[:, -1:].to(device), past_key_values=cache, use_cache=True).logits[0, -1].float()
-    out = torch.zeros(forest.num_nodes, dtype=torch.long, device=device)
-    q = torch.zeros(forest.num_nodes + 1, root.shape[-1], dtype=torch.float32, device=device)
-    ancestors = forest.ancestor_mask(device)
-    parents = torch.tensor(forest.parents, device=device)
-    ranks = torch.tensor(forest.ranks, device=device)
-    level_logits, level_rows = root[None], torch.zeros(1, dtype=torch.long, device=device)
-    for depth in range(1, forest.depth + 1):
-        nodes = forest.level(depth)
-        probs = probabilities(level_logits, sampling)
-        q[level_rows] = probs
-        if depth == 1:  # copy s's root children are forest ranks s * width .. s * width + width - 1
-            out[nodes.start : nodes.stop] = sample_without_replacement(
-                probs.expand(copies, -1), len(nodes) // copies, generator).reshape(-1)
-        else:
-            local = torch.searchsorted(level_rows, parents[nodes.start : nodes.stop] + 1)
-            k = int(ranks[nodes.start : nodes.stop].max()) + 1
-            out[nodes.start : nodes.stop] = sample_without_replacement(probs, k, generator)[local, ranks[nodes.start : nodes.stop]]
-        if depth == forest.depth:
-            break
-        mask = prefix_tree_mask(ancestors[nodes.start : nodes.stop, : nodes.stop], prefix_len)
-        positions = torch.full((1, len(nodes)), prefix_len - 1 + depth, dtype=torch.long, device=device)
-        level_logits = model(
-            input_ids=out[None, nodes.start : nodes.stop], position_ids=positions,
-            attention_mask=model_mask(mask, model, model.dtype), past_key_values=cache, use_cache=True,
-        ).logits[0].float()
-        level_rows = torch.arange(nodes.start + 1, nodes.stop + 1, device=device)
-    crop(cache, prefix_len - 1)
-    return out, q
-
-
-def node_alphas(p: torch.Tensor, q: torch.Tensor, children: torch.Tensor) -> torch.Tensor:
-    """Float [B, K]: alpha[b, i] = probability that row b's child i (the i-th draw without
-    replacement from q) is accepted given children 0..i-1 were rejected, by the residual updates
-    of `acceptance.speculative_accept` (SpecInfer / Sequoia multi-round rejection): alpha_i =
-    min(1, p_i(x) / q_i(x)); on rejection p <- norm(max(p_i - q_i, 0)), q <- norm(q_i without x).
-    A draw outside q's support is skipped (alpha 0, residuals unchanged); once q has no mass left
-    the later children are never checked (alpha 0).
-
-    p, q: float [B, V] at each row; children: long [B, K] child tokens by rank, -1 = no child.
-    """
-    p, q = p.double().clone(), q.double().clone()
-    alpha = torch.zeros(children.shape, dtype=torch.float64, device=p.device)
-    live = torch.ones(children.shape[0], dtype=torch.bool, device=p.device)
-    rows = torch.arange(children.shape[0], device=p.device)
-    for i in range(children.shape[1]):
-        x = children[:, i].clamp_min(0)
-        qx, px = q[rows, x], p[rows, x]
-        checked = live & (children[:, i] >= 0) & (qx > 0)
-        alpha[:, i] = torch.where(checked, torch.clamp(px / qx.clamp_min(1e-300), max=1.0), 0.0)
-        residual = (p - q).clamp_min(0.0)
-        mass = residual.sum(-1, keepdim=True)
-        p = torch.where(checked[:, None] & (mass > 0), residual / mass.clamp_min(1e-300), p)
-        q_rest = q.clone()
-        q_rest[rows, x] = 0.0
-        q_mass = q_rest.sum(-1, keepdim=True)
-        live = live & ~(checked & (q_mass[:, 0] <= 0))
-        q = torch.where(checked[:, None] & (q_mass > 0), q_rest / q_mass.clamp_min(1e-300), q)
-    return alpha.float()
-
-
-def _forest(tree: Tree, copies: int) -> tuple[Tree, list[list[int]]]:
-    """`copies` copies of `tree` side by side under one root, and index[s][i] = the forest index of
-    copy s's node i (copy s's depth-1 ranks are shifted by s * width; ranks here are only labels)."""
-    width = len(tree.children[0])
-    paths = [(s * width + p[0],) + p[1:] for s in range(copies) for p in tree.paths]
-    forest = Tree.from_paths(paths)
-    where = {p: i for i, p in enumerate(forest.paths)}
-    index = [[where[(s * width + p[0],) + p[1:]] for p in tree.paths] for s in range(copies)]
-    return forest, index
+from .collection import Collection
 
 
 # ---- replay: positions and per-node acceptance -------------------------------------------------
@@ -600,7 +135,7 @@ def _greedy_static(collection: Collection, tree: Tree, positions: _Positions) ->
 def _sampled_static(collection: Collection, tree: Tree, positions: _Positions) -> tuple[_Nodes, np.ndarray]:
     """Node acceptance probabilities of a gap-free subtree of the cover tree, averaged over draft
     samples; also the expected accepted length per (position, sample), float [T, R]."""
-    cover = _tree(collection.config.cover_tree)
+    cover = collection.config.cover
     if tree.has_rank_gaps:
         raise ValueError("sampling replays gap-free trees only (sibling ranks 0..k-1)")
     row_of = {p: i + 1 for i, p in enumerate(cover.paths)}
@@ -621,9 +156,8 @@ def _sampled_static(collection: Collection, tree: Tree, positions: _Positions) -
     return _static(tree, positions, prob.mean(1), 1.0 + per_sample.mean(1)), per_sample
 
 
-def _dynamic(collection: Collection, budget: int, positions: _Positions, oracle: bool = False) -> _Nodes:
-    """Greedy acceptance of the top-`budget` dynamic trees (or, oracle=True, of the on-path chain
-    inside the super-tree, capped at `budget`: the per-position oracle)."""
+def _dynamic(collection: Collection, budget: int, positions: _Positions) -> _Nodes:
+    """Greedy acceptance of the top-`budget` dynamic trees (super-trees needed)."""
     _check_greedy(collection)
     if not collection.has_super_trees:
         raise ValueError("this collection has no super-trees: collect with super_k > 0")
@@ -633,16 +167,8 @@ def _dynamic(collection: Collection, budget: int, positions: _Positions, oracle:
     sl = [slice(lo, hi) for lo, hi in zip(positions.offsets[:-1], positions.offsets[1:])]
     cat = lambda name: np.concatenate([getattr(p, name)[: s.stop - s.start] for p, s in zip(collection.prompts, sl)])  # noqa: E731
     on_path = cat("super_on_path").astype(np.int64)  # [T, D]
-    cap = positions.cap
     depths = np.arange(1, on_path.shape[1] + 1)
-    inside = np.cumprod((on_path < (size if oracle else budget)) & (depths <= cap[:, None]), axis=1).astype(bool)
-    if oracle:  # the per-position "tree" is the accepted chain itself
-        inside &= depths <= budget
-        rows = np.arange(len(cap))[:, None]
-        rank = np.where(on_path < size, cat("super_rank").astype(np.int64)[rows, np.minimum(on_path, size - 1)], 0)
-        parent = np.broadcast_to(np.arange(-1, on_path.shape[1] - 1), on_path.shape)
-        tokens = np.minimum(inside.sum(1) + 1, positions.left).astype(float)
-        return _Nodes(np.broadcast_to(depths, on_path.shape), rank, parent, inside, inside.astype(float), tokens)
+    inside = np.cumprod((on_path < budget) & (depths <= positions.cap[:, None]), axis=1).astype(bool)
     n = np.minimum(cat("super_size").astype(np.int64), budget)
     valid = np.arange(budget)[None, :] < n[:, None]
     prob = np.zeros(valid.shape)
@@ -653,6 +179,23 @@ def _dynamic(collection: Collection, budget: int, positions: _Positions, oracle:
         depth=cat("super_depth")[:, :budget].astype(np.int64), rank=cat("super_rank")[:, :budget].astype(np.int64),
         parent=cat("super_parent")[:, :budget].astype(np.int64), valid=valid, prob=prob,
         tokens=np.minimum(accepted + 1, positions.left).astype(float),
+    )
+
+
+def _oracle(collection: Collection, budget: int, positions: _Positions) -> _Nodes:
+    """At each position, the accepted chain of the per-position oracle: the longest prefix of the
+    continuation's rank path with every rank below top_k, capped at `budget` and at the loop's
+    depth cap. Its "tree" is that chain."""
+    _check_greedy(collection)
+    depth = max(budget, 1)
+    ranks = positions.ranks(collection, depth)  # [T, depth]; top_k = out, and past the end
+    depths = np.arange(1, depth + 1)
+    inside = np.cumprod((ranks < collection.config.top_k) & (depths <= positions.cap[:, None]), axis=1).astype(bool)
+    shape = ranks.shape
+    return _Nodes(
+        depth=np.broadcast_to(depths, shape), rank=np.where(inside, ranks, 0),
+        parent=np.broadcast_to(np.arange(-1, depth - 1), shape), valid=inside, prob=inside.astype(float),
+        tokens=np.minimum(inside.sum(1) + 1, positions.left).astype(float),
     )
 
 
@@ -789,7 +332,13 @@ def replay_dynamic(
     per_prompt: bool = False,
 ) -> pd.DataFrame:
     """Metrics of the dynamic (top-n by cumulative draft log-prob) trees, shape "dynamic"."""
-    return _per_budget(collection, budgets, False, mode, max_new_tokens, per_prompt)
+    positions = _positions(collection, max_new_tokens)
+    rows = []
+    for n in budgets:
+        per = _per_position(_dynamic(collection, int(n), positions), positions.cap)
+        label = {"shape": "dynamic", "budget": int(n), "nodes": int(n), "depth": collection.config.super_depth}
+        rows += _rows(collection, label, per, positions, mode, per_prompt)
+    return pd.DataFrame(rows)
 
 
 def oracle(
@@ -799,20 +348,15 @@ def oracle(
     max_new_tokens: int | None = None,
     per_prompt: bool = False,
 ) -> pd.DataFrame:
-    """The per-position oracle, shape "oracle": at each position, the longest prefix of the target's
-    continuation inside the super-tree, capped at the budget. Its "tree" is that accepted chain, so
-    only acceptance_length and tau mean anything (its acceptance rate is 1 by construction)."""
-    return _per_budget(collection, budgets, True, mode, max_new_tokens, per_prompt)
-
-
-def _per_budget(collection: Collection, budgets: Iterable[int], is_oracle: bool, mode: str,
-                max_new_tokens: int | None, per_prompt: bool) -> pd.DataFrame:
+    """The per-position oracle, shape "oracle" (module docstring), with its rank limit in column
+    "top_k": at each position, the longest prefix of the continuation's rank path with ranks below
+    top_k, capped at the budget. Its "tree" is that accepted chain, so only acceptance_length and tau
+    mean anything (its acceptance rate is 1 by construction)."""
     positions = _positions(collection, max_new_tokens)
     rows = []
     for n in budgets:
-        per = _per_position(_dynamic(collection, int(n), positions, oracle=is_oracle), positions.cap)
-        label = {"shape": "oracle" if is_oracle else "dynamic", "budget": int(n), "nodes": int(n),
-                 "depth": collection.config.super_depth}
+        per = _per_position(_oracle(collection, int(n), positions), positions.cap)
+        label = {"shape": "oracle", "budget": int(n), "nodes": int(n), "depth": int(n), "top_k": collection.config.top_k}
         rows += _rows(collection, label, per, positions, mode, per_prompt)
     return pd.DataFrame(rows)
 
@@ -920,50 +464,3 @@ def prefix_counts(collection: Collection, max_new_tokens: int | None = None) -> 
             path = path + (row[d],)
             counts[path] = counts.get(path, 0) + 1
     return counts
-
-
-def ceiling(collection: Collection, budgets: Iterable[int], max_new_tokens: int | None = None) -> dict[int, Tree]:
-    """The hindsight-best static tree per budget on this collection (all positions)."""
-    return hindsight_trees(prefix_counts(collection, max_new_tokens), budgets)
-
-
-def sequoia(
-    collection: Collection, budgets: Iterable[int], max_depth: int | None = None, max_new_tokens: int | None = None
-) -> dict[int, Tree]:
-    """Sequoia's DP trees per budget for this collection's measured acceptance vector."""
-    budgets = list(budgets)
-    trees = sequoia_trees(acceptance_vector(collection, max_new_tokens=max_new_tokens), max(budgets), max_depth)
-    return {n: trees[n] for n in budgets}
-
-
-# ---- helpers -----------------------------------------------------------------------------------
-
-
-def _tree(spec: str) -> Tree:
-    shape, _, budget = spec.partition(":")
-    if not budget.isdigit():
-        raise ValueError(f"tree {spec!r} must be shape:budget, e.g. chain:4")
-    return Tree.preset(shape, int(budget))
-
-
-def _seed(seed: int, prompt_id: str) -> int:
-    """A seed per prompt that does not depend on the order prompts are collected in."""
-    return (seed * 1_000_003 + zlib.crc32(prompt_id.encode())) % (2**31)
-
-
-def _file_name(prompt_id: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prompt_id)[:40]
-    return f"{safe}-{zlib.crc32(prompt_id.encode()):08x}.npz"
-
-
-def _config_to_json(config: CollectConfig) -> dict:
-    out = asdict(config)
-    out["eos_token_id"] = None if config.eos_token_id is None else list(config.eos_token_id)
-    return out
-
-
-def _config_from_json(d: Mapping[str, Any]) -> CollectConfig:
-    d = dict(d)
-    if d.get("eos_token_id") is not None:
-        d["eos_token_id"] = tuple(d["eos_token_id"])
-    return CollectConfig(**d)

@@ -8,11 +8,11 @@ What it holds (pure functions: no model, no disk; the data come from `specnb.rep
                        accepted with probability a_r (the positional assumption), sibling ranks
                        without gaps (0..k-1, what lossless sampling needs)
     expected_accepted  that objective for any tree: sum over nodes of prod a_{rank} along the path
-                       (= `timing.expected_tau` - 1; bonus token excluded)
+                       (= `cost_model.expected_tau` - 1; bonus token excluded)
     hindsight_trees    for every budget n, the static tree that would have accepted the most
                        draft tokens on collected data (the "ceiling" of static trees): the top-n
                        rank-path prefixes by how often the target's continuation started with them
-    recommend_budget   with replayed tau per tree and the step-time model of `timing` (verify-cost
+    recommend_budget   with replayed tau per tree and the step-time model of `cost_model` (verify-cost
                        curve of the target, per-level cost of the draft), expected tokens/s per tree
                        and the budget that maximises it on the measured device
 
@@ -28,7 +28,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..bench.timing import StepCost, expected_tau, step_cost
+from .cost_model import StepCost, expected_tau, step_cost
 from ..core.trees import Path, Tree
 
 _NEG = -np.inf
@@ -191,7 +191,7 @@ def recommend_budget(
     `replay.replay`; trees: the same (shape, budget) keys; curve: `timing.verify_curve` rows of the
     target (kind "verify", n = 0 included) and of the draft (role "draft"). Returns the columns of
     `timing.cost_table` with expected_tau = the replayed tau, sorted by tokens/s, best first;
-    `timing.recommendation` turns it into a sentence.
+    `notebook.readings.recommendation` turns it into a sentence.
     """
     cost: StepCost = step_cost(curve, target, draft)
     rows = []

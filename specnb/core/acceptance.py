@@ -20,11 +20,18 @@ verification: row 0 is the root, row i + 1 is tree node i.
   rounds become: accept x with probability p(x); on rejection p <- norm(p with x zeroed). Any set
   of distinct or repeated tokens, chosen without looking at the target, is then lossless (a repeat
   of a rejected token has p = 0 and is rejected), and sibling ranks may have gaps.
+
+Both sampling rules are computed for every row at once (`sibling_alphas`, `one_hot_alphas`): alpha_i
+= the probability that child i is accepted given that children 0..i-1 were rejected depends only
+on the row's p, q and children, not on the rounds' outcome. Drawing one uniform u_i per child and
+taking the first child with u_i < alpha_i is the sequential rule, exactly; so a step reads the
+device twice (the accepted children, then the corrected token), however many nodes the tree has.
+`analysis.collect` stores the same alphas to replay sampled trees.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +43,8 @@ from .trees import Tree
 class Acceptance:
     path: tuple[int, ...]  # accepted node indices, depth 1 downward
     next_token: int  # the target's token after the path: bonus if it extends the path, else correction
+    # the accepted nodes' tokens, if the rule read them (the loop reads them otherwise)
+    tokens: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def num_accepted(self) -> int:
@@ -52,7 +61,7 @@ def greedy_accept(tree: Tree, tokens: torch.Tensor, target_argmax: torch.Tensor)
         want = choice[row]
         child = next((c for c in tree.children[row] if toks[c] == want), None)
         if child is None:
-            return Acceptance(tuple(path), want)
+            return Acceptance(tuple(path), want, tuple(toks[i] for i in path))
         path.append(child)
         row = child + 1
 
@@ -68,70 +77,94 @@ def speculative_accept(
     (rows of leaves are not read). Children must have been drawn without replacement from q at
     their parent, in rank order, with no rank gaps (see `Tree.has_rank_gaps`).
     q=None: the children are deterministic proposals (see the module docstring); gaps allowed."""
-    if q is None:
-        return _deterministic_accept(tree, tokens, p, generator)
-    if tree.has_rank_gaps:
+    if q is not None and tree.has_rank_gaps:
         raise ValueError(
             "lossless tree sampling needs sibling ranks 0..k-1 without gaps when children are drawn "
             "from q; use a gap-free tree, or a drafter that proposes deterministically (q=None)"
         )
-    toks = tokens.tolist()
+    rows = [r for r, kids in enumerate(tree.children) if kids]  # rows with children to check
+    if not rows:
+        return Acceptance((), sample(p[0], generator))
+    width = max(len(tree.children[r]) for r in rows)
+    # children[j, i] = the node index of row rows[j]'s i-th child (order of checking), -1 = none
+    children = [list(tree.children[r]) + [-1] * (width - len(tree.children[r])) for r in rows]
+    index = torch.tensor(children, dtype=torch.long, device=tokens.device)
+    child_tokens = torch.where(index >= 0, tokens[index.clamp_min(0)], -1)  # [R, K]
+    row_index = torch.tensor(rows, dtype=torch.long, device=p.device)
+    if q is None:
+        alpha, residual = one_hot_alphas(p[row_index], child_tokens.to(p.device))
+    else:
+        alpha, residual = sibling_alphas(p[row_index], q.to(p.device)[row_index], child_tokens.to(p.device))
+    u = torch.rand(alpha.shape, generator=generator, device=generator.device if generator is not None else p.device)
+    accepted = u.to(alpha.device) < alpha
+    first = torch.where(accepted.any(-1), accepted.int().argmax(-1), -1).tolist()  # one read
+    slot = {r: j for j, r in enumerate(rows)}
+    toks: list[int] = []
     path: list[int] = []
     row = 0
-    while True:
-        p_row = p[row]
-        q_row = q[row]
-        accepted = None
-        for child in tree.children[row]:
-            x = toks[child]
-            qx = float(q_row[x])
-            if qx <= 0.0:  # a draw past q's support is no draw from q: skip it, p unchanged
-                continue
-            u = float(torch.rand((), generator=generator, device=p_row.device))
-            if u * qx < float(p_row[x]):
-                accepted = child
-                break
-            residual = (p_row - q_row).clamp_min(0.0)
-            mass = float(residual.sum())
-            # mass == 0 means p == q, where rejection has probability 0; keep p if rounding got here
-            p_row = residual / mass if mass > 0.0 else p_row
-            q_row = q_row.clone()
-            q_row[x] = 0.0
-            q_mass = float(q_row.sum())
-            if q_mass <= 0.0:
-                break
-            q_row = q_row / q_mass
-        if accepted is None:
-            return Acceptance(tuple(path), sample(p_row, generator))
-        path.append(accepted)
-        row = accepted + 1
+    while row in slot and first[slot[row]] >= 0:
+        node = children[slot[row]][first[slot[row]]]
+        path.append(node)
+        row = node + 1
+    if row in slot:  # every child of this row was rejected: the correction, from the residual
+        next_token = sample(residual[slot[row]], generator)
+    else:  # a leaf (or the root of an empty tree): the bonus token, from p
+        next_token = sample(p[row], generator)
+    if path:
+        toks = tokens[torch.tensor(path, device=tokens.device)].tolist()
+    return Acceptance(tuple(path), next_token, tuple(toks))
 
 
-def _deterministic_accept(
-    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
-) -> Acceptance:
-    """Multi-round rejection with one-hot proposals: accept x w.p. p(x), else zero x in p."""
-    toks = tokens.tolist()
-    path: list[int] = []
-    row = 0
-    while True:
-        p_row = p[row]
-        accepted = None
-        for child in tree.children[row]:
-            x = toks[child]
-            px = float(p_row[x])
-            u = float(torch.rand((), generator=generator, device=p_row.device))
-            if u < px:
-                accepted = child
-                break
-            if px > 0.0:
-                p_row = p_row.clone()
-                p_row[x] = 0.0
-                mass = float(p_row.sum())
-                if mass <= 0.0:  # only rounding can get here (px < 1 was rejected)
-                    break
-                p_row = p_row / mass
-        if accepted is None:
-            return Acceptance(tuple(path), sample(p_row, generator))
-        path.append(accepted)
-        row = accepted + 1
+def sibling_alphas(p: torch.Tensor, q: torch.Tensor, children: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-round rejection over draws without replacement from q, for every row at once.
+
+    p, q: [B, V] at each row (any float dtype; computed in it); children: long [B, K], the child
+    tokens in draw order, -1 = no child. Returns (alpha [B, K], residual p [B, V]): alpha[b, i] =
+    probability that child i is accepted given children 0..i-1 were rejected, alpha_i =
+    min(1, p_i(x) / q_i(x)), with p <- norm(max(p_i - q_i, 0)) and q <- norm(q_i without x) after each
+    rejection; residual = p after every child was rejected (the correction token's distribution).
+    A draw outside q's support is skipped (alpha 0, residuals unchanged); once q has no mass left
+    the later children are never checked (alpha 0). mass == 0 for the p residual means p == q,
+    where a rejection has probability 0: p is kept as it is if rounding gets there.
+    """
+    p, q = p.clone(), q.clone()
+    alpha = torch.zeros(children.shape, dtype=p.dtype, device=p.device)
+    live = torch.ones(children.shape[0], dtype=torch.bool, device=p.device)
+    rows = torch.arange(children.shape[0], device=p.device)
+    for i in range(children.shape[1]):
+        x = children[:, i].clamp_min(0)
+        qx, px = q[rows, x], p[rows, x]
+        checked = live & (children[:, i] >= 0) & (qx > 0)
+        alpha[:, i] = torch.where(checked, torch.clamp(px / qx.clamp_min(torch.finfo(q.dtype).tiny), max=1.0), 0.0)
+        residual = (p - q).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        p = torch.where(checked[:, None] & (mass > 0), residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
+        q_rest = q.clone()
+        q_rest[rows, x] = 0.0
+        q_mass = q_rest.sum(-1, keepdim=True)
+        live = live & ~(checked & (q_mass[:, 0] <= 0))
+        q = torch.where(checked[:, None] & (q_mass > 0), q_rest / q_mass.clamp_min(torch.finfo(q.dtype).tiny), q)
+    return alpha, p
+
+
+def one_hot_alphas(p: torch.Tensor, children: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same rounds with deterministic proposals (one-hot q): accept x with probability p_i(x),
+    on rejection p <- norm(p with x zeroed). A repeat of a rejected token has probability 0.
+
+    p: [B, V]; children: long [B, K], -1 = no child. Returns (alpha [B, K], residual p [B, V])."""
+    valid = children >= 0
+    x = children.clamp_min(0)
+    px = p.gather(-1, x) * valid  # [B, K]
+    k = children.shape[1]
+    earlier = torch.ones(k, k, dtype=torch.bool, device=p.device).tril(-1)  # j < i
+    repeat = ((children[:, :, None] == children[:, None, :]) & earlier & valid[:, None, :]).any(-1)  # [B, K]
+    fresh = px * ~repeat  # each distinct token's mass counted once, at its first proposal
+    removed = torch.cumsum(fresh, -1) - fresh  # mass zeroed before child i
+    alpha = torch.where(valid & ~repeat, px / (1.0 - removed).clamp_min(torch.finfo(p.dtype).tiny), 0.0).clamp(max=1.0)
+    proposed = torch.zeros_like(p).scatter_add(-1, x, valid.to(p.dtype)) > 0  # [B, V]
+    residual = p.masked_fill(proposed, 0.0)
+    mass = residual.sum(-1, keepdim=True)
+    # mass 0: every token with probability was proposed and all were rejected, which only rounding
+    # allows (a proposal with p = 1 is always accepted); keep p then
+    residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
+    return alpha, residual

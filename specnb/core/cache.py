@@ -41,18 +41,22 @@ def cache_length(cache: DynamicCache) -> int:
 def keep_positions(cache: DynamicCache, keep: torch.Tensor | Sequence[int]) -> None:
     """Keep only the cache positions `keep` (ascending), in every layer, in place.
 
-    keep: long [K], positions along the sequence axis of each layer's keys/values [B, H, S, D].
+    keep: K positions along the sequence axis of each layer's keys/values [B, H, S, D].
     A contiguous prefix (a chain's accepted path) is cropped, not gathered: no copy of the cache.
     """
-    if len(keep) and int(keep[-1]) == len(keep) - 1:  # ascending and distinct, so exactly 0..K-1
+    keep = [int(k) for k in keep]
+    if keep and keep[-1] == len(keep) - 1:  # ascending and distinct, so exactly 0..K-1
         crop(cache, len(keep))
         return
+    index: dict[torch.device, torch.Tensor] = {}  # one host-to-device copy, not one per layer
     for layer in cache.layers:
         if not layer.is_initialized or layer.keys.numel() == 0:
             continue
-        idx = torch.as_tensor(keep, dtype=torch.long, device=layer.keys.device)
-        layer.keys = layer.keys.index_select(2, idx)
-        layer.values = layer.values.index_select(2, idx)
+        device = layer.keys.device
+        if device not in index:
+            index[device] = torch.tensor(keep, dtype=torch.long, device=device)
+        layer.keys = layer.keys.index_select(2, index[device])
+        layer.values = layer.values.index_select(2, index[device])
 
 
 def crop(cache: DynamicCache, length: int) -> None:

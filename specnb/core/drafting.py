@@ -1,39 +1,48 @@
-"""Drafters fill a `Tree` with tokens.
+"""Drafters fill a `Tree` with tokens; `ModelDrafter` does it with a small causal LM.
 
-A drafter is any object with `draft(tokens, tree, sampling, generator) -> Draft` and `reset()`.
-The requested tree is a budget: a drafter that shapes its own tree (dynamic trees, adaptive draft
-length, n-gram matches, merged drafts) returns it in `Draft.tree`, no deeper than the requested
-one (the loop truncates the request so that no step overshoots `max_new_tokens`). Two optional
-hooks, called by `speculative_generate` when a drafter defines them:
+Every drafter subclasses `Drafter` and implements `draft(tokens, tree, sampling, generator) ->
+Draft`. The requested tree is a budget: a drafter that shapes its own tree (dynamic trees, adaptive
+draft length, n-gram matches, merged drafts) returns it in `Draft.tree`, no deeper than the
+requested one (the loop truncates the request so that no step overshoots `max_new_tokens`). The
+base class has no-op hooks that `speculative_generate` calls on every drafter:
 
-    observe(draft, acceptance)   after each verification (adaptive draft length learns here)
-    bind_target_cache(cache)     once, after the target's prefill: a self-draft that shares the
-                                 target's layers may read their keys/values; it must leave the
-                                 cache as it found it (same length) before `draft` returns
-`ModelDrafter` wraps a small causal LM and builds the tree level by level: one draft forward pass
-per depth, all nodes of that depth at once under the tree mask, on top of the draft's own KV cache.
+    reset()                      before a generation: forget the previous sequence
+    check_request(tree, sampling)   before any compute: refuse a request the drafter cannot draft
+    bind_target_cache(cache)     after the target's cache is made: a self-draft that shares the
+                                 target's layers may read their keys/values (it must leave the
+                                 cache as it found it before `draft` returns); such a drafter sets
+                                 `shares_target_cache`, so the loop prefills the prompt for it
+    observe(draft, acceptance)   after each verification (adaptive lengths learn, caches keep the
+                                 accepted nodes)
+and one attribute, `default_tree`: the tree used when the caller gives none.
+
+`ModelDrafter` builds the tree level by level (`Tree.levels`): one draft forward per depth, all
+nodes of that depth with children at once under the tree mask, on top of the draft's own KV cache.
 The child at rank r of a node is the draft's r-th most likely token after that node's path
-(greedy), or the r-th draw without replacement from q there (sampling, see `acceptance`).
-
-The draft's cache persists across steps. It holds the committed sequence plus, after a draft, the
-tree nodes fed for the deeper levels; at the next call the tree tail is cropped (it is contiguous)
-and only the tokens accepted since are fed.
+(greedy), or the r-th draw without replacement from q there (sampling, see `acceptance`). Leaves are
+chosen but never fed. The cache persists across steps: it holds the sequence drafted from, then the
+nodes fed for the deeper levels. At the next call the accepted nodes that were fed keep their
+keys and values (their mask was the sequence itself, their positions the sequence's), the other
+nodes are dropped (`cache.keep_positions`), and only the tokens the cache lacks are fed (the
+accepted nodes never fed, and the bonus token).
 
 `ModelDrafter(model, confidence_threshold=t)` drafts chains of adaptive length: it stops after the
 first token whose draft probability is below t (transformers' `assistant_confidence_threshold`;
-`draft_length` has the other adaptive-length rule and the reasoning for both).
+`drafters.draft_length` has the other adaptive-length rule and the reasoning for both).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Hashable
 
 import torch
+from transformers import DynamicCache
 
-from .cache import crop, new_cache
-from .masks import model_mask, prefix_tree_mask
-from .sampling import SamplingConfig, probabilities, sample_without_replacement
+from .acceptance import Acceptance
+from .cache import crop, keep_positions, new_cache
+from .forward import forward
+from .sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
 from .trees import Tree
 
 
@@ -47,43 +56,12 @@ class Draft:
     #                           requested tree
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> Draft: ...
+class Drafter:
+    """Base class of every drafter: `draft` to implement, hooks that do nothing by default."""
 
-    def reset(self) -> None: ...
+    default_tree: Tree | None = None  # used by speculative_generate when it is given no tree
+    shares_target_cache: bool = False  # drafts on the target's own cache (needs the prompt in it)
 
-
-class ModelDrafter:
-    """Drafts with a transformers causal LM that shares the target's vocabulary.
-
-    confidence_threshold: 0 (default) fills the requested tree. t > 0 needs a chain request and
-    stops the chain after the first token x with q(x) < t, q the draft's distribution at its
-    position after the sampling transforms (plain softmax when greedy, where x is the argmax), as
-    transformers' `ConfidenceCriteria` does (stopping_criteria.py): the token that fell below t is
-    kept, so t = 1 drafts one token per step (unless q(x) rounds to exactly 1) and t = 0 never
-    stops early. The shorter chain is returned in `Draft.tree`. Under sampling q is still returned:
-    see `draft_length` for why stopping on q(x) keeps the output distribution exact.
-    """
-
-    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0) -> None:
-        if not 0.0 <= confidence_threshold <= 1.0:
-            raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
-        self.model = model
-        self.confidence_threshold = confidence_threshold
-        self.reset()
-
-    def reset(self) -> None:
-        self._cache = None
-        self._committed: list[int] = []  # tokens whose keys/values the cache holds, in order
-
-    @torch.inference_mode()
     def draft(
         self,
         tokens: torch.Tensor,
@@ -92,85 +70,170 @@ class ModelDrafter:
         generator: torch.Generator | None = None,
     ) -> Draft:
         """tokens: long [1, T] or [T], the sequence so far; its last token is the tree's root."""
-        n = tree.num_nodes
-        stop_early = self.confidence_threshold > 0.0
-        if stop_early and tree != Tree.chain(n):
-            raise ValueError(f"confidence_threshold applies to chains; got a tree of {tree.describe()}")
-        seq = tokens.reshape(-1).tolist()
-        device = self.model.device
-        root_logits = self._advance(seq)  # [V]
-        out = torch.zeros(n, dtype=torch.long, device=device)
-        q = None
-        if not sampling.greedy:
-            q = torch.zeros(n + 1, root_logits.shape[-1], dtype=torch.float32, device=device)
-        if n == 0:
-            return Draft(out, q)
+        raise NotImplementedError
 
-        prefix_len = len(seq)  # cache length before the tree; the root sits at prefix_len - 1
-        ancestors = tree.ancestor_mask(device)
-        parents = torch.tensor(tree.parents, device=device)
-        ranks = torch.tensor(tree.ranks, device=device)
-        level_logits = root_logits[None]  # logits at the parents of the next level, [P, V]
-        level_rows = torch.zeros(1, dtype=torch.long, device=device)  # their rows (0 = root)
-        for depth in range(1, tree.depth + 1):
-            nodes = tree.level(depth)
-            # each node's parent as an index into level_logits
-            parent_rows = parents[nodes.start : nodes.stop] + 1
-            local = torch.searchsorted(level_rows, parent_rows)
-            k = int(ranks[nodes.start : nodes.stop].max()) + 1
+    def reset(self) -> None:
+        """Forget the previous generation."""
+
+    def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
+        """Raise ValueError, before any model runs, if `tree` cannot be drafted under `sampling`."""
+
+    def bind_target_cache(self, cache: DynamicCache) -> None:
+        """The target's cache, once per generation (see the module docstring)."""
+
+    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
+        """What the target accepted of `draft`."""
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a transformers causal LM that shares the target's vocabulary.
+
+    confidence_threshold: 0 (default) fills the requested tree. t > 0 needs a chain request and
+    stops the chain after the first token x with q(x) < t, q the draft's distribution at its
+    position after the sampling transforms (plain softmax when greedy, where x is the argmax), as
+    transformers' `ConfidenceCriteria` does (stopping_criteria.py): the token that fell below t is
+    kept, so t = 1 drafts one token per step (unless q(x) rounds to exactly 1) and t = 0 never
+    stops early. The shorter chain is returned in `Draft.tree`. Under sampling q is still returned:
+    see `drafters.draft_length` for why stopping on q(x) keeps the output distribution exact.
+    """
+
+    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0) -> None:
+        if not 0.0 <= confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
+        self.model = model
+        self.confidence_threshold = confidence_threshold
+        self._indices: dict[tuple[Tree, torch.device], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self._cache: DynamicCache | None = None
+        self._committed: list[int] = []  # the tokens whose keys/values open the cache, in order
+        self._fed: list[Hashable] = []  # the tree nodes fed after them, in cache order
+        self._accepted: tuple[tuple[Hashable, ...], tuple[int, ...]] = ((), ())  # last observed: nodes, tokens
+
+    def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
+        if not sampling.greedy and tree.has_rank_gaps:
+            raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1): a model "
+                             "drafter's rank-r child is its r-th draw without replacement from q")
+        if self.confidence_threshold > 0.0 and tree != Tree.chain(tree.num_nodes):
+            raise ValueError(f"confidence_threshold applies to chains; got a tree of {tree.describe()}")
+
+    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
+        self._accepted = (acceptance.path, acceptance.tokens)
+
+    @torch.inference_mode()
+    def draft(
+        self,
+        tokens: torch.Tensor,
+        tree: Tree,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+        copies: int = 1,
+    ) -> Draft:
+        """tokens: long [1, T] or [T], the sequence so far; its last token is the tree's root.
+
+        copies > 1 (sampling only): `tree` is a forest of that many copies of one tree side by side
+        under the root, copy s's depth-1 ranks being s * w .. s * w + w - 1; each copy is an
+        independent sample (the root's children are drawn without replacement within a copy, not
+        across copies). `analysis.collect` drafts many samples in one pass this way."""
+        self.check_request(tree, sampling)
+        if copies > 1 and sampling.greedy:
+            raise ValueError("copies > 1 draws independent samples: it needs sampling (temperature > 0)")
+        n = tree.num_nodes
+        seq = tokens.reshape(-1).tolist()
+        root_logits = self._advance(seq)  # [V]
+        device = root_logits.device
+        out = torch.zeros(n, dtype=torch.long, device=device)
+        q = None if sampling.greedy else torch.zeros(n + 1, root_logits.shape[-1], dtype=torch.float32, device=device)
+        logits = root_logits[None]  # [P, V]: the logits at the parents of the next level
+        parent_rows = torch.zeros(1, dtype=torch.long, device=device)  # their rows in q (0 = the root)
+        for level, (parents, ranks, fed) in zip(tree.levels, self._level_indices(tree, device)):
             if sampling.greedy:
-                choices = torch.topk(level_logits, k, dim=-1).indices  # [P, k]
+                choices = top_tokens(logits, level.width)  # [P, width]
             else:
-                probs = probabilities(level_logits, sampling)
-                q[level_rows] = probs
-                choices = sample_without_replacement(probs, k, generator)
-            out[nodes.start : nodes.stop] = choices[local, ranks[nodes.start : nodes.stop]]
-            if stop_early and depth < n:
-                # a chain: one node per level, one parent row
-                row = torch.softmax(level_logits[0], -1) if sampling.greedy else probs[0]
-                if float(row[out[depth - 1]]) < self.confidence_threshold:
+                probs = probabilities(logits, sampling)
+                q[parent_rows] = probs
+                if level.depth == 1 and copies > 1:  # the root's row, once per copy
+                    choices = sample_without_replacement(probs.expand(copies, -1), level.width // copies, generator)
+                    choices = choices.reshape(1, -1)
+                else:
+                    choices = sample_without_replacement(probs, level.width, generator)
+            out[level.nodes.start : level.nodes.stop] = choices[parents, ranks]
+            if self.confidence_threshold > 0.0 and level.depth < n:  # a chain: one node per level
+                row = torch.softmax(logits[0], -1) if sampling.greedy else probs[0]
+                if float(row[out[level.depth - 1]]) < self.confidence_threshold:
+                    depth = level.depth
                     return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
-            if depth == tree.depth:
+            if not level.fed:
                 break
-            # feed this level: it sees the prefix, the nodes fed before it, and its own ancestors
-            rows = ancestors[nodes.start : nodes.stop, : nodes.stop]
-            # one query that sees every cached token (a chain so far) needs no mask: the model's
-            # own mask for a single query is all-visible, and it keeps the fast attention path
-            visible_to_all = len(nodes) == 1 and bool(rows.all())
-            mask = None if visible_to_all else model_mask(prefix_tree_mask(rows, prefix_len), self.model, self.model.dtype)
-            positions = (prefix_len - 1 + depth) * torch.ones(len(nodes), dtype=torch.long)
-            logits = self.model(
-                input_ids=out[None, nodes.start : nodes.stop],
-                position_ids=positions[None].to(device),
-                attention_mask=mask,
-                past_key_values=self._cache,
-                use_cache=True,
-            ).logits[0]
-            level_logits = logits.float()
-            level_rows = torch.arange(nodes.start + 1, nodes.stop + 1, device=device)
+            logits = self._feed(tree, level.fed, out[fed], len(seq) - 1 + level.depth).float()
+            parent_rows = fed + 1
         return Draft(out, q)
 
+    def _level_indices(self, tree: Tree, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per level: parent rows, ranks and fed nodes as index tensors on `device`, made once per
+        tree (a step then copies nothing to the device to index its choices)."""
+        key = (tree, device)
+        if key not in self._indices:
+            if len(self._indices) > 64:  # trees shaped per step (adaptive lengths) come and go
+                self._indices.clear()
+            self._indices[key] = [
+                tuple(torch.tensor(v, dtype=torch.long, device=device) for v in (lv.parent_rows, lv.ranks, lv.fed))
+                for lv in tree.levels
+            ]
+        return self._indices[key]
+
+    def _feed(self, tree: Tree, nodes: tuple[int, ...], ids: torch.Tensor, position: int) -> torch.Tensor:
+        """Feed tree nodes of one depth (their tokens `ids`, all at `position`); each sees the
+        sequence, its fed ancestors and itself. Returns their logits [len(nodes), V]."""
+        visible = self._visible(len(nodes))
+        visible[:, len(self._committed) :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
+        self._fed += list(nodes)
+        return forward(self.model, self._cache, ids, torch.full((len(nodes),), position), visible)
+
+    def _visible(self, new: int) -> torch.Tensor:
+        """Bool [new, cache length + new], True over the committed sequence, False elsewhere."""
+        visible = torch.zeros(new, len(self._committed) + len(self._fed) + new, dtype=torch.bool)
+        visible[:, : len(self._committed)] = True
+        return visible
+
     def _advance(self, seq: list[int]) -> torch.Tensor:
-        """Bring the cache to `seq` minus nothing, feeding only what it lacks; logits at seq[-1]."""
+        """Bring the cache to `seq`, feeding only what it lacks; float32 logits [V] at seq[-1]."""
         if self._cache is None:
             self._cache = new_cache(self.model)
-        keep = 0
-        limit = min(len(self._committed), len(seq) - 1)  # always feed the root: we need its logits
-        while keep < limit and self._committed[keep] == seq[keep]:
-            keep += 1
-        crop(self._cache, keep)  # drops last step's tree nodes and anything not shared
-        new = torch.tensor([seq[keep:]], dtype=torch.long, device=self.model.device)
-        logits = self.model(
-            input_ids=new, past_key_values=self._cache, use_cache=True, logits_to_keep=1
-        ).logits[0, -1]
-        self._committed = list(seq)
+            self._committed, self._fed = [], []
+        held = len(self._committed)
+        kept: list[Hashable] = []
+        if len(seq) > held and seq[:held] == self._committed:
+            # an extension: keep the accepted nodes that were fed, while they match the sequence
+            # (never the root, seq[-1]: its logits are needed)
+            slot = {node: i for i, node in enumerate(self._fed)}
+            for node, token in zip(*self._accepted):
+                at = held + len(kept)
+                if at >= len(seq) - 1 or node not in slot or seq[at] != token:
+                    break
+                kept.append(node)
+            keep = held
+        else:
+            keep, limit = 0, min(held, len(seq) - 1)
+            while keep < limit and self._committed[keep] == seq[keep]:
+                keep += 1
+        if kept:
+            slot = {node: i for i, node in enumerate(self._fed)}
+            keep_positions(self._cache, list(range(held)) + [held + slot[node] for node in kept])
+        else:
+            crop(self._cache, keep)  # drops the last tree's nodes and anything not shared
+        new = torch.tensor(seq[keep + len(kept) :], dtype=torch.long)
+        logits = forward(self.model, self._cache, new, logits_to_keep=1)[-1]
+        self._committed, self._fed, self._accepted = list(seq), [], ((), ())
         return logits.float()
 
 
 def as_drafter(drafter: Drafter | torch.nn.Module) -> Drafter:
     """A drafter as given, or a transformers model wrapped in `ModelDrafter`."""
-    if isinstance(drafter, torch.nn.Module):
-        return ModelDrafter(drafter)
     if isinstance(drafter, Drafter):
         return drafter
-    raise TypeError(f"expected a Drafter or a transformers model, got {type(drafter).__name__}")
+    if isinstance(drafter, torch.nn.Module):
+        return ModelDrafter(drafter)
+    raise TypeError(f"expected a specnb Drafter (a subclass of specnb.Drafter) or a transformers model, "
+                    f"got {type(drafter).__name__}")

@@ -3,6 +3,10 @@
 The same `SamplingConfig` (temperature, then top-k, then top-p) is applied to the target's logits
 (giving p) and to the draft's (giving q), so the lossless rules in `acceptance` reproduce exactly
 the target's *processed* distribution. `temperature == 0` means greedy decoding.
+
+`top_tokens` is the one ranking rule of specnb: the draft's rank-r token is the r-th largest logit,
+ties broken by the lower token id. Every drafter and the collector of `analysis.collect` rank with
+it, so ranks agree between them on every device (CUDA's `topk` has no fixed order among ties).
 """
 
 from __future__ import annotations
@@ -29,6 +33,22 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def top_tokens(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Long [..., k]: the indices of the k largest scores per row, largest first, ties broken by
+    the lower index. scores: float [..., V] (read as float32).
+
+    Exact and stable on every device: each float32 score is mapped to an integer of the same order
+    (IEEE-754 bits, negatives flipped), shifted, and the index's complement is put in the low bits,
+    so no two keys are equal and `topk` over the keys has no ties to order."""
+    if scores.shape[-1] > 2**20:
+        raise ValueError(f"top_tokens ranks at most 2^20 entries per row, got {scores.shape[-1]}")
+    bits = scores.float().contiguous().view(torch.int32).long()
+    ordered = torch.where(bits < 0, -(2**31) - 1 - bits, bits)  # same order as the floats
+    index = torch.arange(scores.shape[-1], device=scores.device)
+    keys = ordered * 2**20 + (2**20 - 1 - index)  # vocabularies up to 2^20 tokens
+    return torch.topk(keys, min(k, scores.shape[-1]), dim=-1).indices
 
 
 def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

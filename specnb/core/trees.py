@@ -238,17 +238,42 @@ class Tree:
             return self
         return Tree(tuple(p for p in self.paths if len(p) <= max(max_depth, 0)))
 
+    @cached_property
+    def levels(self) -> tuple[Level, ...]:
+        """The plan of a level-by-level draft (one draft forward per depth): for each depth, its
+        nodes, each node's parent as a row of the previous level's logits, and the nodes fed to
+        the draft so that the next level has logits (those with children)."""
+        out: list[Level] = []
+        slot = {-1: 0}  # node -> its row in the logits the next level reads; the root is row 0
+        for depth in range(1, self.depth + 1):
+            nodes = self.level(depth)
+            fed = tuple(i for i in nodes if self.children[i + 1])
+            out.append(Level(
+                depth=depth, nodes=nodes,
+                parent_rows=tuple(slot[self.parents[i]] for i in nodes),
+                ranks=tuple(self.ranks[i] for i in nodes),
+                fed=fed,
+            ))
+            slot = {i: r for r, i in enumerate(fed)}
+        return tuple(out)
+
     # ---- tensors ------------------------------------------------------------------------------
 
-    def ancestor_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """Bool [N, N]: row i is True at j iff node j is node i or one of its ancestors."""
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        """Bool [N, N] on the CPU: row i is True at j iff node j is node i or one of its ancestors.
+        Shared by every caller: do not modify it in place."""
         n = self.num_nodes
         mask = torch.zeros(n, n, dtype=torch.bool)
         for i, parent in enumerate(self.parents):
             if parent >= 0:
                 mask[i] = mask[parent]  # canonical order: the parent's row is already complete
             mask[i, i] = True
-        return mask.to(device) if device is not None else mask
+        return mask
+
+    def ancestor_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """`ancestors` as a new tensor on `device`."""
+        return self.ancestors.to(device) if device is not None else self.ancestors.clone()
 
     def position_offsets(self, device: torch.device | str | None = None) -> torch.Tensor:
         """Long [N]: each node's depth, its position relative to the root."""
@@ -298,6 +323,22 @@ class TokenTrie:
         order = tuple(position[path] for path in tree.paths)
         tokens = torch.tensor([self._tokens[i] for i in order], dtype=torch.long, device=device)
         return tree, tokens, order
+
+
+@dataclass(frozen=True)
+class Level:
+    """One depth of a tree, as a level-by-level draft visits it (`Tree.levels`)."""
+
+    depth: int
+    nodes: range  # the level's node indices (contiguous in canonical order)
+    parent_rows: tuple[int, ...]  # per node: its parent's row among the previous level's fed nodes (depth 1: 0, the root)
+    ranks: tuple[int, ...]  # per node: its sibling rank
+    fed: tuple[int, ...]  # the level's nodes that have children, in order: fed to the draft for the next level
+
+    @property
+    def width(self) -> int:
+        """Children to choose per parent: the highest rank + 1."""
+        return max(self.ranks) + 1
 
 
 def _budget(n: int) -> int:

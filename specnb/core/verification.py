@@ -2,9 +2,13 @@
 
 Invariant between steps: the target's cache holds every token of the sequence but the last (the
 root of the next tree). A step appends the root and the N nodes (positions prefix + depth, mask =
-whole prefix + ancestors), reads the target's logits at every row, and after acceptance keeps the
-prefix, the root and the accepted branch only (`commit`), restoring the invariant with nothing to
-recompute.
+whole prefix + ancestors), reads the target's logits at the root and every node, and after
+acceptance keeps the prefix, the root and the accepted branch only (`commit`), restoring the
+invariant with nothing to recompute.
+
+The first step may also carry the prompt (`verify(..., pending=prompt)`): the tokens not yet in
+the cache go in front of the root in the same forward, causally among themselves, so the prompt
+costs no forward of its own (transformers' assisted generation does the same).
 """
 
 from __future__ import annotations
@@ -13,16 +17,17 @@ import torch
 from transformers import DynamicCache
 
 from .cache import cache_length, keep_positions
-from .masks import model_mask, prefix_tree_mask, rooted_ancestor_mask
+from .forward import forward
+from .masks import prefix_tree_mask, rooted_ancestor_mask
 from .trees import Tree
 
 
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor) -> torch.Tensor:
     """Append `tokens` (long [1, T], T >= 1) to the cache; returns float32 logits [1, V] at the last
-    token only (`logits_to_keep=1`, as transformers' generate does: the LM head over a whole prompt
-    is wasted work, about 11% of a 700-token prefill of Qwen2.5-1.5B on CPU)."""
-    return model(input_ids=tokens, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0].float()
+    token only (the LM head over a whole prompt is wasted work, about 11% of a 700-token prefill of
+    Qwen2.5-1.5B on CPU; transformers' generate skips it too)."""
+    return forward(model, cache, tokens.reshape(-1), logits_to_keep=1).float()
 
 
 @torch.inference_mode()
@@ -32,31 +37,34 @@ def verify(
     root: int,
     tree: Tree,
     tokens: torch.Tensor,
+    pending: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Float32 logits [N + 1, V]: the target's logits at the root (row 0) and each node (row i+1).
 
-    tokens: long [N], the draft tokens in the tree's canonical order.
+    tokens: long [N], the draft tokens in the tree's canonical order. pending: long [P], tokens of
+    the sequence before the root that the cache does not hold yet (the prompt, in the first step);
+    they are appended first, causally. After the call the cache holds them, the root and the tree.
     """
-    device = target.device
-    prefix_len = cache_length(cache)
-    ids = torch.cat([torch.tensor([root], device=device), tokens.to(device)])[None]
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets()])
-    positions = (prefix_len + offsets)[None].to(device)
-    mask = prefix_tree_mask(rooted_ancestor_mask(tree.ancestor_mask(device)), prefix_len)
-    out = target(
-        input_ids=ids,
-        position_ids=positions,
-        attention_mask=model_mask(mask, target, target.dtype),
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return out.logits[0].float()
+    cached = cache_length(cache)
+    before = 0 if pending is None else int(pending.numel())
+    prefix_len = cached + before  # every token before the root
+    n = tree.num_nodes
+    visible = prefix_tree_mask(rooted_ancestor_mask(tree.ancestors), prefix_len)[0, 0]  # [N + 1, prefix_len + N + 1]
+    positions = prefix_len + torch.tensor((0,) + tree.depths, dtype=torch.long)
+    ids = torch.cat([torch.tensor([root], device=tokens.device), tokens])
+    if before:
+        causal = torch.ones(before, prefix_len, dtype=torch.bool).tril(diagonal=cached)
+        visible = torch.cat([torch.cat([causal, torch.zeros(before, n + 1, dtype=torch.bool)], 1), visible])
+        positions = torch.cat([torch.arange(cached, prefix_len), positions])
+        ids = torch.cat([pending.reshape(-1).to(tokens.device), ids])
+    return forward(target, cache, ids, positions, visible, logits_to_keep=n + 1).float()
 
 
 def commit(cache: DynamicCache, prefix_len: int, path: tuple[int, ...]) -> None:
     """Keep the prefix, the root and the accepted nodes `path` of a verified tree.
 
-    prefix_len: the cache length before `verify` appended the root and the tree.
+    prefix_len: the number of tokens before the root (the cache length before `verify`, plus the
+    pending tokens it was given).
     """
     keep = list(range(prefix_len + 1)) + [prefix_len + 1 + i for i in path]
     if len(keep) < cache_length(cache):

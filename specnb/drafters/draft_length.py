@@ -39,7 +39,7 @@ from ..core.trees import Tree
 SCHEDULES = ("heuristic", "heuristic_transient", "constant")
 
 
-class AdaptiveLength:
+class AdaptiveLength(Drafter):
     """Drafts `tree.truncated(min(length, tree.depth))` with `drafter` and adapts `length`.
 
     Matches transformers (5.x) exactly: the count starts at `start` (transformers'
@@ -92,9 +92,14 @@ class AdaptiveLength:
                 self.length += 2
             else:
                 self.length = max(1, self.length - 1)
-        if hasattr(self.drafter, "observe"):
-            self.drafter.observe(draft, acceptance)
+        self.drafter.observe(draft, acceptance)
+
+    @property
+    def shares_target_cache(self) -> bool:
+        return self.drafter.shares_target_cache
+
+    def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
+        self.drafter.check_request(tree, sampling)
 
     def bind_target_cache(self, cache: DynamicCache) -> None:
-        if hasattr(self.drafter, "bind_target_cache"):
-            self.drafter.bind_target_cache(cache)
+        self.drafter.bind_target_cache(cache)

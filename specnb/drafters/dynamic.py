@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.acceptance import Acceptance
 from ..core.drafting import Draft, ModelDrafter
-from ..core.masks import model_mask, prefix_tree_mask
-from ..core.sampling import SamplingConfig
+from ..core.forward import forward
+from ..core.sampling import SamplingConfig, top_tokens
 from ..core.trees import Path, Tree
 
 
@@ -73,54 +74,50 @@ class DynamicTreeDrafter(ModelDrafter):
             return Draft(scored.tokens[: cut.num_nodes], None, cut)
         return Draft(scored.tokens, None, scored.tree)
 
+    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
+        # the fed nodes are named by their paths (the top-n tree's indices change every step)
+        self._accepted = (tuple(draft.tree.paths[i] for i in acceptance.path), acceptance.tokens)
+
     @torch.inference_mode()
     def expand(self, tokens: torch.Tensor, max_depth: int, n: int | None = None) -> ScoredTree:
         """The top-n tree (default `self.n`) after `tokens`, at most `max_depth` deep."""
         n = self.n if n is None else n
         seq = tokens.reshape(-1).tolist()
-        device = self.model.device
         if max_depth < 1:
             return ScoredTree(Tree(()), torch.zeros(0, dtype=torch.long), torch.zeros(0))
         root_logits = self._advance(seq)
-        prefix_len = len(seq)
         scores: dict[Path, float] = {}
         token: dict[Path, int] = {}
-        self._add_children((), 0.0, root_logits, scores, token)
+        self._add_children([()], [0.0], root_logits[None], scores, token)
         chosen = top_n(scores, n)
-        fed: list[Path] = []  # paths fed to the draft, in cache order after the prefix
         for depth in range(1, max_depth):
             level = [p for p in chosen if len(p) == depth]
             if not level:
                 break
-            slot = {p: i for i, p in enumerate(fed)}
-            rows = torch.zeros(len(level), len(fed) + len(level), dtype=torch.bool)
+            # each sees the sequence, its ancestors (fed at their own depths) and itself
+            visible = self._visible(len(level))
+            base, slot = len(self._committed), {p: i for i, p in enumerate(self._fed)}
             for i, p in enumerate(level):
                 for d in range(1, depth):
-                    rows[i, slot[p[:d]]] = True  # ancestors were fed at their own depth
-                rows[i, len(fed) + i] = True
-            mask = prefix_tree_mask(rows.to(device), prefix_len)
-            positions = torch.full((1, len(level)), prefix_len - 1 + depth, dtype=torch.long, device=device)
-            logits = self.model(
-                input_ids=torch.tensor([[token[p] for p in level]], device=device),
-                position_ids=positions,
-                attention_mask=model_mask(mask, self.model, self.model.dtype),
-                past_key_values=self._cache,
-                use_cache=True,
-            ).logits[0].float()
-            fed.extend(level)
-            for p, row in zip(level, logits):
-                self._add_children(p, scores[p], row, scores, token)
+                    visible[i, base + slot[p[:d]]] = True
+                visible[i, base + len(self._fed) + i] = True
+            self._fed += level
+            ids = torch.tensor([token[p] for p in level])
+            logits = forward(self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth), visible)
+            self._add_children(level, [scores[p] for p in level], logits, scores, token)
             chosen = top_n(scores, n)
         tree = Tree.from_paths(chosen)
         return ScoredTree(
             tree,
-            torch.tensor([token[p] for p in tree.paths], dtype=torch.long, device=device),
+            torch.tensor([token[p] for p in tree.paths], dtype=torch.long, device=root_logits.device),
             torch.tensor([scores[p] for p in tree.paths], dtype=torch.float32),
         )
 
-    def _add_children(self, path: Path, score: float, logits: torch.Tensor, scores: dict, token: dict) -> None:
+    def _add_children(self, paths: list[Path], base: list[float], logits: torch.Tensor, scores: dict, token: dict) -> None:
+        """Score the top_k children of each path from its logits (rows of `logits`), one device read."""
         logq = torch.log_softmax(logits.float(), dim=-1)
-        top = torch.topk(logq, min(self.top_k, logq.shape[-1]))
-        for rank, (lq, tok) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
-            scores[path + (rank,)] = score + lq
-            token[path + (rank,)] = tok
+        top = top_tokens(logq, self.top_k)  # [k, top_k], ties to the lower token id
+        for path, score, values, indices in zip(paths, base, logq.gather(-1, top).tolist(), top.tolist()):
+            for rank, (lq, tok) in enumerate(zip(values, indices)):
+                scores[path + (rank,)] = score + lq
+                token[path + (rank,)] = tok

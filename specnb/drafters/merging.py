@@ -17,19 +17,19 @@ replacement from one q).
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch
 from transformers import DynamicCache
 
 from ..core.acceptance import Acceptance
-from ..core.drafting import Draft, Drafter, as_drafter
+from ..core.drafting import Draft, Drafter, ModelDrafter, as_drafter
+from ..core.runtime import Clock
 from ..core.sampling import SamplingConfig
 from ..core.trees import TokenTrie, Tree
 
 
-class MergedDrafter:
+class MergedDrafter(Drafter):
     """Merges the trees of `components`, pairs (drafter or model, the tree it drafts).
 
     Each component drafts its tree truncated to the requested tree's depth (the request sets only
@@ -48,6 +48,8 @@ class MergedDrafter:
         if not components:
             raise ValueError("MergedDrafter needs at least one (drafter, tree) pair")
         self.components = tuple((as_drafter(drafter), tree) for drafter, tree in components)
+        models = [d.model for d, _ in self.components if isinstance(d, ModelDrafter)]
+        self.device = models[0].device if models else torch.device("cpu")  # where drafting waits for the device
         self.reset()
 
     def reset(self) -> None:
@@ -58,10 +60,17 @@ class MergedDrafter:
         self._drafts: list[Draft] = []
         self._nodes: list[tuple[int, ...]] = []  # per component: its node i -> merged node
 
+    @property
+    def shares_target_cache(self) -> bool:
+        return any(drafter.shares_target_cache for drafter, _ in self.components)
+
+    def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
+        for drafter, own in self.components:
+            drafter.check_request(own.truncated(tree.depth), sampling)
+
     def bind_target_cache(self, cache: DynamicCache) -> None:
         for drafter, _ in self.components:
-            if hasattr(drafter, "bind_target_cache"):
-                drafter.bind_target_cache(cache)
+            drafter.bind_target_cache(cache)
 
     def draft(
         self,
@@ -75,11 +84,12 @@ class MergedDrafter:
         times: list[float] = []
         drafts: list[Draft] = []
         inserted: list[list[int]] = []
+        clock = Clock(self.device)
         for c, (drafter, own) in enumerate(self.components):
             request = own.truncated(tree.depth)
-            start = _now(tokens.device)
+            start = clock.now()
             draft = drafter.draft(tokens, request, sampling, generator)
-            times.append(_now(tokens.device) - start)
+            times.append(clock.now() - start)
             drafted = request if draft.tree is None else draft.tree
             if drafted.num_nodes != draft.tokens.numel() or drafted.depth > tree.depth:
                 raise ValueError(f"component {c} returned {draft.tokens.numel()} tokens for {drafted.describe()}")
@@ -106,8 +116,6 @@ class MergedDrafter:
     def observe(self, draft: Draft, acceptance: Acceptance) -> None:
         accepted = acceptance.path
         for (drafter, _), own, nodes in zip(self.components, self._drafts, self._nodes):
-            if not hasattr(drafter, "observe"):
-                continue
             own_index = {node: i for i, node in reversed(list(enumerate(nodes)))}  # first wins
             path: list[int] = []
             for node in accepted:
@@ -118,11 +126,5 @@ class MergedDrafter:
                 next_token = int(draft.tokens[accepted[len(path)]])
             else:
                 next_token = acceptance.next_token
-            drafter.observe(own, Acceptance(tuple(path), next_token))
+            drafter.observe(own, Acceptance(tuple(path), next_token, acceptance.tokens[: len(path)]))
 
-
-def _now(device: torch.device) -> float:
-    """Wall clock after the queued work on `device` is done."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()

@@ -23,10 +23,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
+from ..core.drafting import Drafter, ModelDrafter
 from ..core.trees import Tree
+from .draft_length import AdaptiveLength
+from .dynamic import DynamicTreeDrafter
+from .merging import MergedDrafter
+from .ngram import NgramDrafter
+from .self_draft import EarlyExitDrafter
 
 HF_METHODS = ("hf_assisted", "hf_prompt_lookup")
 DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence")
@@ -100,15 +107,21 @@ def parse_method(spec: str) -> Method:
     return method
 
 
-def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None):
-    """The drafter object of a specnb method (not for transformers' methods)."""
-    from .draft_length import AdaptiveLength
-    from ..core.drafting import ModelDrafter
-    from .dynamic import DynamicTreeDrafter
-    from .merging import MergedDrafter
-    from .ngram import NgramDrafter
-    from .self_draft import EarlyExitDrafter
+def method_trees(specs: Iterable[str]) -> dict[tuple[str, int], Tree]:
+    """Method specs keyed (shape, budget) as tables name them (`Method.label`, `Method.budget`),
+    with the tree each requests per step; a bad spec raises before anything runs."""
+    methods = [parse_method(spec) for spec in specs]
+    return {(m.label, m.budget): m.tree for m in methods}
 
+
+def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, int], Tree]:
+    """Every preset shape x budget filled by the draft model (`method_trees` of "shape:budget")."""
+    budgets = list(budgets)
+    return method_trees(f"{s}:{b}" for s in shapes for b in budgets)
+
+
+def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None) -> Drafter:
+    """The drafter object of a specnb method (not for transformers' methods)."""
     if method.drafter in HF_METHODS:
         raise ValueError(f"{method.spec} is a transformers method, run by `baselines`, not a drafter")
     if method.needs_draft_model and draft is None:

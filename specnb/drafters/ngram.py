@@ -35,14 +35,14 @@ from typing import Iterator
 
 import torch
 
-from ..core.drafting import Draft
+from ..core.drafting import Draft, Drafter
 from ..core.sampling import SamplingConfig
 from ..core.trees import TokenTrie, Tree
 
 ORDERS = ("earliest", "latest")
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt-lookup drafter filling a tree with the continuations of n-gram matches.
 
     max_ngram, min_ngram: the n-gram sizes tried, longest first (transformers: max 2, min 1;

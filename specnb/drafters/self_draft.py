@@ -33,6 +33,7 @@ from transformers import DynamicCache
 
 from ..core.cache import cache_length, layer_states, restore_layers
 from ..core.drafting import Draft, ModelDrafter
+from ..core.forward import forward
 from ..core.sampling import SamplingConfig
 from ..core.trees import Tree
 
@@ -78,6 +79,8 @@ class EarlyExitDrafter(ModelDrafter):
     confidence_threshold: as in `ModelDrafter`.
     """
 
+    shares_target_cache = True
+
     def __init__(self, target: PreTrainedModel, layers: int, confidence_threshold: float = 0.0) -> None:
         super().__init__(early_exit_model(target, layers), confidence_threshold)
         self.layers = layers
@@ -121,10 +124,10 @@ class EarlyExitDrafter(ModelDrafter):
                 f"the target's cache holds {held} tokens, but a draft for a sequence of {len(seq)} "
                 "needs all but the last; bind_target_cache only works inside speculative_generate"
             )
-        self._cache = self._target_cache  # the tree levels go on top of it (ModelDrafter.draft)
-        root = torch.tensor([seq[-1:]], dtype=torch.long, device=self.model.device)
-        logits = self.model(input_ids=root, past_key_values=self._cache, use_cache=True).logits[0, -1]
-        return logits.float()
+        # the tree levels go on top of the target's cache (ModelDrafter.draft); nothing of them is
+        # kept: the target's layers are restored after the draft
+        self._cache, self._committed, self._fed = self._target_cache, list(seq), []
+        return forward(self.model, self._cache, torch.tensor(seq[-1:]), logits_to_keep=1)[-1].float()
 
 
 def quantized_self_draft(

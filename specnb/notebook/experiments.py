@@ -27,14 +27,21 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..analysis import replay, tree_design
 from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
-from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
-from ..drafters.methods import build_drafter, parse_method
+from ..analysis.collect import collect
+from ..analysis.collection import CollectConfig, Collection
+from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row, summarize
-from ..io.prompts import Prompt
 from ..analysis.quality import greedy_equal, perplexity
-from ..io.storage import Sweep
+from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
+from ..drafters.methods import build_drafter, method_trees, parse_method
+from ..io.models import check_pair, load_pair, load_tokenizer, prompt_ids
+from ..io.prompts import Prompt
+from ..bench.timing import environment_row
+from ..bench.verify_curve import curve_table, verify_curve
+from ..io.storage import Sweep
 
 BASELINE = "autoregressive"
 UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
@@ -54,15 +61,21 @@ class Pair:
     def __post_init__(self) -> None:
         if self.methods is not None:
             object.__setattr__(self, "methods", tuple(self.methods))
-            parse_trees(self.methods)  # refuse a bad spec before any model loads
+            method_trees(self.methods)  # refuse a bad spec before any model loads
+
+    @property
+    def draft_label(self) -> str:
+        """The draft as tables name it: its name, quantization and kept layers."""
+        out = self.draft + (f"[{self.draft_quantization}]" if self.draft_quantization else "")
+        return out + (f"[:{self.draft_layers} layers]" if self.draft_layers else "")
+
+    @property
+    def target_label(self) -> str:
+        return self.target + (f"[{self.target_quantization}]" if self.target_quantization else "")
 
     @property
     def label(self) -> str:
-        def side(name: str, quant: str | None, layers: int | None = None) -> str:
-            out = name + (f"[{quant}]" if quant else "")
-            return out + (f"[:{layers} layers]" if layers else "")
-
-        return f"{side(self.draft, self.draft_quantization, self.draft_layers)} -> {side(self.target, self.target_quantization)}"
+        return f"{self.draft_label} -> {self.target_label}"
 
     @classmethod
     def from_dict(cls, d: dict) -> Pair:
@@ -84,8 +97,6 @@ def run_sweep(
     progress: bool = True,
 ) -> None:
     """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt."""
-    from ..io.models import prompt_ids
-
     drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
@@ -143,8 +154,6 @@ def run_pairs(
     recorded) before any weights load. Returns one row per pair: label, status, reason."""
     import gc
 
-    from ..io.models import check_pair, load_pair, load_tokenizer
-
     status = []
     for pair in pairs:
         try:
@@ -155,7 +164,7 @@ def run_pairs(
         target, draft, tokenizer = load_pair(
             pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, draft_layers=pair.draft_layers
         )
-        own = trees if pair.methods is None else parse_trees(pair.methods)
+        own = trees if pair.methods is None else method_trees(pair.methods)
         run_sweep(store, pair.label, target, draft, tokenizer, prompts, own, max_new_tokens, progress)
         status.append({"pair": pair.label, "status": "measured", "reason": ""})
         del target, draft
@@ -284,9 +293,9 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
     draft_cost = draft s per step / target s per token; verify_cost = verify s per step / target s
     per token (a tree costs more than one token to verify on a compute-bound device); tau is what
     one step buys. Speculation pays when tau > draft_cost + verify_cost."""
-    plain = steps[(steps["shape"] == BASELINE) & (steps["position"] > 0)]  # step 0 includes the prefill
-    base = plain.groupby("pair")["verify_time"].mean().rename("target_s_per_token")
-    spec = steps[steps["shape"] != BASELINE]
+    later = steps[steps["position"] > 0]  # every method's first step carries the prompt
+    base = later[later["shape"] == BASELINE].groupby("pair")["verify_time"].mean().rename("target_s_per_token")
+    spec = later[later["shape"] != BASELINE]
     out = spec.groupby(["pair", "shape", "budget"], sort=False).agg(
         steps=("num_tokens", "size"),
         tau=("num_tokens", "mean"),
@@ -315,15 +324,14 @@ def collect_pair(
     super_depth: int,
     dynamic_budgets: Sequence[int],
     describe: dict | None = None,
-):
-    """`replay.collect` for a prompt set: ranks kept up to the widest rank any tree uses, super-trees
-    (when super_k > 0) as large as the largest dynamic budget. Resumable in `folder`."""
-    from ..io.models import prompt_ids
-    from ..analysis.replay import CollectConfig, collect
-
+    top_k: int = 16,
+) -> Collection:
+    """`analysis.collect.collect` for a prompt set: ranks kept up to top_k (at least the widest rank
+    any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
+    dynamic budget. Resumable in `folder`."""
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     config = CollectConfig(
-        max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, 2), super_k=super_k,
+        max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, top_k), super_k=super_k,
         super_depth=super_depth, super_size=max(dynamic_budgets, default=1),
     )
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
@@ -331,23 +339,51 @@ def collect_pair(
                    describe=describe, progress=True)
 
 
-def replay_table(collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int], dynamic_budgets: Sequence[int]):
-    """Every shape x budget replayed, plus the data-driven trees: "sequoia" (Sequoia's DP under the
-    measured acceptance vector), "hindsight" (the best static tree on this data), "dynamic" and the
-    per-position "oracle" (super-trees needed). Returns (table, trees incl. the designed ones).
+def cost_curves(
+    store: Sweep,
+    target: torch.nn.Module,
+    target_name: str,
+    draft: torch.nn.Module,
+    draft_name: str,
+    prefix: int,
+    nodes: Sequence[int],
+    trees: Iterable[Tree],
+    repeats: int,
+) -> pd.DataFrame:
+    """The curves of the cost model (`analysis.cost_model`): the target's verify time against tree
+    size on a cache of `prefix` tokens, and the draft's forward time per level width up to the
+    widest level of `trees`. Points already in `store` for this machine are read, not measured
+    again: notebooks 01 and 03 share one store (`session.shared_folder`), so the second reuses what
+    the first measured (each row says when, in "measured")."""
+    env = environment_row(target.device, target.dtype)
+    verify_curve(store, target, target_name, prefix, nodes, repeats=repeats)
+    verify_curve(store, draft, draft_name, prefix, draft_widths(trees), role="draft", repeats=repeats)
+    return curve_table(store, [target_name, draft_name], prefix, env["device"])
+
+
+def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple[str, int], Tree]:
+    """The data-driven static trees of a collection: "sequoia" (Sequoia's DP under the measured
+    acceptance vector) and "hindsight" (the best static tree on this very data), per budget."""
+    sequoia = tree_design.sequoia_trees(replay.acceptance_vector(collection), max(budgets))
+    hindsight = tree_design.hindsight_trees(replay.prefix_counts(collection), budgets)
+    return {("sequoia", n): sequoia[n] for n in budgets} | {("hindsight", n): hindsight[n] for n in budgets}
+
+
+def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int],
+                 dynamic_budgets: Sequence[int]) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
+    """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
+    (super-trees needed) and the per-position "oracle" (`replay.oracle`, ranks below the
+    collection's top_k, column `top_k`). Returns (table, trees incl. the designed ones).
 
     Rows: trajectory-mode metrics (the positions a real run visits: what it would measure), plus
     tau_all over every position, and tau_all as a fraction of the hindsight ceiling and of the
     oracle of the same budget (both defined on all positions)."""
-    from ..analysis import replay
-
-    designed = {("sequoia", n): t for n, t in replay.sequoia(collection, budgets).items()}
-    designed |= {("hindsight", n): t for n, t in replay.ceiling(collection, budgets).items()}
-    every = {**trees, **designed}
-    parts = [(replay.replay(collection, every, mode="trajectory"), replay.replay(collection, every, mode="all"))]
+    every = {**trees, **designed_trees(collection, budgets)}
+    parts = [(replay.replay(collection, every, mode="trajectory"), replay.replay(collection, every, mode="all")),
+             (replay.oracle(collection, budgets, mode="trajectory"), replay.oracle(collection, budgets, mode="all"))]
     if collection.has_super_trees and dynamic_budgets:
-        for fn in (replay.replay_dynamic, replay.oracle):
-            parts.append((fn(collection, dynamic_budgets, mode="trajectory"), fn(collection, dynamic_budgets, mode="all")))
+        parts.append((replay.replay_dynamic(collection, dynamic_budgets, mode="trajectory"),
+                      replay.replay_dynamic(collection, dynamic_budgets, mode="all")))
     table = pd.concat([t for t, _ in parts], ignore_index=True)
     every_pos = pd.concat([a for _, a in parts], ignore_index=True)[["shape", "budget", "tau"]]
     table = table.merge(every_pos.rename(columns={"tau": "tau_all"}), on=["shape", "budget"])
@@ -360,14 +396,12 @@ def replay_table(collection, trees: dict[tuple[str, int], Tree], budgets: Sequen
 def replay_agreement(store: Sweep, pair_label: str, collection, specs: Sequence[str]) -> pd.DataFrame:
     """Real runs (units in `store`) against the replay, step by step: one row per method with the
     steps compared and how many were identical (position, drafted, accepted and tokens added)."""
-    from ..analysis.replay import replay_steps
-
     steps = steps_frame(store)
     rows = []
     for spec in specs:
         method = parse_method(spec)
         tree = method.budget if method.drafter == "dynamic" else method.tree
-        replayed = replay_steps(collection, tree)
+        replayed = replay.replay_steps(collection, tree)
         real = steps[(steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)]
         compared = identical = 0
         for pid, mine in replayed.items():
@@ -384,9 +418,7 @@ def replay_agreement(store: Sweep, pair_label: str, collection, specs: Sequence[
 
 def replayed_steps_frame(collection, tree: Tree) -> pd.DataFrame:
     """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`)."""
-    from ..analysis.replay import replay_steps
-
-    return pd.DataFrame([step_row(s) for v in replay_steps(collection, tree).values() for s in v])
+    return pd.DataFrame([step_row(s) for v in replay.replay_steps(collection, tree).values() for s in v])
 
 
 def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
@@ -397,69 +429,6 @@ def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
                                                   var_name="depth", value_name="acceptance")
     long["depth"] = long["depth"].str.extract(r"(\d+)", expand=False).astype(int)
     return long.dropna(subset=["acceptance"]).sort_values(["budget", "shape", "depth"]).reset_index(drop=True)
-
-
-def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataFrame) -> str:
-    """Markdown reading of notebook 01's replay, computed from its tables (no fixed conclusions)."""
-    lines = ["tau = tokens per target call, bonus included; run-trajectory positions unless noted."]
-    presets = table[~table["shape"].isin(["sequoia", "hindsight", "dynamic", "oracle"])]
-    for budget, b in table.groupby("budget"):
-        parts = []
-        p = presets[presets["budget"] == budget]
-        if len(p):
-            best = p.loc[p["tau"].idxmax()]
-            parts.append(f"best preset {best['shape']} tau {best['tau']:.2f}")
-        for shape in ("sequoia", "hindsight", "dynamic", "oracle"):
-            row = b[b["shape"] == shape]
-            if len(row):
-                parts.append(f"{shape} {row['tau'].iloc[0]:.2f}")
-        lines.append(f"- {budget} draft tokens: " + ", ".join(parts))
-    if len(presets):
-        frac = presets.groupby("shape")["tau_all_over_hindsight"].mean().sort_values(ascending=False)
-        if frac.notna().any():
-            lines.append("- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
-                         + ", ".join(f"{k} {v:.2f}" for k, v in frac.items()))
-    same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
-    lines.append(f"- replay against real runs: {same}/{compared} steps identical ({', '.join(agreement['method'])})")
-    best = speed.iloc[0]
-    verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
-    lines.append(f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
-                 f"tokens, {best['speedup']:.2f}x the target alone: speculation {verdict}")
-    return "\n".join(lines)
-
-
-def reading(table: pd.DataFrame) -> str:
-    """A short markdown reading of a shape table, computed from it (no fixed conclusions)."""
-    lines = []
-    for pair, t in table.groupby("pair", sort=False):
-        lines.append(f"**{pair}** (tau = tokens per target call, bonus included):")
-        for budget, b in t.groupby("budget"):
-            best = b.loc[b["tau"].idxmax()]
-            worst = b.loc[b["tau"].idxmin()]
-            lines.append(
-                f"- {budget} draft tokens: best {best['shape']} (tau {best['tau']:.2f}, acceptance rate "
-                f"{best['acceptance_rate']:.2f}), worst {worst['shape']} (tau {worst['tau']:.2f})"
-            )
-        best = t.loc[t["tau"].idxmax()]
-        fastest = t.loc[t["tokens_per_s"].idxmax()]
-        lines.append(
-            f"- highest tau overall: {best['shape']} with {best['budget']} tokens ({best['tau']:.2f}); "
-            f"fastest: {fastest['shape']} with {fastest['budget']} tokens, "
-            f"{fastest['speedup']:.2f}x the target alone"
-        )
-        rate_trend = t.groupby("budget")["acceptance_rate"].mean()
-        if len(rate_trend) > 1:
-            direction = "falls" if rate_trend.iloc[-1] < rate_trend.iloc[0] else "rises"
-            lines.append(
-                f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} at {rate_trend.index[0]} "
-                f"to {rate_trend.iloc[-1]:.2f} at {rate_trend.index[-1]} tokens: more draft tokens, "
-                f"each less likely to be accepted"
-                if direction == "falls"
-                else f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} to {rate_trend.iloc[-1]:.2f}"
-            )
-        equal, total = int(t["greedy_equal"].sum()), int(t["prompts"].sum())
-        lines.append(f"- greedy output equal to the target's own: {equal}/{total} generations")
-    return "\n".join(lines)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -516,15 +485,3 @@ def _unit_summary(
         "perplexity": ppl,
         "tokens": " ".join(map(str, tokens)),
     }
-
-
-def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, int], Tree]:
-    """Every shape x budget method, keyed (shape, budget), with the tree it requests each step."""
-    return parse_trees(f"{s}:{b}" for s in shapes for b in budgets)
-
-
-def parse_trees(specs: Iterable[str]) -> dict[tuple[str, int], Tree]:
-    """Method specs (`methods`: "chain:4", "ngram/kary2:8", "dynamic:16", "hf_assisted:4") keyed
-    (shape, budget) as tables name them, with the tree each requests per step."""
-    methods = [parse_method(spec) for spec in specs]
-    return {(m.label, m.budget): m.tree for m in methods}

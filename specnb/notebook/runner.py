@@ -53,13 +53,22 @@ def notebooks(folder: Path = NOTEBOOKS, only: list[str] | None = None) -> list[P
 
 
 def declared_parameters(notebook: Path) -> dict[str, Any]:
-    """The notebook's parameters cell: name -> default value (literal)."""
-    import papermill
-
-    params = papermill.inspect_notebook(str(notebook))
-    if not params:
-        raise RunnerError(f"{notebook.name}: no cell tagged 'parameters'")
-    return {name: ast.literal_eval(info["default"]) for name, info in params.items()}
+    """The notebook's parameters cell (the first code cell tagged 'parameters'): name -> default
+    value, each a literal (`name: type = value  # help`, as papermill reads it)."""
+    cells = json.loads(Path(notebook).read_text()).get("cells", [])
+    tagged = [c for c in cells if c.get("cell_type") == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not tagged:
+        raise RunnerError(f"{Path(notebook).name}: no cell tagged 'parameters'")
+    source = "".join(tagged[0]["source"])
+    out: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+            try:
+                out[target.id] = ast.literal_eval(node.value)
+            except ValueError as e:
+                raise RunnerError(f"{Path(notebook).name}: parameter {target.id} is not a literal ({e})") from e
+    return out
 
 
 def load_profile(name: str, folder: Path = PROFILES) -> dict[str, dict]:

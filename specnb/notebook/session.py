@@ -2,9 +2,11 @@
 
     run = start_run("01_tree_shapes", globals())
 
-- profile "auto" (interactive use): on a machine with CUDA, the `t4` profile's values for this
-  notebook replace the parameters cell's values; without CUDA the cell's values (the `cpu`
-  defaults) stand. Under `run_notebooks.sh` the profile is already concrete and applied.
+- profile "auto" (interactive use, Jupyter or Colab): the `t4` profile where CUDA is present, else
+  `cpu`, resolved by the runner's own checked path (`runner.resolve`). A parameter the user edited
+  in the parameters cell (its value differs from the cell's committed literal) is kept; the others
+  take the profile's values, and the cell prints which values the profile set and which edits it
+  kept. Under `run_notebooks.sh` the profile is already concrete and applied.
 - run_dir "" (interactive use): a new folder outputs/<notebook>/interactive-<time>/ is made and
   params.json written there (parameters, environment). Under the runner, run_dir is given and
   params.json was written by the runner.
@@ -18,9 +20,9 @@ from pathlib import Path
 from typing import Any, MutableMapping
 
 import torch
-import yaml
 
 from ..io.storage import environment, write_json
+from .runner import NOTEBOOKS, declared_parameters, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP = {"In", "Out", "exit", "quit", "get_ipython"}
@@ -32,14 +34,45 @@ def parameters_of(namespace: MutableMapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in namespace.items() if not k.startswith("_") and k not in SKIP and isinstance(v, simple)}
 
 
+def apply_profile(notebook: str, namespace: MutableMapping[str, Any], profile: str,
+                  books: Path = NOTEBOOKS) -> dict[str, list[str]]:
+    """Set the parameters of `profile` in `namespace`, except those the user edited (their value
+    differs from the parameters cell's literal). Returns {"set": [...], "kept": [...]}: the names the
+    profile set, and the names where the user's edit won over a different profile value."""
+    path = books / f"{notebook}.ipynb"
+    defaults = declared_parameters(path)
+    wanted = resolve(profile, {}, [], [path], books / "profiles")[notebook]
+    report: dict[str, list[str]] = {"set": [], "kept": []}
+    for name, value in wanted.items():
+        if name == "profile" or name not in namespace or namespace[name] == value:
+            continue
+        if namespace[name] == defaults.get(name):
+            namespace[name] = value
+            report["set"].append(name)
+        else:
+            report["kept"].append(name)
+    namespace["profile"] = profile
+    return report
+
+
+def shared_folder(run: Path) -> Path:
+    """A folder beside the notebooks' run folders (outputs/_shared) for what several notebooks
+    measure alike, e.g. the verify-cost curves, keyed by machine inside."""
+    folder = Path(run).parent.parent / "_shared"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str | Path | None = None) -> Path:
     if namespace.get("profile") == "auto":
         resolved = "t4" if torch.cuda.is_available() else "cpu"
-        section = yaml.safe_load((ROOT / "notebooks" / "profiles" / f"{resolved}.yaml").read_text()) or {}
-        for name, value in {**(section.get("all") or {}), **(section.get(notebook) or {})}.items():
-            if name in namespace:
-                namespace[name] = value
-        namespace["profile"] = resolved
+        report = apply_profile(notebook, namespace, resolved)
+        lines = [f"profile auto -> {resolved}"]
+        if report["set"]:
+            lines.append("  set by the profile: " + ", ".join(f"{k}={namespace[k]!r}" for k in report["set"]))
+        if report["kept"]:
+            lines.append("  your edits kept (the profile would change them): " + ", ".join(report["kept"]))
+        print("\n".join(lines))
     if "seed" in namespace:
         torch.manual_seed(int(namespace["seed"]))
     run_dir = namespace.get("run_dir") or ""

@@ -1,0 +1,266 @@
+"""Collect once: per prompt, what replay needs to answer every tree shape and budget.
+
+Greedy (`CollectConfig.temperature` 0): the target's continuation c_0, c_1, ... from an exact
+speculative run (`run_tree`), then one teacher-forced draft forward over prompt + continuation,
+which gives the rank of every c_j under the draft after c_{<j} (`sampling.top_tokens`, the rule
+every drafter ranks with) and its log q. Optionally, per position, the *super-tree*: the draft's
+top-K children of every node to depth D, pruned to the global top-M nodes by cumulative draft
+log-probability (`analysis.replay` explains what it answers). Growing it needs the draft's logits
+at off-path nodes: the teacher-forced cache of prompt + continuation already holds every on-path
+node, so off-path nodes are fed in batches over several positions at once, each seeing the
+sequence up to its deepest on-path ancestor plus its own fed ancestors (one forward per depth per
+chunk of positions).
+
+Sampling (`temperature` > 0): along a sampled continuation, R draft samples of the cover tree per
+position (drafted as one forest, `ModelDrafter.draft(copies=...)`), verified by the target in one
+tree-masked pass, and per sample and node the alphas of `acceptance.sibling_alphas`: child i is
+accepted, given children 0..i-1 were rejected, with probability alpha_i. `analysis.replay` turns
+them into the expected acceptance of any gap-free subtree.
+
+Everything lands in a collection folder (`analysis.collection`): resumable, one file per prompt.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from pathlib import Path as FilePath
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from ..core.acceptance import sibling_alphas
+from ..core.cache import crop, new_cache
+from ..core.drafting import ModelDrafter
+from ..core.forward import forward
+from ..core.generation import speculative_generate
+from ..core.runtime import eos_ids, match_vocab
+from ..core.sampling import probabilities, top_tokens
+from ..core.trees import Tree
+from ..core.verification import prefill, verify
+from .collection import CollectConfig, Collection, PromptData, open_folder, save_prompt
+
+
+def collect(
+    folder: str | FilePath,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompts: Mapping[str, torch.Tensor],
+    config: CollectConfig = CollectConfig(),
+    categories: Mapping[str, str] | None = None,
+    describe: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> Collection:
+    """Collect every prompt not yet in `folder` and return the collection of `prompts`.
+
+    prompts: prompt id -> input ids long [1, P]. describe: what made it (pair names, prompt
+    source...), stored with the config; resuming with another config or description raises.
+    """
+    folder = FilePath(folder)
+    units = open_folder(folder, config, describe)
+    drafter = ModelDrafter(draft)
+    todo = [pid for pid in prompts if {"prompt_id": str(pid)} not in units]
+    for pid in tqdm(todo, desc="collect", disable=not progress):
+        category = (categories or {}).get(pid, "")
+        save_prompt(folder, units, collect_prompt(target, draft, drafter, str(pid), category, prompts[pid], config))
+    return Collection.load(folder, [str(p) for p in prompts])
+
+
+def collect_prompt(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    drafter: ModelDrafter,
+    prompt_id: str,
+    category: str,
+    input_ids: torch.Tensor,
+    config: CollectConfig,
+) -> PromptData:
+    """One prompt's data (the continuation; ranks and super-trees, or sampled alphas)."""
+    ids = input_ids.reshape(1, -1).long()
+    eos = config.eos_token_id
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    run = speculative_generate(
+        target, drafter, ids, tree=config.run, max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature, top_k=config.sample_top_k, top_p=config.sample_top_p,
+        seed=_seed(config.seed, prompt_id), eos_token_id=eos,
+    )
+    times["continuation"] = time.perf_counter() - start
+    tokens = run.tokens.tolist()
+    stopped = bool(tokens) and tokens[-1] in eos_ids(target, eos)
+    out: dict[str, Any] = {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64)}
+    if config.sampling:
+        start = time.perf_counter()
+        out["alpha"] = _sampled_alphas(target, draft, ids, tokens, config, _seed(config.seed + 1, prompt_id))
+        times["sampling"] = time.perf_counter() - start
+    else:
+        start = time.perf_counter()
+        cache = new_cache(draft)
+        seq = torch.cat([ids, torch.tensor([tokens], dtype=torch.long)], dim=1)[0]
+        logits = forward(draft, cache, seq, logits_to_keep=len(tokens) + 1).float()
+        logp = torch.log_softmax(logits, dim=-1)  # [L + 1, V]: row j predicts tokens[j]
+        truth = torch.tensor(tokens, dtype=torch.long, device=logp.device)
+        top = top_tokens(logits[: len(tokens)], config.top_k)  # [L, top_k]: the drafters' ranking
+        hit = top == truth[:, None]
+        out["ranks"] = torch.where(hit.any(-1), hit.int().argmax(-1), config.top_k).cpu().numpy().astype(np.int16)
+        out["logq"] = logp[torch.arange(len(tokens)), truth].cpu().numpy().astype(np.float32)
+        times["ranks"] = time.perf_counter() - start
+        if config.super_k:
+            start = time.perf_counter()
+            out.update(_super_trees(draft, cache, ids.shape[1], tokens, logp, config))
+            times["super_tree"] = time.perf_counter() - start
+    return PromptData(prompt_id=prompt_id, category=category, stopped=stopped, times=times, **out)
+
+
+@torch.inference_mode()
+def _super_trees(
+    draft: torch.nn.Module, cache: DynamicCache, prompt_len: int, tokens: list[int], logp: torch.Tensor, config: CollectConfig
+) -> dict[str, np.ndarray]:
+    """Grow the super-tree at every position. cache: the draft's cache of prompt + continuation
+    (restored after each chunk); logp: float [L + 1, V], teacher-forced log q, row j predicting
+    tokens[j], i.e. the children of the on-path node at depth d of position t are in row t + d."""
+    k, depth, size = config.super_k, config.super_depth, config.super_size
+    n_seq, length = prompt_len + len(tokens), len(tokens)
+    on_top = top_tokens(logp, k)  # [L + 1, k]
+    on_values, on_indices = logp.gather(-1, on_top).tolist(), on_top.tolist()
+    cols = {name: np.zeros((length, size), dtype=dt) for name, dt in
+            [("parent", np.int16), ("rank", np.int16), ("depth", np.int16), ("token", np.int64), ("score", np.float32)]}
+    sizes = np.zeros(length, dtype=np.int16)
+    on_path = np.full((length, depth), size, dtype=np.int16)
+    for start in range(0, length, config.super_chunk):
+        chunk = range(start, min(length, start + config.super_chunk))
+        # node: [sort key (-score, depth, path), token, parent index, on-path depth, fed column]
+        nodes: dict[int, list[list]] = {t: [] for t in chunk}
+
+        def add_children(t: int, parent: int, values: list[float], indices: list[int]) -> None:
+            base_score, base_depth, base_path = (0.0, 0, ()) if parent < 0 else (
+                -nodes[t][parent][0][0], nodes[t][parent][0][1], nodes[t][parent][0][2])
+            parent_on = parent < 0 or nodes[t][parent][3] == base_depth
+            for r, (v, x) in enumerate(zip(values, indices)):
+                d = base_depth + 1
+                on = parent_on and t + d - 1 < length and x == tokens[t + d - 1]
+                on_depth = d if on else (base_depth if parent_on else nodes[t][parent][3])
+                nodes[t].append([(-(base_score + v), d, base_path + (r,)), x, parent, on_depth, -1])
+
+        for t in chunk:
+            add_children(t, -1, on_values[t], on_indices[t])
+        fed = 0
+        for d in range(1, depth):
+            expand: list[tuple[int, int]] = []
+            for t in chunk:
+                kept = sorted(range(len(nodes[t])), key=lambda i: nodes[t][i][0])[:size]
+                expand += [(t, i) for i in kept if nodes[t][i][0][1] == d]
+            feed = [(t, i) for t, i in expand if nodes[t][i][3] != d]  # off-path: no teacher-forced row
+            for t, i in expand:
+                if nodes[t][i][3] == d:
+                    add_children(t, i, on_values[t + d], on_indices[t + d])
+            if not feed:
+                continue
+            q = len(feed)
+            mask = torch.zeros(q, n_seq + fed + q, dtype=torch.bool)
+            for row, (t, i) in enumerate(feed):
+                node = nodes[t][i]
+                node[4] = fed + row
+                mask[row, : prompt_len + t + node[3]] = True  # the sequence up to the deepest on-path ancestor
+                a = i
+                while a >= 0 and nodes[t][a][4] >= 0:  # itself and its fed (off-path) ancestors
+                    mask[row, n_seq + nodes[t][a][4]] = True
+                    a = nodes[t][a][2]
+            ids = torch.tensor([nodes[t][i][1] for t, i in feed])
+            positions = torch.tensor([prompt_len + t - 1 + d for t, _ in feed])
+            logq = torch.log_softmax(forward(draft, cache, ids, positions, mask).float(), dim=-1)
+            fed += q
+            top = top_tokens(logq, k)
+            for (t, i), values, indices in zip(feed, logq.gather(-1, top).tolist(), top.tolist()):
+                add_children(t, i, values, indices)
+        crop(cache, n_seq)
+        for t in chunk:
+            kept = sorted(range(len(nodes[t])), key=lambda i: nodes[t][i][0])[:size]
+            where = {old: new for new, old in enumerate(kept)}
+            sizes[t] = len(kept)
+            for new, old in enumerate(kept):
+                (neg_score, d, path), token, parent, on_depth, _ = nodes[t][old]
+                cols["parent"][t, new] = where[parent] if parent >= 0 else -1
+                cols["rank"][t, new], cols["depth"][t, new] = path[-1], d
+                cols["token"][t, new], cols["score"][t, new] = token, -neg_score
+                if on_depth == d:
+                    on_path[t, d - 1] = new
+    return {"super_size": sizes, **{f"super_{k}": v for k, v in cols.items()}, "super_on_path": on_path}
+
+
+@torch.inference_mode()
+def _sampled_alphas(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    ids: torch.Tensor,
+    tokens: list[int],
+    config: CollectConfig,
+    seed: int,
+) -> np.ndarray:
+    """Float32 [L, R, N + 1, K]: per position, draft sample and cover-tree row, the acceptance
+    probability of each child rank given the earlier ones were rejected (`sibling_alphas`).
+
+    Samples are drafted `sample_chunk` at a time as copies of the cover tree side by side under the
+    root (`_forest`, `ModelDrafter.draft(copies=...)`), one draft forward per depth, and verified
+    in one target pass."""
+    cover = config.cover
+    sampling = config.sampling_config
+    generator = torch.Generator(device=draft.device).manual_seed(seed)
+    width = max(len(c) for c in cover.children)
+    drafter = ModelDrafter(draft)
+    cache = new_cache(target)  # holds the sequence but its last token
+    if ids.shape[1] > 1:
+        prefill(target, cache, ids[:, :-1])
+    seq = ids[0].tolist()
+    out = np.zeros((len(tokens), config.samples, cover.num_nodes + 1, width), dtype=np.float32)
+    chunks = [min(config.sample_chunk, config.samples - s0) for s0 in range(0, config.samples, config.sample_chunk)]
+    forests = {n: _forest(cover, n) for n in set(chunks)}
+    by_rank = _children_by_rank(cover, width)
+    for t in range(len(tokens)):
+        prefix_len = len(seq) - 1
+        s0 = 0
+        for copies in chunks:
+            forest, index = forests[copies]
+            draft_out = drafter.draft(torch.tensor(seq), forest, sampling, generator, copies=copies)
+            logits = verify(target, cache, seq[-1], forest, draft_out.tokens)  # [1 + S N, V]
+            crop(cache, prefix_len)
+            p = probabilities(logits, sampling)
+            q = match_vocab(draft_out.q, p)
+            rows = torch.tensor([[0] + [i + 1 for i in index[s]] for s in range(copies)])  # [S, N + 1]
+            child = torch.tensor([[index[s][c] if c >= 0 else -1 for c in by_rank] for s in range(copies)])  # [S, (N + 1) K]
+            child_tokens = torch.where(child >= 0, draft_out.tokens.cpu()[child.clamp_min(0)], -1).to(p.device)
+            flat = rows.reshape(-1).to(p.device)
+            alpha, _ = sibling_alphas(p[flat].double(), q[flat].double(), child_tokens.reshape(-1, width))
+            out[t, s0 : s0 + copies] = alpha.float().reshape(copies, cover.num_nodes + 1, width).cpu().numpy()
+            s0 += copies
+        prefill(target, cache, torch.tensor([seq[-1:]]))  # the root joins the cached sequence
+        seq.append(tokens[t])
+    return out
+
+
+def _children_by_rank(tree: Tree, width: int) -> list[int]:
+    """Flat [(N + 1) * width]: the node index of row r's child of rank k at r * width + k, -1 if none."""
+    out = [-1] * ((tree.num_nodes + 1) * width)
+    for row, kids in enumerate(tree.children):
+        for c in kids:
+            out[row * width + tree.ranks[c]] = c
+    return out
+
+
+def _forest(tree: Tree, copies: int) -> tuple[Tree, list[list[int]]]:
+    """`copies` copies of `tree` side by side under one root, and index[s][i] = the forest index of
+    copy s's node i (copy s's depth-1 ranks are shifted by s * width; ranks here are only labels)."""
+    width = len(tree.children[0])
+    paths = [(s * width + p[0],) + p[1:] for s in range(copies) for p in tree.paths]
+    forest = Tree.from_paths(paths)
+    where = {p: i for i, p in enumerate(forest.paths)}
+    index = [[where[(s * width + p[0],) + p[1:]] for p in tree.paths] for s in range(copies)]
+    return forest, index
+
+
+def _seed(seed: int, prompt_id: str) -> int:
+    """A seed per prompt that does not depend on the order prompts are collected in."""
+    return (seed * 1_000_003 + zlib.crc32(prompt_id.encode())) % (2**31)

@@ -1,0 +1,120 @@
+"""The cost model of a speculative step (Sequoia, Chen et al. 2024): expected tokens per second of a
+tree on the device where the verify-cost curves were measured (`bench.verify_curve`).
+
+    expected_tau       expected tokens per target call, bonus included, under a per-rank acceptance
+                       vector (Sequoia's positional assumption)
+    draft_seconds      the draft's time for a tree: the root's forward plus one per level fed
+    draft_widths       the level widths to time for a set of trees
+    StepCost, step_cost   seconds of one step from the measured curves: t_draft(tree) + t_verify(n)
+    cost_table         expected tokens/s = tau / (t_draft + t_verify) per shape and budget
+
+Pure: tables in, tables out; no model, no disk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..core.trees import Tree
+
+
+def expected_tau(tree: Tree, acceptance: Sequence[float]) -> float:
+    """Expected tokens per target call, bonus included, if the rank-r child of an accepted node is
+    accepted with probability acceptance[r] (Sequoia's positional assumption): 1 + the sum over
+    nodes of the product of acceptance[rank] along the node's path. Ranks beyond the vector: 0."""
+    value: list[float] = []
+    for i, (parent, rank) in enumerate(zip(tree.parents, tree.ranks)):
+        a = acceptance[rank] if rank < len(acceptance) else 0.0
+        value.append(a * (value[parent] if parent >= 0 else 1.0))
+    return 1.0 + sum(value)
+
+
+def draft_seconds(tree: Tree, draft_width_s: Callable[[int], float]) -> float:
+    """Draft time of one step: the root's forward plus one forward per level fed (the nodes that
+    have children; leaves are only chosen), each costing `draft_width_s(width)`."""
+    widths = [1] + [len(level.fed) for level in tree.levels if level.fed]
+    return float(sum(draft_width_s(w) for w in widths))
+
+
+def draft_widths(trees: Iterable[Tree]) -> list[int]:
+    """Powers of two from 1 up to the widest fed level of any of `trees`: the draft forward widths
+    to time (`StepCost` interpolates between them)."""
+    widest = max([1] + [len(level.fed) for tree in trees for level in tree.levels])
+    return [2**i for i in range(math.ceil(math.log2(widest)) + 1)]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one speculative step on the measured device, read from the curves.
+
+    t_verify(n): the target's "verify" rows at n nodes (trees of any shape with n nodes: the
+    attention is dense, so the shape hardly changes the time), linearly interpolated between
+    measured n; the draft's time per level of width w is interpolated from its plain-forward rows.
+    """
+
+    verify_s: pd.Series  # median seconds of one verification, indexed by nodes (0 = plain decoding)
+    draft_width_s: pd.Series  # median seconds of one draft forward, indexed by its width in tokens
+    target: str
+    draft: str
+
+    def t_verify(self, n: int) -> float:
+        if n in self.verify_s.index:
+            return float(self.verify_s.loc[n])
+        return float(np.interp(n, self.verify_s.index.to_numpy(), self.verify_s.to_numpy()))
+
+    def t_draft(self, tree: Tree) -> float:
+        widths = self.draft_width_s
+        return draft_seconds(tree, lambda w: float(np.interp(w, widths.index.to_numpy(), widths.to_numpy())))
+
+    def row(self, tree: Tree, tau: float) -> dict[str, float | int | str]:
+        """Expected speed of `tree` at `tau` tokens per target call (bonus included)."""
+        base = self.t_verify(0)
+        t_draft = self.t_draft(tree)
+        t_verify = self.t_verify(tree.num_nodes)
+        t_step = t_draft + t_verify
+        return {
+            "target": self.target, "draft": self.draft, "nodes": tree.num_nodes, "depth": tree.depth,
+            "leaves": len(tree.leaves), "expected_tau": tau, "t_draft_s": t_draft,
+            "t_draft_chain_s": tree.depth * self.t_draft(Tree.chain(1)), "t_verify_s": t_verify,
+            "t_step_s": t_step, "tokens_per_s": tau / t_step, "baseline_tokens_per_s": 1.0 / base,
+            "speedup": tau / t_step * base,
+        }
+
+
+def step_cost(curve: pd.DataFrame, target: str, draft: str) -> StepCost:
+    """The step-time model of `target` verifying and `draft` drafting, from `verify_curve` rows."""
+    v = curve[(curve["model"] == target) & (curve["role"] == "target") & (curve["kind"] == "verify")]
+    d = curve[(curve["model"] == draft) & (curve["role"] == "draft")]
+    if v.empty or d.empty or 0 not in set(v["nodes"]):
+        raise ValueError("cost_table needs the target's verify curve including n = 0 and the draft's forward curve")
+    t_verify = v.groupby("nodes")["median_s"].median().sort_index()
+    widths = d.groupby("tokens")["median_s"].median().sort_index()
+    return StepCost(t_verify, widths, target, draft)
+
+
+def cost_table(
+    curve: pd.DataFrame,
+    shapes: Sequence[str],
+    acceptance: Sequence[float],
+    target: str,
+    draft: str,
+) -> pd.DataFrame:
+    """Expected tokens/s per (tree shape, nodes) from the measured curves (see `StepCost`), with
+    tau from the acceptance vector (`expected_tau`), at every measured n > 0. speedup = tokens/s
+    over the target's own decoding, 1 / t_verify(0)."""
+    cost = step_cost(curve, target, draft)
+    rows = []
+    for shape in shapes:
+        for n in sorted(int(n) for n in cost.verify_s.index if n > 0):
+            tree = Tree.preset(shape, n)
+            rows.append({"shape": shape, **cost.row(tree, expected_tau(tree, acceptance))})
+    return pd.DataFrame(rows)[_COST_COLUMNS]
+
+
+_COST_COLUMNS = ["target", "draft", "shape", "nodes", "depth", "leaves", "expected_tau", "t_draft_s",
+                 "t_draft_chain_s", "t_verify_s", "t_step_s", "tokens_per_s", "baseline_tokens_per_s", "speedup"]

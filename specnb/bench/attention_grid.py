@@ -1,0 +1,164 @@
+"""The tree-attention grid: every implementation of `bench.attention` timed across batch size,
+prefix length, draft tokens and tree shape.
+
+    HeadShape, HEAD_SHAPES     attention heads x head size of real targets (Llama-2-7B, Qwen2.5
+                               1.5B / 0.5B, SmolLM2-135M), or read from a model's config
+    GridPoint, grid, run_grid  the grid (batch x prefix x draft tokens x tree shape), stored in a
+                               resumable `Sweep`, one row per (point, implementation)
+    grid_table, speedup_table  per grid point: per-sequence / tree time, tree / plain causal time
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..core.trees import Tree
+from ..io.storage import Sweep
+from .attention import CAUSAL, IMPLEMENTATIONS, TreeBatch, Unsupported, prepare, random_inputs
+from .timing import environment_row, measure_interleaved
+
+GRID_KEY = ("batch", "prefix", "nodes", "shape")
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """Attention heads of a target model: query heads, key/value heads, head size."""
+
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def from_config(cls, config: Any, name: str | None = None) -> HeadShape:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        return cls(name or getattr(config, "name_or_path", "") or config.model_type, heads, kv, head_dim)
+
+
+# from the models' config.json files (hidden size / heads = head size)
+HEAD_SHAPES: dict[str, HeadShape] = {
+    s.name: s
+    for s in (
+        HeadShape("llama-2-7b", 32, 32, 128),
+        HeadShape("qwen2.5-coder-1.5b", 12, 2, 128),
+        HeadShape("qwen2.5-coder-0.5b", 14, 2, 64),
+        HeadShape("smollm2-135m", 9, 3, 64),
+    )
+}
+
+
+def head_shape(name: str) -> HeadShape:
+    if name not in HEAD_SHAPES:
+        raise ValueError(f"unknown head shape {name!r}; known: {sorted(HEAD_SHAPES)}")
+    return HEAD_SHAPES[name]
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One attention problem: `batch` sequences, the longest with `prefix` cached positions, each
+    with a tree of `nodes` draft tokens of the named shape (`Tree.preset`)."""
+
+    batch: int
+    prefix: int
+    nodes: int
+    shape: str
+
+    def key(self) -> dict[str, int | str]:
+        return asdict(self)
+
+    def tree(self) -> Tree:
+        return Tree.preset(self.shape, self.nodes)
+
+    def tree_batch(self, ragged: bool) -> TreeBatch:
+        """ragged: prefix lengths spread from `prefix` down to about prefix / 2 (batch > 1)."""
+        tree = self.tree()
+        return TreeBatch.spread(self.prefix, tree, self.batch) if ragged else TreeBatch.uniform(self.prefix, tree, self.batch)
+
+
+def grid(batches: Iterable[int], prefixes: Iterable[int], nodes: Iterable[int], shapes: Iterable[str]) -> list[GridPoint]:
+    """Every combination, cheapest first (so an interrupted run has the small points)."""
+    points = [GridPoint(b, p, n, s) for s, b, p, n in itertools.product(shapes, batches, prefixes, nodes)]
+    return sorted(points, key=lambda g: (g.batch * (g.prefix + g.nodes) * g.nodes, g.shape))
+
+
+def run_grid(
+    store: Sweep,
+    points: Sequence[GridPoint],
+    heads: HeadShape,
+    impls: Sequence[str] = IMPLEMENTATIONS + (CAUSAL,),
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    warmup: int = 2,
+    repeats: int = 7,
+    ragged: bool = True,
+    progress: bool = True,
+) -> None:
+    """Time every implementation at every point not yet in `store` (key `GRID_KEY`); one row per
+    (point, implementation). An implementation that cannot run is stored as skipped, with why,
+    and is not tried again in this call (a failed compile can take as long as a working one)."""
+    env = environment_row(device, dtype)
+    unsupported: dict[str, str] = {}
+    todo = [p for p in points if p.key() not in store]
+    for i, point in enumerate(tqdm(todo, desc="attention grid", disable=not progress)):
+        batch = point.tree_batch(ragged)
+        x = random_inputs(batch, heads.heads, heads.head_dim, heads.kv_heads, dtype, device, seed=i)
+        rows = {impl: {"impl": impl, **env, "heads": heads.heads, "kv_heads": heads.kv_heads,
+                       "head_dim": heads.head_dim, "status": "ok", "note": ""} for impl in impls}
+        runs: dict[str, Callable[[], Any]] = {}
+        for impl in impls:
+            if impl in unsupported:
+                rows[impl].update(status="skipped", note=unsupported[impl])
+                continue
+            try:
+                runs[impl] = prepare(x, impl).run
+            except Unsupported as e:
+                unsupported[impl] = str(e)
+                rows[impl].update(status="skipped", note=str(e))
+        try:
+            for impl, t in measure_interleaved(runs, device, warmup, repeats).items():
+                rows[impl].update(t.row())
+        except torch.OutOfMemoryError as e:
+            for impl in runs:
+                rows[impl].update(status="out of memory", note=str(e)[:200])
+        runs.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        tree = batch.trees[0]
+        store.add(point.key(), list(rows.values()), meta={"leaves": len(tree.leaves), "depth": tree.depth,
+                                                        "prefix_lens": "/".join(map(str, batch.prefix_lens)), "ragged": ragged})
+        del x
+
+
+def grid_table(store: Sweep) -> pd.DataFrame:
+    """One row per (point, implementation) with the point's tree facts; milliseconds added."""
+    rows = store.frame()
+    if rows.empty:
+        return rows
+    meta = store.meta_frame()
+    out = rows.merge(meta, on=list(GRID_KEY), how="left")
+    for col in ("median_s", "q25_s", "q75_s"):
+        if col in out:
+            out[col.replace("_s", "_ms")] = out[col] * 1e3
+    return out
+
+
+def speedup_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per grid point: per_sequence_over_tree = t(per_sequence) / t(sdpa) (how much one
+    tree call saves), mask_overhead = t(sdpa) / t(causal), and each implementation's median."""
+    ok = table[table["status"] == "ok"]
+    wide = ok.pivot_table(index=list(GRID_KEY) + ["leaves", "depth", "device", "dtype", "torch"],
+                          columns="impl", values="median_s").reset_index()
+    if {"per_sequence", "sdpa"} <= set(wide.columns):
+        wide["per_sequence_over_tree"] = wide["per_sequence"] / wide["sdpa"]
+    if {"sdpa", CAUSAL} <= set(wide.columns):
+        wide["mask_overhead"] = wide["sdpa"] / wide[CAUSAL]
+    wide.columns.name = None
+    return wide

@@ -1,0 +1,127 @@
+"""What verification costs a real model: one `verify` of n tree nodes on a real cache, against n.
+
+    prefilled_cache        a cache of a given length (random tokens: timing does not depend on them)
+    verify_and_forward     one verification of root + tree and one plain forward of as many tokens,
+                           timed round-robin on the same cache
+    verify_curve           both against the number of nodes (the target), or a plain forward per
+                           level width (the draft), stored resumably; `curve_table` reads it back
+
+`analysis.cost_model` turns the curves into expected tokens/s per tree.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..core.cache import crop, new_cache
+from ..core.trees import Tree
+from ..core.verification import prefill, verify
+from ..io.storage import Sweep
+from .timing import Timing, environment_row, measure_interleaved
+
+# the machine is part of the key, so one store can hold (and share between notebooks) curves of several
+CURVE_KEY = ("model", "role", "kind", "prefix", "nodes", "shape", "device", "dtype", "torch")
+
+
+@torch.inference_mode()
+def prefilled_cache(model: torch.nn.Module, prefix_len: int, seed: int = 0):
+    """A cache holding `prefix_len` random tokens of `model` (timing does not depend on content)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, prefix_len), generator=g).to(model.device)
+    cache = new_cache(model)
+    prefill(model, cache, ids)
+    return cache
+
+
+def verify_and_forward(
+    model: torch.nn.Module,
+    cache,
+    tree: Tree | None,
+    tokens: int | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    seed: int = 0,
+) -> dict[str, Timing]:
+    """Timed round-robin on `cache` (cropped back to its length before every run):
+    "verify": one `verification.verify` of root + `tree` (if a tree is given);
+    "plain": one plain forward of `tokens` new tokens with the model's own causal mask (default:
+    as many tokens as verify feeds, root + nodes)."""
+    prefix_len = cache.get_seq_length()
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    fns: dict[str, Callable[[], Any]] = {}
+    if tree is not None:
+        draft = torch.randint(0, vocab, (tree.num_nodes,), generator=g)
+        root = int(torch.randint(0, vocab, (1,), generator=g))
+        fns["verify"] = lambda: verify(model, cache, root, tree, draft)
+    n_plain = tokens if tokens is not None else (tree.num_nodes + 1 if tree is not None else 1)
+    ids = torch.randint(0, vocab, (1, n_plain), generator=g).to(model.device)
+
+    @torch.inference_mode()
+    def plain() -> None:
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+
+    fns["plain"] = plain
+    reset = lambda: crop(cache, prefix_len)  # noqa: E731
+    out = measure_interleaved(fns, model.device, warmup, repeats, setups={name: reset for name in fns})
+    reset()
+    return out
+
+
+def verify_curve(
+    store: Sweep,
+    model: torch.nn.Module,
+    model_name: str,
+    prefix_len: int,
+    nodes: Sequence[int],
+    shape: str = "sparse",
+    role: str = "target",
+    warmup: int = 1,
+    repeats: int = 3,
+    progress: bool = True,
+) -> None:
+    """For each n in `nodes` not yet in `store` (key `CURVE_KEY`), on a cache of `prefix_len`
+    tokens: role "target": one verification of an n-node tree (kind "verify"; n = 0 is the root
+    alone, one decoding step) and, interleaved with it, one plain forward of the same n + 1 tokens
+    (kind "plain"); role "draft": one plain forward of n tokens, the draft's cost per tree level
+    of width n."""
+    env = environment_row(model.device, model.dtype)
+    kinds = ["plain"] if role == "draft" else ["verify", "plain"]
+
+    def key(kind: str, n: int) -> dict:
+        return {"model": model_name, "role": role, "kind": kind, "prefix": prefix_len, "nodes": n, "shape": shape, **env}
+
+    todo = [n for n in nodes if any(key(k, n) not in store for k in kinds)]
+    if not todo:
+        return
+    cache = prefilled_cache(model, prefix_len)
+    for n in tqdm(todo, desc=f"{model_name} {role}", disable=not progress):
+        tree = Tree.preset(shape, n)
+        if role == "draft":
+            timings = verify_and_forward(model, cache, None, max(n, 1), warmup, repeats)
+        else:
+            timings = verify_and_forward(model, cache, tree, None, warmup, repeats)
+        tokens = max(n, 1) if role == "draft" else n + 1
+        for kind in kinds:
+            store.add(key(kind, n), [{**timings[kind].row(), "tokens": tokens, "depth": tree.depth,
+                                      "leaves": len(tree.leaves), "measured": time.strftime("%Y-%m-%d %H:%M:%S")}])
+
+
+def curve_table(store: Sweep, models: Sequence[str] | None = None, prefix: int | None = None,
+                device: str | None = None) -> pd.DataFrame:
+    """The stored rows (milliseconds added), optionally only these models, prefix and device."""
+    out = store.frame()
+    if not out.empty and models is not None:
+        out = out[out["model"].isin(list(models))]
+    if not out.empty and prefix is not None:
+        out = out[out["prefix"] == prefix]
+    if not out.empty and device is not None:
+        out = out[out["device"] == device]
+    if not out.empty:
+        out["median_ms"] = out["median_s"] * 1e3
+    return out

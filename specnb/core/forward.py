@@ -1,0 +1,50 @@
+"""One forward pass of new tokens on top of a KV cache, with explicit positions and visibility.
+
+Every tree-shaped forward in specnb goes through `forward`: the target's verification of root + tree
+(`verification`), the draft's level-by-level tree (`drafting`), dynamic trees (`drafters.dynamic`),
+and the collection's super-trees and draft samples (`analysis.collect`). The mask and the position
+ids go in as forward arguments of an unmodified transformers model (`masks`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .cache import cache_length
+from .masks import model_mask
+
+
+@torch.inference_mode()
+def forward(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    visible: torch.Tensor | None = None,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
+    """Logits [n, V] (model dtype) of n new tokens appended to `cache` (which keeps them).
+
+    input_ids: long [n]. positions: long [n]; None continues the cache (L .. L + n - 1, L = its
+    length). visible: bool [n, L + n], which cached and new tokens each new token attends to; None =
+    the model's own causal mask. A single new token that sees every cached token needs no mask (a
+    model's mask for one query is all-visible), so it keeps the unmasked attention path.
+    logits_to_keep: 0 = every row; k = the last k rows only (the LM head skips the others).
+    """
+    device = model.device
+    n = input_ids.shape[-1]
+    if visible is not None and visible.shape != (n, cache_length(cache) + n):
+        raise ValueError(f"visible must be [{n}, {cache_length(cache) + n}], got {tuple(visible.shape)}")
+    mask = None
+    if visible is not None and not (n == 1 and bool(visible.all())):
+        mask = model_mask(visible.to(device)[None, None], model, model.dtype)
+    out = model(
+        input_ids=input_ids.reshape(1, n).to(device),
+        position_ids=None if positions is None else positions.reshape(1, n).to(device),
+        attention_mask=mask,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    )
+    return out.logits[0]

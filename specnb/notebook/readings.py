@@ -1,0 +1,92 @@
+"""The notebooks' computed readings: short markdown paragraphs written from their tables.
+
+One function per reading; no fixed conclusion anywhere: every sentence is computed from the numbers
+it is given (which shape wins, whether speculation pays here, how the replay agrees with real
+runs). Conventions: tau = tokens per target call, bonus INCLUDED; acceptance length excludes it;
+acceptance rate = accepted / drafted.
+
+    replay_reading     notebook 01: best preset and designed trees per budget, fraction of the
+                       hindsight ceiling, replay against real runs, the fastest budget here
+    pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality
+    recommendation     the budget the cost model picks on this device (notebooks 01 and 03)
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataFrame) -> str:
+    """Markdown reading of notebook 01's replay, computed from its tables (no fixed conclusions)."""
+    lines = ["tau = tokens per target call, bonus included; run-trajectory positions unless noted."]
+    presets = table[~table["shape"].isin(["sequoia", "hindsight", "dynamic", "oracle"])]
+    for budget, b in table.groupby("budget"):
+        parts = []
+        p = presets[presets["budget"] == budget]
+        if len(p):
+            best = p.loc[p["tau"].idxmax()]
+            parts.append(f"best preset {best['shape']} tau {best['tau']:.2f}")
+        for shape in ("sequoia", "hindsight", "dynamic", "oracle"):
+            row = b[b["shape"] == shape]
+            if len(row):
+                parts.append(f"{shape} {row['tau'].iloc[0]:.2f}")
+        lines.append(f"- {budget} draft tokens: " + ", ".join(parts))
+    if len(presets):
+        frac = presets.groupby("shape")["tau_all_over_hindsight"].mean().sort_values(ascending=False)
+        if frac.notna().any():
+            lines.append("- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
+                         + ", ".join(f"{k} {v:.2f}" for k, v in frac.items()))
+    same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
+    lines.append(f"- replay against real runs: {same}/{compared} steps identical ({', '.join(agreement['method'])})")
+    best = speed.iloc[0]
+    verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
+    lines.append(f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
+                 f"tokens, {best['speedup']:.2f}x the target alone: speculation {verdict}")
+    return "\n".join(lines)
+
+
+def pairs_reading(table: pd.DataFrame) -> str:
+    """A short markdown reading of a shape table, computed from it (no fixed conclusions)."""
+    lines = []
+    for pair, t in table.groupby("pair", sort=False):
+        lines.append(f"**{pair}** (tau = tokens per target call, bonus included):")
+        for budget, b in t.groupby("budget"):
+            best = b.loc[b["tau"].idxmax()]
+            worst = b.loc[b["tau"].idxmin()]
+            lines.append(
+                f"- {budget} draft tokens: best {best['shape']} (tau {best['tau']:.2f}, acceptance rate "
+                f"{best['acceptance_rate']:.2f}), worst {worst['shape']} (tau {worst['tau']:.2f})"
+            )
+        best = t.loc[t["tau"].idxmax()]
+        fastest = t.loc[t["tokens_per_s"].idxmax()]
+        lines.append(
+            f"- highest tau overall: {best['shape']} with {best['budget']} tokens ({best['tau']:.2f}); "
+            f"fastest: {fastest['shape']} with {fastest['budget']} tokens, "
+            f"{fastest['speedup']:.2f}x the target alone"
+        )
+        rate_trend = t.groupby("budget")["acceptance_rate"].mean()
+        if len(rate_trend) > 1:
+            direction = "falls" if rate_trend.iloc[-1] < rate_trend.iloc[0] else "rises"
+            lines.append(
+                f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} at {rate_trend.index[0]} "
+                f"to {rate_trend.iloc[-1]:.2f} at {rate_trend.index[-1]} tokens: more draft tokens, "
+                f"each less likely to be accepted"
+                if direction == "falls"
+                else f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} to {rate_trend.iloc[-1]:.2f}"
+            )
+        equal, total = int(t["greedy_equal"].sum()), int(t["prompts"].sum())
+        lines.append(f"- greedy output equal to the target's own: {equal}/{total} generations")
+    return "\n".join(lines)
+
+
+def recommendation(cost: pd.DataFrame) -> str:
+    """The budget the cost model picks on this device, in one markdown paragraph."""
+    best = cost.loc[cost["tokens_per_s"].idxmax()]
+    per_shape = cost.loc[cost.groupby("shape")["tokens_per_s"].idxmax()]
+    others = ", ".join(f"{r.shape} {int(r.nodes)} ({r.speedup:.2f}x)" for r in per_shape.itertuples())
+    verdict = "pays off" if best["speedup"] > 1 else "does not pay off: the target alone is faster"
+    return (
+        f"Best on this device: **{best['shape']} with {int(best['nodes'])} draft tokens**, expected tau "
+        f"{best['expected_tau']:.2f} (bonus included), {best['tokens_per_s']:.2f} tokens/s = "
+        f"{best['speedup']:.2f}x the target alone; speculation {verdict}. Best budget per shape: {others}."
+    )

@@ -1,0 +1,81 @@
+"""The package's layers hold: each folder imports only the layers above it (the order in
+`specnb/__init__.py`), the core never reaches the notebook runtime, no private name crosses a module,
+and `import specnb` with the core loads no plotting or notebook machinery."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "specnb"
+ORDER = ("core", "io", "drafters", "analysis", "bench", "notebook")  # each may import the ones before it
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE)
+
+
+def imported(path: Path) -> list[tuple[str, list[str]]]:
+    """(absolute module, names) for every `from ... import ...` of specnb in the file, any depth."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts  # ("specnb", layer, module)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = parts[: len(parts) - node.level]
+                module = ".".join(base + ((node.module,) if node.module else ()))
+            else:
+                module = node.module or ""
+            if module.startswith("specnb"):
+                out.append((module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name.startswith("specnb")]
+    return out
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_follow_the_layers(path):
+    mine = path.parent.name
+    allowed = set(ORDER[: ORDER.index(mine) + 1])
+    for module, names in imported(path):
+        layer = layer_of(module)
+        if layer in ORDER:
+            assert layer in allowed, f"{path.name} ({mine}) imports {module}: {layer} is not above {mine}"
+        else:  # `from .. import x` (the package itself): only sub-modules of a permitted layer
+            assert all(n.split(".")[0] in allowed for n in names), f"{path.name} imports {names} from {module}"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_private_name_crosses_modules(path):
+    for module, names in imported(path):
+        private = [n for n in names if n.startswith("_")]
+        assert not private, f"{path.name} imports private {private} from {module}"
+
+
+def test_the_core_loads_no_notebook_runtime():
+    code = (
+        "import sys, specnb, specnb.core.generation, specnb.drafters.methods, specnb.analysis.replay\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('specnb.notebook', 'matplotlib', 'seaborn', 'papermill')))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"importing the core pulled in: {out.stdout.strip()}"
+
+
+def test_short_module_names_resolve():
+    import specnb
+
+    for name, where in specnb.MODULES.items():
+        assert getattr(specnb, name).__name__ == f"specnb.{where}"
+    for name in specnb.LAZY:
+        assert callable(getattr(specnb, name))
+    with pytest.raises(AttributeError):
+        specnb.no_such_thing
