@@ -406,7 +406,7 @@ def test_embedded_gguf_float_and_4bit(tiny_embedded: EmbeddedModel, cache: Path)
     model_4bit, tokenizer_4bit = load_model("tiny-gguf", quantization="4bit")
     assert tokenizer_4bit.get_vocab() == tokenizer.get_vocab()
     assert isinstance(model_4bit.model.layers[0].mlp.down_proj, bnb.nn.Linear4bit)
-    folder = cache / "tiny-gguf-hf"
+    folder = cache / "tiny-gguf-float32"
     assert (folder / "specnb-source.json").is_file()
     assert "quantization_config" not in (folder / "config.json").read_text()  # the GGUF quantizer is gone
     assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == []  # no temporaries
@@ -414,10 +414,12 @@ def test_embedded_gguf_float_and_4bit(tiny_embedded: EmbeddedModel, cache: Path)
         # Q8_0 weights rounded again to nf4; bound and reasoning as in test_4bit_local_folder.
         assert relative_error(model_4bit(ids).logits, model(ids).logits) < 0.3
 
-    # The float16 copy in the cache holds the GGUF's de-quantized weights (float16 rounding only).
-    copy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(copy(ids).logits, model(ids).logits, atol=2e-3, rtol=2e-3)
+    # The copy in the cache holds exactly the GGUF's de-quantized float32 weights, and later loads
+    # read it (the GGUF loader is not called again)
+    gguf = models.gguf_path(tiny_embedded)
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    for (name, a), (_, b) in zip(sorted(direct.state_dict().items()), sorted(model.state_dict().items())):
+        assert torch.equal(a, b), name
 
 
 # ---------------------------------------------------------------------------------------------

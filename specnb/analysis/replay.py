@@ -332,13 +332,8 @@ def replay_dynamic(
     per_prompt: bool = False,
 ) -> pd.DataFrame:
     """Metrics of the dynamic (top-n by cumulative draft log-prob) trees, shape "dynamic"."""
-    positions = _positions(collection, max_new_tokens)
-    rows = []
-    for n in budgets:
-        per = _per_position(_dynamic(collection, int(n), positions), positions.cap)
-        label = {"shape": "dynamic", "budget": int(n), "nodes": int(n), "depth": collection.config.super_depth}
-        rows += _rows(collection, label, per, positions, mode, per_prompt)
-    return pd.DataFrame(rows)
+    label = lambda n: {"shape": "dynamic", "budget": n, "nodes": n, "depth": collection.config.super_depth}  # noqa: E731
+    return _per_budget(collection, budgets, _dynamic, label, mode, max_new_tokens, per_prompt)
 
 
 def oracle(
@@ -352,12 +347,18 @@ def oracle(
     "top_k": at each position, the longest prefix of the continuation's rank path with ranks below
     top_k, capped at the budget. Its "tree" is that accepted chain, so only acceptance_length and tau
     mean anything (its acceptance rate is 1 by construction)."""
+    label = lambda n: {"shape": "oracle", "budget": n, "nodes": n, "depth": n, "top_k": collection.config.top_k}  # noqa: E731
+    return _per_budget(collection, budgets, _oracle, label, mode, max_new_tokens, per_prompt)
+
+
+def _per_budget(collection: Collection, budgets: Iterable[int], nodes_of, label_of, mode: str,
+                max_new_tokens: int | None, per_prompt: bool) -> pd.DataFrame:
+    """Rows of trees that depend on the position (dynamic trees, the oracle), one budget each."""
     positions = _positions(collection, max_new_tokens)
     rows = []
     for n in budgets:
-        per = _per_position(_oracle(collection, int(n), positions), positions.cap)
-        label = {"shape": "oracle", "budget": int(n), "nodes": int(n), "depth": int(n), "top_k": collection.config.top_k}
-        rows += _rows(collection, label, per, positions, mode, per_prompt)
+        per = _per_position(nodes_of(collection, int(n), positions), positions.cap)
+        rows += _rows(collection, label_of(int(n)), per, positions, mode, per_prompt)
     return pd.DataFrame(rows)
 
 

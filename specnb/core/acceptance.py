@@ -97,21 +97,22 @@ def speculative_accept(
         alpha, residual = sibling_alphas(p[row_index], q.to(p.device)[row_index], child_tokens.to(p.device))
     u = torch.rand(alpha.shape, generator=generator, device=generator.device if generator is not None else p.device)
     accepted = u.to(alpha.device) < alpha
-    first = torch.where(accepted.any(-1), accepted.int().argmax(-1), -1).tolist()  # one read
+    first = torch.where(accepted.any(-1), accepted.int().argmax(-1), -1)  # [R]: the accepted child, -1 none
+    chosen = child_tokens.to(first.device).gather(-1, first.clamp_min(0)[:, None])[:, 0]  # its token
+    first, chosen = torch.stack([first, chosen]).tolist()  # one read
     slot = {r: j for j, r in enumerate(rows)}
-    toks: list[int] = []
     path: list[int] = []
+    toks: list[int] = []
     row = 0
     while row in slot and first[slot[row]] >= 0:
         node = children[slot[row]][first[slot[row]]]
         path.append(node)
+        toks.append(chosen[slot[row]])
         row = node + 1
     if row in slot:  # every child of this row was rejected: the correction, from the residual
         next_token = sample(residual[slot[row]], generator)
     else:  # a leaf (or the root of an empty tree): the bonus token, from p
         next_token = sample(p[row], generator)
-    if path:
-        toks = tokens[torch.tensor(path, device=tokens.device)].tolist()
     return Acceptance(tuple(path), next_token, tuple(toks))
 
 

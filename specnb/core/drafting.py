@@ -186,6 +186,10 @@ class ModelDrafter(Drafter):
     def _feed(self, tree: Tree, nodes: tuple[int, ...], ids: torch.Tensor, position: int) -> torch.Tensor:
         """Feed tree nodes of one depth (their tokens `ids`, all at `position`); each sees the
         sequence, its fed ancestors and itself. Returns their logits [len(nodes), V]."""
+        chain_so_far = len(nodes) == 1 and list(tree.node_path(nodes[0])[:-1]) == self._fed
+        if chain_so_far:  # one node that sees everything cached: the model's own (unmasked) path
+            self._fed += list(nodes)
+            return forward(self.model, self._cache, ids)
         visible = self._visible(len(nodes))
         visible[:, len(self._committed) :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
         self._fed += list(nodes)

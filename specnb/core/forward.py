@@ -28,16 +28,18 @@ def forward(
 
     input_ids: long [n]. positions: long [n]; None continues the cache (L .. L + n - 1, L = its
     length). visible: bool [n, L + n], which cached and new tokens each new token attends to; None =
-    the model's own causal mask. A single new token that sees every cached token needs no mask (a
-    model's mask for one query is all-visible), so it keeps the unmasked attention path.
+    the model's own causal mask: callers pass None where the visibility is causal (a chain, whose
+    tree mask is the causal mask; one token that sees everything), so the model keeps its causal
+    attention path (a dense mask is slower on CPU). They decide it from the tree's structure,
+    without reading any tensor.
     logits_to_keep: 0 = every row; k = the last k rows only (the LM head skips the others).
     """
     device = model.device
     n = input_ids.shape[-1]
-    if visible is not None and visible.shape != (n, cache_length(cache) + n):
-        raise ValueError(f"visible must be [{n}, {cache_length(cache) + n}], got {tuple(visible.shape)}")
     mask = None
-    if visible is not None and not (n == 1 and bool(visible.all())):
+    if visible is not None:
+        if visible.shape != (n, cache_length(cache) + n):
+            raise ValueError(f"visible must be [{n}, {cache_length(cache) + n}], got {tuple(visible.shape)}")
         mask = model_mask(visible.to(device)[None, None], model, model.dtype)
     out = model(
         input_ids=input_ids.reshape(1, n).to(device),
@@ -48,3 +50,4 @@ def forward(
         logits_to_keep=logits_to_keep,
     )
     return out.logits[0]
+

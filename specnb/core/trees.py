@@ -239,6 +239,11 @@ class Tree:
         return Tree(tuple(p for p in self.paths if len(p) <= max(max_depth, 0)))
 
     @cached_property
+    def is_chain(self) -> bool:
+        """One node per depth, each the rank-0 child of the one before: its mask is causal."""
+        return self.paths == tuple((0,) * d for d in range(1, self.num_nodes + 1))
+
+    @cached_property
     def levels(self) -> tuple[Level, ...]:
         """The plan of a level-by-level draft (one draft forward per depth): for each depth, its
         nodes, each node's parent as a row of the previous level's logits, and the nodes fed to

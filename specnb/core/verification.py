@@ -49,14 +49,17 @@ def verify(
     before = 0 if pending is None else int(pending.numel())
     prefix_len = cached + before  # every token before the root
     n = tree.num_nodes
+    ids = torch.cat([torch.tensor([root], device=tokens.device), tokens])
+    if before:
+        ids = torch.cat([pending.reshape(-1).to(tokens.device), ids])
+    if tree.is_chain:  # prefix, root and a chain: the model's own causal mask and positions
+        return forward(target, cache, ids, logits_to_keep=n + 1).float()
     visible = prefix_tree_mask(rooted_ancestor_mask(tree.ancestors), prefix_len)[0, 0]  # [N + 1, prefix_len + N + 1]
     positions = prefix_len + torch.tensor((0,) + tree.depths, dtype=torch.long)
-    ids = torch.cat([torch.tensor([root], device=tokens.device), tokens])
     if before:
         causal = torch.ones(before, prefix_len, dtype=torch.bool).tril(diagonal=cached)
         visible = torch.cat([torch.cat([causal, torch.zeros(before, n + 1, dtype=torch.bool)], 1), visible])
         positions = torch.cat([torch.arange(cached, prefix_len), positions])
-        ids = torch.cat([pending.reshape(-1).to(tokens.device), ids])
     return forward(target, cache, ids, positions, visible, logits_to_keep=n + 1).float()
 
 

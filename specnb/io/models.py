@@ -15,9 +15,10 @@ What it holds:
 
 Embedded models (shared/docs/MODELS.md) come as GGUF files inside PyPI packages, because the
 machines this was built on reach PyPI but no model hub. transformers de-quantizes GGUF to float on
-load. GGUF cannot be combined with a `quantization_config`, so for 4-bit an embedded model is
-de-quantized once and saved as an ordinary safetensors folder in the cache, which is then loaded
-with bitsandbytes nf4 (Dettmers et al. 2023, QLoRA) like any hub model.
+every load (about a minute for the 1.5B on 2 cores), so an embedded model is de-quantized once, to
+float32, and saved as an ordinary safetensors folder in the cache (`<cache>/<name>-float32/`, the
+same weights); later loads read that folder, in float or in 4-bit with bitsandbytes nf4 (Dettmers
+et al. 2023, QLoRA; GGUF and a quantization config do not combine) like any hub model.
 
 The cache folder is `~/.cache/specnb/models/`, or `$SPECNB_CACHE` when that is set.
 """
@@ -381,20 +382,22 @@ def _check_quantization(quantization: str | None) -> None:
         )
 
 
-def _dequantized_folder(model: EmbeddedModel) -> Path:
-    """An ordinary safetensors folder (float16) holding `model` de-quantized from its GGUF.
+def _float_folder(model: EmbeddedModel) -> Path:
+    """An ordinary safetensors folder holding `model` de-quantized from its GGUF, in float32.
 
-    Built once, in a temporary folder renamed into place when complete. GGUF-loaded models refuse
-    `save_pretrained` and their config names the GGUF quantizer, so the weights are moved into a
-    plain model built from the config without it. float16 storage rounds by 2^-11 relative, far
-    below the nf4 rounding this folder exists for.
+    transformers de-quantizes a GGUF on every load (about 60 s for Qwen2.5-Coder-1.5B on 2 cores);
+    this folder is built once and then loads in seconds, with the same float32 weights (saving and
+    reading float32 is exact). It is also the source of 4-bit loads, since GGUF and a quantization
+    config do not combine. Built in a temporary folder renamed into place when complete; GGUF-loaded
+    models refuse `save_pretrained` and their config names the GGUF quantizer, so the weights are
+    moved into a plain model built from the config without it.
     """
-    dest = cache_dir() / f"{model.name}-hf"
+    dest = cache_dir() / f"{model.name}-float32"
     if _read_json(dest / "specnb-source.json").get("gguf_sha256") == model.sha256:
         return dest
     gguf = gguf_path(model)
-    # De-quantized straight to float16: peak memory is two float16 copies, not float32 + float16.
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float16)
+    print(f"[specnb] {model.name}: de-quantizing the GGUF once into {dest} (later loads take seconds)", flush=True)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -403,7 +406,7 @@ def _dequantized_folder(model: EmbeddedModel) -> Path:
         config=config,
         state_dict=loaded.state_dict(),
         generation_config=loaded.generation_config,
-        dtype=torch.float16,
+        dtype=torch.float32,
     )
     del loaded
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -411,7 +414,7 @@ def _dequantized_folder(model: EmbeddedModel) -> Path:
     try:
         plain.save_pretrained(tmp)
         load_tokenizer(model.name).save_pretrained(tmp)
-        (tmp / "specnb-source.json").write_text(json.dumps({"gguf_sha256": model.sha256}))
+        (tmp / "specnb-source.json").write_text(json.dumps({"gguf_sha256": model.sha256, "dtype": "float32"}))
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -443,13 +446,8 @@ def _load_causal_lm(
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
         )
-        source = str(_dequantized_folder(embedded)) if embedded else name_or_path
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    elif embedded is not None:
-        gguf = gguf_path(embedded)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    source = str(_float_folder(embedded)) if embedded is not None else name_or_path
+    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     return model.eval()
 
 
@@ -463,10 +461,9 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM in eval mode and its tokenizer.
 
-    name_or_path: an embedded model's short name (EMBEDDED_MODELS: its GGUF, de-quantized to float),
-        else a hub id or local folder passed to `from_pretrained` as is.
-    quantization: None, or "4bit" for bitsandbytes nf4 (an embedded model is first de-quantized
-        once into `<cache>/<name>-hf/`, since GGUF and a quantization config do not combine).
+    name_or_path: an embedded model's short name (EMBEDDED_MODELS: its GGUF, de-quantized once to
+        `<cache>/<name>-float32/`), else a hub id or local folder passed to `from_pretrained` as is.
+    quantization: None, or "4bit" for bitsandbytes nf4.
     dtype: default float16 on CUDA, float32 elsewhere. device: default "cuda" if available, else "cpu".
     layers: keep only the first `layers` decoder layers (then the final norm and LM head): an
         early-exit copy of the model, e.g. a draft made from the target itself (LayerSkip-style,
