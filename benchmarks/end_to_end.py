@@ -7,6 +7,8 @@ method before the next prompt starts, in an order rotated from prompt to prompt)
     hf_assisted k         transformers assisted generation, the same draft, fixed k tokens a step
     specnb chain k        speculative_generate with Tree.chain(k) and the same draft
     specnb <best tree>    speculative_generate with --best-tree (default sparse:8)
+    specnb adaptive k     specnb's AdaptiveLength: the chain length from k by transformers' +2 / -1
+                          rule (reset per prompt), at most 2k deep
     hf_prompt_lookup L    transformers prompt lookup, L = --lookup-tokens
     specnb ngram chain L  specnb's NgramDrafter, one continuation (a chain) of up to L tokens
     specnb ngram tree L   specnb's NgramDrafter, several continuations in the same L-node budget
@@ -48,7 +50,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from specnb import Tree, autoregressive_generate, speculative_generate, summarize
+from specnb import AdaptiveLength, Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
 from specnb.core.drafting import ModelDrafter
 from specnb.drafters.methods import method_trees
@@ -176,6 +178,7 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
     k, lookup = args.k, args.lookup_tokens
     (best_key, best_tree), = method_trees([args.best_tree]).items()
     chain_drafter, tree_drafter = ModelDrafter(draft), ModelDrafter(draft)  # one cache per method
+    adaptive = AdaptiveLength(ModelDrafter(draft), start=k, schedule="heuristic_transient")
     methods = [
         Method(TARGET_ALONE, "target", lambda ids, n: autoregressive_generate(target, ids, max_new_tokens=n)),
         Method(f"hf_assisted {k}", "model_draft",
@@ -185,6 +188,8 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
         Method(f"specnb {best_key[0]}:{best_key[1]}", "model_draft",
                lambda ids, n: speculative_generate(target, tree_drafter, ids, tree=best_tree, max_new_tokens=n),
                best_tree.depth, best_tree.num_nodes),
+        Method(f"specnb adaptive {k}", "model_draft",
+               lambda ids, n: speculative_generate(target, adaptive, ids, tree=Tree.chain(2 * k), max_new_tokens=n), 2 * k, 2 * k),
         Method(f"hf_prompt_lookup {lookup}", "lookup",
                lambda ids, n: hf_prompt_lookup_generate(
                    target, ids, prompt_lookup_num_tokens=lookup, max_matching_ngram_size=args.ngram_size, max_new_tokens=n),
@@ -285,7 +290,8 @@ def cost_report(runs: list[dict], methods: list[Method]) -> str:
         nodes = sum(s.num_drafted for s in steps) / len(steps)
         measured = summarize([r["result"] for r in runs if r["method"] == m.name]).tokens_per_s / summarize(
             [r["result"] for r in runs if r["method"] == TARGET_ALONE]).tokens_per_s
-        per_forward = f", c = one draft forward / target forward = {draft / m.depth:.3f}" if m.depth else ""
+        depth = sum(s.tree_depth for s in steps) / len(steps)  # draft forwards per step (chains: the depth)
+        per_forward = f", c = one draft forward / target forward = {draft / depth:.3f}" if m.depth and depth else ""
         verdict = "pays" if tau > verify + draft else "does NOT pay"
         lines.append(
             f"- {m.name}: verify {nodes + 1:.1f} tokens = {verify:.2f} target forwards, draft = {draft:.2f}{per_forward}; "

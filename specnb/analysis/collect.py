@@ -91,7 +91,9 @@ def collect_prompt(
     times["continuation"] = time.perf_counter() - start
     tokens = run.tokens.tolist()
     stopped = bool(tokens) and tokens[-1] in eos_ids(target, eos)
-    out: dict[str, Any] = {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64)}
+    out: dict[str, Any] = {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64),
+                           "run_steps": np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps],
+                                                 dtype=np.int32).reshape(-1, 4)}
     if config.sampling:
         start = time.perf_counter()
         out["alpha"] = _sampled_alphas(target, draft, ids, tokens, config, _seed(config.seed + 1, prompt_id))

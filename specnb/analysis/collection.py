@@ -88,6 +88,8 @@ class PromptData:
     tokens: np.ndarray  # int64 [L] the target's continuation
     stopped: bool  # the continuation ended at EOS (else at max_new_tokens)
     times: dict[str, float]  # seconds per collection stage
+    run_steps: np.ndarray | None = None  # int32 [S, 4]: the continuation run's steps (position, drafted,
+    #                                      accepted, tokens added), a real run to check the replay against
     ranks: np.ndarray | None = None  # int16 [L]: rank of tokens[j] under the draft; >= top_k: out
     logq: np.ndarray | None = None  # float32 [L]: draft log-probability of tokens[j]
     # super-trees, nodes sorted by (cumulative log q desc, depth, path); -1 / padding past `size`

@@ -393,27 +393,43 @@ def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], bud
     return table, every
 
 
-def replay_agreement(store: Sweep, pair_label: str, collection, specs: Sequence[str]) -> pd.DataFrame:
-    """Real runs (units in `store`) against the replay, step by step: one row per method with the
-    steps compared and how many were identical (position, drafted, accepted and tokens added)."""
-    steps = steps_frame(store)
+def replay_agreement(store: Sweep | None, pair_label: str, collection: Collection, specs: Sequence[str]) -> pd.DataFrame:
+    """Real runs against the replay, step by step: one row per method with the steps compared and
+    how many were identical (position, drafted, accepted and tokens added). The collection's own
+    run (its `run_tree`, on every prompt) is always compared, as source "collection run"; `specs`
+    are end-to-end units in `store` (source "end to end")."""
     rows = []
+    run_spec = collection.config.run_tree
+    replayed = replay.replay_steps(collection, collection.config.run)
+    real = {p.prompt_id: [tuple(int(x) for x in row) for row in p.run_steps] for p in collection.prompts}
+    rows.append(_agreement_row(run_spec, "collection run", replayed, real))
+    steps = steps_frame(store) if store is not None and len(store) else pd.DataFrame()
     for spec in specs:
         method = parse_method(spec)
         tree = method.budget if method.drafter == "dynamic" else method.tree
-        replayed = replay.replay_steps(collection, tree)
-        real = steps[(steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)]
-        compared = identical = 0
-        for pid, mine in replayed.items():
-            theirs = real[real["prompt_id"] == pid].sort_values("position")
-            pairs = list(zip([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in mine],
-                             theirs[["position", "num_drafted", "num_accepted", "num_tokens"]].itertuples(index=False)))
-            compared += max(len(mine), len(theirs))
-            identical += sum(tuple(a) == tuple(int(x) for x in b) for a, b in pairs)
-        rows.append({"method": spec, "steps_compared": compared, "identical_steps": identical,
-                     "tau_real": real["num_tokens"].sum() / max(len(real), 1),
-                     "tau_replayed": sum(s.num_tokens for v in replayed.values() for s in v) / max(sum(len(v) for v in replayed.values()), 1)})
+        mine = steps[(steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)]
+        prompts = set(mine["prompt_id"])
+        replayed = {pid: s for pid, s in replay.replay_steps(collection, tree).items() if pid in prompts}
+        real = {pid: [tuple(int(x) for x in r) for r in g.sort_values("position")[
+                    ["position", "num_drafted", "num_accepted", "num_tokens"]].itertuples(index=False)]
+                for pid, g in mine.groupby("prompt_id")}
+        rows.append(_agreement_row(spec, "end to end", replayed, real))
     return pd.DataFrame(rows)
+
+
+def _agreement_row(spec: str, source: str, replayed: dict, real: dict) -> dict:
+    compared = identical = 0
+    for pid, mine in replayed.items():
+        ours = [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in mine]
+        theirs = real.get(pid, [])
+        compared += max(len(ours), len(theirs))
+        identical += sum(a == b for a, b in zip(ours, theirs))
+    n_real = sum(len(v) for v in real.values())
+    n_replayed = sum(len(v) for v in replayed.values())
+    return {"method": spec, "source": source, "prompts": len(replayed), "steps_compared": compared,
+            "identical_steps": identical,
+            "tau_real": sum(r[3] for v in real.values() for r in v) / max(n_real, 1),
+            "tau_replayed": sum(s.num_tokens for v in replayed.values() for s in v) / max(n_replayed, 1)}
 
 
 def replayed_steps_frame(collection, tree: Tree) -> pd.DataFrame:

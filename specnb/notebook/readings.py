@@ -37,7 +37,8 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
             lines.append("- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
                          + ", ".join(f"{k} {v:.2f}" for k, v in frac.items()))
     same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
-    lines.append(f"- replay against real runs: {same}/{compared} steps identical ({', '.join(agreement['method'])})")
+    parts = ", ".join(f"{r.method} ({r.source}, {r.prompts} prompts)" for r in agreement.itertuples())
+    lines.append(f"- replay against real runs: {same}/{compared} steps identical: {parts}")
     best = speed.iloc[0]
     verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
     lines.append(f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "

@@ -22,6 +22,7 @@ import ast
 import hashlib
 import html
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,12 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = NOTEBOOKS / "profiles"
 RESERVED = ("run_dir",)  # set by the runner, never by a profile
+
+
+def default_outputs() -> Path:
+    """Where runs are written: $SPECNB_OUTPUTS (e.g. a folder on Google Drive, so a Colab run survives
+    a disconnect and resumes), else outputs/ in the project."""
+    return Path(os.environ.get("SPECNB_OUTPUTS") or ROOT / "outputs").expanduser()
 
 
 class RunnerError(Exception):
@@ -215,7 +222,7 @@ def write_index(outputs: Path) -> None:
 
 def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
     """Embedded model names the profile's notebooks use (so set-up can install them)."""
-    from ..io.models import EMBEDDED_MODELS
+    from ..io.embedded import EMBEDDED_MODELS
 
     resolved = resolve(profile, {}, [], notebooks(books_folder), books_folder / "profiles")
     names: set[str] = set()
@@ -282,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("-p", "--parameters", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     r.add_argument("-f", "--parameters-file", action="append", default=[], type=Path)
     r.add_argument("--notebook", action="append", default=None, help="run only this notebook (repeatable)")
-    r.add_argument("--outputs", type=Path, default=ROOT / "outputs")
+    r.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
     m = sub.add_parser("models", help="print the embedded models a profile needs")
     m.add_argument("profile", nargs="?", default="cpu")
     args = ap.parse_args(argv)
@@ -291,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(profile_models(args.profile)))
             return 0
         overrides = {name: _parse_value(value) for name, value in args.parameters}
-        return run(args.profile, overrides, args.parameters_file, args.notebook, args.outputs)
+        return run(args.profile, overrides, args.parameters_file, args.notebook, args.outputs or default_outputs())
     except RunnerError as e:
         print(f"run_notebooks: {e}\nnothing was run.", file=sys.stderr)
         return 2

@@ -7,8 +7,8 @@
   in the parameters cell (its value differs from the cell's committed literal) is kept; the others
   take the profile's values, and the cell prints which values the profile set and which edits it
   kept. Under `run_notebooks.sh` the profile is already concrete and applied.
-- run_dir "" (interactive use): a new folder outputs/<notebook>/interactive-<time>/ is made and
-  params.json written there (parameters, environment). Under the runner, run_dir is given and
+- run_dir "" (interactive use): a new folder outputs/<notebook>/interactive-<time>/ is made
+  ($SPECNB_OUTPUTS instead of outputs/ when set) and params.json written there (parameters, environment). Under the runner, run_dir is given and
   params.json was written by the runner.
 - torch's global seed is set from `seed` when the notebook declares one.
 """
@@ -22,9 +22,8 @@ from typing import Any, MutableMapping
 import torch
 
 from ..io.storage import environment, write_json
-from .runner import NOTEBOOKS, declared_parameters, resolve
+from .runner import NOTEBOOKS, declared_parameters, default_outputs, resolve
 
-ROOT = Path(__file__).resolve().parents[2]
 SKIP = {"In", "Out", "exit", "quit", "get_ipython"}
 
 
@@ -80,7 +79,7 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
         folder = Path(run_dir)
         folder.mkdir(parents=True, exist_ok=True)
         return folder
-    outputs = Path(outputs) if outputs is not None else ROOT / "outputs"
+    outputs = Path(outputs) if outputs is not None else default_outputs()
     folder = outputs / notebook / time.strftime("interactive-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "params.json", {
