@@ -34,12 +34,13 @@ REPEAT = "Repeat this list exactly, twice: apples, pears, plums, figs, dates, li
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--target-quantization", choices=["4bit"], default=None, help="load the target in 4-bit nf4")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--layers", type=int, nargs="+", default=None, help="early-exit depths (default: 1/4, 1/2, 3/4)")
     ap.add_argument("--no-4bit", action="store_true", help="skip the 4-bit self-draft")
     args = ap.parse_args(argv)
 
-    target, tokenizer = load_model(args.target)
+    target, tokenizer = load_model(args.target, args.target_quantization)
     total = len(target.model.layers)
     layers = args.layers or [total // 4, total // 2, 3 * total // 4]
     mid = layers[len(layers) // 2]

@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--target-quantization", choices=["4bit"], default=None,
+                    help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)")
+    ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
     ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
     ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
     ap.add_argument("--per-category", type=int, default=2)
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = pick(prompts, args.per_category, args.pick)
     if not prompts:
         raise SystemExit(f"no prompts in categories {args.categories}")
-    target, draft, tokenizer = load_pair(args.target, args.draft)
+    target, draft, tokenizer = load_pair(args.target, args.draft, args.target_quantization, args.draft_quantization)
     print(
         f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
         f"prompts={len(prompts)} max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - started:.0f}"

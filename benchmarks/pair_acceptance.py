@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
+    ap.add_argument("--target-quantization", choices=["4bit"], default=None,
+                    help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)")
+    ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
     ap.add_argument("--trees", nargs="+", default=["chain:4", "kary2:8"])
     ap.add_argument("--prompts", default="builtin", help="builtin, spec_bench, or a JSONL path")
     ap.add_argument("--per-category", type=int, default=None)
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         raise SystemExit(str(e))
     prompts = load_prompts(args.prompts, per_category=args.per_category, limit=args.limit)
-    target, draft, tokenizer = load_pair(args.target, args.draft)
+    target, draft, tokenizer = load_pair(args.target, args.draft, args.target_quantization, args.draft_quantization)
     print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} prompts={len(prompts)}")
 
     # warm-up, so the first measured call does not pay one-off costs

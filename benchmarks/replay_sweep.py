@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--target-quantization", choices=["4bit"], default=None,
+                    help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)")
+    ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
     ap.add_argument("--prompts", default="spec_bench", help="builtin, spec_bench, or a JSONL path")
     ap.add_argument("--limit", type=int, default=13, help="prompts, one category after another")
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     start = time.perf_counter()
-    target, draft, tokenizer = load_pair(args.target, args.draft)
+    target, draft, tokenizer = load_pair(args.target, args.draft, args.target_quantization, args.draft_quantization)
     prompts = load_prompts(args.prompts, limit=args.limit)
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
     print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "

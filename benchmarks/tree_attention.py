@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--heads", default="llama-2-7b", help="head shape of a real target (specnb.bench.attention_grid.HEAD_SHAPES)")
     ap.add_argument("--model", default="smollm2-135m", help="the real model for (c)")
+    ap.add_argument("--quantization", choices=["4bit"], default=None, help="load that model in 4-bit nf4")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specnb.io.models import load_model
 
-    model, _ = load_model(args.model, device=device)
+    model, _ = load_model(args.model, args.quantization, device=device)
     cache = prefilled_cache(model, args.prefix)
     spec, tree = args.trees[0], trees[args.trees[0]]
     t = verify_and_forward(model, cache, tree, warmup=2, repeats=args.repeats)

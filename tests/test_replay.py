@@ -252,18 +252,21 @@ def test_dynamic_trees_replay_equals_real_steps(tiny_target, drafts, super_colle
             == sum(len(v) for v in steps.values()))
 
 
-def test_oracle_is_the_longest_prefix_of_ranks_below_k(super_collection):
+@pytest.mark.parametrize("k", [None, 1, 3])
+def test_oracle_is_the_longest_prefix_of_ranks_below_k(super_collection, k):
     c = super_collection
-    k = c.config.top_k
+    limit = c.config.top_k if k is None else k
     for n in (1, 2, 5, 9):
         expected = 0
         for p in c.prompts:
             for t in range(len(p.tokens)):
                 cap = min(n, c.config.max_new_tokens - t - 1)
                 path = p.ranks[t : t + cap]
-                expected += next((i for i, r in enumerate(path) if r >= k), len(path))
-        assert oracle(c, [n]).iloc[0]["accepted"] == expected
-        assert oracle(c, [n]).iloc[0]["top_k"] == k
+                expected += next((i for i, r in enumerate(path) if r >= limit), len(path))
+        row = oracle(c, [n], k=k).iloc[0]
+        assert row["accepted"] == expected and row["top_k"] == limit
+    with pytest.raises(ValueError, match="rank limit"):
+        oracle(c, [2], k=c.config.top_k + 1)
 
 
 @pytest.mark.parametrize("budget", [2, 4, 9])

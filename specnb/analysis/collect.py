@@ -105,9 +105,11 @@ def collect_prompt(
         logits = forward(draft, cache, seq, logits_to_keep=len(tokens) + 1).float()
         logp = torch.log_softmax(logits, dim=-1)  # [L + 1, V]: row j predicts tokens[j]
         truth = torch.tensor(tokens, dtype=torch.long, device=logp.device)
-        top = top_tokens(logits[: len(tokens)], config.top_k)  # [L, top_k]: the drafters' ranking
-        hit = top == truth[:, None]
+        top = top_tokens(logits[: len(tokens)], config.top_k + 1)  # [L, top_k + 1]: the drafters' ranking
+        hit = top[:, : config.top_k] == truth[:, None]
         out["ranks"] = torch.where(hit.any(-1), hit.int().argmax(-1), config.top_k).cpu().numpy().astype(np.int16)
+        gaps = (logits[: len(tokens)].gather(-1, top) - logits[torch.arange(len(tokens)), truth][:, None]).abs()
+        out["rank_margin"] = gaps.masked_fill(top == truth[:, None], float("inf")).min(-1).values.cpu().numpy().astype(np.float32)
         out["logq"] = logp[torch.arange(len(tokens)), truth].cpu().numpy().astype(np.float32)
         times["ranks"] = time.perf_counter() - start
         if config.super_k:

@@ -92,6 +92,8 @@ class PromptData:
     #                                      accepted, tokens added), a real run to check the replay against
     ranks: np.ndarray | None = None  # int16 [L]: rank of tokens[j] under the draft; >= top_k: out
     logq: np.ndarray | None = None  # float32 [L]: draft log-probability of tokens[j]
+    rank_margin: np.ndarray | None = None  # float32 [L]: smallest gap between tokens[j]'s draft logit and
+    #                                       any other of the top_k + 1: below a tie margin its rank may flip
     # super-trees, nodes sorted by (cumulative log q desc, depth, path); -1 / padding past `size`
     super_size: np.ndarray | None = None  # int16 [L]: nodes kept at each position (<= M)
     super_parent: np.ndarray | None = None  # int16 [L, M]: parent's index in the sorted order, -1 root

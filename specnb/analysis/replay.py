@@ -19,9 +19,10 @@ expansion. `DynamicTreeDrafter` builds the same trees (a test checks it step by 
 of a dynamic tree accepts the leading on-path nodes (tokens c_t, c_{t+1}, ...) among its n nodes.
 
 The per-position oracle (`oracle`) accepts, at each position, the longest prefix of the
-continuation's rank path whose ranks are all below K (the collection's top_k), capped at the budget
-n: what the best tree of n nodes drawn from the draft's top-K children could accept there, chosen
-with hindsight per position. No static or dynamic tree within those ranks can accept more.
+continuation's rank path whose ranks are all below K (a parameter, at most the collection's top_k),
+capped at the budget n: what the best tree of n nodes drawn from the draft's top-K children could
+accept there, chosen with hindsight per position. No static or dynamic tree within those ranks can
+accept more. A large K makes it loose (nearly every next token is somewhere in the top 16).
 
 Sampling. Node v of a gap-free subtree of the cover tree is accepted with probability P(v) =
 P(parent) * prod_{j<i}(1 - alpha_j) * alpha_i at its parent (alphas from `analysis.collect`), so
@@ -182,15 +183,17 @@ def _dynamic(collection: Collection, budget: int, positions: _Positions) -> _Nod
     )
 
 
-def _oracle(collection: Collection, budget: int, positions: _Positions) -> _Nodes:
+def _oracle(collection: Collection, budget: int, positions: _Positions, k: int) -> _Nodes:
     """At each position, the accepted chain of the per-position oracle: the longest prefix of the
-    continuation's rank path with every rank below top_k, capped at `budget` and at the loop's
-    depth cap. Its "tree" is that chain."""
+    continuation's rank path with every rank below k, capped at `budget` and at the loop's depth
+    cap. Its "tree" is that chain."""
     _check_greedy(collection)
+    if not 1 <= k <= collection.config.top_k:
+        raise ValueError(f"the oracle's rank limit k must lie in 1..{collection.config.top_k} (the ranks collected), got {k}")
     depth = max(budget, 1)
     ranks = positions.ranks(collection, depth)  # [T, depth]; top_k = out, and past the end
     depths = np.arange(1, depth + 1)
-    inside = np.cumprod((ranks < collection.config.top_k) & (depths <= positions.cap[:, None]), axis=1).astype(bool)
+    inside = np.cumprod((ranks < k) & (depths <= positions.cap[:, None]), axis=1).astype(bool)
     shape = ranks.shape
     return _Nodes(
         depth=np.broadcast_to(depths, shape), rank=np.where(inside, ranks, 0),
@@ -342,13 +345,18 @@ def oracle(
     mode: str = "all",
     max_new_tokens: int | None = None,
     per_prompt: bool = False,
+    k: int | None = None,
 ) -> pd.DataFrame:
     """The per-position oracle, shape "oracle" (module docstring), with its rank limit in column
-    "top_k": at each position, the longest prefix of the continuation's rank path with ranks below
-    top_k, capped at the budget. Its "tree" is that accepted chain, so only acceptance_length and tau
-    mean anything (its acceptance rate is 1 by construction)."""
-    label = lambda n: {"shape": "oracle", "budget": n, "nodes": n, "depth": n, "top_k": collection.config.top_k}  # noqa: E731
-    return _per_budget(collection, budgets, _oracle, label, mode, max_new_tokens, per_prompt)
+    "top_k": at each position, the longest prefix of the continuation's rank path with ranks below k
+    (default: every rank collected, the collection's top_k), capped at the budget. It bounds every
+    tree of that budget whose nodes are among the draft's top-k children. Its "tree" is that
+    accepted chain, so only acceptance_length and tau mean anything (acceptance rate 1 by
+    construction)."""
+    k = collection.config.top_k if k is None else int(k)
+    label = lambda n: {"shape": "oracle", "budget": n, "nodes": n, "depth": n, "top_k": k}  # noqa: E731
+    nodes = lambda c, n, positions: _oracle(c, n, positions, k)  # noqa: E731
+    return _per_budget(collection, budgets, nodes, label, mode, max_new_tokens, per_prompt)
 
 
 def _per_budget(collection: Collection, budgets: Iterable[int], nodes_of, label_of, mode: str,

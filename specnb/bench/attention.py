@@ -188,6 +188,15 @@ class AttentionInputs:
     def gqa(self) -> bool:
         return self.q.shape[1] != self.k.shape[1]
 
+    def expanded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v repeated to the query heads [B, Hq, S, D] (grouped-query attention), as a model's
+        `repeat_kv` does before a masked attention call: SDPA's enable_gqa together with a mask
+        falls back to the slow math kernel on CUDA, which would skew the timing of GQA models."""
+        groups = self.q.shape[1] // self.k.shape[1]
+        if groups == 1:
+            return self.k, self.v
+        return self.k.repeat_interleave(groups, dim=1), self.v.repeat_interleave(groups, dim=1)
+
 
 def random_inputs(
     batch: TreeBatch,
@@ -257,21 +266,21 @@ def _no_grad(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
 
 def _prepare_sdpa(x: AttentionInputs) -> Callable[[], torch.Tensor]:
     mask = x.batch.allowed(x.q.device)  # bool: read as "may attend" by SDPA on every backend
-    q, k, v, gqa = x.q, x.k, x.v, x.gqa
-    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    q, (k, v) = x.q, x.expanded()  # repeated once here, outside the timed call
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def _prepare_causal(x: AttentionInputs) -> Callable[[], torch.Tensor]:
     """Plain causal attention in its fastest correct form here: for a uniform batch one lower-right
     causal mask for all (`_causal_mask`: a fused causal kernel on CUDA); for a ragged batch the
     padded causal mask."""
-    q, k, v, gqa = x.q, x.k, x.v, x.gqa
+    q, (k, v) = x.q, x.expanded()
     b = x.batch
     if len(set(b.prefix_lens)) == 1 and len({t.num_nodes for t in b.trees}) == 1:
         mask = _causal_mask(b.tree_capacity, b.kv_len, q.device)
     else:
         mask = b.causal(q.device)
-    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 # ---- eager reference --------------------------------------------------------------------------
@@ -312,7 +321,8 @@ def _prepare_per_sequence(x: AttentionInputs) -> Callable[[], torch.Tensor]:
     keys/values are written into the slots after the prefix and SDPA runs over a view of the first
     p_b + L slots. No prefix is ever copied in `run`; the prefix attention is repeated per leaf,
     which is the cost this baseline exists to show."""
-    q, k, v, batch, gqa = x.q, x.k, x.v, x.batch, x.gqa
+    q, batch = x.q, x.batch
+    k, v = x.expanded()
     P, M = batch.prefix_capacity, batch.tree_capacity
     device = q.device
     caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -344,7 +354,7 @@ def _prepare_per_sequence(x: AttentionInputs) -> Callable[[], torch.Tensor]:
             end = leaf.prefix_len + leaf.length
             ck[:, :, leaf.prefix_len : end] = pk  # this sequence's own tokens after the prefix
             cv[:, :, leaf.prefix_len : end] = pv
-            o = F.scaled_dot_product_attention(pq, ck[:, :, :end], cv[:, :, :end], attn_mask=leaf.mask, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(pq, ck[:, :, :end], cv[:, :, :end], attn_mask=leaf.mask)
             out[leaf.b].index_copy_(1, leaf.write, o[0, :, leaf.fresh :])
         for b, rows in pad:  # padding rows: their own slot only, as in the masked implementations
             out[b, :, rows] = v[b, :, P + rows].repeat_interleave(q.shape[1] // v.shape[1], dim=0)
@@ -383,11 +393,25 @@ def flex_unsupported(device: torch.device | str, dtype: torch.dtype) -> str | No
 
 
 @functools.cache
-def _flex_kernel() -> Callable[..., torch.Tensor]:
-    """flex_attention compiled once per process (uncompiled it materialises the full scores)."""
+def _flex_kernel(dynamic: bool) -> Callable[..., torch.Tensor]:
+    """flex_attention compiled once per process and mode (uncompiled it materialises the full
+    scores). dynamic=True on CUDA: one kernel for every grid shape (a recompile per shape costs
+    minutes on Colab's 2 vCPUs); static shapes on CPU, where torch 2.13's automatic dynamic shapes
+    generate C++ that does not compile (`cur_kvSplitSize5 was not declared`)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, dynamic=dynamic)
+
+
+def flex_kernel_options(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> dict[str, int]:
+    """Triton block sizes for GPUs below compute capability 8.0 (the T4 is 7.5): torch's defaults
+    for float16 and head_dim 128 need about 64 KB of shared memory per block, the T4's limit, so
+    the kernel fails to launch there; 32 x 32 blocks with one pipeline stage need a quarter of it.
+    Newer GPUs and the CPU keep torch's defaults (an empty dict)."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0):
+        return {}
+    return {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1, "num_warps": 4} if head_dim >= 64 else {"num_stages": 1}
 
 
 def block_mask(batch: TreeBatch, device: torch.device | str, block_size: int = 128):
@@ -415,19 +439,21 @@ def _prepare_flex(x: AttentionInputs) -> Callable[[], torch.Tensor]:
     mask = block_mask(x.batch, x.q.device)
     import torch._dynamo
 
-    kernel = _flex_kernel()
-    q, k, v, gqa = x.q, x.k, x.v, x.gqa
-    run = lambda: kernel(q, k, v, block_mask=mask, enable_gqa=gqa)  # noqa: E731
+    on_cuda = x.q.device.type == "cuda"
+    kernel = _flex_kernel(dynamic=on_cuda)
+    options = flex_kernel_options(x.q.device, x.q.dtype, x.q.shape[-1])
+    q, k, v, gqa = x.q, x.k, x.v, x.gqa  # FlexAttention's GQA reads the shared heads by index: no repeat
+    run = lambda: kernel(q, k, v, block_mask=mask, enable_gqa=gqa, kernel_options=options or None)  # noqa: E731
     try:
-        # Compile for this shape now. Static shapes: torch 2.13's automatic dynamic shapes generate
-        # C++ that does not compile for flex on CPU. A grid has many shapes, so lift dynamo's
-        # recompile limit for this call and fail loudly rather than fall back, uncompiled, to a
-        # kernel that materialises every score (which would time the wrong thing).
+        # Compile for this shape now (`_flex_kernel`: static shapes on CPU, dynamic on CUDA). A grid
+        # has many shapes, so lift dynamo's recompile limit for this call and fail loudly rather than
+        # fall back, uncompiled, to a kernel that materialises every score (the wrong thing to time).
         with torch._dynamo.config.patch(recompile_limit=100_000, accumulated_recompile_limit=100_000,
                                         fail_on_recompile_limit_hit=True):
             run()
     except Exception as e:  # inductor raises many kinds (no compiler, unsupported dtype, ...)
-        raise Unsupported(f"FlexAttention failed to compile or run here: {type(e).__name__}: {str(e)[:300]}") from e
+        where = f"{torch.cuda.get_device_name(x.q.device)} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability(x.q.device)))}, kernel options {options or 'default'})" if on_cuda else "CPU"
+        raise Unsupported(f"FlexAttention failed to compile or run on {where}: {type(e).__name__}: {str(e)[:300]}") from e
     return run
 
 

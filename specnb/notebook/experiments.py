@@ -10,7 +10,8 @@ transformers' own speculative decoders run as units too, on the same prompts in 
 (`specnb.baselines`): shape "hf_assisted" (assisted generation with the pair's draft, budget = its
 fixed draft length) and "hf_prompt_lookup" (budget = `prompt_lookup_num_tokens`); their tree is
 recorded as a chain of that length. Every unit also gets the perplexity of its output under the
-target (`quality.perplexity`).
+target and its greedy verdict against the target's own output: "exact", "tie" (a numerical tie of
+the target's top two logits at the first difference) or "mismatch" (`analysis.quality`).
 Each unit stores its per-step rows and a one-row summary (see `storage.Sweep`).
 
 Metric conventions (`metrics`): acceptance_rate = accepted / drafted; acceptance_length = accepted
@@ -23,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -33,7 +35,7 @@ from ..analysis.collect import collect
 from ..analysis.collection import CollectConfig, Collection
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row, summarize
-from ..analysis.quality import greedy_equal, perplexity
+from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.methods import build_drafter, method_trees, parse_method
@@ -102,13 +104,13 @@ def run_sweep(
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
     ids_of = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}  # tokenize each prompt once
-    perplexities: dict[tuple[str, tuple[int, ...]], float] = {}  # equal outputs are scored once
+    scores: dict[tuple[str, tuple[int, ...]], Score] = {}  # equal outputs are scored once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
         ids = ids_of[prompt.id]
         result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens)
         output = (prompt.id, tuple(result.tokens.tolist()))
-        if output not in perplexities:
-            perplexities[output] = perplexity(target, ids, result.tokens)
+        if output not in scores:
+            scores[output] = score(target, ids, result.tokens)
         reference = references.get(prompt.id) or _stored_tokens(store, pair_label, prompt)
         if k is None:
             references[prompt.id] = result.tokens.tolist()
@@ -116,7 +118,7 @@ def run_sweep(
         store.add(
             _key(pair_label, k, prompt),
             _step_rows(result),
-            meta=_unit_summary(result, prompt, reference, trees[k] if k else None, perplexities[output]),
+            meta=_unit_summary(result, prompt, reference, trees[k] if k else None, scores[output], target.dtype),
         )
 
 
@@ -202,6 +204,8 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         tau_prompt_min=("tau", "min"),
         tau_prompt_max=("tau", "max"),
         greedy_equal=("greedy_equal", "sum"),
+        greedy_ties=("greedy", lambda v: int((v == "tie").sum())),
+        greedy_mismatches=("greedy", lambda v: int((v == "mismatch").sum())),
         nodes=("num_nodes", "first"),
         depth=("depth", "first"),
         **({"perplexity": ("perplexity", "mean")} if "perplexity" in spec else {}),
@@ -335,6 +339,7 @@ def collect_pair(
         super_depth=super_depth, super_size=max(dynamic_budgets, default=1),
     )
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
+    describe = {**(describe or {}), "draft_dtype": str(draft.dtype).removeprefix("torch.")}
     return collect(folder, target, draft, ids, config, categories={p.id: p.category for p in prompts},
                    describe=describe, progress=True)
 
@@ -370,17 +375,18 @@ def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple
 
 
 def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int],
-                 dynamic_budgets: Sequence[int]) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
+                 dynamic_budgets: Sequence[int], oracle_k: int | None = None) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
     """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
-    (super-trees needed) and the per-position "oracle" (`replay.oracle`, ranks below the
-    collection's top_k, column `top_k`). Returns (table, trees incl. the designed ones).
+    (super-trees needed) and the per-position "oracle" (`replay.oracle`, ranks below `oracle_k`,
+    default the collection's top_k; column `top_k`). Returns (table, trees incl. the designed ones).
 
     Rows: trajectory-mode metrics (the positions a real run visits: what it would measure), plus
     tau_all over every position, and tau_all as a fraction of the hindsight ceiling and of the
     oracle of the same budget (both defined on all positions)."""
     every = {**trees, **designed_trees(collection, budgets)}
     parts = [(replay.replay(collection, every, mode="trajectory"), replay.replay(collection, every, mode="all")),
-             (replay.oracle(collection, budgets, mode="trajectory"), replay.oracle(collection, budgets, mode="all"))]
+             (replay.oracle(collection, budgets, mode="trajectory", k=oracle_k),
+              replay.oracle(collection, budgets, mode="all", k=oracle_k))]
     if collection.has_super_trees and dynamic_budgets:
         parts.append((replay.replay_dynamic(collection, dynamic_budgets, mode="trajectory"),
                       replay.replay_dynamic(collection, dynamic_budgets, mode="all")))
@@ -402,7 +408,7 @@ def replay_agreement(store: Sweep | None, pair_label: str, collection: Collectio
     run_spec = collection.config.run_tree
     replayed = replay.replay_steps(collection, collection.config.run)
     real = {p.prompt_id: [tuple(int(x) for x in row) for row in p.run_steps] for p in collection.prompts}
-    rows.append(_agreement_row(run_spec, "collection run", replayed, real))
+    rows.append(_agreement_row(run_spec, "collection run", replayed, real, collection))
     steps = steps_frame(store) if store is not None and len(store) else pd.DataFrame()
     for spec in specs:
         method = parse_method(spec)
@@ -413,23 +419,36 @@ def replay_agreement(store: Sweep | None, pair_label: str, collection: Collectio
         real = {pid: [tuple(int(x) for x in r) for r in g.sort_values("position")[
                     ["position", "num_drafted", "num_accepted", "num_tokens"]].itertuples(index=False)]
                 for pid, g in mine.groupby("prompt_id")}
-        rows.append(_agreement_row(spec, "end to end", replayed, real))
+        rows.append(_agreement_row(spec, "end to end", replayed, real, collection))
     return pd.DataFrame(rows)
 
 
-def _agreement_row(spec: str, source: str, replayed: dict, real: dict) -> dict:
-    compared = identical = 0
+def _agreement_row(spec: str, source: str, replayed: dict, real: dict, collection: Collection) -> dict:
+    """Identical steps; a differing step is a "tie" when a draft rank in its span could flip by
+    rounding (`rank_margin` below the tie margin of the draft's dtype), else a mismatch."""
+    margins = {p.prompt_id: p.rank_margin for p in collection.prompts}
+    threshold = TIE_MARGIN.get(collection_dtype(collection), TIE_MARGIN[torch.float16])
+    compared = identical = ties = 0
     for pid, mine in replayed.items():
         ours = [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in mine]
         theirs = real.get(pid, [])
         compared += max(len(ours), len(theirs))
-        identical += sum(a == b for a, b in zip(ours, theirs))
+        for a, b in zip(ours, theirs):
+            if a == b:
+                identical += 1
+            elif margins.get(pid) is not None and margins[pid][a[0] : a[0] + max(a[3], b[3]) + 1].min(initial=np.inf) < threshold:
+                ties += 1
     n_real = sum(len(v) for v in real.values())
     n_replayed = sum(len(v) for v in replayed.values())
     return {"method": spec, "source": source, "prompts": len(replayed), "steps_compared": compared,
-            "identical_steps": identical,
+            "identical_steps": identical, "tie_steps": ties, "mismatched_steps": compared - identical - ties,
             "tau_real": sum(r[3] for v in real.values() for r in v) / max(n_real, 1),
             "tau_replayed": sum(s.num_tokens for v in replayed.values() for s in v) / max(n_replayed, 1)}
+
+
+def collection_dtype(collection: Collection) -> torch.dtype:
+    """The draft's dtype as recorded in the collection's description (float32 when not recorded)."""
+    return getattr(torch, str(collection.describe.get("draft_dtype", "float32")), torch.float32)
 
 
 def replayed_steps_frame(collection, tree: Tree) -> pd.DataFrame:
@@ -475,10 +494,12 @@ def _step_rows(result: GenerationResult) -> list[dict]:
 
 
 def _unit_summary(
-    result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None, ppl: float = float("nan")
+    result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None, quality: Score,
+    dtype: torch.dtype,
 ) -> dict:
     s = summarize(result)
     tokens = result.tokens.tolist()
+    equality = compare_greedy(tokens, reference, quality.margins, dtype)
     return {
         "category": prompt.category,
         "num_nodes": tree.num_nodes if tree else 0,
@@ -497,7 +518,10 @@ def _unit_summary(
         "draft_time_s": s.draft_time_s,
         "verify_time_s": s.verify_time_s,
         "peak_memory_bytes": s.peak_memory_bytes,
-        "greedy_equal": greedy_equal(tokens, reference),
-        "perplexity": ppl,
+        "greedy": equality.verdict,  # exact, tie (numerical) or mismatch (a bug)
+        "greedy_equal": equality.verdict == "exact",
+        "first_difference": equality.position,
+        "difference_margin": equality.margin,
+        "perplexity": quality.perplexity,
         "tokens": " ".join(map(str, tokens)),
     }

@@ -37,8 +37,11 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
             lines.append("- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
                          + ", ".join(f"{k} {v:.2f}" for k, v in frac.items()))
     same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
+    ties, bad = int(agreement["tie_steps"].sum()), int(agreement["mismatched_steps"].sum())
     parts = ", ".join(f"{r.method} ({r.source}, {r.prompts} prompts)" for r in agreement.itertuples())
-    lines.append(f"- replay against real runs: {same}/{compared} steps identical: {parts}")
+    extra = (f", {ties} differ at a draft rank within the tie margin (numerical)" if ties else "") + \
+            (f", **{bad} differ for no numerical reason (a bug to report)**" if bad else "")
+    lines.append(f"- replay against real runs: {same}/{compared} steps identical{extra}: {parts}")
     best = speed.iloc[0]
     verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
     lines.append(f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
@@ -75,9 +78,22 @@ def pairs_reading(table: pd.DataFrame) -> str:
                 if direction == "falls"
                 else f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} to {rate_trend.iloc[-1]:.2f}"
             )
-        equal, total = int(t["greedy_equal"].sum()), int(t["prompts"].sum())
-        lines.append(f"- greedy output equal to the target's own: {equal}/{total} generations")
+        lines.append("- " + greedy_summary(t))
     return "\n".join(lines)
+
+
+def greedy_summary(table: pd.DataFrame) -> str:
+    """How the greedy outputs of a shape table compare with the target's own: exact, numerical
+    ties (`analysis.quality.TIE_MARGIN`), mismatches."""
+    total, exact = int(table["prompts"].sum()), int(table["greedy_equal"].sum())
+    ties = int(table["greedy_ties"].sum()) if "greedy_ties" in table else 0
+    bad = int(table["greedy_mismatches"].sum()) if "greedy_mismatches" in table else total - exact - ties
+    out = f"greedy outputs against the target's own: {exact}/{total} exact"
+    if ties:
+        out += f", {ties} numerical ties (the target's top two logits closer than the tie margin where they first differ)"
+    if bad:
+        out += f", **{bad} mismatches** (not explained by a tie: a bug to report)"
+    return out
 
 
 def recommendation(cost: pd.DataFrame) -> str:

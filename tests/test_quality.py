@@ -1,0 +1,73 @@
+"""Greedy equality is reported as exact, tie or mismatch: a divergence where the target's top two
+logits are closer than the dtype's tie margin is a numerical tie, any other is a mismatch. Checked on
+a half-precision tiny model with a near-tie injected into its LM head, and against a random
+divergence without one."""
+
+import math
+
+import pytest
+import torch
+
+from specnb import autoregressive_generate, speculative_generate
+from specnb.analysis.quality import TIE_MARGIN, compare_greedy, score
+
+from conftest import random_prompt, tiny_model
+
+
+@pytest.fixture(scope="module")
+def half_model():
+    return tiny_model(3, scale=10.0).to(torch.float16)
+
+
+def second_choice(model, prompt, tokens, j):
+    """The target's second most likely token after prompt + tokens[:j]."""
+    seq = torch.cat([prompt[0], torch.tensor(tokens[:j], dtype=torch.long)])[None]
+    with torch.inference_mode():
+        return int(torch.topk(model(seq).logits[0, -1].float(), 2).indices[1])
+
+
+def test_exact_and_a_plain_mismatch(half_model):
+    prompt = random_prompt(11)
+    reference = autoregressive_generate(half_model, prompt, max_new_tokens=12, eos_token_id=()).tokens.tolist()
+    assert compare_greedy(reference, reference, None, torch.float16).verdict == "exact"
+    # a different token where the target was not close to a tie: a mismatch, with its position
+    j = 5
+    other = reference[:j] + [second_choice(half_model, prompt, reference, j)]
+    quality = score(half_model, prompt, other)
+    assert quality.margins[j] > TIE_MARGIN[torch.float16]  # this model is decisive here
+    eq = compare_greedy(other, reference, quality.margins, torch.float16)
+    assert (eq.verdict, eq.position) == ("mismatch", j) and not eq.equal
+    assert compare_greedy(other, None).verdict == "mismatch"
+
+
+def test_an_injected_near_tie_is_reported_as_a_tie(half_model):
+    """Make the target's top two tokens at one position almost equal (their LM-head rows nearly the
+    same): a divergence there is a numerical tie, and speculative decoding still equals greedy."""
+    model = tiny_model(3, scale=10.0).to(torch.float16)
+    prompt = random_prompt(11)
+    reference = autoregressive_generate(model, prompt, max_new_tokens=12, eos_token_id=()).tokens.tolist()
+    j = 5
+    rival = second_choice(model, prompt, reference, j)
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head[rival] = head[reference[j]] + 1e-4 * torch.randn_like(head[rival].float()).half()
+    reference = autoregressive_generate(model, prompt, max_new_tokens=12, eos_token_id=()).tokens.tolist()
+    other = reference[:j] + [rival if reference[j] != rival else second_choice(model, prompt, reference, j)]
+    quality = score(model, prompt, other)
+    assert quality.margins[j] < TIE_MARGIN[torch.float16]
+    eq = compare_greedy(other, reference, quality.margins, torch.float16)
+    assert (eq.verdict, eq.position) == ("tie", j) and eq.equal and eq.margin == quality.margins[j]
+    # the same divergence in float32 terms is judged against the float32 margin
+    assert compare_greedy(other, reference, [10.0] * 12, torch.float32).verdict == "mismatch"
+    # and the speculative output of this half-precision target, on CPU, is still exactly greedy
+    spec = speculative_generate(model, tiny_model(4, scale=10.0).to(torch.float16), prompt, max_new_tokens=12, eos_token_id=())
+    assert compare_greedy(spec.tokens, reference, score(model, prompt, spec.tokens).margins, torch.float16).verdict == "exact"
+
+
+def test_score_gives_perplexity_and_margins(tiny_target):
+    prompt = random_prompt(2)
+    out = autoregressive_generate(tiny_target, prompt, max_new_tokens=6, eos_token_id=()).tokens
+    s = score(tiny_target, prompt, out)
+    assert len(s.margins) == 6 and all(m >= 0 for m in s.margins)
+    assert s.perplexity >= 1.0 and math.isfinite(s.perplexity)
+    assert math.isnan(score(tiny_target, prompt, []).perplexity)
