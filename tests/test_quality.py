@@ -48,9 +48,12 @@ def test_an_injected_near_tie_is_reported_as_a_tie(half_model):
     reference = autoregressive_generate(model, prompt, max_new_tokens=12, eos_token_id=()).tokens.tolist()
     j = 5
     rival = second_choice(model, prompt, reference, j)
-    with torch.no_grad():
+    seq = torch.cat([prompt[0], torch.tensor(reference[:j])])[None]
+    with torch.inference_mode():
+        h = model(seq, output_hidden_states=True).hidden_states[-1][0, -1].float()  # what the LM head reads there
+    with torch.no_grad():  # the rival's row: the winner's, moved along h so that its logit is 0.02 lower
         head = model.lm_head.weight
-        head[rival] = head[reference[j]] + 1e-4 * torch.randn_like(head[rival].float()).half()
+        head[rival] = (head[reference[j]].float() - 0.02 * h / h.dot(h)).half()
     reference = autoregressive_generate(model, prompt, max_new_tokens=12, eos_token_id=()).tokens.tolist()
     other = reference[:j] + [rival if reference[j] != rival else second_choice(model, prompt, reference, j)]
     quality = score(model, prompt, other)
