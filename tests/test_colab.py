@@ -11,6 +11,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +60,7 @@ def first_cells(name: str) -> nbformat.NotebookNode:
 def test_a_fresh_colab_kernel_finds_installs_and_imports_specnb(bare, how, tmp_path):
     elsewhere = tmp_path / "unrelated"
     elsewhere.mkdir()
-    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path), "JUPYTER_PATH": str(bare["jupyter"]),
+    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path),
            "PYTHONPATH": str(bare["stub"]), "SPECNB_OUTPUTS": str(tmp_path / "outputs"), "OMP_NUM_THREADS": "1"}
     if how == "folder":
         env["SPECNB_REPO"] = str(bare["clone"])
@@ -68,7 +70,9 @@ def test_a_fresh_colab_kernel_finds_installs_and_imports_specnb(bare, how, tmp_p
         env["SPECNB_HOME"] = str(tmp_path / "specnb")
         expected = tmp_path / "specnb"
     nb = first_cells("01_tree_shapes")
-    NotebookClient(nb, kernel_name="bare", timeout=600, resources={"metadata": {"path": str(elsewhere)}}).execute(env=env)
+    specs = KernelSpecManager(kernel_dirs=[str(bare["jupyter"] / "kernels")])
+    kernel = KernelManager(kernel_name="bare", kernel_spec_manager=specs)
+    NotebookClient(nb, km=kernel, timeout=600, resources={"metadata": {"path": str(elsewhere)}}).execute(env=env)
     printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
     assert f"SPECNB {expected / 'specnb' / '__init__.py'}" in printed, printed
     assert str(tmp_path / "outputs") in printed  # the run folder went where SPECNB_OUTPUTS says
