@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from .cache import cache_length, keep_positions
 from .forward import forward
-from .masks import prefix_tree_mask, rooted_ancestor_mask
+from .masks import attention_implementation, prefix_tree_mask, rooted_ancestor_mask
 from .trees import Tree
 
 
@@ -45,6 +45,7 @@ def verify(
     the sequence before the root that the cache does not hold yet (the prompt, in the first step);
     they are appended first, causally. After the call the cache holds them, the root and the tree.
     """
+    attention_implementation(target)  # refused before any compute, chain or tree
     cached = cache_length(cache)
     before = 0 if pending is None else int(pending.numel())
     prefix_len = cached + before  # every token before the root
