@@ -39,7 +39,8 @@ from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.methods import build_drafter, method_trees, parse_method
-from ..io.models import check_pair, load_pair, load_tokenizer, prompt_ids
+from ..io.models import check_pair, load_model, load_tokenizer, prompt_ids
+from ..io.sources import check_sources
 from ..io.prompts import Prompt
 from ..bench.timing import environment_row
 from ..bench.verify_curve import curve_table, verify_curve
@@ -152,28 +153,43 @@ def run_pairs(
     max_new_tokens: int,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Load each pair in turn and sweep it; a pair whose tokenizers differ is skipped (its reason
-    recorded) before any weights load. Returns one row per pair: label, status, reason."""
+    """Sweep every pair. Before any weights load, every model of every pair is resolved (access,
+    licence, name: `io.sources`, one error listing every problem) and every pair's tokenizers are
+    compared: a pair whose vocabularies differ is skipped, its reason recorded. Each model is loaded
+    once and kept while a later pair still uses it (two drafts for one target load the target once).
+    Returns one row per pair: label, status, reason."""
     import gc
 
-    status = []
+    check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
+    status: dict[Pair, dict] = {}
     for pair in pairs:
         try:
             check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
+            status[pair] = {"pair": pair.label, "status": "measured", "reason": ""}
         except ValueError as e:
-            status.append({"pair": pair.label, "status": "skipped", "reason": str(e)})
-            continue
-        target, draft, tokenizer = load_pair(
-            pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, draft_layers=pair.draft_layers
-        )
-        own = trees if pair.methods is None else method_trees(pair.methods)
-        run_sweep(store, pair.label, target, draft, tokenizer, prompts, own, max_new_tokens, progress)
-        status.append({"pair": pair.label, "status": "measured", "reason": ""})
-        del target, draft
+            status[pair] = {"pair": pair.label, "status": "skipped", "reason": str(e)}
+    runnable = [pair for pair in pairs if status[pair]["status"] == "measured"]
+    loaded: dict[tuple, torch.nn.Module] = {}
+    for i, pair in enumerate(runnable):
+        wanted = {key for later in runnable[i:] for key in (pair_keys(later))}
+        for key in [k for k in loaded if k not in wanted]:  # no later pair uses it: free it first
+            del loaded[key]
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return pd.DataFrame(status)
+        target_key, draft_key = pair_keys(pair)
+        for key in (target_key, draft_key):
+            if key not in loaded:
+                loaded[key] = load_model(key[0], key[1], layers=key[2])[0]
+        tokenizer = load_tokenizer(pair.target)
+        own = trees if pair.methods is None else method_trees(pair.methods)
+        run_sweep(store, pair.label, loaded[target_key], loaded[draft_key], tokenizer, prompts, own, max_new_tokens, progress)
+    return pd.DataFrame([status[pair] for pair in pairs])
+
+
+def pair_keys(pair: Pair) -> tuple[tuple, tuple]:
+    """(target, draft) as (name, quantization, kept layers): equal keys are one loaded model."""
+    return (pair.target, pair.target_quantization, None), (pair.draft, pair.draft_quantization, pair.draft_layers)
 
 
 def unit_table(store: Sweep) -> pd.DataFrame:
