@@ -79,3 +79,30 @@ def test_short_module_names_resolve():
         assert callable(getattr(specnb, name))
     with pytest.raises(AttributeError):
         specnb.no_such_thing
+
+
+FACTORIES = {"tensor", "zeros", "ones", "full", "arange", "empty", "rand", "randn", "randint", "as_tensor", "eye", "linspace"}
+
+
+def host_by_design(lines: list[str], node: ast.Call) -> bool:
+    """A `# host` comment on the call's lines: made on the CPU on purpose (the comment says why)."""
+    return any("# host" in line for line in lines[node.lineno - 1 : node.end_lineno])
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_tensor_factory_names_its_device(path):
+    """A tensor made without a device lands on the CPU; next to CUDA tensors that is a crash (or a
+    silent copy per call). Every torch factory call names its device, is moved at once (`.to(...)`),
+    or is marked `# host` (built on the CPU by design, e.g. a mask that `forward` moves)."""
+    source = path.read_text()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    moved = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "to"}
+    bare = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                and not any(k.arg == "device" for k in node.keywords) and id(node) not in moved
+                and not host_by_design(lines, node)):
+            bare.append(f"{path.name}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not bare, "tensor factories without a device:\n" + "\n".join(bare)

@@ -265,7 +265,7 @@ def _recorded_generate(
     first_draft = made[0].steps[0].drafted_at if steps else start
     meta = {**meta, "hf_num_matches": tuple(record.num_matches for record in made[0].steps)}
     return GenerationResult(
-        tokens=torch.tensor(sequence[prompt_length:], dtype=torch.long),
+        tokens=torch.tensor(sequence[prompt_length:], dtype=torch.long),  # host: results live on the CPU
         steps=steps,
         prompt_length=prompt_length,
         prefill_time=first_draft - start,

@@ -101,16 +101,17 @@ def collect_prompt(
     else:
         start = time.perf_counter()
         cache = new_cache(draft)
-        seq = torch.cat([ids, torch.tensor([tokens], dtype=torch.long)], dim=1)[0]
+        seq = torch.cat([ids, torch.tensor([tokens], dtype=torch.long)], dim=1)[0]  # host: moved by forward
         logits = forward(draft, cache, seq, logits_to_keep=len(tokens) + 1).float()
         logp = torch.log_softmax(logits, dim=-1)  # [L + 1, V]: row j predicts tokens[j]
         truth = torch.tensor(tokens, dtype=torch.long, device=logp.device)
         top = top_tokens(logits[: len(tokens)], config.top_k + 1)  # [L, top_k + 1]: the drafters' ranking
         hit = top[:, : config.top_k] == truth[:, None]
         out["ranks"] = torch.where(hit.any(-1), hit.int().argmax(-1), config.top_k).cpu().numpy().astype(np.int16)
-        gaps = (logits[: len(tokens)].gather(-1, top) - logits[torch.arange(len(tokens)), truth][:, None]).abs()
+        rows = torch.arange(len(tokens), device=logits.device)
+        gaps = (logits[: len(tokens)].gather(-1, top) - logits[rows, truth][:, None]).abs()
         out["rank_margin"] = gaps.masked_fill(top == truth[:, None], float("inf")).min(-1).values.cpu().numpy().astype(np.float32)
-        out["logq"] = logp[torch.arange(len(tokens)), truth].cpu().numpy().astype(np.float32)
+        out["logq"] = logp[rows, truth].cpu().numpy().astype(np.float32)
         times["ranks"] = time.perf_counter() - start
         if config.super_k:
             start = time.perf_counter()
@@ -164,7 +165,7 @@ def _super_trees(
             if not feed:
                 continue
             q = len(feed)
-            mask = torch.zeros(q, n_seq + fed + q, dtype=torch.bool)
+            mask = torch.zeros(q, n_seq + fed + q, dtype=torch.bool)  # host: built here, moved by forward
             for row, (t, i) in enumerate(feed):
                 node = nodes[t][i]
                 node[4] = fed + row
@@ -173,8 +174,8 @@ def _super_trees(
                 while a >= 0 and nodes[t][a][4] >= 0:  # itself and its fed (off-path) ancestors
                     mask[row, n_seq + nodes[t][a][4]] = True
                     a = nodes[t][a][2]
-            ids = torch.tensor([nodes[t][i][1] for t, i in feed])
-            positions = torch.tensor([prompt_len + t - 1 + d for t, _ in feed])
+            ids = torch.tensor([nodes[t][i][1] for t, i in feed])  # host: moved by forward
+            positions = torch.tensor([prompt_len + t - 1 + d for t, _ in feed])  # host: moved by forward
             logq = torch.log_softmax(forward(draft, cache, ids, positions, mask).float(), dim=-1)
             fed += q
             top = top_tokens(logq, k)
@@ -228,19 +229,20 @@ def _sampled_alphas(
         s0 = 0
         for copies in chunks:
             forest, index = forests[copies]
-            draft_out = drafter.draft(torch.tensor(seq), forest, sampling, generator, copies=copies)
+            draft_out = drafter.draft(torch.tensor(seq), forest, sampling, generator, copies=copies)  # host: drafters read ids there
             logits = verify(target, cache, seq[-1], forest, draft_out.tokens)  # [1 + S N, V]
             crop(cache, prefix_len)
             p = probabilities(logits, sampling)
             q = match_vocab(draft_out.q, p)
-            rows = torch.tensor([[0] + [i + 1 for i in index[s]] for s in range(copies)])  # [S, N + 1]
-            child = torch.tensor([[index[s][c] if c >= 0 else -1 for c in by_rank] for s in range(copies)])  # [S, (N + 1) K]
-            child_tokens = torch.where(child >= 0, draft_out.tokens.cpu()[child.clamp_min(0)], -1).to(p.device)
-            flat = rows.reshape(-1).to(p.device)
+            rows = torch.tensor([[0] + [i + 1 for i in index[s]] for s in range(copies)], device=p.device)  # [S, N + 1]
+            child = torch.tensor([[index[s][c] if c >= 0 else -1 for c in by_rank] for s in range(copies)],
+                                 device=draft_out.tokens.device)  # [S, (N + 1) K]: forest node per cover child
+            child_tokens = torch.where(child >= 0, draft_out.tokens[child.clamp_min(0)], -1).to(p.device)
+            flat = rows.reshape(-1)
             alpha, _ = sibling_alphas(p[flat].double(), q[flat].double(), child_tokens.reshape(-1, width))
             out[t, s0 : s0 + copies] = alpha.float().reshape(copies, cover.num_nodes + 1, width).cpu().numpy()
             s0 += copies
-        prefill(target, cache, torch.tensor([seq[-1:]]))  # the root joins the cached sequence
+        prefill(target, cache, torch.tensor([seq[-1:]]))  # host: moved by forward | the root joins the cached sequence
         seq.append(tokens[t])
     return out
 

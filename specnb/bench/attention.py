@@ -128,8 +128,8 @@ class TreeBatch:
         is given to verify the tree), with the prefix padded to P and the tree padded to M.
         """
         P, M = self.prefix_capacity, self.tree_capacity
-        out = torch.zeros(self.batch_size, 1, M, P + M, dtype=torch.bool)
-        pad = torch.arange(M)
+        out = torch.zeros(self.batch_size, 1, M, P + M, dtype=torch.bool)  # host: moved on return
+        pad = torch.arange(M)  # host: indexes the host mask
         for b, (p, tree) in enumerate(zip(self.prefix_lens, self.trees)):
             n = tree.num_nodes
             rows = prefix_tree_mask(tree.ancestor_mask(), p)[0, 0]  # [n, p + n]
@@ -153,8 +153,8 @@ class TreeBatch:
 
     def query_valid(self, device: torch.device | str | None = None) -> torch.Tensor:
         """Bool [B, M]: True on real tree-node rows, False on padding rows."""
-        n = torch.tensor([t.num_nodes for t in self.trees])
-        return (torch.arange(self.tree_capacity)[None] < n[:, None]).to(device)
+        n = torch.tensor([t.num_nodes for t in self.trees])  # host: moved on return
+        return (torch.arange(self.tree_capacity)[None] < n[:, None]).to(device)  # host: moved here
 
     def describe(self) -> str:
         lens = self.prefix_lens

@@ -26,6 +26,7 @@ from .timing import Timing, environment_row, measure_interleaved
 
 # the machine is part of the key, so one store can hold (and share between notebooks) curves of several
 CURVE_KEY = ("model", "role", "kind", "prefix", "nodes", "shape", "device", "dtype", "torch")
+KINDS = {"target": ("verify", "plain"), "draft": ("plain",)}  # what each role measures
 
 
 @torch.inference_mode()
@@ -56,8 +57,8 @@ def verify_and_forward(
     vocab = model.config.vocab_size
     fns: dict[str, Callable[[], Any]] = {}
     if tree is not None:
-        draft = torch.randint(0, vocab, (tree.num_nodes,), generator=g)
-        root = int(torch.randint(0, vocab, (1,), generator=g))
+        draft = torch.randint(0, vocab, (tree.num_nodes,), generator=g)  # host: verify moves it
+        root = int(torch.randint(0, vocab, (1,), generator=g))  # host: a Python int
         fns["verify"] = lambda: verify(model, cache, root, tree, draft)
     n_plain = tokens if tokens is not None else (tree.num_nodes + 1 if tree is not None else 1)
     ids = torch.randint(0, vocab, (1, n_plain), generator=g).to(model.device)
@@ -91,12 +92,9 @@ def verify_curve(
     (kind "plain"); role "draft": one plain forward of n tokens, the draft's cost per tree level
     of width n."""
     env = environment_row(model.device, model.dtype)
-    kinds = ["plain"] if role == "draft" else ["verify", "plain"]
-
-    def key(kind: str, n: int) -> dict:
-        return {"model": model_name, "role": role, "kind": kind, "prefix": prefix_len, "nodes": n, "shape": shape, **env}
-
-    todo = [n for n in nodes if any(key(k, n) not in store for k in kinds)]
+    kinds = KINDS[role]
+    key = lambda kind, n: curve_key(model_name, role, kind, prefix_len, n, shape, env)  # noqa: E731
+    todo = missing_points(store, model_name, role, prefix_len, nodes, shape, env)
     if not todo:
         return
     cache = prefilled_cache(model, prefix_len)
@@ -110,6 +108,18 @@ def verify_curve(
         for kind in kinds:
             store.add(key(kind, n), [{**timings[kind].row(), "tokens": tokens, "depth": tree.depth,
                                       "leaves": len(tree.leaves), "measured": time.strftime("%Y-%m-%d %H:%M:%S")}])
+
+
+def curve_key(model: str, role: str, kind: str, prefix: int, nodes: int, shape: str, env: dict) -> dict:
+    """The store key of one curve point (`CURVE_KEY`); env: `timing.environment_row` of the model."""
+    return {"model": model, "role": role, "kind": kind, "prefix": prefix, "nodes": nodes, "shape": shape,
+            **{k: env[k] for k in ("device", "dtype", "torch")}}
+
+
+def missing_points(store: Sweep, model_name: str, role: str, prefix_len: int, nodes: Sequence[int],
+                   shape: str = "sparse", env: dict | None = None) -> list[int]:
+    """The n of `nodes` whose points `verify_curve` would still measure on this machine (env)."""
+    return [n for n in nodes if any(curve_key(model_name, role, k, prefix_len, n, shape, env) not in store for k in KINDS[role])]
 
 
 def curve_table(store: Sweep, models: Sequence[str] | None = None, prefix: int | None = None,

@@ -193,11 +193,11 @@ class ModelDrafter(Drafter):
         visible = self._visible(len(nodes))
         visible[:, len(self._committed) :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
         self._fed += list(nodes)
-        return forward(self.model, self._cache, ids, torch.full((len(nodes),), position), visible)
+        return forward(self.model, self._cache, ids, torch.full((len(nodes),), position), visible)  # host: positions
 
     def _visible(self, new: int) -> torch.Tensor:
         """Bool [new, cache length + new], True over the committed sequence, False elsewhere."""
-        visible = torch.zeros(new, len(self._committed) + len(self._fed) + new, dtype=torch.bool)
+        visible = torch.zeros(new, len(self._committed) + len(self._fed) + new, dtype=torch.bool)  # host: moved by forward
         visible[:, : len(self._committed)] = True
         return visible
 
@@ -227,7 +227,7 @@ class ModelDrafter(Drafter):
             keep_positions(self._cache, list(range(held)) + [held + slot[node] for node in kept])
         else:
             crop(self._cache, keep)  # drops the last tree's nodes and anything not shared
-        new = torch.tensor(seq[keep + len(kept) :], dtype=torch.long)
+        new = torch.tensor(seq[keep + len(kept) :], dtype=torch.long)  # host: moved by forward
         logits = forward(self.model, self._cache, new, logits_to_keep=1)[-1]
         self._committed, self._fed, self._accepted = list(seq), [], ((), ())
         return logits.float()

@@ -126,7 +126,7 @@ def speculative_generate(
             break
     total = clock.now() - start
     return GenerationResult(
-        tokens=torch.tensor(new, dtype=torch.long),
+        tokens=torch.tensor(new, dtype=torch.long),  # host: results live on the CPU
         steps=tuple(steps),
         prompt_length=int(prompt.shape[-1]),
         prefill_time=prefill_time,
@@ -172,7 +172,7 @@ def autoregressive_generate(
         feed = torch.tensor([[token]], device=device)
     total = clock.now() - start
     return GenerationResult(
-        tokens=torch.tensor(new, dtype=torch.long),
+        tokens=torch.tensor(new, dtype=torch.long),  # host: results live on the CPU
         steps=tuple(steps),
         prompt_length=int(input_ids.shape[-1]),
         prefill_time=0.0,

@@ -269,7 +269,7 @@ class Tree:
         """Bool [N, N] on the CPU: row i is True at j iff node j is node i or one of its ancestors.
         Shared by every caller: do not modify it in place."""
         n = self.num_nodes
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask = torch.zeros(n, n, dtype=torch.bool)  # host: `ancestor_mask(device)` moves it
         for i, parent in enumerate(self.parents):
             if parent >= 0:
                 mask[i] = mask[parent]  # canonical order: the parent's row is already complete

@@ -56,11 +56,11 @@ def verify(
     if tree.is_chain:  # prefix, root and a chain: the model's own causal mask and positions
         return forward(target, cache, ids, logits_to_keep=n + 1).float()
     visible = prefix_tree_mask(rooted_ancestor_mask(tree.ancestors), prefix_len)[0, 0]  # [N + 1, prefix_len + N + 1]
-    positions = prefix_len + torch.tensor((0,) + tree.depths, dtype=torch.long)
+    positions = prefix_len + torch.tensor((0,) + tree.depths, dtype=torch.long)  # host: moved by forward
     if before:
-        causal = torch.ones(before, prefix_len, dtype=torch.bool).tril(diagonal=cached)
-        visible = torch.cat([torch.cat([causal, torch.zeros(before, n + 1, dtype=torch.bool)], 1), visible])
-        positions = torch.cat([torch.arange(cached, prefix_len), positions])
+        causal = torch.ones(before, prefix_len, dtype=torch.bool).tril(diagonal=cached)  # host: moved by forward
+        visible = torch.cat([torch.cat([causal, torch.zeros(before, n + 1, dtype=torch.bool)], 1), visible])  # host
+        positions = torch.cat([torch.arange(cached, prefix_len), positions])  # host: moved by forward
     return forward(target, cache, ids, positions, visible, logits_to_keep=n + 1).float()
 
 

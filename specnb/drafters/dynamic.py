@@ -84,7 +84,7 @@ class DynamicTreeDrafter(ModelDrafter):
         n = self.n if n is None else n
         seq = tokens.reshape(-1).tolist()
         if max_depth < 1:
-            return ScoredTree(Tree(()), torch.zeros(0, dtype=torch.long), torch.zeros(0))
+            return ScoredTree(Tree(()), torch.zeros(0, dtype=torch.long, device=self.model.device), torch.zeros(0))  # host: scores
         root_logits = self._advance(seq)
         scores: dict[Path, float] = {}
         token: dict[Path, int] = {}
@@ -102,15 +102,15 @@ class DynamicTreeDrafter(ModelDrafter):
                     visible[i, base + slot[p[:d]]] = True
                 visible[i, base + len(self._fed) + i] = True
             self._fed += level
-            ids = torch.tensor([token[p] for p in level])
-            logits = forward(self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth), visible)
+            ids = torch.tensor([token[p] for p in level])  # host: moved by forward
+            logits = forward(self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth), visible)  # host: positions
             self._add_children(level, [scores[p] for p in level], logits, scores, token)
             chosen = top_n(scores, n)
         tree = Tree.from_paths(chosen)
         return ScoredTree(
             tree,
             torch.tensor([token[p] for p in tree.paths], dtype=torch.long, device=root_logits.device),
-            torch.tensor([scores[p] for p in tree.paths], dtype=torch.float32),
+            torch.tensor([scores[p] for p in tree.paths], dtype=torch.float32),  # host: scores
         )
 
     def _add_children(self, paths: list[Path], base: list[float], logits: torch.Tensor, scores: dict, token: dict) -> None:

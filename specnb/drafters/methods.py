@@ -75,6 +75,13 @@ class Method:
         return Tree.preset(self.shape, self.budget)
 
     @property
+    def replayable(self) -> bool:
+        """A collection of the pair answers it exactly (`analysis.replay`): the draft model's static
+        trees and dynamic trees; the other drafters (n-gram, early exit, merged, adaptive,
+        confidence) and transformers' methods must run end to end."""
+        return self.drafter in ("draft", DYNAMIC)
+
+    @property
     def needs_draft_model(self) -> bool:
         return self.drafter not in ("ngram", "early_exit", "hf_prompt_lookup")
 

@@ -127,7 +127,7 @@ class EarlyExitDrafter(ModelDrafter):
         # the tree levels go on top of the target's cache (ModelDrafter.draft); nothing of them is
         # kept: the target's layers are restored after the draft
         self._cache, self._committed, self._fed = self._target_cache, list(seq), []
-        return forward(self.model, self._cache, torch.tensor(seq[-1:]), logits_to_keep=1)[-1].float()
+        return forward(self.model, self._cache, torch.tensor(seq[-1:]), logits_to_keep=1)[-1].float()  # host: moved by forward
 
 
 def quantized_self_draft(

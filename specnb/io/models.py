@@ -213,6 +213,6 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
         )
     else:
         encoded = tokenizer(text, return_tensors="pt")
-    return torch.as_tensor(encoded["input_ids"], dtype=torch.long)
+    return torch.as_tensor(encoded["input_ids"], dtype=torch.long)  # host: prompts live on the CPU
 
 

@@ -20,8 +20,10 @@ draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bonus INCLU
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -38,12 +40,12 @@ from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
-from ..drafters.methods import build_drafter, method_trees, parse_method
-from ..io.models import check_pair, load_model, load_tokenizer, prompt_ids
+from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
+from ..io.models import check_pair, default_device, default_dtype, load_model, load_tokenizer, prompt_ids
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
 from ..bench.timing import environment_row
-from ..bench.verify_curve import curve_table, verify_curve
+from ..bench.verify_curve import curve_table, missing_points, verify_curve
 from ..io.storage import Sweep
 
 BASELINE = "autoregressive"
@@ -152,12 +154,18 @@ def run_pairs(
     trees: dict[tuple[str, int], Tree],
     max_new_tokens: int,
     progress: bool = True,
+    collections: Path | None = None,
+    measure: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Sweep every pair. Before any weights load, every model of every pair is resolved (access,
     licence, name: `io.sources`, one error listing every problem) and every pair's tokenizers are
     compared: a pair whose vocabularies differ is skipped, its reason recorded. Each model is loaded
     once and kept while a later pair still uses it (two drafts for one target load the target once).
-    Returns one row per pair: label, status, reason."""
+
+    collections: a folder for one collection per pair; given, the methods a collection answers
+    (`Method.replayable`: the draft model's static and dynamic trees) are replayed from it (exact
+    acceptance, no wall clock: source "replay"), except those in `measure`, which run end to end
+    like every other method. Returns one row per pair: label, status, reason."""
     import gc
 
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
@@ -181,10 +189,51 @@ def run_pairs(
         for key in (target_key, draft_key):
             if key not in loaded:
                 loaded[key] = load_model(key[0], key[1], layers=key[2])[0]
-        tokenizer = load_tokenizer(pair.target)
+        target, draft, tokenizer = loaded[target_key], loaded[draft_key], load_tokenizer(pair.target)
         own = trees if pair.methods is None else method_trees(pair.methods)
-        run_sweep(store, pair.label, loaded[target_key], loaded[draft_key], tokenizer, prompts, own, max_new_tokens, progress)
+        replayed = {} if collections is None else {
+            k: t for k, t in own.items() if parse_method(f"{k[0]}:{k[1]}").replayable and f"{k[0]}:{k[1]}" not in measure}
+        run_sweep(store, pair.label, target, draft, tokenizer, prompts,
+                  {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress)
+        if replayed:
+            folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
+            replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
     return pd.DataFrame([status[pair] for pair in pairs])
+
+
+def replay_units(
+    store: Sweep,
+    pair_label: str,
+    folder: Path,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    trees: dict[tuple[str, int], Tree],
+    max_new_tokens: int,
+) -> None:
+    """Units of replayable methods from one collection of the pair (collected, or resumed, in
+    `folder`): the steps a real greedy run would make (`replay.replay_steps`), the output (the
+    target's continuation) checked against the stored target-alone unit, times left empty.
+    Needs the target-alone units of `run_sweep` in `store` first."""
+    dynamic = [k[1] for k in trees if k[0] == DYNAMIC]
+    static = {k: t for k, t in trees.items() if k[0] != DYNAMIC}
+    collection = collect_pair(folder, target, draft, tokenizer, prompts, static, max_new_tokens,
+                              super_k=DYNAMIC_TOP_K if dynamic else 0, super_depth=DYNAMIC_MAX_DEPTH,
+                              dynamic_budgets=dynamic, describe={"pair": pair_label})
+    data = {p.prompt_id: p for p in collection.prompts}
+    for (label, budget), tree in trees.items():
+        steps = replay.replay_steps(collection, budget if label == DYNAMIC else tree)
+        for prompt in prompts:
+            key = _key(pair_label, (label, budget), prompt)
+            if key in store:
+                continue
+            mine = steps[prompt.id]
+            tokens = torch.tensor(data[prompt.id].tokens[: sum(s.num_tokens for s in mine)])  # host
+            result = GenerationResult(tokens, mine, len(data[prompt.id].prompt), math.nan, math.nan, None, "replay")
+            quality = score(target, torch.tensor(data[prompt.id].prompt), tokens)  # host: score moves them
+            summary = _unit_summary(result, prompt, _stored_tokens(store, pair_label, prompt), tree, quality, target.dtype)
+            store.add(key, [{**r, "source": "replay"} for r in _step_rows(result)], meta={**summary, "source": "replay"})
 
 
 def pair_keys(pair: Pair) -> tuple[tuple, tuple]:
@@ -215,7 +264,7 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         drafted=("num_drafted", "sum"),
         accepted=("num_accepted", "sum"),
         tokens=("num_tokens", "sum"),
-        time_s=("total_time", "sum"),
+        time_s=("total_time", lambda v: v.sum(min_count=1)),  # NaN when every unit was replayed
         tau_prompt_std=("tau", "std"),
         tau_prompt_min=("tau", "min"),
         tau_prompt_max=("tau", "max"),
@@ -224,6 +273,7 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         greedy_mismatches=("greedy", lambda v: int((v == "mismatch").sum())),
         nodes=("num_nodes", "first"),
         depth=("depth", "first"),
+        **({"source": ("source", "first")} if "source" in spec else {}),
         **({"perplexity": ("perplexity", "mean")} if "perplexity" in spec else {}),
     ).reset_index()
     out["acceptance_rate"] = out["accepted"] / out["drafted"]
@@ -314,6 +364,8 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
     per token (a tree costs more than one token to verify on a compute-bound device); tau is what
     one step buys. Speculation pays when tau > draft_cost + verify_cost."""
     later = steps[steps["position"] > 0]  # every method's first step carries the prompt
+    if "source" in later:
+        later = later[later["source"] != "replay"]  # replayed steps have no times
     base = later[later["shape"] == BASELINE].groupby("pair")["verify_time"].mean().rename("target_s_per_token")
     spec = later[later["shape"] != BASELINE]
     out = spec.groupby(["pair", "shape", "budget"], sort=False).agg(
@@ -362,24 +414,29 @@ def collect_pair(
 
 def cost_curves(
     store: Sweep,
-    target: torch.nn.Module,
-    target_name: str,
-    draft: torch.nn.Module,
-    draft_name: str,
+    pair: Pair,
     prefix: int,
     nodes: Sequence[int],
     trees: Iterable[Tree],
     repeats: int,
+    models: tuple[torch.nn.Module, torch.nn.Module] | None = None,
 ) -> pd.DataFrame:
     """The curves of the cost model (`analysis.cost_model`): the target's verify time against tree
     size on a cache of `prefix` tokens, and the draft's forward time per level width up to the
     widest level of `trees`. Points already in `store` for this machine are read, not measured
     again: notebooks 01 and 03 share one store (`session.shared_folder`), so the second reuses what
-    the first measured (each row says when, in "measured")."""
-    env = environment_row(target.device, target.dtype)
-    verify_curve(store, target, target_name, prefix, nodes, repeats=repeats)
-    verify_curve(store, draft, draft_name, prefix, draft_widths(trees), role="draft", repeats=repeats)
-    return curve_table(store, [target_name, draft_name], prefix, env["device"])
+    the first measured (each row says when, in "measured"). models: the pair's (target, draft) if
+    loaded; otherwise they are loaded only if a point is missing."""
+    device = models[0].device if models else default_device()
+    env = environment_row(device, models[0].dtype if models else default_dtype(device))
+    widths = draft_widths(trees)
+    names = (pair.target_label, pair.draft_label)
+    if missing_points(store, names[0], "target", prefix, nodes, env=env) or missing_points(store, names[1], "draft", prefix, widths, env=env):
+        target, draft = models or (load_model(pair.target, pair.target_quantization)[0],
+                                   load_model(pair.draft, pair.draft_quantization, layers=pair.draft_layers)[0])
+        verify_curve(store, target, names[0], prefix, nodes, repeats=repeats)
+        verify_curve(store, draft, names[1], prefix, widths, role="draft", repeats=repeats)
+    return curve_table(store, names, prefix, env["device"])
 
 
 def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple[str, int], Tree]:
@@ -534,6 +591,7 @@ def _unit_summary(
         "draft_time_s": s.draft_time_s,
         "verify_time_s": s.verify_time_s,
         "peak_memory_bytes": s.peak_memory_bytes,
+        "source": "measured",  # or "replay": acceptance replayed from a collection, no wall clock
         "greedy": equality.verdict,  # exact, tie (numerical) or mismatch (a bug)
         "greedy_equal": equality.verdict == "exact",
         "first_difference": equality.position,
