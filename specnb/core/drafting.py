@@ -40,9 +40,10 @@ import torch
 from transformers import DynamicCache
 
 from .acceptance import Acceptance
-from .cache import crop, keep_positions, new_cache
+from .cache import cache_length, crop, keep_positions, new_cache
 from .forward import forward
 from .sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
+from .streaming import StreamingCache, kv_bytes
 from .trees import Tree
 
 
@@ -61,6 +62,7 @@ class Drafter:
 
     default_tree: Tree | None = None  # used by speculative_generate when it is given no tree
     shares_target_cache: bool = False  # drafts on the target's own cache (needs the prompt in it)
+    evictions: int = 0  # times a bounded draft cache was cut (`streaming.StreamingCache`)
 
     def draft(
         self,
@@ -84,6 +86,10 @@ class Drafter:
     def observe(self, draft: Draft, acceptance: Acceptance) -> None:
         """What the target accepted of `draft`."""
 
+    def kv_bytes(self) -> int:
+        """Bytes of the drafter's own KV cache now (0 for drafters without one)."""
+        return 0
+
 
 class ModelDrafter(Drafter):
     """Drafts with a transformers causal LM that shares the target's vocabulary.
@@ -95,21 +101,44 @@ class ModelDrafter(Drafter):
     kept, so t = 1 drafts one token per step (unless q(x) rounds to exactly 1) and t = 0 never
     stops early. The shorter chain is returned in `Draft.tree`. Under sampling q is still returned:
     see `drafters.draft_length` for why stopping on q(x) keeps the output distribution exact.
+
+    cache_policy: a bounded draft cache (`streaming.StreamingCache`), cut when the cache is advanced
+    to the next sequence (between steps, never while a tree is drafted), independently of the
+    target's. It changes only what the draft proposes, never the output.
     """
 
-    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0) -> None:
+    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0,
+                 cache_policy: StreamingCache | None = None) -> None:
         if not 0.0 <= confidence_threshold <= 1.0:
             raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
         self.model = model
         self.confidence_threshold = confidence_threshold
+        self.cache_policy = cache_policy
         self._indices: dict[tuple[Tree, torch.device], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         self.reset()
 
     def reset(self) -> None:
         self._cache: DynamicCache | None = None
-        self._committed: list[int] = []  # the tokens whose keys/values open the cache, in order
+        self._committed: list[int] = []  # the sequence whose keys/values open the cache, in order
+        self._evicted = 0  # of them, cut out of the cache after its first `sink` (a cache policy)
         self._fed: list[Hashable] = []  # the tree nodes fed after them, in cache order
         self._accepted: tuple[tuple[Hashable, ...], tuple[int, ...]] = ((), ())  # last observed: nodes, tokens
+        self.evictions = 0
+
+    def kv_bytes(self) -> int:
+        return kv_bytes(self._cache)
+
+    @property
+    def _held(self) -> int:
+        """Positions of the committed sequence the cache holds."""
+        return len(self._committed) - self._evicted
+
+    @property
+    def _shift(self) -> int:
+        """Subtracted from a token's sequence index to get its position id: the positions cut out,
+        under a policy with positions inside the cache; else 0 (original positions)."""
+        policy = self.cache_policy
+        return self._evicted if policy is not None and policy.positions == "cache" else 0
 
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         if not sampling.greedy and tree.has_rank_gaps:
@@ -166,7 +195,7 @@ class ModelDrafter(Drafter):
                     return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
             if not level.fed:
                 break
-            logits = self._feed(tree, level.fed, out[fed], len(seq) - 1 + level.depth).float()
+            logits = self._feed(tree, level.fed, out[fed], len(seq) - 1 + level.depth - self._shift).float()
             parent_rows = fed + 1
         return Draft(out, q)
 
@@ -187,28 +216,30 @@ class ModelDrafter(Drafter):
         """Feed tree nodes of one depth (their tokens `ids`, all at `position`); each sees the
         sequence, its fed ancestors and itself. Returns their logits [len(nodes), V]."""
         chain_so_far = len(nodes) == 1 and list(tree.node_path(nodes[0])[:-1]) == self._fed
-        if chain_so_far:  # one node that sees everything cached: the model's own (unmasked) path
-            self._fed += list(nodes)
-            return forward(self.model, self._cache, ids)
+        if chain_so_far and position == cache_length(self._cache):  # sees everything cached, at the
+            self._fed += list(nodes)                                # cache's own next position:
+            return forward(self.model, self._cache, ids)            # the model's unmasked path
         visible = self._visible(len(nodes))
-        visible[:, len(self._committed) :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
+        visible[:, self._held :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
         self._fed += list(nodes)
         return forward(self.model, self._cache, ids, torch.full((len(nodes),), position), visible)  # host: positions
 
     def _visible(self, new: int) -> torch.Tensor:
         """Bool [new, cache length + new], True over the committed sequence, False elsewhere."""
-        visible = torch.zeros(new, len(self._committed) + len(self._fed) + new, dtype=torch.bool)  # host: moved by forward
-        visible[:, : len(self._committed)] = True
+        visible = torch.zeros(new, self._held + len(self._fed) + new, dtype=torch.bool)  # host: moved by forward
+        visible[:, : self._held] = True
         return visible
 
     def _advance(self, seq: list[int]) -> torch.Tensor:
         """Bring the cache to `seq`, feeding only what it lacks; float32 logits [V] at seq[-1]."""
-        if self._cache is None:
-            self._cache = new_cache(self.model)
-            self._committed, self._fed = [], []
         held = len(self._committed)
+        extends = len(seq) > held and seq[:held] == self._committed
+        if self._cache is None or (self._evicted and not extends):  # a cut cache cannot be rewound
+            self._cache = new_cache(self.model)
+            self._committed, self._fed, self._evicted = [], [], 0
+            held, extends = 0, len(seq) > 0
         kept: list[Hashable] = []
-        if len(seq) > held and seq[:held] == self._committed:
+        if extends:
             # an extension: keep the accepted nodes that were fed, while they match the sequence
             # (never the root, seq[-1]: its logits are needed)
             slot = {node: i for i, node in enumerate(self._fed)}
@@ -224,14 +255,22 @@ class ModelDrafter(Drafter):
                 keep += 1
         if kept:
             slot = {node: i for i, node in enumerate(self._fed)}
-            keep_positions(self._cache, list(range(held)) + [held + slot[node] for node in kept])
+            cached = self._held
+            keep_positions(self._cache, list(range(cached)) + [cached + slot[node] for node in kept])
         else:
-            crop(self._cache, keep)  # drops the last tree's nodes and anything not shared
-        new = torch.tensor(seq[keep + len(kept) :], dtype=torch.long)  # host: moved by forward
-        logits = forward(self.model, self._cache, new, logits_to_keep=1)[-1]
-        self._committed, self._fed, self._accepted = list(seq), [], ((), ())
+            crop(self._cache, keep - self._evicted)  # drops the last tree's nodes and anything not shared
+        start = keep + len(kept)  # the sequence index of the first token fed now
+        self._committed, self._fed, self._accepted = list(seq[:start]), [], ((), ())
+        if self.cache_policy is not None:  # between steps: the only place a draft cache is cut
+            cut = self.cache_policy.cut(self.model, self._cache)
+            self._evicted, self.evictions = self._evicted + cut, self.evictions + (cut > 0)
+        new = torch.tensor(seq[start:], dtype=torch.long)  # host: moved by forward
+        positions = None
+        if self._evicted and self.cache_policy.positions == "original":
+            positions = torch.arange(start, len(seq))  # host: their true indices
+        logits = forward(self.model, self._cache, new, positions, logits_to_keep=1)[-1]
+        self._committed = list(seq)
         return logits.float()
-
 
 def as_drafter(drafter: Drafter | torch.nn.Module) -> Drafter:
     """A drafter as given, or a transformers model wrapped in `ModelDrafter`."""

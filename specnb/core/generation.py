@@ -13,11 +13,12 @@ from typing import Sequence
 import torch
 
 from .acceptance import Acceptance, greedy_accept, speculative_accept
-from .cache import new_cache
+from .cache import cache_length, new_cache
 from .drafting import Draft, Drafter, as_drafter
 from .masks import attention_implementation
 from .runtime import Clock, check_input, cut_at_eos, eos_ids, make_generator, match_vocab, peak_memory, reset_peak_memory
 from .sampling import SamplingConfig, probabilities, sample
+from .streaming import StreamingCache, kv_bytes
 from .trees import Tree
 from .verification import commit, prefill, verify
 
@@ -37,6 +38,8 @@ class Step:
     # children in the tree at the root and at each accepted node (len num_accepted + 1); with
     # accepted_ranks this gives the per-rank acceptance vector
     child_counts: tuple[int, ...] = ()
+    target_kv_bytes: int = 0  # bytes of the target's KV cache after the step (`streaming.kv_bytes`)
+    draft_kv_bytes: int = 0  # the draft's (`Drafter.kv_bytes`; 0 for drafters without a cache)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class GenerationResult:
     peak_memory_bytes: int | None  # CUDA peak allocation during the call; None on CPU
     method: str = "speculative"
     meta: dict = field(default_factory=dict, compare=False)
+    kv_bytes: int | None = None  # target + draft KV cache bytes at the end (None: not measured)
+    kv_peak_bytes: int | None = None  # their largest sum, inside a step (the root and tree included)
+    evictions: int = 0  # times the target's cache was cut (`StreamingCache`); the draft's in meta
 
 
 def speculative_generate(
@@ -62,6 +68,7 @@ def speculative_generate(
     top_p: float = 1.0,
     seed: int | None = 0,
     eos_token_id: int | Sequence[int] | None = None,
+    cache_policy: StreamingCache | None = None,
 ) -> GenerationResult:
     """Tree speculative decoding; greedy output equals the target's greedy output token for token,
     sampled output follows the target's distribution.
@@ -71,8 +78,14 @@ def speculative_generate(
     to never stop early. The prompt goes through the target inside the first verification (no
     forward of its own), except for a drafter that shares the target's cache, which needs it there
     before its first draft.
+    cache_policy: a bounded cache for the target (`streaming.StreamingCache`): cut between steps,
+    trees cut to fit; output then equals the streaming target's own (`autoregressive_generate` with
+    the same policy). The draft's cache follows the drafter's own policy, if any.
     """
     drafter = as_drafter(drafter)
+    if cache_policy is not None and drafter.shares_target_cache:
+        raise ValueError("a drafter that shares the target's cache cannot run with a cache policy (its layers "
+                         "would be cut under it); give the target the policy and use a separate draft model")
     tree = tree or drafter.default_tree or Tree.chain(4)
     sampling = SamplingConfig(temperature, top_k, top_p)
     drafter.check_request(tree, sampling)
@@ -97,16 +110,27 @@ def speculative_generate(
 
     new: list[int] = []
     steps: list[Step] = []
+    evicted = evictions = kv_peak = 0
     while len(new) < max_new_tokens:
-        # a tree deeper than the tokens left would overshoot: depth <= left - 1 (+1 bonus)
-        step_tree = tree.truncated(max_new_tokens - len(new) - 1)
+        if cache_policy is not None and new:  # the root is a generated token: the cut comes before it
+            cut = cache_policy.cut(target, cache)
+            evicted, evictions = evicted + cut, evictions + (cut > 0)
+        held = cache_length(cache) + pending.numel()  # positions before the root
+        # a tree deeper than the tokens left would overshoot: depth <= left - 1 (+1 bonus); a bounded
+        # cache caps it further, so that no node stands where the policy would cut
+        depth = max_new_tokens - len(new) - 1
+        if cache_policy is not None:
+            depth = min(depth, cache_policy.depth_cap(held))
+        step_tree = tree.truncated(depth)
         t0 = clock.now()
         draft = drafter.draft(torch.tensor(seq), step_tree, sampling, generator)  # host ids: drafters read them there
         t1 = clock.now()
         step_tree = _drafted_tree(draft, step_tree)
-        logits = verify(target, cache, seq[-1], step_tree, draft.tokens, pending)  # [N+1, V]
+        offset = evicted if cache_policy is not None and cache_policy.positions == "original" else 0
+        logits = verify(target, cache, seq[-1], step_tree, draft.tokens, pending, position_offset=offset)  # [N+1, V]
         pending = pending[:0]
         t2 = clock.now()
+        kv_peak = max(kv_peak, kv_bytes(cache) + drafter.kv_bytes())
         if sampling.greedy:
             result = greedy_accept(step_tree, draft.tokens, logits.argmax(-1))
         else:
@@ -115,11 +139,12 @@ def speculative_generate(
             result = speculative_accept(step_tree, draft.tokens, p, q, generator)
         if len(result.tokens) != result.num_accepted:  # a rule that did not read them: one device read
             result = replace(result, tokens=tuple(draft.tokens[list(result.path)].tolist()))
-        commit(cache, len(seq) - 1, result.path)
+        commit(cache, held, result.path)
         drafter.observe(draft, result)
 
         added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
-        steps.append(_step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1))
+        steps.append(replace(_step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1),
+                             target_kv_bytes=kv_bytes(cache), draft_kv_bytes=drafter.kv_bytes()))
         new.extend(added)
         seq.extend(added)
         if stopped:
@@ -133,6 +158,10 @@ def speculative_generate(
         total_time=total,
         peak_memory_bytes=peak_memory(device),
         method="speculative",
+        kv_bytes=kv_bytes(cache) + drafter.kv_bytes(),
+        kv_peak_bytes=kv_peak,
+        evictions=evictions,
+        meta={"draft_evictions": drafter.evictions} if cache_policy is not None or drafter.evictions else {},
     )
 
 
@@ -145,8 +174,11 @@ def autoregressive_generate(
     top_p: float = 1.0,
     seed: int | None = 0,
     eos_token_id: int | Sequence[int] | None = None,
+    cache_policy: StreamingCache | None = None,
 ) -> GenerationResult:
-    """The target's own decoding: one forward pass per token (the first on the whole prompt)."""
+    """The target's own decoding: one forward pass per token (the first on the whole prompt).
+    cache_policy: a bounded cache (`streaming.StreamingCache`), cut before a generated token is
+    fed when it holds the policy's limit: the streaming model's own decoding."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     device = target.device
     seq = check_input(input_ids, max_new_tokens).to(device)
@@ -160,12 +192,20 @@ def autoregressive_generate(
     feed = seq
     new: list[int] = []
     steps: list[Step] = []
+    evicted = evictions = kv_peak = 0
     while len(new) < max_new_tokens:
         t0 = clock.now()
-        logits = prefill(target, cache, feed)[-1]
+        positions = None
+        if cache_policy is not None and new:  # a generated token: the cut comes before it is fed
+            cut = cache_policy.cut(target, cache)
+            evicted, evictions = evicted + cut, evictions + (cut > 0)
+            if cache_policy.positions == "original":
+                positions = torch.tensor([seq.shape[1] + len(new) - 1], device=device)  # its true index
+        logits = prefill(target, cache, feed, positions)[-1]
         token = int(logits.argmax()) if sampling.greedy else sample(probabilities(logits, sampling), generator)
         t1 = clock.now()
-        steps.append(Step(len(new), 0, 0, 1, 0.0, t1 - t0, child_counts=(0,)))
+        kv_peak = max(kv_peak, kv_bytes(cache))
+        steps.append(Step(len(new), 0, 0, 1, 0.0, t1 - t0, child_counts=(0,), target_kv_bytes=kv_bytes(cache)))
         new.append(token)
         if token in eos:
             break
@@ -179,6 +219,9 @@ def autoregressive_generate(
         total_time=total,
         peak_memory_bytes=peak_memory(device),
         method="autoregressive",
+        kv_bytes=kv_bytes(cache),
+        kv_peak_bytes=kv_peak,
+        evictions=evictions,
     )
 
 

@@ -23,11 +23,12 @@ from .trees import Tree
 
 
 @torch.inference_mode()
-def prefill(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor) -> torch.Tensor:
+def prefill(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Append `tokens` (long [1, T], T >= 1) to the cache; returns float32 logits [1, V] at the last
     token only (the LM head over a whole prompt is wasted work, about 11% of a 700-token prefill of
-    Qwen2.5-1.5B on CPU; transformers' generate skips it too)."""
-    return forward(model, cache, tokens.reshape(-1), logits_to_keep=1).float()
+    Qwen2.5-1.5B on CPU; transformers' generate skips it too). positions: long [T], default the
+    cache's continuation (a bounded cache with original positions passes the true indices)."""
+    return forward(model, cache, tokens.reshape(-1), positions, logits_to_keep=1).float()
 
 
 @torch.inference_mode()
@@ -38,12 +39,15 @@ def verify(
     tree: Tree,
     tokens: torch.Tensor,
     pending: torch.Tensor | None = None,
+    position_offset: int = 0,
 ) -> torch.Tensor:
     """Float32 logits [N + 1, V]: the target's logits at the root (row 0) and each node (row i+1).
 
     tokens: long [N], the draft tokens in the tree's canonical order. pending: long [P], tokens of
     the sequence before the root that the cache does not hold yet (the prompt, in the first step);
     they are appended first, causally. After the call the cache holds them, the root and the tree.
+    position_offset: added to every position id: a bounded cache with original positions
+    (`streaming`) holds fewer positions than the sequence's length.
     """
     attention_implementation(target)  # refused before any compute, chain or tree
     cached = cache_length(cache)
@@ -53,15 +57,18 @@ def verify(
     ids = torch.cat([torch.tensor([root], device=tokens.device), tokens])
     if before:
         ids = torch.cat([pending.reshape(-1).to(tokens.device), ids])
-    if tree.is_chain:  # prefix, root and a chain: the model's own causal mask and positions
-        return forward(target, cache, ids, logits_to_keep=n + 1).float()
+    if tree.is_chain:  # prefix, root and a chain: the model's own causal mask (and positions)
+        positions = None
+        if position_offset:  # the mask follows the cache; only the positions move
+            positions = torch.arange(cached, prefix_len + n + 1) + position_offset  # host: moved by forward
+        return forward(target, cache, ids, positions, logits_to_keep=n + 1).float()
     visible = prefix_tree_mask(rooted_ancestor_mask(tree.ancestors), prefix_len)[0, 0]  # [N + 1, prefix_len + N + 1]
     positions = prefix_len + torch.tensor((0,) + tree.depths, dtype=torch.long)  # host: moved by forward
     if before:
         causal = torch.ones(before, prefix_len, dtype=torch.bool).tril(diagonal=cached)  # host: moved by forward
         visible = torch.cat([torch.cat([causal, torch.zeros(before, n + 1, dtype=torch.bool)], 1), visible])  # host
         positions = torch.cat([torch.arange(cached, prefix_len), positions])  # host: moved by forward
-    return forward(target, cache, ids, positions, visible, logits_to_keep=n + 1).float()
+    return forward(target, cache, ids, positions + position_offset, visible, logits_to_keep=n + 1).float()
 
 
 def commit(cache: DynamicCache, prefix_len: int, path: tuple[int, ...]) -> None:

@@ -98,6 +98,13 @@ class AdaptiveLength(Drafter):
     def shares_target_cache(self) -> bool:
         return self.drafter.shares_target_cache
 
+    @property
+    def evictions(self) -> int:
+        return self.drafter.evictions
+
+    def kv_bytes(self) -> int:
+        return self.drafter.kv_bytes()
+
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         self.drafter.check_request(tree, sampling)
 

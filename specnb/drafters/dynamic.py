@@ -27,6 +27,7 @@ from ..core.acceptance import Acceptance
 from ..core.drafting import Draft, ModelDrafter
 from ..core.forward import forward
 from ..core.sampling import SamplingConfig, top_tokens
+from ..core.streaming import StreamingCache
 from ..core.trees import Path, Tree
 
 
@@ -53,10 +54,11 @@ class DynamicTreeDrafter(ModelDrafter):
     out and the drafter's `default_tree` (depth `max_depth`) is used.
     """
 
-    def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6) -> None:
+    def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6,
+                 cache_policy: StreamingCache | None = None) -> None:
         if n < 1 or top_k < 1 or max_depth < 1:
             raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
-        super().__init__(model)
+        super().__init__(model, cache_policy=cache_policy)
         self.n, self.top_k, self.max_depth = n, top_k, max_depth
         self.default_tree = Tree.chain(max_depth)
 
@@ -96,14 +98,14 @@ class DynamicTreeDrafter(ModelDrafter):
                 break
             # each sees the sequence, its ancestors (fed at their own depths) and itself
             visible = self._visible(len(level))
-            base, slot = len(self._committed), {p: i for i, p in enumerate(self._fed)}
+            base, slot = self._held, {p: i for i, p in enumerate(self._fed)}
             for i, p in enumerate(level):
                 for d in range(1, depth):
                     visible[i, base + slot[p[:d]]] = True
                 visible[i, base + len(self._fed) + i] = True
             self._fed += level
             ids = torch.tensor([token[p] for p in level])  # host: moved by forward
-            logits = forward(self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth), visible)  # host: positions
+            logits = forward(self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth - self._shift), visible)  # host: positions
             self._add_children(level, [scores[p] for p in level], logits, scores, token)
             chosen = top_n(scores, n)
         tree = Tree.from_paths(chosen)

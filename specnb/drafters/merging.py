@@ -64,6 +64,13 @@ class MergedDrafter(Drafter):
     def shares_target_cache(self) -> bool:
         return any(drafter.shares_target_cache for drafter, _ in self.components)
 
+    @property
+    def evictions(self) -> int:
+        return sum(drafter.evictions for drafter, _ in self.components)
+
+    def kv_bytes(self) -> int:
+        return sum(drafter.kv_bytes() for drafter, _ in self.components)
+
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         for drafter, own in self.components:
             drafter.check_request(own.truncated(tree.depth), sampling)
