@@ -215,3 +215,17 @@ def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
     with pytest.raises(runner.RunnerError, match="not parameters of 01_x"):
         (books / "profiles" / "t4.yaml").write_text("01_x:\n  no_such: 1\n")
         apply_profile("01_x", dict(namespace, profile="auto"), "t4", books)
+
+
+def test_long_generation_tables(smoke):
+    outputs, _ = smoke
+    folder = next((outputs / "04_long_generation").iterdir())
+    table = pd.read_csv(folder / "long_table.csv")
+    assert len(table) == 2 * 3 and set(table["window"]) == {0, 16}
+    spec = table[table["method"] != "autoregressive"]
+    assert (spec["streaming_exact"] == spec["prompts"]).all(), "speculative output must equal the streaming target's"
+    bounded = table[table["window"] == 16]
+    assert (bounded["evictions"] > 0).all() and (bounded["kv_over_full"] < 1).all()
+    assert (table["perplexity"] > 1).all() and (table[table["window"] == 0]["first_difference"].isna()).all()
+    frame = pd.read_csv(folder / "by_position.csv")
+    assert {"kv_mb", "tpot_s", "tau", "position"} <= set(frame.columns) and (frame["kv_mb"] > 0).all()

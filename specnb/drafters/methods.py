@@ -28,6 +28,7 @@ from typing import Iterable
 import torch
 
 from ..core.drafting import Drafter, ModelDrafter
+from ..core.streaming import StreamingCache
 from ..core.trees import Tree
 from .draft_length import AdaptiveLength
 from .dynamic import DynamicTreeDrafter
@@ -127,24 +128,28 @@ def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, 
     return method_trees(f"{s}:{b}" for s in shapes for b in budgets)
 
 
-def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None) -> Drafter:
-    """The drafter object of a specnb method (not for transformers' methods)."""
+def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None,
+                  cache_policy: StreamingCache | None = None) -> Drafter:
+    """The drafter object of a specnb method (not for transformers' methods). cache_policy: a
+    bounded cache for the draft model's own cache (`core.streaming`), where the method has one."""
     if method.drafter in HF_METHODS:
         raise ValueError(f"{method.spec} is a transformers method, run by `baselines`, not a drafter")
     if method.needs_draft_model and draft is None:
         raise ValueError(f"method {method.spec} needs the pair's draft model")
+    model = lambda **kw: ModelDrafter(draft, cache_policy=cache_policy, **kw)  # noqa: E731
     if method.drafter == "draft":
-        return ModelDrafter(draft)
+        return model()
     if method.drafter == "ngram":
         return NgramDrafter()
     if method.drafter == "early_exit":
         return EarlyExitDrafter(target, int(method.arg))
     if method.drafter == "merged":
-        return MergedDrafter([(ModelDrafter(draft), method.tree), (NgramDrafter(), method.tree)])
+        return MergedDrafter([(model(), method.tree), (NgramDrafter(), method.tree)])
     if method.drafter == "adaptive":
-        return AdaptiveLength(ModelDrafter(draft), start=method.budget, schedule="heuristic_transient")
+        return AdaptiveLength(model(), start=method.budget, schedule="heuristic_transient")
     if method.drafter == "confidence":
-        return ModelDrafter(draft, confidence_threshold=float(method.arg))
+        return model(confidence_threshold=float(method.arg))
     if method.drafter == DYNAMIC:
-        return DynamicTreeDrafter(draft, n=method.budget, top_k=DYNAMIC_TOP_K, max_depth=DYNAMIC_MAX_DEPTH)
+        return DynamicTreeDrafter(draft, n=method.budget, top_k=DYNAMIC_TOP_K, max_depth=DYNAMIC_MAX_DEPTH,
+                                  cache_policy=cache_policy)
     raise AssertionError(method)

@@ -315,3 +315,49 @@ def replay_vs_budget(table: pd.DataFrame, metric: str = "tau", label: str = TAU,
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     return _save(fig, path)
+
+
+# ---- long generations (notebook 04): tables from `long_generation` --------------------------------
+
+
+def _window_label(window: int) -> str:
+    return "full cache" if not window else f"window {window}"
+
+
+def long_vs_position(frame: pd.DataFrame, column: str, label: str, title: str, methods=None, path=None) -> plt.Figure:
+    """A per-position quantity (binned by tokens generated), one panel per method, one line per
+    cache policy."""
+    data = frame if methods is None else frame[frame["method"].isin(methods)]
+    methods = list(dict.fromkeys(data["method"]))
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.6 * len(methods), 3.9), squeeze=False, sharey=True)
+    for ax, method in zip(axes[0], methods):
+        d = data[data["method"] == method]
+        for window, w in d.groupby("window", sort=True):
+            ax.plot(w["position"], w[column], marker=".", label=_window_label(window))
+        ax.set_title(method, fontsize=10)
+        ax.set_xlabel("tokens generated")
+    axes[0][0].set_ylabel(label)
+    axes[0][-1].legend(fontsize=8, title="cache", loc="best")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def long_quality(table: pd.DataFrame, path=None) -> plt.Figure:
+    """Left: perplexity of each output under the full-cache target against the window; right: the
+    first position where it differs from the full-cache target's greedy output."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 3.9))
+    bounded = table[table["window"] > 0]
+    for method, t in bounded.groupby("method", sort=False):
+        left.plot(t["window"], t["perplexity"], marker="o", label=method)
+        right.plot(t["window"], t["first_difference"], marker="o", label=method)
+    full = table[table["window"] == 0]
+    if len(full):
+        left.axhline(full["perplexity"].mean(), color="black", ls="--", lw=1, label="full cache")
+    for ax in (left, right):
+        _log2_ticks(ax, bounded["window"])
+        ax.set_xlabel("window (positions kept after the sinks)")
+    left.set_ylabel("perplexity under the full-cache target")
+    right.set_ylabel("first token differing from full-cache greedy")
+    left.legend(fontsize=8)
+    fig.suptitle("what the bounded cache costs in quality (greedy)", fontsize=10)
+    return _save(fig, path)

@@ -107,3 +107,24 @@ def recommendation(cost: pd.DataFrame) -> str:
         f"{best['expected_tau']:.2f} (bonus included), {best['tokens_per_s']:.2f} tokens/s = "
         f"{best['speedup']:.2f}x the target alone; speculation {verdict}. Best budget per shape: {others}."
     )
+
+
+def long_reading(table: pd.DataFrame) -> str:
+    """Notebook 04: memory, speed, acceptance and quality of each window against the full cache."""
+    lines = ["tau = tokens per target call, bonus included; KV = bytes of the target's and draft's caches at the end."]
+    for window, t in table[table["window"] > 0].groupby("window"):
+        parts = []
+        for row in t.itertuples():
+            part = f"{row.method}: KV {row.kv_over_full:.2f}x the full cache's, {row.speed_over_full:.2f}x its tokens/s"
+            if row.method != "autoregressive":
+                part += f", tau {row.tau:.2f}"
+            parts.append(part)
+        first = t["first_difference"].dropna()
+        diverge = f"first differs from full-cache greedy at token {int(first.min())}" if len(first) else "never differs from full-cache greedy"
+        lines.append(f"- window {window}: " + "; ".join(parts) + f"; output {diverge}, perplexity {t['perplexity'].mean():.2f}")
+    spec = table[table["method"] != "autoregressive"]
+    exact, total = int(spec["streaming_exact"].sum()), int(spec["prompts"].sum())
+    ties = int(spec["streaming_ties"].sum())
+    lines.append(f"- speculative outputs equal to the streaming target's own greedy output (same policy): {exact}/{total} exact"
+                 + (f", {ties} numerical ties" if ties else ""))
+    return "\n".join(lines)

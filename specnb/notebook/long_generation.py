@@ -1,0 +1,145 @@
+"""Long generations under bounded caches (notebook 04): generated length x cache policy x method.
+
+A unit is one generation: (prompt, window, method), where window is None for the full cache and
+otherwise a `core.streaming.StreamingCache` of `sink` + `window` positions (slack = the deepest tree
+of the methods, so trees are never cut short before the limit), and method is "autoregressive"
+(the target alone: under a policy, the streaming model's own decoding, the reference its
+speculative runs must equal) or a method spec (`drafters.methods`). The target's cache takes the
+policy; a draft model's own cache takes it too when `draft_policy` is on. Stored resumably in a
+`Sweep`, one row per step (tokens generated, KV bytes of target and draft after the step, times,
+drafted and accepted), and a summary per unit with:
+
+    tokens_per_s, tpot_s      wall clock
+    kv_bytes, kv_peak_bytes   the caches' bytes at the end and their largest sum inside a step
+    evictions                 times the target's cache was cut
+    tau, acceptance_rate      tau = tokens per target call, bonus INCLUDED; accepted / drafted
+    perplexity                of the output under the full-cache target (one forward, no cache)
+    first_difference          first index where the output differs from the full-cache target's
+                              greedy output (None: never, within the length)
+    streaming_greedy          "exact" / "tie" / "mismatch" against the target alone under the same
+                              policy (`analysis.quality`): what speculative decoding must preserve
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..analysis.metrics import step_row, summarize
+from ..analysis.quality import compare_greedy, score
+from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
+from ..core.streaming import StreamingCache
+from ..drafters.methods import build_drafter, parse_method
+from ..io.models import prompt_ids
+from ..io.prompts import Prompt
+from ..io.storage import Sweep
+
+TARGET_ALONE = "autoregressive"
+UNIT_KEY = ("prompt_id", "window", "method")
+FULL = 0  # the window of the full cache in tables (no policy)
+
+
+def policies(windows: Sequence[int], sink: int, slack: int, positions: str) -> dict[int, StreamingCache | None]:
+    """{window: policy}: 0 = the full cache (no policy), others StreamingLLM's sinks + window."""
+    return {int(w): None if not w else StreamingCache(sink, int(w), slack, positions) for w in windows}
+
+
+def run_long(
+    store: Sweep,
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    methods: Sequence[str],
+    windows: Sequence[int],
+    sink: int,
+    positions: str,
+    max_new_tokens: int,
+    draft_policy: bool = True,
+    progress: bool = True,
+) -> None:
+    """Every (prompt, window, method) unit not yet in `store`; per prompt, the full cache's target
+    alone first (the reference of first_difference), and per window the target alone before the
+    methods (their streaming reference)."""
+    trees = {m: parse_method(m) for m in methods if m != TARGET_ALONE}
+    slack = max([t.tree.depth for t in trees.values()] + [1])
+    by_window = policies([FULL] + [w for w in windows if w], sink, slack, positions)
+    order = [TARGET_ALONE] + [m for m in methods if m != TARGET_ALONE]
+    todo = [(p, w, m) for p in prompts for w in by_window for m in order]
+    todo = [u for u in todo if {"prompt_id": u[0].id, "window": u[1], "method": u[2]} not in store]
+    for prompt, window, method in tqdm(todo, desc="long generations", disable=not progress):
+        ids = prompt_ids(tokenizer, prompt.text)
+        policy = by_window[window]
+        if method == TARGET_ALONE:
+            result = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, cache_policy=policy)
+        else:
+            spec = trees[method]
+            drafter = build_drafter(spec, target, draft, cache_policy=policy if draft_policy else None)
+            result = speculative_generate(target, drafter, ids, tree=spec.tree, max_new_tokens=max_new_tokens,
+                                          cache_policy=policy)
+        full_reference = _tokens(store, prompt.id, FULL)
+        streaming_reference = result.tokens.tolist() if method == TARGET_ALONE else _tokens(store, prompt.id, window)
+        quality = score(target, ids, result.tokens)
+        store.add({"prompt_id": prompt.id, "window": window, "method": method},
+                  [step_row(s) for s in result.steps],
+                  meta=_summary(result, prompt, policy, quality, full_reference, streaming_reference, target.dtype))
+
+
+def long_table(units: pd.DataFrame) -> pd.DataFrame:
+    """window x method, pooled over prompts, with KV bytes against the full cache's."""
+    out = units.groupby(["window", "method"], sort=False).agg(
+        prompts=("prompt_id", "nunique"), tokens=("num_tokens", "sum"), steps=("num_steps", "sum"),
+        drafted=("num_drafted", "sum"), accepted=("num_accepted", "sum"), time_s=("total_time", "sum"),
+        tpot_s=("tpot_s", "mean"), kv_bytes=("kv_bytes", "mean"), kv_peak_bytes=("kv_peak_bytes", "mean"),
+        evictions=("evictions", "mean"), perplexity=("perplexity", "mean"),
+        first_difference=("first_difference", "min"),
+        streaming_exact=("streaming_greedy", lambda v: int((v == "exact").sum())),
+        streaming_ties=("streaming_greedy", lambda v: int((v == "tie").sum())),
+    ).reset_index()
+    out["tau"] = out["tokens"] / out["steps"]
+    out["acceptance_rate"] = out["accepted"] / out["drafted"].where(out["drafted"] > 0)
+    out["tokens_per_s"] = out["tokens"] / out["time_s"]
+    full = out[out["window"] == FULL].set_index("method")
+    out["kv_over_full"] = out["kv_bytes"] / out["method"].map(full["kv_bytes"])
+    out["speed_over_full"] = out["tokens_per_s"] / out["method"].map(full["tokens_per_s"])
+    return out
+
+
+def position_frame(steps: pd.DataFrame, every: int = 16) -> pd.DataFrame:
+    """Steps binned by tokens generated (bins of `every`): KV MB after the step, seconds per token
+    and tau in each bin, per (window, method); for the figures against position."""
+    data = steps.assign(kv_mb=(steps["target_kv_bytes"] + steps["draft_kv_bytes"]) / 1e6,
+                        seconds=steps["draft_time"] + steps["verify_time"],
+                        bin=(steps["position"] // every) * every)
+    out = data.groupby(["window", "method", "bin"], sort=False).agg(
+        kv_mb=("kv_mb", "max"), seconds=("seconds", "sum"), tokens=("num_tokens", "sum"), steps=("num_tokens", "size")
+    ).reset_index().rename(columns={"bin": "position"})
+    out["tpot_s"] = out["seconds"] / out["tokens"]
+    out["tau"] = out["tokens"] / out["steps"]
+    return out
+
+
+def _tokens(store: Sweep, prompt_id: str, window: int) -> list[int] | None:
+    meta = store.meta({"prompt_id": prompt_id, "window": window, "method": TARGET_ALONE})
+    return None if meta is None else [int(t) for t in str(meta["tokens"]).split()]
+
+
+def _summary(result: GenerationResult, prompt: Prompt, policy: StreamingCache | None, quality, full_reference,
+             streaming_reference, dtype: torch.dtype) -> dict:
+    s = summarize(result)
+    tokens = result.tokens.tolist()
+    versus_full = compare_greedy(tokens, full_reference, quality.margins, dtype)
+    return {
+        "category": prompt.category, "policy": "full cache" if policy is None else policy.describe(),
+        "num_steps": s.num_steps, "num_tokens": s.num_tokens, "num_drafted": s.num_drafted,
+        "num_accepted": s.num_accepted, "tau": s.tau, "acceptance_rate": s.acceptance_rate,
+        "tokens_per_s": s.tokens_per_s, "tpot_s": s.tpot_s, "total_time": result.total_time,
+        "kv_bytes": result.kv_bytes, "kv_peak_bytes": result.kv_peak_bytes, "evictions": result.evictions,
+        "perplexity": quality.perplexity,
+        "first_difference": versus_full.position if versus_full.verdict != "exact" else None,
+        "streaming_greedy": compare_greedy(tokens, streaming_reference, quality.margins, dtype).verdict,
+        "tokens": " ".join(map(str, tokens)),
+    }
