@@ -18,6 +18,7 @@ import pytest
 from papermill.translators import PythonTranslator
 
 from specnb.notebook import runner
+from specnb.notebook.legibility import saved_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -67,6 +68,8 @@ def test_smoke_profile_runs_every_notebook(smoke):
         assert (folder / f"{nb.stem}.ipynb").exists() and (folder / f"{nb.stem}.html").stat().st_size > 10_000
         pngs = list(folder.glob("*.png"))
         assert pngs and all(p.stat().st_size > 5_000 for p in pngs)
+        illegible = {p.name: saved_problems(p) for p in pngs if saved_problems(p)}
+        assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"
     index = (outputs / "index.md").read_text()
     assert all(nb.stem in index for nb in NOTEBOOKS) and (outputs / "index.html").exists()
 

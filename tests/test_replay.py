@@ -279,6 +279,43 @@ def test_oracle_bounds_every_tree_of_its_budget(super_collection, budget):
     assert replay_dynamic(c, [budget], mode="all").iloc[0]["accepted"] <= orc
 
 
+def test_super_trees_on_a_subset_replay_dynamic_trees_on_that_subset(tmp_path, tiny_target, drafts, super_collection):
+    """Super-trees collected for some prompts only: the subset's arrays equal a full collection's,
+    dynamic rows and steps come from the subset alone, static rows from every prompt; another
+    subset on resume is refused."""
+    config = super_collection.config
+    c = collect(tmp_path / "c", tiny_target, drafts["early"], PROMPTS, config, super_prompts=["p0", "p2"])
+    assert [p.super_size is not None for p in c.prompts] == [True, False, True]
+    sub = c.super_tree_prompts()
+    assert [p.prompt_id for p in sub.prompts] == ["p0", "p2"]
+    for mine, full in zip(sub.prompts, [super_collection.prompts[0], super_collection.prompts[2]]):
+        for k, v in full.arrays().items():
+            np.testing.assert_array_equal(mine.arrays()[k], v, err_msg=k)
+    only = Collection.load(super_collection.folder, ["p0", "p2"])
+    dyn, expect = replay_dynamic(c, [4]).iloc[0], replay_dynamic(only, [4]).iloc[0]
+    assert dyn["prompts"] == 2 and (dyn["accepted"], dyn["steps"]) == (expect["accepted"], expect["steps"])
+    assert set(replay_steps(c, 4)) == {"p0", "p2"}
+    assert replay(c, {("chain", 3): Tree.chain(3)}).iloc[0]["prompts"] == 3
+    with pytest.raises(ValueError, match="other parameters"):
+        collect(tmp_path / "c", tiny_target, drafts["early"], PROMPTS, config, super_prompts=["p0"])
+    with pytest.raises(ValueError, match="not collected"):
+        collect(tmp_path / "d", tiny_target, drafts["early"], PROMPTS, config, super_prompts=["p9"])
+
+
+def test_pooled_rows_carry_intervals_across_prompts(collections):
+    """tau and acceptance rate with the bootstrap interval over the prompts' own sums: the pooled
+    value inside it, and its ends equal `spread.ratio_interval` of the per-prompt rows."""
+    from specnb.analysis.spread import ratio_interval
+
+    c = collections["early"]
+    tree = {("kary2", 6): Tree.kary(2, 6)}
+    row = replay(c, tree, mode="trajectory").iloc[0]
+    per = replay(c, tree, mode="trajectory", per_prompt=True)
+    assert row["tau_ci_low"] <= row["tau"] <= row["tau_ci_high"]
+    assert (row["tau_ci_low"], row["tau_ci_high"]) == ratio_interval(per["tokens"], per["steps"])
+    assert (row["acceptance_rate_ci_low"], row["acceptance_rate_ci_high"]) == ratio_interval(per["accepted"], per["drafted"])
+
+
 def test_replay_refuses_what_it_cannot_replay(collections, super_collection):
     with pytest.raises(ValueError, match="rank"):
         replay(collections["early"], {("wide", 13): Tree.wide(13)})  # ranks stored below top_k = 12 only
@@ -344,7 +381,7 @@ def test_sampled_replay_agrees_with_real_sampled_runs(tmp_path, monkeypatch, sam
     zs = sampled_z(c, real_sampled)
     assert all(abs(z) < bound for z in zs.values()), zs
     row = replay(c, {("kary3", 12): Tree.kary(3, 12)}).iloc[0]
-    assert row["tau_ci_low"] < row["tau"] < row["tau_ci_high"] and 1 < row["tau"] < 3
+    assert row["tau_position_ci_low"] < row["tau"] < row["tau_position_ci_high"] and 1 < row["tau"] < 3
     assert row["accepted"] == pytest.approx(sum(sampled_accepted(c, Tree.kary(3, 12)).mean(1)))
     with pytest.raises(ValueError, match="all positions"):
         replay(c, {("chain", 2): Tree.chain(2)}, mode="trajectory")

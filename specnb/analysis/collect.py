@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 import zlib
 from pathlib import Path as FilePath
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -53,19 +53,31 @@ def collect(
     categories: Mapping[str, str] | None = None,
     describe: Mapping[str, Any] | None = None,
     progress: bool = False,
+    super_prompts: Iterable[str] | None = None,
 ) -> Collection:
     """Collect every prompt not yet in `folder` and return the collection of `prompts`.
 
     prompts: prompt id -> input ids long [1, P]. describe: what made it (pair names, prompt
     source...), stored with the config; resuming with another config or description raises.
+    super_prompts: the prompts that get super-trees when config.super_k > 0 (they cost draft
+    forwards; default every prompt); the subset is stored in the description, so resuming with
+    another subset raises too.
     """
     folder = FilePath(folder)
+    wanted = None if super_prompts is None or not config.super_k else sorted(str(p) for p in super_prompts)
+    if wanted is not None:
+        unknown = sorted(set(wanted) - {str(p) for p in prompts})
+        if unknown:
+            raise ValueError(f"super_prompts names prompts that are not collected: {unknown}")
+        describe = {**(describe or {}), "super_prompts": wanted}
     units = open_folder(folder, config, describe)
     drafter = ModelDrafter(draft)
     todo = [pid for pid in prompts if {"prompt_id": str(pid)} not in units]
     for pid in tqdm(todo, desc="collect", disable=not progress):
         category = (categories or {}).get(pid, "")
-        save_prompt(folder, units, collect_prompt(target, draft, drafter, str(pid), category, prompts[pid], config))
+        trees = wanted is None or str(pid) in wanted
+        save_prompt(folder, units, collect_prompt(target, draft, drafter, str(pid), category, prompts[pid], config,
+                                                  super_trees=trees))
     return Collection.load(folder, [str(p) for p in prompts])
 
 
@@ -77,8 +89,10 @@ def collect_prompt(
     category: str,
     input_ids: torch.Tensor,
     config: CollectConfig,
+    super_trees: bool = True,
 ) -> PromptData:
-    """One prompt's data (the continuation; ranks and super-trees, or sampled alphas)."""
+    """One prompt's data (the continuation; ranks and super-trees when config.super_k and
+    `super_trees`, or sampled alphas)."""
     ids = input_ids.reshape(1, -1).long()
     eos = config.eos_token_id
     times: dict[str, float] = {}
@@ -113,7 +127,7 @@ def collect_prompt(
         out["rank_margin"] = gaps.masked_fill(top == truth[:, None], float("inf")).min(-1).values.cpu().numpy().astype(np.float32)
         out["logq"] = logp[rows, truth].cpu().numpy().astype(np.float32)
         times["ranks"] = time.perf_counter() - start
-        if config.super_k:
+        if config.super_k and super_trees:
             start = time.perf_counter()
             out.update(_super_trees(draft, cache, ids.shape[1], tokens, logp, config))
             times["super_tree"] = time.perf_counter() - start

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path as FilePath
 from typing import Any, Iterable, Mapping
 
@@ -147,7 +147,13 @@ class Collection:
 
     @property
     def has_super_trees(self) -> bool:
-        return bool(self.prompts) and self.prompts[0].super_size is not None
+        """Some prompts have super-trees (`super_tree_prompts` are those)."""
+        return any(p.super_size is not None for p in self.prompts)
+
+    def super_tree_prompts(self) -> Collection:
+        """The collection of the prompts collected with super-trees (a subset when the collection
+        was made with `super_prompts`): what dynamic trees are replayed on."""
+        return replace(self, prompts=tuple(p for p in self.prompts if p.super_size is not None))
 
     def times(self) -> dict[str, float]:
         """Seconds per collection stage, summed over prompts."""

@@ -45,6 +45,7 @@ import pandas as pd
 
 from ..core.generation import Step
 from ..core.trees import Path, Tree
+from . import spread
 from .collection import Collection
 
 
@@ -162,6 +163,8 @@ def _dynamic(collection: Collection, budget: int, positions: _Positions) -> _Nod
     _check_greedy(collection)
     if not collection.has_super_trees:
         raise ValueError("this collection has no super-trees: collect with super_k > 0")
+    if any(p.super_size is None for p in collection.prompts):
+        raise ValueError("some prompts have no super-trees: replay dynamic trees on collection.super_tree_prompts()")
     size = collection.config.super_size
     if budget > size:
         raise ValueError(f"budget {budget} exceeds the collected super-tree size {size}")
@@ -269,7 +272,8 @@ def _pool(per: _PerPosition, keep: np.ndarray, sampling: bool) -> dict[str, floa
     }
     if sampling:  # normal approximation over positions (each the mean of its draft samples)
         se = float(np.std(per.tokens[keep], ddof=1) / np.sqrt(steps)) if steps > 1 else float("nan")
-        row.update({"tau_se": se, "tau_ci_low": row["tau"] - 1.96 * se, "tau_ci_high": row["tau"] + 1.96 * se})
+        row.update({"tau_se": se, "tau_position_ci_low": row["tau"] - 1.96 * se,
+                    "tau_position_ci_high": row["tau"] + 1.96 * se})
     depth = int(per.tree_depth[keep].max()) if steps else 0
     for d in range(1, depth + 1):
         row[f"depth_{d}_acceptance"] = float(per.depth_hits[keep, d - 1].sum() / steps)
@@ -290,12 +294,21 @@ def _rows(
     keep = _trajectory(per, positions) if mode == "trajectory" else np.ones(len(positions.t), dtype=bool)
     head = {**label, "mode": mode}
     if not per_prompt:
-        return [{**head, "prompts": len(collection.prompts), **_pool(per, keep, collection.sampling)}]
+        row = {**head, "prompts": len(collection.prompts), **_pool(per, keep, collection.sampling)}
+        return [{**row, **_intervals(per, keep, positions)}]
     out = []
     for i, p in enumerate(collection.prompts):
         mine = keep & (positions.prompt == i)
         out.append({**head, "prompt_id": p.prompt_id, "category": p.category, **_pool(per, mine, collection.sampling)})
     return out
+
+
+def _intervals(per: _PerPosition, keep: np.ndarray, positions: _Positions) -> dict[str, float]:
+    """tau and acceptance rate with their 95% bootstrap intervals over prompts (`analysis.spread`)."""
+    sums = lambda v: np.bincount(positions.prompt[keep], weights=v[keep], minlength=len(positions.offsets) - 1)  # noqa: E731
+    steps = np.bincount(positions.prompt[keep], minlength=len(positions.offsets) - 1).astype(float)
+    return {**spread.interval_columns("tau", sums(per.tokens), steps),
+            **spread.interval_columns("acceptance_rate", sums(per.accepted), sums(per.drafted))}
 
 
 # ---- replay: public API ------------------------------------------------------------------------
@@ -312,7 +325,9 @@ def replay(
 
     mode "all": every position; "trajectory": the positions a real run with that tree visits
     (greedy only). Greedy values are exact counts; sampling values are expectations given the
-    collected draft samples, with tau_se and a 95% interval (tau_ci_low, tau_ci_high).
+    collected draft samples, with tau_se and a 95% interval over positions (tau_position_ci_low,
+    tau_position_ci_high). Pooled rows carry 95% intervals of tau and acceptance_rate across
+    prompts (`analysis.spread`: bootstrap over prompts; NaN below 3 prompts).
     max_new_tokens: replay a shorter generation (default: the collected length).
     """
     positions = _positions(collection, max_new_tokens)
@@ -334,7 +349,9 @@ def replay_dynamic(
     max_new_tokens: int | None = None,
     per_prompt: bool = False,
 ) -> pd.DataFrame:
-    """Metrics of the dynamic (top-n by cumulative draft log-prob) trees, shape "dynamic"."""
+    """Metrics of the dynamic (top-n by cumulative draft log-prob) trees, shape "dynamic", on the
+    prompts collected with super-trees (column "prompts" says how many)."""
+    collection = collection.super_tree_prompts()
     label = lambda n: {"shape": "dynamic", "budget": n, "nodes": n, "depth": collection.config.super_depth}  # noqa: E731
     return _per_budget(collection, budgets, _dynamic, label, mode, max_new_tokens, per_prompt)
 
@@ -375,7 +392,10 @@ def replay_steps(
 ) -> dict[str, tuple[Step, ...]]:
     """Per prompt, the `Step`s a real greedy run with `tree` makes (times 0), from the collection.
 
-    tree: a static tree, or an int n for the dynamic tree of budget n (super-trees needed)."""
+    tree: a static tree, or an int n for the dynamic tree of budget n (super-trees needed; the
+    prompts collected with them)."""
+    if not isinstance(tree, Tree):
+        collection = collection.super_tree_prompts()
     positions = _positions(collection, max_new_tokens)
     if isinstance(tree, Tree):
         nodes = _greedy_static(collection, tree, positions)
@@ -403,7 +423,9 @@ def replay_steps(
 def position_table(collection: Collection, tree: Tree | int, max_new_tokens: int | None = None) -> pd.DataFrame:
     """One row per position: drafted, accepted (expected in sampling mode) and tokens added by a
     step of `tree` there (an int n: the dynamic tree of budget n), and whether a real greedy run
-    visits it (on_trajectory)."""
+    visits it (on_trajectory). Dynamic trees: the prompts collected with super-trees."""
+    if not isinstance(tree, Tree):
+        collection = collection.super_tree_prompts()
     positions = _positions(collection, max_new_tokens)
     if collection.sampling:
         nodes = _sampled_static(collection, tree, positions)[0]

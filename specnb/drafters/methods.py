@@ -129,9 +129,12 @@ def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, 
 
 
 def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None,
-                  cache_policy: StreamingCache | None = None) -> Drafter:
+                  cache_policy: StreamingCache | None = None,
+                  dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH)) -> Drafter:
     """The drafter object of a specnb method (not for transformers' methods). cache_policy: a
-    bounded cache for the draft model's own cache (`core.streaming`), where the method has one."""
+    bounded cache for the draft model's own cache (`core.streaming`), where the method has one.
+    dynamic: (children per node, depth) of dynamic trees; a replay of dynamic trees matches the
+    drafter only with the collection's (super_k, super_depth)."""
     if method.drafter in HF_METHODS:
         raise ValueError(f"{method.spec} is a transformers method, run by `baselines`, not a drafter")
     if method.needs_draft_model and draft is None:
@@ -150,6 +153,5 @@ def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Modul
     if method.drafter == "confidence":
         return model(confidence_threshold=float(method.arg))
     if method.drafter == DYNAMIC:
-        return DynamicTreeDrafter(draft, n=method.budget, top_k=DYNAMIC_TOP_K, max_depth=DYNAMIC_MAX_DEPTH,
-                                  cache_policy=cache_policy)
+        return DynamicTreeDrafter(draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1], cache_policy=cache_policy)
     raise AssertionError(method)

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..analysis import replay, tree_design
+from ..analysis import replay, spread, tree_design
 from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
 from ..analysis.collect import collect
 from ..analysis.collection import CollectConfig, Collection
@@ -100,8 +100,10 @@ def run_sweep(
     trees: dict[tuple[str, int], Tree],
     max_new_tokens: int,
     progress: bool = True,
+    dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
 ) -> None:
-    """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt."""
+    """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt. dynamic:
+    (children per node, depth) of dynamic trees (`methods.build_drafter`)."""
     drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
@@ -110,7 +112,7 @@ def run_sweep(
     scores: dict[tuple[str, tuple[int, ...]], Score] = {}  # equal outputs are scored once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
         ids = ids_of[prompt.id]
-        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens)
+        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, dynamic)
         output = (prompt.id, tuple(result.tokens.tolist()))
         if output not in scores:
             scores[output] = score(target, ids, result.tokens)
@@ -133,6 +135,7 @@ def _generate(
     k: tuple[str, int] | None,
     tree: Tree | None,
     max_new_tokens: int,
+    dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
 ) -> GenerationResult:
     """One unit: the baseline (k None), a transformers method, or a specnb method (`methods`)."""
     if k is None:
@@ -143,7 +146,7 @@ def _generate(
     if method.drafter == "hf_prompt_lookup":
         return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens)
     if method.spec not in drafters:
-        drafters[method.spec] = build_drafter(method, target, draft)
+        drafters[method.spec] = build_drafter(method, target, draft, dynamic=dynamic)
     return speculative_generate(target, drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
 
 
@@ -253,7 +256,8 @@ def steps_frame(store: Sweep) -> pd.DataFrame:
 
 def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budget")) -> pd.DataFrame:
     """Pooled metrics per group (sums over all steps of all prompts), the spread of per-prompt tau,
-    and speed against the same pair's baseline in the same run."""
+    95% intervals of tau and acceptance rate across prompts (`analysis.spread`, bootstrap over
+    prompts; NaN below 3 prompts), and speed against the same pair's baseline in the same run."""
     by = list(by)
     spec = units[units["shape"] != BASELINE]
     base = units[units["shape"] == BASELINE]
@@ -279,6 +283,10 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
     out["acceptance_rate"] = out["accepted"] / out["drafted"]
     out["acceptance_length"] = out["accepted"] / out["steps"]
     out["tau"] = out["tokens"] / out["steps"]
+    spans = pd.DataFrame([{**spread.interval_columns("tau", u["num_tokens"], u["num_steps"]),
+                           **spread.interval_columns("acceptance_rate", u["num_accepted"], u["num_drafted"])}
+                          for _, u in g], index=out.index)
+    out = pd.concat([out, spans], axis=1)
     out["tokens_per_s"] = out["tokens"] / out["time_s"]
     base_by = [c for c in by if c not in ("shape", "budget")]
     base_speed = base.groupby(base_by)[["num_tokens", "total_time"]].sum()
@@ -397,10 +405,11 @@ def collect_pair(
     dynamic_budgets: Sequence[int],
     describe: dict | None = None,
     top_k: int = 16,
+    super_prompts: int | None = None,
 ) -> Collection:
     """`analysis.collect.collect` for a prompt set: ranks kept up to top_k (at least the widest rank
     any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
-    dynamic budget. Resumable in `folder`."""
+    dynamic budget, on the first `super_prompts` prompts (None: all). Resumable in `folder`."""
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     config = CollectConfig(
         max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, top_k), super_k=super_k,
@@ -409,7 +418,8 @@ def collect_pair(
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
     describe = {**(describe or {}), "draft_dtype": str(draft.dtype).removeprefix("torch.")}
     return collect(folder, target, draft, ids, config, categories={p.id: p.category for p in prompts},
-                   describe=describe, progress=True)
+                   describe=describe, progress=True,
+                   super_prompts=None if super_prompts is None else [p.id for p in prompts[:super_prompts]])
 
 
 def cost_curves(
@@ -450,26 +460,34 @@ def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple
 def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int],
                  dynamic_budgets: Sequence[int], oracle_k: int | None = None) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
     """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
-    (super-trees needed) and the per-position "oracle" (`replay.oracle`, ranks below `oracle_k`,
-    default the collection's top_k; column `top_k`). Returns (table, trees incl. the designed ones).
+    (super-trees needed; on the prompts collected with them) and the per-position "oracle"
+    (`replay.oracle`, ranks below `oracle_k`, default the collection's top_k; column `top_k`).
+    Returns (table, trees incl. the designed ones).
 
-    Rows: trajectory-mode metrics (the positions a real run visits: what it would measure), plus
-    tau_all over every position, and tau_all as a fraction of the hindsight ceiling and of the
-    oracle of the same budget (both defined on all positions)."""
+    Rows: trajectory-mode metrics (the positions a real run visits: what it would measure) with
+    95% intervals of tau and acceptance rate across prompts (`analysis.spread`), the number of
+    prompts, plus tau_all over every position, and tau_all as a fraction of the hindsight ceiling
+    and of the oracle of the same budget (both defined on all positions, on the same prompts as the
+    row: dynamic rows on a super-tree subset are compared on that subset)."""
     every = {**trees, **designed_trees(collection, budgets)}
-    parts = [(replay.replay(collection, every, mode="trajectory"), replay.replay(collection, every, mode="all")),
-             (replay.oracle(collection, budgets, mode="trajectory", k=oracle_k),
-              replay.oracle(collection, budgets, mode="all", k=oracle_k))]
+    hindsight = {k: t for k, t in every.items() if k[0] == "hindsight"}
+
+    def rows(c: Collection, replayed) -> pd.DataFrame:
+        """replayed(mode) -> rows; trajectory rows with tau_all and the ratios on `c`'s prompts."""
+        table = replayed("trajectory")
+        every_pos = replayed("all")[["shape", "budget", "tau"]].rename(columns={"tau": "tau_all"})
+        for ref, part in (("hindsight", replay.replay(c, hindsight, mode="all")),
+                          ("oracle", replay.oracle(c, budgets, mode="all", k=oracle_k))):
+            every_pos[f"tau_all_over_{ref}"] = every_pos["tau_all"] / every_pos["budget"].map(part.set_index("budget")["tau"])
+        return table.merge(every_pos, on=["shape", "budget"])
+
+    parts = [rows(collection, lambda m: pd.concat([replay.replay(collection, every, mode=m),
+                                                   replay.oracle(collection, budgets, mode=m, k=oracle_k)],
+                                                  ignore_index=True))]
     if collection.has_super_trees and dynamic_budgets:
-        parts.append((replay.replay_dynamic(collection, dynamic_budgets, mode="trajectory"),
-                      replay.replay_dynamic(collection, dynamic_budgets, mode="all")))
-    table = pd.concat([t for t, _ in parts], ignore_index=True)
-    every_pos = pd.concat([a for _, a in parts], ignore_index=True)[["shape", "budget", "tau"]]
-    table = table.merge(every_pos.rename(columns={"tau": "tau_all"}), on=["shape", "budget"])
-    for ref in ("hindsight", "oracle"):
-        top = every_pos[every_pos["shape"] == ref].set_index("budget")["tau"]
-        table[f"tau_all_over_{ref}"] = table["tau_all"] / table["budget"].map(top)
-    return table, every
+        subset = collection.super_tree_prompts()
+        parts.append(rows(subset, lambda m: replay.replay_dynamic(subset, dynamic_budgets, mode=m)))
+    return pd.concat(parts, ignore_index=True), every
 
 
 def replay_agreement(store: Sweep | None, pair_label: str, collection: Collection, specs: Sequence[str]) -> pd.DataFrame:

@@ -7,6 +7,7 @@ does not; acceptance rate = accepted / drafted).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -14,55 +15,61 @@ import pandas as pd
 import seaborn as sns
 
 from ..core.trees import Tree
+from .legibility import problems
 
 TAU = "tau (tokens per target call, bonus included)"
 RATE = "acceptance rate (accepted / drafted)"
 
 
-def _save(fig: plt.Figure, path: str | Path | None) -> plt.Figure:
+def save(fig: plt.Figure, path: str | Path | None) -> plt.Figure:
+    """Lay out, check legibility (`legibility.problems`), and save as PNG with the problems found
+    recorded in the file (text chunk "legibility"; the tests require it empty)."""
     fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
+        found = problems(fig)
+        fig.savefig(path, dpi=120, metadata={"legibility": json.dumps(found)})
     return fig
 
 
-def _spec(units: pd.DataFrame) -> pd.DataFrame:
-    return units[units["shape"] != "autoregressive"]
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
+LINESTYLES = ("-", "--", "-.", ":")
 
 
-def metric_vs_budget(units: pd.DataFrame, metric: str, label: str, title: str, path=None) -> plt.Figure:
-    """A metric against the number of draft tokens, one line per shape (mean over prompts, +-sd)."""
-    data = _spec(units)
-    pairs = list(data["pair"].unique())
-    fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4.2), squeeze=False)
-    for ax, pair in zip(axes[0], pairs):
-        sns.lineplot(data=data[data["pair"] == pair], x="budget", y=metric, hue="shape", marker="o",
-                     errorbar="sd", ax=ax)
-        ax.set_xscale("log", base=2)
-        budgets = sorted(data["budget"].unique())
-        ax.set_xticks(budgets, [str(b) for b in budgets])
-        ax.set_xlabel("draft tokens in the tree (N)")
-        ax.set_ylabel(label)
-        ax.set_title(f"{pair}\n{title}", fontsize=10)
-    return _save(fig, path)
+def styles(names) -> dict[str, dict]:
+    """A distinct (colour, marker, line style) per name, in order: ten colours, then the markers and
+    line styles change too, so series stay distinguishable past the palette (beyond 8 or 10)."""
+    colours = sns.color_palette("tab10", 10)
+    out = {}
+    for i, name in enumerate(dict.fromkeys(names)):
+        out[name] = {"color": colours[i % 10], "marker": MARKERS[i % len(MARKERS)],
+                     "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)]}
+    return out
 
 
-def tau_vs_budget(units: pd.DataFrame, path=None) -> plt.Figure:
-    return metric_vs_budget(units, "tau", TAU, "tau vs budget; mean over prompts, bars = sd", path)
-
-
-def rate_vs_budget(units: pd.DataFrame, path=None) -> plt.Figure:
-    return metric_vs_budget(units, "acceptance_rate", RATE, "acceptance rate vs budget; mean over prompts, bars = sd", path)
+def legend_outside(ax: plt.Axes, title: str | None = None, **kwargs) -> None:
+    """The legend to the right of the axes, never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, title=title, **kwargs)
 
 
 def depth_acceptance(depths: pd.DataFrame, path=None) -> plt.Figure:
-    """Per-depth acceptance (steps accepting >= d draft tokens / steps), one panel per budget."""
-    g = sns.relplot(data=depths, x="depth", y="acceptance", hue="shape", col="budget", kind="line",
-                    marker="o", height=3.4, aspect=1.0, facet_kws={"sharex": False})
-    g.set_axis_labels("depth d", "P(accepted >= d draft tokens)")
-    g.figure.suptitle("per-depth acceptance (steps that accepted at least d draft tokens / steps)", y=1.02)
-    return _save(g.figure, path)
+    """Per-depth acceptance (steps that accepted at least d draft tokens / steps) against depth, one
+    panel per budget, one series per shape; depths past the last non-zero value are left out."""
+    data = depths[depths["acceptance"] > 0]
+    budgets = sorted(data["budget"].unique())
+    style = styles(sorted(data["shape"].unique(), key=lambda s: (s in DESIGNED, s)))
+    fig, axes = plt.subplots(1, len(budgets), figsize=(3.9 * len(budgets) + 1.8, 3.6), squeeze=False, sharey=True)
+    for ax, budget in zip(axes[0], budgets):
+        for shape, d in data[data["budget"] == budget].groupby("shape", sort=False):
+            d = d.sort_values("depth")
+            ax.plot(d["depth"], d["acceptance"], label=shape, lw=1.4, ms=4, **style[shape])
+        ax.set_title(f"{budget} draft tokens", fontsize=10)
+        ax.set_xlabel("depth d")
+    axes[0][0].set_ylabel("P(accepted >= d draft tokens)")
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    axes[0][-1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="shape")
+    fig.suptitle("per-depth acceptance: steps that accepted at least d draft tokens / steps", fontsize=10)
+    return save(fig, path)
 
 
 def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Figure:
@@ -97,36 +104,62 @@ def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Fi
             ax.annotate(f"{f:.2f}", (x[i + 1], -tree.depths[i]), xytext=(0, -15), textcoords="offset points",
                         ha="center", fontsize=7)
     fig.colorbar(sc, ax=ax, label="accepted in this fraction of steps")
-    ax.set_ylim(-tree.depth - 0.6, 0.7)
+    ax.set_ylim(-tree.depth - 0.45, 0.45)  # room for the labels above the root and below the leaves
     ax.set_xlim(-0.7, width - 0.3)
     ax.set_yticks([-d for d in range(tree.depth + 1)], [str(d) for d in range(tree.depth + 1)])
     ax.set_ylabel("depth")
     ax.set_xticks([])
     ax.set_title(title or f"tree of {tree.num_nodes} draft tokens", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def speed_bars(table: pd.DataFrame, path=None) -> plt.Figure:
-    """Speedup over the target alone (same run) per pair and tree."""
-    data = table.assign(tree=table["shape"] + ":" + table["budget"].astype(str))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * data["tree"].nunique() + 3), 4.2))
-    sns.barplot(data=data, x="tree", y="speedup", hue="pair", ax=ax)
-    ax.axhline(1.0, color="black", lw=1, ls="--")
-    ax.set_xlabel("tree (shape:draft tokens)")
-    ax.set_ylabel("speedup over the target alone (x)")
-    ax.set_title("wall-clock tokens/s relative to the target's own decoding,\nmeasured in the same run", fontsize=10)
-    return _save(fig, path)
+    """Speedup over the target alone (same run) per pair and method, as horizontal bars (method
+    names never collide); replayed methods (no wall clock) are left out."""
+    data = table[table["speedup"].notna()].assign(method=table["shape"] + ":" + table["budget"].astype(str))
+    rows = data["method"].nunique() * max(data["pair"].nunique(), 1)
+    fig, ax = plt.subplots(figsize=(8.8, max(2.6, 0.32 * rows + 1.6)))
+    sns.barplot(data=data, y="method", x="speedup", hue="pair", orient="h", ax=ax)
+    ax.axvline(1.0, color="black", lw=1, ls="--")
+    ax.set_ylabel("method (drafter/shape:draft tokens)")
+    ax.set_xlabel("speedup over the target alone (x)")
+    ax.set_title("wall-clock tokens/s relative to the target's own decoding, measured in the same run", fontsize=10)
+    legend_outside(ax, "pair")
+    return save(fig, path)
 
 
-def category_bars(units: pd.DataFrame, metric: str = "tau", path=None) -> plt.Figure:
-    """A metric per prompt category, per pair and tree."""
-    data = _spec(units)
-    data = data.assign(tree=data["shape"] + ":" + data["budget"].astype(str))
-    g = sns.catplot(data=data, x="category", y=metric, hue="tree", col="pair", kind="bar", errorbar=None,
-                    height=3.8, aspect=1.6)
-    g.set_axis_labels("prompt category", TAU if metric == "tau" else metric)
-    g.set_xticklabels(rotation=35, ha="right")
-    return _save(g.figure, path)
+def category_bars(table: pd.DataFrame, metric: str = "tau", min_prompts: int = 3, path=None) -> plt.Figure:
+    """A pooled metric per prompt category, per pair and method, from a table of
+    `experiments.shape_table(units, by=(pair, shape, budget, category))`, with its 95% interval
+    across prompts (`<metric>_ci_low/high`) as error bars; only categories with at least
+    `min_prompts` prompts (fewer make one prompt's value look like a category's: the notebook says
+    which were pooled instead)."""
+    data = table[table["prompts"] >= min_prompts]
+    data = data.assign(method=data["shape"] + ":" + data["budget"].astype(str))
+    pairs = list(dict.fromkeys(data["pair"]))
+    fig, axes = plt.subplots(1, max(len(pairs), 1), figsize=(5.2 * max(len(pairs), 1) + 2.2, 4.4), squeeze=False)
+    for ax, pair in zip(axes[0], pairs):
+        d = data[data["pair"] == pair]
+        categories, methods = list(dict.fromkeys(d["category"])), list(dict.fromkeys(d["method"]))
+        width = 0.8 / len(methods)
+        for i, (method, style) in enumerate(styles(methods).items()):
+            m = d[d["method"] == method].set_index("category").reindex(categories)
+            x = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
+            err = [(m[metric] - m[f"{metric}_ci_low"]).clip(lower=0), (m[f"{metric}_ci_high"] - m[metric]).clip(lower=0)] \
+                if f"{metric}_ci_low" in m else None
+            ax.bar(x, m[metric], width, yerr=err, color=style["color"], label=method, capsize=2,
+                   error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
+        ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+        ax.set_title(pair, fontsize=9)
+        ax.set_xlabel("prompt category")
+        ax.set_ylabel(TAU if metric == "tau" else metric)
+        legend_outside(ax, "method")
+    if not pairs:
+        axes[0][0].text(0.5, 0.5, f"no category has {min_prompts} prompts", ha="center", transform=axes[0][0].transAxes)
+        axes[0][0].set_axis_off()
+    fig.suptitle(f"{'tau' if metric == 'tau' else metric} per category, pooled over its prompts\n"
+                 f"95% bootstrap intervals over prompts; categories with >= {min_prompts} prompts", fontsize=10)
+    return save(fig, path)
 
 
 # ---- tree attention timing (notebook 03): tables from `specnb.timing` -----------------------
@@ -210,7 +243,7 @@ def attention_time_vs_nodes(grid: pd.DataFrame, batch: int | None = None, shape:
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"one tree-attention call, batch {batch}, {shape} trees\nmedian, band = interquartile range\n"
                  f"{_machine(data)}", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def tree_speedup(speed: pd.DataFrame, shape: str | None = None, path=None) -> plt.Figure:
@@ -234,7 +267,7 @@ def tree_speedup(speed: pd.DataFrame, shape: str | None = None, path=None) -> pl
         ax.legend(title="prefix (tokens)", fontsize=8)
     fig.suptitle(f"speedup of one tree call over one call per root-to-leaf sequence ({shape} trees)\n"
                  f"{_machine(speed)}", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def attention_time_vs_prefix_and_batch(grid: pd.DataFrame, nodes: int | None = None, shape: str | None = None, path=None) -> plt.Figure:
@@ -260,7 +293,7 @@ def attention_time_vs_prefix_and_batch(grid: pd.DataFrame, nodes: int | None = N
         ax.set_ylabel("time per attention call (ms)")
     left.legend(fontsize=8)
     fig.suptitle(f"{nodes}-node {shape} trees; median, band = interquartile range\n{_machine(data)}", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figure:
@@ -290,7 +323,7 @@ def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figur
     right.set_title(f"draft {cost['draft'].iloc[0]}: tau / (draft time + verify time);\n"
                     "tau = expected tokens per target call, bonus included", fontsize=9)
     right.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 # ---- replay (notebook 01): tables from `experiments.replay_table` ----------------------------
@@ -300,21 +333,26 @@ DESIGNED = ("sequoia", "hindsight", "dynamic", "oracle")
 
 def replay_vs_budget(table: pd.DataFrame, metric: str = "tau", label: str = TAU, title: str = "", path=None) -> plt.Figure:
     """A replayed metric against the budget: preset shapes thin, data-driven trees bold, the
-    per-position oracle dashed."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    per-position oracle dashed; with `<metric>_ci_low` / `_ci_high` columns, their band (95%
+    bootstrap interval over prompts)."""
+    fig, ax = plt.subplots(figsize=(8.6, 4.6))
+    style = styles(sorted(table["shape"].unique(), key=lambda s: (s in DESIGNED, s)))
     for shape, t in table.groupby("shape", sort=False):
         t = t.sort_values("budget")
         bold = shape in DESIGNED
-        ax.plot(t["budget"], t[metric], marker="o", lw=2.6 if bold else 1.2, ls="--" if shape == "oracle" else "-",
-                label=shape, alpha=1.0 if bold else 0.75)
+        kw = {**style[shape], "linestyle": "--" if shape == "oracle" else style[shape]["linestyle"]}
+        ax.plot(t["budget"], t[metric], lw=2.6 if bold else 1.2, ms=5, label=shape, alpha=1.0 if bold else 0.8, **kw)
+        if f"{metric}_ci_low" in t and t[f"{metric}_ci_low"].notna().any():
+            ax.fill_between(t["budget"], t[f"{metric}_ci_low"], t[f"{metric}_ci_high"], color=kw["color"], alpha=0.12, lw=0)
     budgets = sorted(table["budget"].unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(budgets, [str(b) for b in budgets])
+    ax.minorticks_off()
     ax.set_xlabel("draft tokens in the tree (N)")
     ax.set_ylabel(label)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, ncol=2)
-    return _save(fig, path)
+    legend_outside(ax, "shape", ncol=1 if table["shape"].nunique() <= 14 else 2)
+    return save(fig, path)
 
 
 # ---- long generations (notebook 04): tables from `long_generation` --------------------------------
@@ -339,7 +377,7 @@ def long_vs_position(frame: pd.DataFrame, column: str, label: str, title: str, m
     axes[0][0].set_ylabel(label)
     axes[0][-1].legend(fontsize=8, title="cache", loc="best")
     fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def long_quality(table: pd.DataFrame, path=None) -> plt.Figure:
@@ -355,9 +393,12 @@ def long_quality(table: pd.DataFrame, path=None) -> plt.Figure:
         left.axhline(full["perplexity"].mean(), color="black", ls="--", lw=1, label="full cache")
     for ax in (left, right):
         _log2_ticks(ax, bounded["window"])
+        if bounded["window"].nunique() == 1:  # one window: a narrow, centred axis
+            w = float(bounded["window"].iloc[0])
+            ax.set_xlim(w / 1.3, w * 1.3)
         ax.set_xlabel("window (positions kept after the sinks)")
     left.set_ylabel("perplexity under the full-cache target")
     right.set_ylabel("first token differing from full-cache greedy")
-    left.legend(fontsize=8)
+    legend_outside(right, "method")
     fig.suptitle("what the bounded cache costs in quality (greedy)", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)

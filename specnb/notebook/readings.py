@@ -9,6 +9,7 @@ acceptance rate = accepted / drafted.
                        hindsight ceiling, replay against real runs, the fastest budget here
     pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality
     recommendation     the budget the cost model picks on this device (notebooks 01 and 03)
+    categories_note    which categories a per-category figure shows and which it pools, and why
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
         p = presets[presets["budget"] == budget]
         if len(p):
             best = p.loc[p["tau"].idxmax()]
-            parts.append(f"best preset {best['shape']} tau {best['tau']:.2f}")
+            parts.append(f"best preset {best['shape']} tau {best['tau']:.2f}{_interval(best, 'tau')}")
         for shape in ("sequoia", "hindsight", "dynamic", "oracle"):
             row = b[b["shape"] == shape]
             if len(row):
@@ -46,6 +47,26 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
     verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
     lines.append(f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
                  f"tokens, {best['speedup']:.2f}x the target alone: speculation {verdict}")
+    return "\n".join(lines)
+
+
+def _interval(row: pd.Series, metric: str) -> str:
+    """" [low, high]" when the row has a 95% interval of `metric` (`analysis.spread`), else ""."""
+    low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
+    return f" [{low:.2f}, {high:.2f}]" if low is not None and pd.notna(low) else ""
+
+
+def categories_note(table: pd.DataFrame, min_prompts: int = 3) -> str:
+    """Which categories of a per-category table (column `prompts`) are plotted, and which are only
+    pooled into the overall tables because they have fewer than `min_prompts` prompts."""
+    counts = table.groupby("category")["prompts"].max()
+    shown = counts[counts >= min_prompts]
+    pooled = counts[counts < min_prompts]
+    lines = [f"Per-category values need at least {min_prompts} prompts in a category (below that a "
+             "category's value is one or two prompts' value, and its interval is not defined)."]
+    lines.append("- plotted: " + (", ".join(f"{c} ({n} prompts)" for c, n in shown.items()) or "none"))
+    if len(pooled):
+        lines.append("- pooled into the overall tables only: " + ", ".join(f"{c} ({n})" for c, n in pooled.items()))
     return "\n".join(lines)
 
 

@@ -1,0 +1,110 @@
+"""Figures a reader can use (`notebook.legibility`): the check finds each defect of a deliberately
+bad figure, passes a clean one, and every figure the plotting helpers draw from realistic tables
+(eleven shapes, long method names, a category per pair) is saved with no problem recorded. The
+smoke run's own PNGs are checked in tests/test_notebooks.py."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from specnb.notebook import plots  # noqa: E402
+from specnb.notebook.legibility import main, problems, saved_problems  # noqa: E402
+
+SHAPES = ["chain", "kary2", "kary3", "kary4", "wide", "beams2", "beams4", "sparse", "sequoia", "hindsight", "dynamic"]
+
+
+def bad_figure() -> plt.Figure:
+    """Every defect issue 12 names: a title cut at the top, a legend over the data, twelve series
+    in one colour, an x axis running far past the data, and tick labels written over each other."""
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(6, 3))
+    x = np.arange(1, 6)
+    for i in range(12):
+        ax.plot(x, 0.9 ** (x + i), color="tab:blue", label=f"shape {i}")
+    ax.legend(loc="upper left", fontsize=7)
+    ax.set_xlim(0, 40)
+    labels = ["confidence0.4/chain:8", "early_exit24/chain:4", "merged/kary2:8"]
+    bars.bar(range(3), [1.1, 0.9, 1.2])
+    bars.set_xticks(range(3), labels, fontsize=11)
+    fig.suptitle("depth acceptance", y=1.04)
+    return fig
+
+
+def test_the_check_finds_every_defect_of_a_bad_figure():
+    found = problems(bad_figure())
+    kinds = {p.split(":")[0].split(" in ")[0].split(" of ")[0] for p in found}
+    assert any(p.startswith("text on text") and "chain:8" in p for p in found), found
+    assert any(p.startswith("legend over data") for p in found), found
+    assert any(p.startswith("indistinguishable series") for p in found), found
+    assert any(p.startswith("x axis") and "runs past its data" in p for p in found), found
+    assert any(p.startswith("text outside the canvas") and "depth acceptance" in p for p in found), found
+    assert len(kinds) >= 5
+
+
+def test_the_check_passes_a_clean_figure():
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(1, 6)
+    for name, style in plots.styles(SHAPES).items():
+        ax.plot(x, 0.9 ** (x + SHAPES.index(name)), label=name, **style)
+    plots.legend_outside(ax, "shape")
+    ax.set_title("acceptance by depth")
+    fig.tight_layout()
+    assert problems(fig) == []
+
+
+def test_styles_stay_distinct_past_the_palette():
+    style = plots.styles([f"s{i}" for i in range(25)])
+    assert len({(str(v["color"]), v["marker"], v["linestyle"]) for v in style.values()}) == 25
+
+
+@pytest.fixture(scope="module")
+def tables():
+    """Realistic tables: a replay table with eleven shapes and six budgets (intervals included),
+    per-depth acceptance to depth 40 with trailing zeros, speedups with long method names."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, shape in enumerate(SHAPES + ["oracle"]):
+        for budget in (2, 4, 8, 16, 32, 64):
+            tau = 1 + min(budget, 6) * 0.25 + 0.02 * i
+            rate = 0.8 / (1 + 0.2 * budget) + 0.01 * i
+            rows.append({"shape": shape, "budget": budget, "tau": tau, "tau_ci_low": tau - 0.2, "tau_ci_high": tau + 0.2,
+                         "acceptance_rate": rate, "acceptance_rate_ci_low": rate * 0.9, "acceptance_rate_ci_high": rate * 1.1,
+                         "tau_all_over_hindsight": 0.7 + 0.02 * i})
+    replay = pd.DataFrame(rows)
+    depths = pd.DataFrame([{"shape": s, "budget": b, "depth": d, "acceptance": max(0.0, 0.8 ** d - 0.3) if d < 30 else 0.0}
+                           for s in SHAPES for b in (16, 32, 64) for d in range(1, 41)])
+    methods = ["chain:4", "kary2:8", "confidence0.4/chain:8", "early_exit24/chain:4", "merged/kary2:8", "hf_assisted:4"]
+    speed = pd.DataFrame([{"pair": pair, "shape": m.split(":")[0], "budget": int(m.split(":")[1]),
+                           "speedup": 0.6 + rng.random()} for pair in ("A -> B", "C -> B") for m in methods])
+    category = pd.DataFrame([{"pair": pair, "shape": "chain", "budget": 4, "category": c, "prompts": n, "tau": 2.0 + 0.1 * k,
+                              "tau_ci_low": 1.8, "tau_ci_high": 2.4}
+                             for pair in ("A -> B", "C -> B") for k, (c, n) in enumerate([("coding", 3), ("math", 4), ("rag", 1)])])
+    return replay, depths, speed, category
+
+
+def test_every_helper_saves_a_legible_figure(tmp_path, tables):
+    replay, depths, speed, category = tables
+    plots.replay_vs_budget(replay, "tau", plots.TAU, "tau on the run trajectory", tmp_path / "tau.png")
+    plots.replay_vs_budget(replay[replay["shape"] != "oracle"], "acceptance_rate", plots.RATE, "rate", tmp_path / "rate.png")
+    plots.depth_acceptance(depths, tmp_path / "depth.png")
+    plots.speed_bars(speed, tmp_path / "speed.png")
+    plots.category_bars(category, "tau", path=tmp_path / "category.png")
+    for png in sorted(tmp_path.glob("*.png")):
+        assert saved_problems(png) == [], png.name
+    assert main([str(tmp_path)]) == 0
+
+
+def test_a_bad_figure_is_recorded_and_reported(tmp_path, capsys):
+    plots.save(bad_figure(), tmp_path / "bad.png")
+    assert saved_problems(tmp_path / "bad.png")
+    assert main([str(tmp_path)]) == 1
+    assert "BAD" in capsys.readouterr().out
+    plt.figure().savefig(tmp_path / "foreign.png")
+    with pytest.raises(ValueError, match="no legibility record"):
+        saved_problems(tmp_path / "foreign.png")

@@ -1,0 +1,45 @@
+"""Bootstrap intervals across prompts (`analysis.spread`): the pooled ratio lies inside, no interval
+below three prompts, identical prompts give a zero-width interval, and the stated 95% coverage
+holds on simulated prompts with a known pooled ratio."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specnb.analysis.spread import MIN_PROMPTS, interval_columns, ratio_interval
+
+
+def test_interval_contains_the_pooled_ratio_and_is_reproducible():
+    tokens, steps = [30, 22, 20, 27, 41], [10, 12, 8, 9, 14]
+    low, high = ratio_interval(tokens, steps)
+    assert low < sum(tokens) / sum(steps) < high
+    assert (low, high) == ratio_interval(tokens, steps)  # seeded
+    assert ratio_interval(tokens, steps, seed=1) != (low, high)
+    cols = interval_columns("tau", tokens, steps)
+    assert cols == {"tau_ci_low": low, "tau_ci_high": high}
+
+
+def test_too_few_prompts_give_no_interval_and_equal_prompts_a_point():
+    assert all(math.isnan(v) for v in ratio_interval([3] * (MIN_PROMPTS - 1), [1] * (MIN_PROMPTS - 1)))
+    assert ratio_interval([6, 6, 6, 6], [2, 2, 2, 2]) == (3.0, 3.0)
+    with pytest.raises(ValueError, match="one numerator"):
+        ratio_interval([1, 2, 3], [1, 2])
+
+
+def test_coverage_is_near_the_stated_level():
+    """300 simulated runs of 40 prompts (steps ~ Poisson, tokens per step ~ 1 + Binomial) around a
+    known pooled tau: the 95% interval covers it in 89-99% of runs (the percentile bootstrap
+    undercovers slightly at this size; a broken interval covers ~0% or ~100%)."""
+    rng = np.random.default_rng(7)
+    p_accept, depth = 0.6, 4
+    truth = 1 + depth * p_accept  # tokens per step in expectation
+    covered = 0
+    for run in range(300):
+        steps = rng.poisson(12, size=40) + 1
+        tokens = np.array([(1 + rng.binomial(depth, p_accept, size=n)).sum() for n in steps])
+        low, high = ratio_interval(tokens, steps, resamples=500, seed=run)
+        covered += low <= truth <= high
+    assert 0.89 <= covered / 300 <= 0.99, covered
