@@ -22,7 +22,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         runtime       clock, stop tokens, input checks, generators: what every loop shares
         generation    speculative_generate, autoregressive_generate, Step, GenerationResult
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
-                prompts, result storage
+                the committed configs of hub models (model_configs), prompts, result storage
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
@@ -55,7 +55,7 @@ from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_s
 MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
                                 "acceptance", "drafting", "runtime", "generation")},
-    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "prompts", "storage")},
+    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "tree_design", "cost_model")},
