@@ -26,9 +26,11 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
-                replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model
+                replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model,
+                memory (weights in float16 / nf4 and KV cache bytes from a config)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
-    notebook/   experiments (sweeps for the notebooks), plots, readings, session, runner
+    notebook/   experiments (sweeps for the notebooks), plots, readings, session, runner,
+                profile_memory (will a profile's pairs fit its GPU)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -58,9 +60,9 @@ MODULES = {
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
-                                    "tree_design", "cost_model")},
+                                    "tree_design", "cost_model", "memory")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
-    **{m: f"notebook.{m}" for m in ("experiments", "plots", "readings", "session", "runner")},
+    **{m: f"notebook.{m}" for m in ("experiments", "plots", "readings", "session", "runner", "profile_memory")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {
