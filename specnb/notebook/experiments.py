@@ -39,7 +39,7 @@ from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.methods import build_drafter, method_trees, parse_method
-from ..io.models import check_pair, load_model, load_tokenizer, prompt_ids
+from ..io.models import check_pair, describe_model, load_model, load_tokenizer, prompt_ids
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
 from ..bench.timing import environment_row
@@ -152,12 +152,15 @@ def run_pairs(
     trees: dict[tuple[str, int], Tree],
     max_new_tokens: int,
     progress: bool = True,
+    dtype: str | None = None,
 ) -> pd.DataFrame:
-    """Sweep every pair. Before any weights load, every model of every pair is resolved (access,
-    licence, name: `io.sources`, one error listing every problem) and every pair's tokenizers are
-    compared: a pair whose vocabularies differ is skipped, its reason recorded. Each model is loaded
-    once and kept while a later pair still uses it (two drafts for one target load the target once).
-    Returns one row per pair: label, status, reason."""
+    """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default).
+    Before any weights load, every model of every pair is resolved (access, licence, name:
+    `io.sources`, one error listing every problem) and every pair's tokenizers are compared: a pair
+    whose vocabularies differ is skipped, its reason recorded. Each model is loaded once and kept
+    while a later pair still uses it (two drafts for one target load the target once).
+    Returns one row per pair: label, status, reason, and for a measured pair the target and draft as
+    loaded (`io.models.describe_model`: dtype, 4-bit layers, stand-in or not)."""
     import gc
 
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
@@ -165,9 +168,9 @@ def run_pairs(
     for pair in pairs:
         try:
             check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
-            status[pair] = {"pair": pair.label, "status": "measured", "reason": ""}
+            status[pair] = {"pair": pair.label, "status": "measured", "reason": "", "target_loaded": "", "draft_loaded": ""}
         except ValueError as e:
-            status[pair] = {"pair": pair.label, "status": "skipped", "reason": str(e)}
+            status[pair] = {"pair": pair.label, "status": "skipped", "reason": str(e), "target_loaded": "", "draft_loaded": ""}
     runnable = [pair for pair in pairs if status[pair]["status"] == "measured"]
     loaded: dict[tuple, torch.nn.Module] = {}
     for i, pair in enumerate(runnable):
@@ -180,7 +183,8 @@ def run_pairs(
         target_key, draft_key = pair_keys(pair)
         for key in (target_key, draft_key):
             if key not in loaded:
-                loaded[key] = load_model(key[0], key[1], layers=key[2])[0]
+                loaded[key] = load_model(key[0], key[1], dtype=dtype, layers=key[2])[0]
+        status[pair].update(target_loaded=describe_model(loaded[target_key]), draft_loaded=describe_model(loaded[draft_key]))
         tokenizer = load_tokenizer(pair.target)
         own = trees if pair.methods is None else method_trees(pair.methods)
         run_sweep(store, pair.label, loaded[target_key], loaded[draft_key], tokenizer, prompts, own, max_new_tokens, progress)
