@@ -30,7 +30,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 memory (weights in float16 / nf4 and KV cache bytes from a config)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
     notebook/   experiments (sweeps for the notebooks), plots, readings, session, runner,
-                profile_memory (will a profile's pairs fit its GPU)
+                profile_memory (will a profile's pairs fit its GPU), dryrun (stand-in hub models)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -62,7 +62,7 @@ MODULES = {
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "tree_design", "cost_model", "memory")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
-    **{m: f"notebook.{m}" for m in ("experiments", "plots", "readings", "session", "runner", "profile_memory")},
+    **{m: f"notebook.{m}" for m in ("experiments", "plots", "readings", "session", "runner", "profile_memory", "dryrun")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {
