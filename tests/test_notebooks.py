@@ -210,3 +210,86 @@ def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
     with pytest.raises(runner.RunnerError, match="not parameters of 01_x"):
         (books / "profiles" / "t4.yaml").write_text("01_x:\n  no_such: 1\n")
         apply_profile("01_x", dict(namespace, profile="auto"), "t4", books)
+
+
+def one_notebook(books: Path, source: str, name: str = "01_x") -> None:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(source + '\nprofile: str = "x"  # profile\nrun_dir: str = ""  # folder')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params]
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(nb, books / f"{name}.ipynb")
+
+
+def test_extends_takes_the_parent_and_changes_only_what_it_lists(tmp_path):
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    one_notebook(books, "a: int = 0  # a\nb: list = [0]  # b\nc: int = 0  # c")
+    (books / "profiles" / "base.yaml").write_text("all:\n  a: 1\n01_x:\n  b: [1, 2]\n  c: 3\n")
+    (books / "profiles" / "child.yaml").write_text("extends: base\n01_x:\n  b: [9]\n")
+    (books / "profiles" / "grandchild.yaml").write_text("extends: child\nall:\n  a: 5\n")
+    resolved = lambda p: runner.resolve(p, {}, [], [books / "01_x.ipynb"], books / "profiles")["01_x"]  # noqa: E731
+    assert resolved("child") == {"a": 1, "b": [9], "c": 3, "profile": "child", "run_dir": ""}
+    assert resolved("grandchild") == {"a": 5, "b": [9], "c": 3, "profile": "grandchild", "run_dir": ""}
+    (books / "profiles" / "bad.yaml").write_text("extends: base\n01_x:\n  no_such: 1\n")
+    with pytest.raises(runner.RunnerError, match="not parameters of 01_x"):
+        resolved("bad")
+    (books / "profiles" / "loop1.yaml").write_text("extends: loop2\n")
+    (books / "profiles" / "loop2.yaml").write_text("extends: loop1\n")
+    with pytest.raises(runner.RunnerError, match="circle"):
+        resolved("loop1")
+    (books / "profiles" / "orphan.yaml").write_text("extends: nobody\n")
+    with pytest.raises(runner.RunnerError, match="unknown profile 'nobody'"):
+        resolved("orphan")
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("extends: base\n")
+    with pytest.raises(runner.RunnerError, match="belong in a profile"):
+        runner.resolve("child", {}, [extra], [books / "01_x.ipynb"], books / "profiles")
+
+
+def test_t4_dryrun_is_t4_with_smaller_sizes():
+    """Every t4 value reaches t4-dryrun except the sizes it lists; those are sizes, not code paths."""
+    t4 = runner.resolve("t4", {}, [], NOTEBOOKS)
+    dry = runner.resolve("t4-dryrun", {}, [], NOTEBOOKS)
+    sizes = {"max_prompts", "max_new_tokens", "check_prompts", "verify_prefix", "verify_nodes", "verify_repeats",
+             "batches", "prefixes", "nodes", "warmup", "repeats"}
+    for stem in t4:
+        changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}
+        assert changed <= sizes, f"{stem}: t4-dryrun changes {sorted(changed - sizes)}"
+    assert dry["02_model_pairs"]["pairs"] == t4["02_model_pairs"]["pairs"]
+    assert all(p["model_dtype"] == "float16" for p in dry.values())
+    settings = runner.runner_settings("t4-dryrun")
+    assert settings.standins and dict(settings.env)["HF_HUB_OFFLINE"] == "1"
+    assert runner.runner_settings("t4") == runner.RunnerSettings()
+
+
+def test_runner_section_sets_the_environment_of_the_kernels(tmp_path, monkeypatch):
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    one_notebook(books, "n: int = 0  # n")
+    nb = nbformat.read(books / "01_x.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import json, os, pathlib\n"
+        "pathlib.Path(run_dir, 'env.json').write_text(json.dumps({k: os.environ.get(k) for k in "
+        "('SPECNB_T_A', 'SPECNB_T_B', 'SPECNB_T_C')}))"))
+    nbformat.write(nb, books / "01_x.ipynb")
+    (books / "profiles" / "base.yaml").write_text("runner:\n  env:\n    SPECNB_T_A: base\n    SPECNB_T_B: kept\n")
+    (books / "profiles" / "env.yaml").write_text(
+        "extends: base\nrunner:\n  env:\n    SPECNB_T_A: \"{cache}/x\"\n01_x:\n  n: 1\n")
+    monkeypatch.setenv("SPECNB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECNB_T_C", "outside")
+    monkeypatch.delenv("SPECNB_T_A", raising=False)
+    assert runner.run("env", {}, [], None, tmp_path / "out", books_folder=books) == 0
+    folder = next((tmp_path / "out" / "01_x").iterdir())
+    seen = json.loads((folder / "env.json").read_text())
+    assert seen == {"SPECNB_T_A": str(tmp_path / "cache" / "x"), "SPECNB_T_B": "kept", "SPECNB_T_C": "outside"}
+    assert "SPECNB_T_A" not in os.environ and "SPECNB_T_B" not in os.environ  # restored after the run
+    record = json.loads((folder / "params.json").read_text())
+    assert record["runner"] == {"env": {"SPECNB_T_A": "{cache}/x", "SPECNB_T_B": "kept"}, "standins": False}
+    (books / "profiles" / "bad.yaml").write_text("runner:\n  envs: {}\n")
+    with pytest.raises(runner.RunnerError, match="runner: takes env"):
+        runner.run("bad", {}, [], None, tmp_path / "out", books_folder=books)
+    (books / "profiles" / "nohome.yaml").write_text("runner:\n  standins: true\n")
+    with pytest.raises(runner.RunnerError, match="standins needs env: HF_HOME"):
+        runner.run("nohome", {}, [], None, tmp_path / "out2", books_folder=books)
+    assert not (tmp_path / "out2").exists()
