@@ -293,3 +293,66 @@ def test_runner_section_sets_the_environment_of_the_kernels(tmp_path, monkeypatc
     with pytest.raises(runner.RunnerError, match="standins needs env: HF_HOME"):
         runner.run("nohome", {}, [], None, tmp_path / "out2", books_folder=books)
     assert not (tmp_path / "out2").exists()
+
+
+@pytest.fixture(scope="module")
+def t4_dryrun(tmp_path_factory):
+    """`run t4-dryrun` as run_notebooks.sh runs it, with specnb's cache (where the runner builds the
+    stand-ins, `{cache}/hf-standins`) in a folder of the test's own: a cold build every time."""
+    outputs = tmp_path_factory.mktemp("dryrun-outputs")
+    env = {**os.environ, "SPECNB_CACHE": str(tmp_path_factory.mktemp("specnb-cache"))}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "t4-dryrun", "--outputs", str(outputs)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return outputs, time.perf_counter() - start, proc.stdout
+
+
+def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
+    from specnb.io.model_configs import hub_model
+    from specnb.notebook.experiments import Pair
+
+    outputs, seconds, log = t4_dryrun
+    print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
+    assert "stand-ins of 5 hub models" in log
+    folders = {}
+    for nb in NOTEBOOKS:
+        folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())
+        params = json.loads((folder / "params.json").read_text())
+        assert params["status"] == "finished" and params["profile"] == "t4-dryrun", params.get("error")
+        assert params["parameters"]["model_dtype"] == "float16" and params["runner"]["standins"]
+
+    # notebook 02: the t4 pairs measured, the pair with another vocabulary refused for that reason
+    t4_pairs = [Pair.from_dict(p) for p in runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["pairs"]]
+    valid = [p for p in t4_pairs if hub_model(p.target).tokenizer.family == hub_model(p.draft).tokenizer.family]
+    status = pd.read_csv(folders["02_model_pairs"] / "pairs.csv", keep_default_na=False)
+    assert list(status["pair"]) == [p.label for p in t4_pairs] and len(valid) == 3
+    skipped = status[status["status"] == "skipped"]
+    assert list(skipped["pair"]) == ["meta-llama/Llama-3.2-1B -> meta-llama/Llama-2-7b-hf[4bit]"]
+    reason = skipped["reason"].iloc[0]
+    assert "vocab size 32000" in reason and "vocab size 128256" in reason and "different vocabularies" in reason
+    measured = status[status["status"] == "measured"]
+    assert list(measured["pair"]) == [p.label for p in valid]
+    for loaded in measured["target_loaded"]:  # what was loaded, not what was asked
+        assert "float16, nf4 4-bit" in loaded and "STAND-IN" in loaded
+    assert all("float16" in d and "4-bit" not in d for d in measured["draft_loaded"])
+    table = pd.read_csv(folders["02_model_pairs"] / "pairs_methods.csv")
+    t4_methods = runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["methods"]
+    assert len(table) == 3 * len(t4_methods) and set(table["pair"]) == set(measured["pair"])
+    assert (table["greedy_mismatches"] == 0).all(), "every greedy output equals the target's (or a numerical tie)"
+
+    # notebook 01: the 4-bit Llama-2-7B pair, the replay equal to the real runs step by step
+    agreement = pd.read_csv(folders["01_tree_shapes"] / "replay_agreement.csv")
+    assert (agreement["mismatched_steps"] == 0).all() and (agreement["steps_compared"] > 0).all()
+    for stem in ("01_tree_shapes", "03_tree_attention_timing"):
+        curve = pd.read_csv(folders[stem] / "verify_curve.csv")
+        assert set(curve["model"]) == {"meta-llama/Llama-2-7b-hf[4bit]", "JackFram/llama-160m"}
+        assert set(curve["dtype"]) == {"float16"}
+
+    # notebook 03: Llama-2-7B's heads in float16; every implementation agrees with the reference or
+    # says why it could not run here
+    check = pd.read_csv(folders["03_tree_attention_timing"] / "reference_check.csv", keep_default_na=False)
+    assert set(check["impl"]) == {"sdpa", "per_sequence", "eager", "flex"}
+    assert all(ok == "True" or (ok == "" and note) for ok, note in zip(check["ok"].astype(str), check["note"]))
+    grid = pd.read_csv(folders["03_tree_attention_timing"] / "attention_grid.csv")
+    assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
