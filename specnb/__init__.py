@@ -21,14 +21,19 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         drafting      Drafter base class (no-op hooks), Draft, ModelDrafter
         runtime       clock, stop tokens, input checks, generators: what every loop shares
         generation    speculative_generate, autoregressive_generate, Step, GenerationResult
+        streaming     StreamingCache: attention sinks + a window (StreamingLLM), bounded caches
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
-                prompts, result storage
+                the committed configs of hub models (model_configs), prompts, result storage
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
-                replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model
+                replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model,
+                memory (weights in float16 / nf4 and KV cache bytes from a config), spread
+                (bootstrap intervals across prompts)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
-    notebook/   experiments (sweeps for the notebooks), plots, readings, session, runner
+    notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
+                legibility (is a figure readable), readings, session, runner, profile_memory (will
+                a profile's pairs fit its GPU), dryrun (stand-in hub models)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -54,13 +59,14 @@ from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_s
 # module short name -> its place in the layers (loaded on first access, see __getattr__)
 MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
-                                "acceptance", "drafting", "runtime", "generation")},
-    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "prompts", "storage")},
+                                "acceptance", "drafting", "runtime", "generation", "streaming")},
+    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
-                                    "tree_design", "cost_model")},
+                                    "tree_design", "cost_model", "memory", "spread")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
-    **{m: f"notebook.{m}" for m in ("experiments", "plots", "readings", "session", "runner")},
+    **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
+                                    "runner", "profile_memory", "dryrun")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {

@@ -75,6 +75,8 @@ def test_short_module_names_resolve():
 
     for name, where in specnb.MODULES.items():
         assert getattr(specnb, name).__name__ == f"specnb.{where}"
+    files = {".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in modules() if p.stem != "__init__"}
+    assert files == set(specnb.MODULES.values()), "every module is listed in specnb.MODULES (and the package docstring)"
     for name in specnb.LAZY:
         assert callable(getattr(specnb, name))
     with pytest.raises(AttributeError):

@@ -36,7 +36,7 @@ from specnb.io.embedded import (
     gguf_path,
 )
 from specnb.drafters.methods import method_trees
-from specnb.io.models import check_pair, load_model, load_pair, load_tokenizer, prompt_ids
+from specnb.io.models import check_pair, describe_model, load_model, load_pair, load_tokenizer, model_dtype, prompt_ids
 
 WORDS_A = "the cat sat on a mat and then it ran off to see dog".split()
 WORDS_B = "one two three four five six seven eight nine".split()
@@ -391,6 +391,18 @@ def test_4bit_local_folder(tiny_dir: Path) -> None:
     assert relative_error(logits_4bit, logits_fp32) < 0.3
 
 
+def test_float16_by_name_and_what_was_loaded(tiny_dir: Path) -> None:
+    """The T4's dtype, asked by name as parameter files do, reaches the weights and the 4-bit compute."""
+    model, _ = load_model(str(tiny_dir), quantization="4bit", dtype="float16", device="cpu")
+    assert model.dtype == torch.float16 and model.model.layers[0].mlp.up_proj.compute_dtype == torch.float16
+    assert describe_model(model) == "LlamaForCausalLM, 2 layers, float16, nf4 4-bit: 14 Linear"
+    plain, _ = load_model(str(tiny_dir), device="cpu")
+    assert describe_model(plain) == "LlamaForCausalLM, 2 layers, float32"
+    assert model_dtype(None) is None and model_dtype(torch.bfloat16) is torch.bfloat16
+    with pytest.raises(ValueError, match="unknown model dtype 'half'"):
+        model_dtype("half")
+
+
 def test_embedded_gguf_float_and_4bit(tiny_embedded: EmbeddedModel, cache: Path) -> None:
     model, tokenizer = load_model("tiny-gguf")
     assert model.dtype == torch.float32 and not model.training
@@ -570,5 +582,6 @@ def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
     status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], method_trees(["chain:2"]), 6, progress=False)
     assert status["status"].tolist() == ["skipped", "measured"]
     assert str(len(WORDS_A) + 3) in status["reason"][0] and str(len(WORDS_B) + 3) in status["reason"][0]
+    assert status["target_loaded"].tolist() == ["", "LlamaForCausalLM, 2 layers, float32"]
     units = ex.unit_table(store)
     assert set(units["pair"]) == {pairs[1].label} and units["greedy_equal"].all()

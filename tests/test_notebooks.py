@@ -232,3 +232,149 @@ def test_long_generation_tables(smoke):
     assert (table["perplexity"] > 1).all() and (table[table["window"] == 0]["first_difference"].isna()).all()
     frame = pd.read_csv(folder / "by_position.csv")
     assert {"kv_mb", "tpot_s", "tau", "position"} <= set(frame.columns) and (frame["kv_mb"] > 0).all()
+
+
+def one_notebook(books: Path, source: str, name: str = "01_x") -> None:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(source + '\nprofile: str = "x"  # profile\nrun_dir: str = ""  # folder')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params]
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(nb, books / f"{name}.ipynb")
+
+
+def test_extends_takes_the_parent_and_changes_only_what_it_lists(tmp_path):
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    one_notebook(books, "a: int = 0  # a\nb: list = [0]  # b\nc: int = 0  # c")
+    (books / "profiles" / "base.yaml").write_text("all:\n  a: 1\n01_x:\n  b: [1, 2]\n  c: 3\n")
+    (books / "profiles" / "child.yaml").write_text("extends: base\n01_x:\n  b: [9]\n")
+    (books / "profiles" / "grandchild.yaml").write_text("extends: child\nall:\n  a: 5\n")
+    resolved = lambda p: runner.resolve(p, {}, [], [books / "01_x.ipynb"], books / "profiles")["01_x"]  # noqa: E731
+    assert resolved("child") == {"a": 1, "b": [9], "c": 3, "profile": "child", "run_dir": ""}
+    assert resolved("grandchild") == {"a": 5, "b": [9], "c": 3, "profile": "grandchild", "run_dir": ""}
+    (books / "profiles" / "bad.yaml").write_text("extends: base\n01_x:\n  no_such: 1\n")
+    with pytest.raises(runner.RunnerError, match="not parameters of 01_x"):
+        resolved("bad")
+    (books / "profiles" / "loop1.yaml").write_text("extends: loop2\n")
+    (books / "profiles" / "loop2.yaml").write_text("extends: loop1\n")
+    with pytest.raises(runner.RunnerError, match="circle"):
+        resolved("loop1")
+    (books / "profiles" / "orphan.yaml").write_text("extends: nobody\n")
+    with pytest.raises(runner.RunnerError, match="unknown profile 'nobody'"):
+        resolved("orphan")
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("extends: base\n")
+    with pytest.raises(runner.RunnerError, match="belong in a profile"):
+        runner.resolve("child", {}, [extra], [books / "01_x.ipynb"], books / "profiles")
+
+
+def test_t4_dryrun_is_t4_with_smaller_sizes():
+    """Every t4 value reaches t4-dryrun except the sizes it lists; those are sizes, not code paths."""
+    t4 = runner.resolve("t4", {}, [], NOTEBOOKS)
+    dry = runner.resolve("t4-dryrun", {}, [], NOTEBOOKS)
+    sizes = {"max_prompts", "max_new_tokens", "check_prompts", "verify_prefix", "verify_nodes", "verify_repeats",
+             "batches", "prefixes", "nodes", "warmup", "repeats", "windows", "bin_tokens"}
+    for stem in t4:
+        changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}
+        assert changed <= sizes, f"{stem}: t4-dryrun changes {sorted(changed - sizes)}"
+    assert dry["02_model_pairs"]["pairs"] == t4["02_model_pairs"]["pairs"]
+    assert all(p["model_dtype"] == "float16" for p in dry.values())
+    settings = runner.runner_settings("t4-dryrun")
+    assert settings.standins and dict(settings.env)["HF_HUB_OFFLINE"] == "1"
+    assert runner.runner_settings("t4") == runner.RunnerSettings()
+
+
+def test_runner_section_sets_the_environment_of_the_kernels(tmp_path, monkeypatch):
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    one_notebook(books, "n: int = 0  # n")
+    nb = nbformat.read(books / "01_x.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import json, os, pathlib\n"
+        "pathlib.Path(run_dir, 'env.json').write_text(json.dumps({k: os.environ.get(k) for k in "
+        "('SPECNB_T_A', 'SPECNB_T_B', 'SPECNB_T_C')}))"))
+    nbformat.write(nb, books / "01_x.ipynb")
+    (books / "profiles" / "base.yaml").write_text("runner:\n  env:\n    SPECNB_T_A: base\n    SPECNB_T_B: kept\n")
+    (books / "profiles" / "env.yaml").write_text(
+        "extends: base\nrunner:\n  env:\n    SPECNB_T_A: \"{cache}/x\"\n01_x:\n  n: 1\n")
+    monkeypatch.setenv("SPECNB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECNB_T_C", "outside")
+    monkeypatch.delenv("SPECNB_T_A", raising=False)
+    assert runner.run("env", {}, [], None, tmp_path / "out", books_folder=books) == 0
+    folder = next((tmp_path / "out" / "01_x").iterdir())
+    seen = json.loads((folder / "env.json").read_text())
+    assert seen == {"SPECNB_T_A": str(tmp_path / "cache" / "x"), "SPECNB_T_B": "kept", "SPECNB_T_C": "outside"}
+    assert "SPECNB_T_A" not in os.environ and "SPECNB_T_B" not in os.environ  # restored after the run
+    record = json.loads((folder / "params.json").read_text())
+    assert record["runner"] == {"env": {"SPECNB_T_A": "{cache}/x", "SPECNB_T_B": "kept"}, "standins": False}
+    (books / "profiles" / "bad.yaml").write_text("runner:\n  envs: {}\n")
+    with pytest.raises(runner.RunnerError, match="runner: takes env"):
+        runner.run("bad", {}, [], None, tmp_path / "out", books_folder=books)
+    (books / "profiles" / "nohome.yaml").write_text("runner:\n  standins: true\n")
+    with pytest.raises(runner.RunnerError, match="standins needs env: HF_HOME"):
+        runner.run("nohome", {}, [], None, tmp_path / "out2", books_folder=books)
+    assert not (tmp_path / "out2").exists()
+
+
+@pytest.fixture(scope="module")
+def t4_dryrun(tmp_path_factory):
+    """`run t4-dryrun` as run_notebooks.sh runs it, with specnb's cache (where the runner builds the
+    stand-ins, `{cache}/hf-standins`) in a folder of the test's own: a cold build every time."""
+    outputs = tmp_path_factory.mktemp("dryrun-outputs")
+    env = {**os.environ, "SPECNB_CACHE": str(tmp_path_factory.mktemp("specnb-cache"))}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "t4-dryrun", "--outputs", str(outputs)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return outputs, time.perf_counter() - start, proc.stdout
+
+
+def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
+    from specnb.io.model_configs import hub_model
+    from specnb.notebook.experiments import Pair
+
+    outputs, seconds, log = t4_dryrun
+    print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
+    assert "stand-ins of 5 hub models" in log
+    folders = {}
+    for nb in NOTEBOOKS:
+        folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())
+        params = json.loads((folder / "params.json").read_text())
+        assert params["status"] == "finished" and params["profile"] == "t4-dryrun", params.get("error")
+        assert params["parameters"]["model_dtype"] == "float16" and params["runner"]["standins"]
+
+    # notebook 02: the t4 pairs measured, the pair with another vocabulary refused for that reason
+    t4_pairs = [Pair.from_dict(p) for p in runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["pairs"]]
+    valid = [p for p in t4_pairs if hub_model(p.target).tokenizer.family == hub_model(p.draft).tokenizer.family]
+    status = pd.read_csv(folders["02_model_pairs"] / "pairs.csv", keep_default_na=False)
+    assert list(status["pair"]) == [p.label for p in t4_pairs] and len(valid) == 3
+    skipped = status[status["status"] == "skipped"]
+    assert list(skipped["pair"]) == ["meta-llama/Llama-3.2-1B -> meta-llama/Llama-2-7b-hf[4bit]"]
+    reason = skipped["reason"].iloc[0]
+    assert "vocab size 32000" in reason and "vocab size 128256" in reason and "different vocabularies" in reason
+    measured = status[status["status"] == "measured"]
+    assert list(measured["pair"]) == [p.label for p in valid]
+    for loaded in measured["target_loaded"]:  # what was loaded, not what was asked
+        assert "float16, nf4 4-bit" in loaded and "STAND-IN" in loaded
+    assert all("float16" in d and "4-bit" not in d for d in measured["draft_loaded"])
+    table = pd.read_csv(folders["02_model_pairs"] / "pairs_methods.csv")
+    t4_methods = runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["methods"]
+    assert len(table) == 3 * len(t4_methods) and set(table["pair"]) == set(measured["pair"])
+    assert (table["greedy_mismatches"] == 0).all(), "every greedy output equals the target's (or a numerical tie)"
+
+    # notebook 01: the 4-bit Llama-2-7B pair, the replay equal to the real runs step by step
+    agreement = pd.read_csv(folders["01_tree_shapes"] / "replay_agreement.csv")
+    assert (agreement["mismatched_steps"] == 0).all() and (agreement["steps_compared"] > 0).all()
+    for stem in ("01_tree_shapes", "03_tree_attention_timing"):
+        curve = pd.read_csv(folders[stem] / "verify_curve.csv")
+        assert set(curve["model"]) == {"meta-llama/Llama-2-7b-hf[4bit]", "JackFram/llama-160m"}
+        assert set(curve["dtype"]) == {"float16"}
+
+    # notebook 03: Llama-2-7B's heads in float16; every implementation agrees with the reference or
+    # says why it could not run here
+    check = pd.read_csv(folders["03_tree_attention_timing"] / "reference_check.csv", keep_default_na=False)
+    assert set(check["impl"]) == {"sdpa", "per_sequence", "eager", "flex"}
+    assert all(ok == "True" or (ok == "" and note) for ok, note in zip(check["ok"].astype(str), check["note"]))
+    grid = pd.read_csv(folders["03_tree_attention_timing"] / "attention_grid.csv")
+    assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}

@@ -8,6 +8,8 @@ What it holds:
     check_pair / load_pair        a target and a draft that share one vocabulary, checked before any
                                   weights are loaded
     truncate_layers               keep a model's first layers (a separate early-exit copy)
+    describe_model                what was loaded, in one line: class, layers, dtype, 4-bit Linears,
+                                  and whether it is a dry run's stand-in (`notebook.dryrun`)
     prompt_ids                    a user prompt as input ids [1, T], through the chat template if any
 
 Embedded models load from their de-quantized float32 folder (`embedded.float_folder`), hub models
@@ -51,6 +53,16 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float16 if device.type == "cuda" else torch.float32
 
 
+def model_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A dtype as parameter files name it ("float16", "bfloat16", "float32"), a torch dtype, or None
+    (the device's default, `default_dtype`)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"unknown model dtype {dtype!r}; allowed: None, 'float16', 'bfloat16', 'float32'")
+    return getattr(torch, dtype)
+
+
 def load_tokenizer(name_or_path: str, source: Source | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer of an embedded model (short name), a hub id or a local folder. No weights load.
     source: `resolve_source(name_or_path)`, resolved here when not given."""
@@ -71,14 +83,14 @@ def _load_causal_lm(
     name_or_path: str,
     source: Source,
     quantization: str | None,
-    dtype: torch.dtype | None,
+    dtype: torch.dtype | str | None,
     device: str | torch.device | None,
     attn_implementation: str,
 ) -> PreTrainedModel:
     """The weights of `name_or_path` on `device`, in eval mode."""
     _check_quantization(quantization)
     device = torch.device(device) if device is not None else default_device()
-    dtype = dtype if dtype is not None else default_dtype(device)
+    dtype = model_dtype(dtype) or default_dtype(device)
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "attn_implementation": attn_implementation,
@@ -101,7 +113,7 @@ def _load_causal_lm(
 def load_model(
     name_or_path: str,
     quantization: str | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
     layers: int | None = None,
@@ -111,7 +123,8 @@ def load_model(
     name_or_path: an embedded model's short name (EMBEDDED_MODELS: its GGUF, de-quantized once to
         `<cache>/<name>-float32/`), else a hub id or local folder passed to `from_pretrained` as is.
     quantization: None, or "4bit" for bitsandbytes nf4.
-    dtype: default float16 on CUDA, float32 elsewhere. device: default "cuda" if available, else "cpu".
+    dtype: of the weights (and of 4-bit compute), a torch dtype or its name ("float16"); default
+        float16 on CUDA, float32 elsewhere. device: default "cuda" if available, else "cpu".
     layers: keep only the first `layers` decoder layers (then the final norm and LM head): an
         early-exit copy of the model, e.g. a draft made from the target itself (LayerSkip-style,
         but as a separate model with its own cache).
@@ -138,6 +151,21 @@ def truncate_layers(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     if getattr(model.config, "layer_types", None):
         model.config.layer_types = model.config.layer_types[:layers]
     return model
+
+
+def describe_model(model: torch.nn.Module) -> str:
+    """E.g. "LlamaForCausalLM, 32 layers, float16, nf4 4-bit: 224 Linear" as loaded (not as asked);
+    a dry run's stand-in says so (its config carries `specnb_standin`)."""
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", "?")
+    out = f"{type(model).__name__}, {layers} layers, {str(getattr(model, 'dtype', '?')).removeprefix('torch.')}"
+    four_bit = sum(type(m).__name__ == "Linear4bit" for m in model.modules())
+    if four_bit:
+        kind = getattr(getattr(config, "quantization_config", None), "bnb_4bit_quant_type", "4-bit")
+        out += f", {kind} 4-bit: {four_bit} Linear"
+    if getattr(config, "specnb_standin", None):
+        out += ", STAND-IN (tiny random model, not the real weights)"
+    return out
 
 
 def check_pair(
@@ -176,7 +204,7 @@ def load_pair(
     target_quantization: str | None = None,
     draft_quantization: str | None = None,
     *,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
     draft_layers: int | None = None,

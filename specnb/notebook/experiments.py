@@ -41,7 +41,7 @@ from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
-from ..io.models import check_pair, default_device, default_dtype, load_model, load_tokenizer, prompt_ids
+from ..io.models import check_pair, default_device, default_dtype, describe_model, load_model, load_tokenizer, model_dtype, prompt_ids
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
 from ..bench.timing import environment_row
@@ -159,16 +159,20 @@ def run_pairs(
     progress: bool = True,
     collections: Path | None = None,
     measure: Sequence[str] = (),
+    dtype: str | None = None,
 ) -> pd.DataFrame:
-    """Sweep every pair. Before any weights load, every model of every pair is resolved (access,
-    licence, name: `io.sources`, one error listing every problem) and every pair's tokenizers are
-    compared: a pair whose vocabularies differ is skipped, its reason recorded. Each model is loaded
-    once and kept while a later pair still uses it (two drafts for one target load the target once).
+    """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default).
+    Before any weights load, every model of every pair is resolved (access, licence, name:
+    `io.sources`, one error listing every problem) and every pair's tokenizers are compared: a pair
+    whose vocabularies differ is skipped, its reason recorded. Each model is loaded once and kept
+    while a later pair still uses it (two drafts for one target load the target once).
 
     collections: a folder for one collection per pair; given, the methods a collection answers
     (`Method.replayable`: the draft model's static and dynamic trees) are replayed from it (exact
     acceptance, no wall clock: source "replay"), except those in `measure`, which run end to end
-    like every other method. Returns one row per pair: label, status, reason."""
+    like every other method. Returns one row per pair: label, status, reason, and for a measured
+    pair the target and draft as loaded (`io.models.describe_model`: dtype, 4-bit layers, stand-in
+    or not)."""
     import gc
 
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
@@ -176,9 +180,9 @@ def run_pairs(
     for pair in pairs:
         try:
             check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
-            status[pair] = {"pair": pair.label, "status": "measured", "reason": ""}
+            status[pair] = {"pair": pair.label, "status": "measured", "reason": "", "target_loaded": "", "draft_loaded": ""}
         except ValueError as e:
-            status[pair] = {"pair": pair.label, "status": "skipped", "reason": str(e)}
+            status[pair] = {"pair": pair.label, "status": "skipped", "reason": str(e), "target_loaded": "", "draft_loaded": ""}
     runnable = [pair for pair in pairs if status[pair]["status"] == "measured"]
     loaded: dict[tuple, torch.nn.Module] = {}
     for i, pair in enumerate(runnable):
@@ -191,7 +195,8 @@ def run_pairs(
         target_key, draft_key = pair_keys(pair)
         for key in (target_key, draft_key):
             if key not in loaded:
-                loaded[key] = load_model(key[0], key[1], layers=key[2])[0]
+                loaded[key] = load_model(key[0], key[1], dtype=dtype, layers=key[2])[0]
+        status[pair].update(target_loaded=describe_model(loaded[target_key]), draft_loaded=describe_model(loaded[draft_key]))
         target, draft, tokenizer = loaded[target_key], loaded[draft_key], load_tokenizer(pair.target)
         own = trees if pair.methods is None else method_trees(pair.methods)
         replayed = {} if collections is None else {
@@ -430,20 +435,21 @@ def cost_curves(
     trees: Iterable[Tree],
     repeats: int,
     models: tuple[torch.nn.Module, torch.nn.Module] | None = None,
+    dtype: str | None = None,
 ) -> pd.DataFrame:
     """The curves of the cost model (`analysis.cost_model`): the target's verify time against tree
     size on a cache of `prefix` tokens, and the draft's forward time per level width up to the
     widest level of `trees`. Points already in `store` for this machine are read, not measured
     again: notebooks 01 and 03 share one store (`session.shared_folder`), so the second reuses what
     the first measured (each row says when, in "measured"). models: the pair's (target, draft) if
-    loaded; otherwise they are loaded only if a point is missing."""
+    loaded; otherwise they are loaded (in `dtype`, `io.models.model_dtype`) only if a point is missing."""
     device = models[0].device if models else default_device()
-    env = environment_row(device, models[0].dtype if models else default_dtype(device))
+    env = environment_row(device, models[0].dtype if models else model_dtype(dtype) or default_dtype(device))
     widths = draft_widths(trees)
     names = (pair.target_label, pair.draft_label)
     if missing_points(store, names[0], "target", prefix, nodes, env=env) or missing_points(store, names[1], "draft", prefix, widths, env=env):
-        target, draft = models or (load_model(pair.target, pair.target_quantization)[0],
-                                   load_model(pair.draft, pair.draft_quantization, layers=pair.draft_layers)[0])
+        target, draft = models or (load_model(pair.target, pair.target_quantization, dtype=dtype)[0],
+                                   load_model(pair.draft, pair.draft_quantization, dtype=dtype, layers=pair.draft_layers)[0])
         verify_curve(store, target, names[0], prefix, nodes, repeats=repeats)
         verify_curve(store, draft, names[1], prefix, widths, role="draft", repeats=repeats)
     return curve_table(store, names, prefix, env["device"])

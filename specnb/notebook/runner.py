@@ -6,7 +6,17 @@
 A profile is `notebooks/profiles/<PROFILE>.yaml`: an `all:` section applied to every notebook that
 declares the name, and one section per notebook (e.g. `01_tree_shapes:`). The notebooks' own
 parameter literals are the `cpu` defaults, so `cpu.yaml` only names itself. Every name is checked
-against the parameters the notebooks declare before anything runs.
+against the parameters the notebooks declare before anything runs. Two more keys, in profiles only:
+
+    extends: t4            start from profile t4's sections (and its runner settings); this file's
+                           sections change only the names they list (a list value replaces a list)
+    runner:                what the runner does before the notebooks run (`RunnerSettings`)
+      env: {HF_HUB_OFFLINE: "1", HF_HOME: "{cache}/hf-standins"}
+                           environment variables, set for the run and inherited by the papermill
+                           kernels; "{cache}" is specnb's model cache (`io.embedded.cache_dir`), "~"
+                           and $VARS expand
+      standins: true       install stand-ins of every hub model the notebooks name into $HF_HOME
+                           first (`notebook.dryrun`): a dry run of a hub profile with no hub
 
 Each notebook run goes to `outputs/<notebook>/<run-id>/` (run-id = profile + a hash of the
 parameters): the executed notebook, its HTML export, params.json (parameters, environment, status,
@@ -19,14 +29,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import html
 import json
 import os
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -36,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = NOTEBOOKS / "profiles"
 RESERVED = ("run_dir",)  # set by the runner, never by a profile
+PROFILE_KEYS = ("extends", "runner")  # keys of a profile that are not parameter sections
+RUNNER_KEYS = ("env", "standins")
 
 
 def default_outputs() -> Path:
@@ -78,12 +92,68 @@ def declared_parameters(notebook: Path) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class RunnerSettings:
+    """A profile's `runner:` section: what the runner does before any notebook runs."""
+
+    env: tuple[tuple[str, str], ...] = ()  # (name, value) set for the run, values as written
+    standins: bool = False  # install stand-ins of the hub models the notebooks name into $HF_HOME
+
+    def environment(self) -> dict[str, str]:
+        """The variables with "{cache}", "~" and $VARS expanded."""
+        from ..io.embedded import cache_dir
+
+        return {k: os.path.expanduser(os.path.expandvars(v.replace("{cache}", str(cache_dir())))) for k, v in self.env}
+
+
 def load_profile(name: str, folder: Path = PROFILES) -> dict[str, dict]:
+    """The profile's parameter sections, with `extends:` applied (the parent's first)."""
+    return _load_chain(name, folder)[0]
+
+
+def runner_settings(name: str, folder: Path = PROFILES) -> RunnerSettings:
+    """The profile's `runner:` section, merged over the profiles it extends."""
+    return _load_chain(name, folder)[1]
+
+
+def _load_chain(name: str, folder: Path, seen: tuple[str, ...] = ()) -> tuple[dict[str, dict], RunnerSettings]:
+    if name in seen:
+        raise RunnerError(f"profile {seen[0]!r}: extends goes round in a circle ({' -> '.join(seen + (name,))})")
     path = folder / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in folder.glob("*.yaml"))
         raise RunnerError(f"unknown profile {name!r}; profiles: {known} (in {folder})")
-    return _read_yaml(path)
+    data = _read_yaml(path, profile=True)
+    sections, settings = {}, RunnerSettings()
+    parent = data.pop("extends", None)
+    if parent is not None:
+        sections, settings = _load_chain(parent, folder, seen + (name,))
+        sections = {k: dict(v or {}) for k, v in sections.items()}
+    runner = data.pop("runner", None) or {}
+    unknown = sorted(set(runner) - set(RUNNER_KEYS))
+    if unknown or not isinstance(runner.get("env", {}) or {}, dict) or not isinstance(runner.get("standins", False), bool):
+        raise RunnerError(f"{path}: runner: takes env (a mapping of names to strings) and standins (true or "
+                          f"false){f'; unknown {unknown}' if unknown else ''}")
+    env = dict(settings.env) | {str(k): str(v) for k, v in (runner.get("env") or {}).items()}
+    settings = RunnerSettings(tuple(sorted(env.items())), runner.get("standins", settings.standins))
+    for section, values in data.items():
+        sections[section] = {**(sections.get(section) or {}), **(values or {})}
+    return sections, settings
+
+
+@contextlib.contextmanager
+def applied_environment(env: dict[str, str]) -> Iterator[None]:
+    """os.environ with `env` set (papermill kernels inherit it), restored afterwards."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def resolve(
@@ -146,13 +216,31 @@ def run_folder_for(outputs: Path, notebook: str, base_id: str) -> tuple[Path, bo
 
 def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: list[str] | None,
         outputs: Path, books_folder: Path = NOTEBOOKS) -> int:
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
+    """Every selected notebook through papermill, after the profile's runner settings (environment,
+    stand-ins); 0 if all finished, 1 if one failed."""
     books = notebooks(books_folder, only)
     if not books:
         raise RunnerError(f"no numbered notebooks in {books_folder}")
     resolved = resolve(profile, overrides, extra_files, books, books_folder / "profiles")
+    settings = runner_settings(profile, books_folder / "profiles")
+    env = settings.environment()
+    if settings.standins and not env.get("HF_HOME"):
+        raise RunnerError(f"profile {profile}: runner: standins needs env: HF_HOME (a folder of its own)")
+    with applied_environment(env):
+        if settings.standins:
+            from .dryrun import install_standins
+
+            names = hub_models(resolved)
+            print(f"== stand-ins of {len(names)} hub models in {env['HF_HOME']}", flush=True)
+            install_standins(env["HF_HOME"], names)
+        return _run_books(profile, books, resolved, settings, outputs)
+
+
+def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, Any]], settings: RunnerSettings,
+               outputs: Path) -> int:
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
     failures = []
     for nb in books:
         params = resolved[nb.stem]
@@ -160,6 +248,7 @@ def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: 
         folder.mkdir(parents=True, exist_ok=True)
         print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
         record = {"notebook": nb.stem, "profile": profile, "parameters": params, "environment": environment(),
+                  "runner": asdict(settings) | {"env": dict(settings.env)},
                   "status": "running", "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         write_json(folder / "params.json", record)
         executed = folder / f"{nb.stem}.ipynb"
@@ -225,21 +314,27 @@ def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
     from ..io.embedded import EMBEDDED_MODELS
 
     resolved = resolve(profile, {}, [], notebooks(books_folder), books_folder / "profiles")
-    names: set[str] = set()
+    return sorted({s for s in _strings(resolved) if s in EMBEDDED_MODELS})
 
-    def visit(value: Any) -> None:
-        if isinstance(value, str) and value in EMBEDDED_MODELS:
-            names.add(value)
-        elif isinstance(value, dict):
-            for v in value.values():
-                visit(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                visit(v)
 
-    for params in resolved.values():
-        visit(params)
-    return sorted(names)
+def hub_models(resolved: dict[str, dict[str, Any]]) -> list[str]:
+    """Hub ids with a committed config (`io.model_configs`) that resolved parameters name."""
+    from ..io.model_configs import known_models
+
+    known = set(known_models())
+    return sorted({s for s in _strings(resolved) if s in known})
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string inside nested dicts, lists and tuples."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
 
 
 def _check_known(values: dict, declared: dict[str, dict], source: str) -> None:
@@ -252,12 +347,20 @@ def _check_known(values: dict, declared: dict[str, dict], source: str) -> None:
         raise RunnerError(f"{source}: unknown parameter(s) {unknown}; the notebooks declare {sorted(everywhere)}")
 
 
-def _read_yaml(path: Path) -> dict[str, dict]:
+def _read_yaml(path: Path, profile: bool = False) -> dict[str, Any]:
+    """A parameter file's sections; a profile may also hold `extends: NAME` and `runner:`."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise RunnerError(f"cannot read {path}: {e}") from e
-    if not isinstance(data, dict) or not all(isinstance(v, (dict, type(None))) for v in data.values()):
+    if not isinstance(data, dict):
+        raise RunnerError(f"{path}: expected sections ('all:' or a notebook name) holding name: value pairs")
+    extra = [k for k in PROFILE_KEYS if k in data]
+    if extra and not profile:
+        raise RunnerError(f"{path}: {extra} belong in a profile (notebooks/profiles/*.yaml), not a parameter file")
+    if "extends" in data and not isinstance(data["extends"], str):
+        raise RunnerError(f"{path}: extends names one profile, got {data['extends']!r}")
+    if not all(isinstance(v, (dict, type(None))) for k, v in data.items() if k != "extends"):
         raise RunnerError(f"{path}: expected sections ('all:' or a notebook name) holding name: value pairs")
     return data
 

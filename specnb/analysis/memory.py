@@ -1,0 +1,171 @@
+"""GPU memory a draft -> target pair needs, estimated from the models' configs alone (pure: configs in,
+numbers out; nothing is downloaded or allocated, model skeletons live on the meta device).
+
+What it holds:
+    WeightBytes       a model's weight bytes, split into 4-bit Linear weights and what stays float16
+    weight_bytes      the bytes of a config's weights in float16 (quantization None) or bitsandbytes nf4
+    nf4_linear_bytes  one nf4 Linear weight: 4 bits per value + one float32 absmax per block
+    kv_cache_bytes    the KV cache of a number of tokens
+    TokenBudget       the longest sequence a run holds: prompt + generated tokens + the largest tree
+    PairMemory        one pair's estimate, row by row; pair_memory computes it
+    memory_table      PairMemory rows as a tidy table (GB = 10^9 bytes)
+
+nf4 as transformers 5 and bitsandbytes store it (Dettmers et al. 2023, QLoRA): transformers' own
+bnb 4-bit quantizer is run on the skeleton (`HfQuantizer.preprocess_model`), so what it leaves
+unquantized is what it would leave on a real load: every module that is not a plain `nn.Linear`
+(token embeddings, RMSNorm weights) and the modules it refuses to convert,
+`get_keys_to_not_convert`: the output embeddings (`lm_head`), and for tied models the tied
+embedding (`model.embed_tokens`) and the last parameter's module (`model.norm`). Those stay in the
+load dtype, float16 on a T4. Each converted Linear stores its weight packed, two 4-bit codes per
+byte, plus one float32 absmax per block of `blocksize` values (64, the bitsandbytes default; read
+from the converted module) and no double quantization (`bnb_4bit_use_double_quant` False, as
+`io.models` loads). Per-weight constants (the 16-entry code table, shapes) are left out: 64 bytes
+a Linear.
+
+KV cache (float16): 2 (keys and values) x layers x kv heads x head size x tokens x 2 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import pandas as pd
+import torch
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
+
+GB = 1e9
+FLOAT16_BYTES = 2
+ABSMAX_BYTES = 4  # one float32 absmax per block
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    quantization: str | None  # None (float16 everywhere) or "4bit" (nf4)
+    quantized: int  # bytes of the 4-bit Linear weights, absmax included (0 in float16)
+    unquantized: int  # bytes of every other parameter, float16
+    quantized_modules: int  # Linear modules converted to 4 bit
+    not_converted: tuple[str, ...]  # modules transformers' quantizer refuses to convert (sorted)
+
+    @property
+    def total(self) -> int:
+        return self.quantized + self.unquantized
+
+
+def nf4_linear_bytes(out_features: int, in_features: int, blocksize: int = 64) -> int:
+    """One nf4 Linear weight [out, in]: numel / 2 bytes of codes + one float32 absmax per block."""
+    numel = out_features * in_features
+    return math.ceil(numel / 2) + math.ceil(numel / blocksize) * ABSMAX_BYTES
+
+
+def weight_bytes(config: PretrainedConfig, quantization: str | None = None) -> WeightBytes:
+    """The weight bytes of a causal LM built from `config` (tied weights counted once)."""
+    if quantization not in (None, "4bit"):
+        raise ValueError(f"quantization must be None or '4bit', got {quantization!r}")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
+    if quantization is None:
+        total = sum(p.numel() for p in model.parameters()) * FLOAT16_BYTES
+        return WeightBytes(None, 0, total, 0, ())
+    from bitsandbytes.nn import Linear4bit
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    quantizer = AutoHfQuantizer.from_config(
+        BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float16)
+    )
+    quantizer.preprocess_model(model, device_map={"": "cpu"})  # the skeleton's Linears become Linear4bit
+    quantized, unquantized, converted = 0, 0, set()
+    for name, module in model.named_modules():
+        if isinstance(module, Linear4bit):
+            weight = module.weight
+            if getattr(weight, "compress_statistics", False):
+                raise ValueError("double quantization is not modelled here")
+            quantized += nf4_linear_bytes(module.out_features, module.in_features, weight.blocksize)
+            converted.add(name)
+    for name, param in model.named_parameters():  # deduplicated: a tied weight is counted once
+        if name.rsplit(".", 1)[0] not in converted:
+            unquantized += param.numel() * FLOAT16_BYTES
+    return WeightBytes("4bit", quantized, unquantized, len(converted), tuple(sorted(quantizer.modules_to_not_convert)))
+
+
+def kv_cache_bytes(config: PretrainedConfig, tokens: int, dtype_bytes: int = FLOAT16_BYTES) -> int:
+    """Keys and values of `tokens` positions in every layer."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * dtype_bytes
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """The longest sequence one generation holds in its caches."""
+
+    prompt: int  # the longest prompt (tokens)
+    new_tokens: int  # max_new_tokens
+    tree: int  # the largest tree verified at once (nodes, root excluded)
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.new_tokens + 1 + self.tree  # + 1: the tree's root
+
+
+@dataclass(frozen=True)
+class PairMemory:
+    """One pair: the target and the draft (each float16 or nf4), both KV caches of the longest
+    sequence, and the logits of one forward over prompt + generated tokens (float16), the largest
+    activation specnb makes (`analysis.quality.score` runs the target over the whole sequence)."""
+
+    pair: str
+    target: str
+    target_quantization: str | None
+    draft: str
+    draft_quantization: str | None
+    tokens: int  # TokenBudget.total
+    target_weights: int
+    draft_weights: int
+    target_kv: int
+    draft_kv: int
+    logits: int
+    usable: int  # bytes the device offers
+
+    @property
+    def total(self) -> int:
+        return self.target_weights + self.draft_weights + self.target_kv + self.draft_kv + self.logits
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.usable
+
+
+def pair_memory(
+    target: str,
+    target_config: PretrainedConfig,
+    draft: str,
+    draft_config: PretrainedConfig,
+    budget: TokenBudget,
+    usable: int,
+    target_quantization: str | None = "4bit",
+    draft_quantization: str | None = None,
+) -> PairMemory:
+    """The estimate for one pair (the names only label it)."""
+    label = (f"{draft}" + (f"[{draft_quantization}]" if draft_quantization else "") + f" -> {target}"
+             + (f"[{target_quantization}]" if target_quantization else ""))
+    logits = (budget.prompt + budget.new_tokens) * target_config.vocab_size * FLOAT16_BYTES
+    return PairMemory(
+        label, target, target_quantization, draft, draft_quantization, budget.total,
+        weight_bytes(target_config, target_quantization).total, weight_bytes(draft_config, draft_quantization).total,
+        kv_cache_bytes(target_config, budget.total), kv_cache_bytes(draft_config, budget.total), logits, usable,
+    )
+
+
+def memory_table(rows: Sequence[PairMemory]) -> pd.DataFrame:
+    """One row per pair; byte columns in GB (10^9 bytes), `total_gb` against `usable_gb`."""
+    out = []
+    for r in rows:
+        row = asdict(r)
+        for key in ("target_weights", "draft_weights", "target_kv", "draft_kv", "logits", "usable"):
+            row[f"{key}_gb"] = row.pop(key) / GB
+        row["total_gb"], row["fits"] = r.total / GB, r.fits
+        out.append(row)
+    return pd.DataFrame(out)

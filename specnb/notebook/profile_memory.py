@@ -1,0 +1,142 @@
+"""Will a profile's pairs fit on its GPU? An estimate from the committed configs (`io.model_configs`)
+and the arithmetic of `analysis.memory`, for the pairs and sizes the profile's notebooks use.
+
+    python -m specnb.notebook.profile_memory [PROFILE] [--prompt TOKENS] [--usable-gb GB]
+
+What it holds:
+    LONGEST_PROMPT, T4_USABLE   the assumptions: the longest prompt (tokens) and the bytes a T4 offers
+    profile_pairs               every distinct draft -> target pair the profile's notebooks load
+                                (02's pairs, 01's pair, 03's verify-cost pair), and the refused ones
+    profile_budget              the longest sequence: prompt + the largest max_new_tokens + the largest tree
+    profile_memory              one `PairMemory` per pair that shares a vocabulary
+    grid_bytes                  notebook 03's largest attention-grid point (no model loaded then)
+    memory_markdown             the README's table
+
+Assumptions, printed with the table: prompts are at most LONGEST_PROMPT tokens (the built-in prompts
+are far shorter, under 100 tokens; Spec-Bench's longest run to several hundred); one budget is used
+for every pair (the largest max_new_tokens and tree of any notebook: an upper bound); the draft is
+float16 unless the profile quantizes it; 01's super-trees (draft-only feeds of off-path nodes) and
+activations other than the logits are not counted; the CUDA context (a few hundred MB) is what the
+margin between the T4's 15 GB and the 14 GB budget is for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from ..analysis.memory import GB, PairMemory, TokenBudget, memory_table, pair_memory
+from ..bench.attention_grid import head_shape
+from ..drafters.methods import parse_method
+from .long_generation import TARGET_ALONE
+from ..io.model_configs import config_of, hub_model
+from .runner import RunnerError, notebooks, resolve
+
+LONGEST_PROMPT = 1024  # tokens: an assumption (the t4 profile's prompts are the built-in ones, < 100 tokens)
+T4_USABLE = int(14 * GB)  # of the T4's 15 GB, what the models, caches and activations may take
+
+
+@dataclass(frozen=True)
+class PlannedPair:
+    target: str
+    target_quantization: str | None
+    draft: str
+    draft_quantization: str | None
+    shares_vocabulary: bool  # the tokenizer families agree (`io.models.check_pair` refuses the others)
+
+
+def profile_pairs(profile: str) -> list[PlannedPair]:
+    """Every distinct pair the profile loads, in notebook order (02's list first)."""
+    params = resolve(profile, {}, [], notebooks())
+    found: list[tuple] = []
+    for p in params.get("02_model_pairs", {}).get("pairs", []):
+        found.append((p["target"], p.get("target_quantization"), p["draft"], p.get("draft_quantization")))
+    for stem in ("01_tree_shapes", "03_tree_attention_timing"):
+        p = params.get(stem, {})
+        if "target" in p and "draft" in p:
+            found.append((p["target"], p.get("target_quantization"), p["draft"], p.get("draft_quantization")))
+    out = []
+    for target, tq, draft, dq in dict.fromkeys(found):
+        same = hub_model(target).tokenizer.family == hub_model(draft).tokenizer.family
+        out.append(PlannedPair(target, tq, draft, dq, same))
+    return out
+
+
+def profile_budget(profile: str, longest_prompt: int = LONGEST_PROMPT) -> TokenBudget:
+    """The assumed longest prompt, the largest max_new_tokens and the largest tree of any notebook
+    (01's budgets and dynamic budgets, 02's method budgets, the verify-cost curves' tree sizes)."""
+    params = resolve(profile, {}, [], notebooks())
+    new_tokens = max(p.get("max_new_tokens", 0) for p in params.values())
+    trees = []
+    for p in params.values():
+        trees += list(p.get("budgets", [])) + list(p.get("dynamic_budgets", [])) + list(p.get("verify_nodes", []))
+        methods = list(p.get("methods", []) or []) + [m for pair in p.get("pairs", []) for m in pair.get("methods") or []]
+        trees += [parse_method(m).budget for m in methods if m != TARGET_ALONE]  # 04 runs the target alone too
+    return TokenBudget(longest_prompt, new_tokens, max(trees))
+
+
+def profile_memory(profile: str, longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> list[PairMemory]:
+    """One estimate per pair of the profile that shares a vocabulary (hub models with committed configs)."""
+    budget = profile_budget(profile, longest_prompt)
+    return [
+        pair_memory(p.target, config_of(p.target), p.draft, config_of(p.draft), budget, usable,
+                    p.target_quantization, p.draft_quantization)
+        for p in profile_pairs(profile) if p.shares_vocabulary
+    ]
+
+
+def grid_bytes(profile: str) -> int:
+    """Notebook 03's largest grid point: q and the output [B, H, M, D], k and v [B, Hkv, P + M, D] in
+    the grid's dtype, and the eager reference's float32 scores [B, H, M, P + M] (the largest tensor)."""
+    p = resolve(profile, {}, [], notebooks())["03_tree_attention_timing"]
+    heads = head_shape(p["attention_shape"])
+    size = 2 if p["dtype"] in ("float16", "bfloat16") else 4
+    b, prefix, m = max(p["batches"]), max(p["prefixes"]), max(p["nodes"])
+    qo = 2 * b * heads.heads * m * heads.head_dim * size
+    kv = 2 * b * heads.kv_heads * (prefix + m) * heads.head_dim * size
+    return qo + kv + b * heads.heads * m * (prefix + m) * 4
+
+
+def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> str:
+    """The README's table: one row per pair, then the assumptions and the refused pairs."""
+    budget = profile_budget(profile, longest_prompt)
+    table = memory_table(profile_memory(profile, longest_prompt, usable))
+    lines = ["| pair | target weights | draft weights (fp16) | KV cache, target + draft | logits | total | fits in "
+             f"{usable / GB:g} GB |", "|---|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        quant = r.target_quantization or "fp16"
+        lines.append(f"| {r.draft} -> {r.target} | {r.target_weights_gb:.2f} ({quant}) | {r.draft_weights_gb:.2f} | "
+                     f"{r.target_kv_gb:.3f} + {r.draft_kv_gb:.3f} | {r.logits_gb:.3f} | **{r.total_gb:.2f}** | "
+                     f"{'yes' if r.fits else 'NO'} |")
+    refused = [p for p in profile_pairs(profile) if not p.shares_vocabulary]
+    lines += ["", f"GB = 10^9 bytes. Tokens per sequence: {budget.total} = the longest prompt, assumed "
+                  f"{budget.prompt} + max_new_tokens {budget.new_tokens} + the root + the largest tree, "
+                  f"{budget.tree} nodes (the largest of any notebook of profile `{profile}`), in both caches. Logits: "
+                  f"one forward over prompt + generated tokens in float16 (perplexity scoring)."]
+    if "03_tree_attention_timing" in resolve(profile, {}, [], notebooks()):
+        lines.append(f"Notebook 03's largest attention-grid point, run before its models load: "
+                     f"{grid_bytes(profile) / GB:.2f} GB.")
+    if refused:
+        lines.append("Not loaded (vocabularies differ, refused before any weights load): "
+                     + "; ".join(f"{p.draft} -> {p.target}" for p in refused) + ".")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.profile_memory", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("profile", nargs="?", default="t4")
+    ap.add_argument("--prompt", type=int, default=LONGEST_PROMPT, help="the longest prompt, tokens")
+    ap.add_argument("--usable-gb", type=float, default=T4_USABLE / GB, help="GB the device offers")
+    args = ap.parse_args(argv)
+    try:
+        print(memory_markdown(args.profile, args.prompt, int(args.usable_gb * GB)))
+    except (RunnerError, KeyError) as e:
+        print(f"profile_memory: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

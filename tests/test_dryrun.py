@@ -1,0 +1,161 @@
+"""Stand-ins for the t4 profile's hub models: tokenizers with the real vocabulary sizes that encode and
+decode any text, tiny models with the real architecture and special ids, a hub-cache layout that
+`io.sources` and `io.models` read offline (4-bit included), pairs accepted and refused as the real
+ones are, an idempotent build that never touches a real model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specnb.io.model_configs import config_of, hub_model
+from specnb.io.prompts import BUILTIN
+from specnb.notebook import dryrun
+
+ROOT = Path(__file__).resolve().parents[1]
+T4_MODELS = ["meta-llama/Llama-2-7b-hf", "JackFram/llama-160m", "Felladrin/Llama-160M-Chat-v1",
+             "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B"]
+TRICKY = "Ünïcödé ✓ 🐈 naïve — café\n\n\ttabs  and   spaces, 'quotes' \"double\" 12345 x=y*2 {}[]"
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {"llama2": dryrun.family_tokenizer("llama2", 32000), "llama3": dryrun.family_tokenizer("llama3", 128256)}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("hf")
+    dryrun.install_standins(home, T4_MODELS)
+    return home
+
+
+def offline(home: Path, code: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh Python with the stand-in cache as its only hub (huggingface_hub reads
+    HF_HOME when imported, so this cannot happen in the test process)."""
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_tokenizers_have_the_real_sizes_and_special_ids(tokenizers):
+    l2, l3 = tokenizers["llama2"], tokenizers["llama3"]
+    assert len(l2) == len(l2.get_vocab()) == 32000 and len(l3) == len(l3.get_vocab()) == 128256
+    assert (l2.unk_token_id, l2.bos_token_id, l2.eos_token_id) == (0, 1, 2)
+    assert [l2.convert_tokens_to_ids(f"<0x{b:02X}>") for b in (0, 255)] == [3, 258]  # byte fallback
+    assert (l3.bos_token_id, l3.eos_token_id) == (128000, 128001)
+    assert [l3.convert_tokens_to_ids(t) for t in ("<|start_header_id|>", "<|eot_id|>", "<|reserved_special_token_247|>")] \
+        == [128006, 128009, 128255]
+
+
+@pytest.mark.parametrize("family", ["llama2", "llama3"])
+def test_tokenizers_encode_and_decode_any_text(tokenizers, family):
+    tok = tokenizers[family]
+    for text in [p.text for p in BUILTIN] + [TRICKY]:
+        ids = tok(text)["input_ids"]
+        assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+        assert tok.decode(ids, skip_special_tokens=True) == text
+    # a random model emits any id, fillers included: each decodes to text
+    assert isinstance(tok.decode(list(range(0, len(tok), 997))), str)
+
+
+def test_tokenizers_are_built_the_same_every_time(tokenizers):
+    again = dryrun.family_tokenizer("llama2", 32000)
+    assert again.get_vocab() == tokenizers["llama2"].get_vocab()
+
+
+@pytest.mark.parametrize("hub_id", T4_MODELS)
+def test_standin_config_keeps_what_the_code_paths_depend_on(hub_id):
+    real, tiny = config_of(hub_id), dryrun.standin_config(hub_model(hub_id))
+    same = ("model_type", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings",
+            "max_position_embeddings", "rope_parameters", "rms_norm_eps", "hidden_act")
+    assert {k: getattr(tiny, k) for k in same} == {k: getattr(real, k) for k in same}
+    assert type(tiny) is type(real) and tiny.num_hidden_layers == 2
+    assert tiny.num_attention_heads // tiny.num_key_value_heads == real.num_attention_heads // real.num_key_value_heads
+    dims = (tiny.hidden_size, tiny.intermediate_size, tiny.num_attention_heads * tiny.head_dim,
+            tiny.num_key_value_heads * tiny.head_dim)
+    assert all(d % 64 == 0 for d in dims), "bitsandbytes' CPU 4-bit kernel needs multiples of 64"
+
+
+def test_cache_layout(home):
+    for hub_id in T4_MODELS:
+        repo = dryrun.repo_folder(home, hub_id)
+        commit = (repo / "refs" / "main").read_text()
+        snapshot = repo / "snapshots" / commit
+        assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", dryrun.MARKER} <= {
+            p.name for p in snapshot.iterdir()}
+        settings = json.loads((snapshot / "tokenizer_config.json").read_text())
+        assert settings["tokenizer_class"] == hub_model(hub_id).tokenizer.tokenizer_class
+        assert (snapshot / "generation_config.json").exists() == (hub_model(hub_id).generation_config is not None)
+
+
+def test_offline_loads_resolve_through_the_cache(home):
+    code = """
+import torch, bitsandbytes as bnb
+from specnb.io.sources import resolve_source
+from specnb.io.models import check_pair, describe_model, load_model, load_pair, load_tokenizer, prompt_ids
+src = resolve_source("meta-llama/Llama-2-7b-hf")
+assert (src.kind, src.status) == ("hub", "cached"), src
+model, tok = load_model("meta-llama/Llama-2-7b-hf", "4bit")
+assert isinstance(model.model.layers[0].self_attn.q_proj, bnb.nn.Linear4bit)
+assert "STAND-IN" in describe_model(model) and "nf4 4-bit" in describe_model(model)
+assert model.generation_config.temperature == 0.6  # the real generation_config.json
+target, draft, shared = load_pair("meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-1B", "4bit", dtype="float16")
+assert target.config.tie_word_embeddings and target.dtype == torch.float16
+chat = load_tokenizer("Felladrin/Llama-160M-Chat-v1")
+assert chat.chat_template and chat.get_vocab() == tok.get_vocab()
+assert chat.decode(prompt_ids(chat, "hi")[0]) == "<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"
+try:
+    check_pair(tok, load_tokenizer("meta-llama/Llama-3.2-1B"), "meta-llama/Llama-2-7b-hf", "meta-llama/Llama-3.2-1B")
+except ValueError as e:
+    print("REFUSED", e)
+"""
+    proc = offline(home, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refusal = proc.stdout.split("REFUSED", 1)[1]
+    assert "vocab size 32000" in refusal and "vocab size 128256" in refusal
+
+
+def test_unknown_hub_id_still_fails_offline(home):
+    proc = offline(home, "from specnb.io.sources import resolve_source\nresolve_source('meta-llama/Llama-3.1-8B')")
+    assert proc.returncode != 0 and "not in the local Hugging Face cache" in proc.stderr
+
+
+def test_build_is_idempotent_and_rebuilt_when_its_inputs_change(home, monkeypatch):
+    weights = dryrun.repo_folder(home, "JackFram/llama-160m") / "snapshots"
+    before = {p: p.stat().st_mtime_ns for p in weights.glob("*/model.safetensors")}
+    again = dryrun.install_standins(home, T4_MODELS)
+    assert {p: p.stat().st_mtime_ns for p in weights.glob("*/model.safetensors")} == before
+    assert all((s / dryrun.MARKER).is_file() for s in again.values())
+    monkeypatch.setattr(dryrun, "standin_digest", lambda ids: "f" * 64)  # as if this code had changed
+    rebuilt = dryrun.install_standins(home, ["JackFram/llama-160m"])
+    assert rebuilt["JackFram/llama-160m"].name == "f" * 40
+    assert [p.name for p in weights.iterdir()] == ["f" * 40]  # the old snapshot replaced, not kept
+
+
+def test_never_replaces_a_real_model(tmp_path):
+    real = dryrun.repo_folder(tmp_path, "JackFram/llama-160m") / "snapshots" / "abc"
+    real.mkdir(parents=True)
+    (real / "model.safetensors").write_bytes(b"real weights")
+    with pytest.raises(RuntimeError, match="not a specnb stand-in"):
+        dryrun.install_standins(tmp_path, ["JackFram/llama-160m"])
+    assert (real / "model.safetensors").read_bytes() == b"real weights"
+
+
+def test_weights_are_seeded_and_members_of_a_family_related():
+    from transformers import AutoModelForCausalLM
+
+    def build(hub_id):
+        net = AutoModelForCausalLM.from_config(dryrun.standin_config(hub_model(hub_id)), dtype=torch.float32)
+        dryrun.standin_weights(net, hub_id, hub_model(hub_id).tokenizer.family)
+        return net
+
+    a, b, c = build("meta-llama/Llama-2-7b-hf"), build("meta-llama/Llama-2-7b-hf"), build("JackFram/llama-160m")
+    wa, wc = a.model.layers[0].mlp.up_proj.weight, c.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(wa, b.model.layers[0].mlp.up_proj.weight)  # seeded
+    assert not torch.equal(wa, wc) and torch.corrcoef(torch.stack([wa.flatten(), wc.flatten()]))[0, 1] > 0.99
+    assert torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)  # one vocabulary, one meaning

@@ -1,0 +1,90 @@
+"""Memory estimates from configs: the arithmetic by hand on tiny configs (what transformers' 4-bit
+quantizer converts, what it leaves in float16, tied weights counted once, the KV cache), and every
+pair of the t4 profile within the T4's budget."""
+
+import pytest
+from transformers import LlamaConfig
+
+from specnb.analysis.memory import (
+    TokenBudget,
+    kv_cache_bytes,
+    memory_table,
+    nf4_linear_bytes,
+    pair_memory,
+    weight_bytes,
+)
+from specnb.notebook.profile_memory import T4_USABLE, memory_markdown, profile_budget, profile_memory, profile_pairs
+from specnb.notebook.runner import notebooks, resolve
+
+
+def tiny(tied: bool) -> LlamaConfig:
+    # head size 16: q, o 64 x 64; k, v 64 x 32 (2 kv heads); gate, up 64 x 128; down 128 x 64
+    return LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+
+
+# per layer: q 4096 + k 2048 + v 2048 + o 4096 + gate 8192 + up 8192 + down 8192 = 36864 Linear values
+LINEAR = 2 * 36864
+NORMS = 2 * 2 * 64 + 64  # two RMSNorms a layer, one final
+EMBED = 100 * 64
+
+
+def test_nf4_linear_by_hand():
+    assert nf4_linear_bytes(64, 64) == 4096 // 2 + (4096 // 64) * 4 == 2304
+    assert nf4_linear_bytes(3, 5, blocksize=4) == 8 + 4 * 4  # 15 values: 7.5 -> 8 bytes, 4 blocks
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_float16_weights_by_hand(tied):
+    w = weight_bytes(tiny(tied))
+    assert w.quantized == 0 and w.quantized_modules == 0
+    assert w.total == 2 * (LINEAR + NORMS + EMBED * (1 if tied else 2))  # a tied lm_head counted once
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_nf4_weights_by_hand(tied):
+    w = weight_bytes(tiny(tied), "4bit")
+    assert w.quantized_modules == 2 * 7  # every projection; never lm_head
+    assert w.quantized == LINEAR // 2 + (LINEAR // 64) * 4  # 4 bits a value + one float32 absmax per 64
+    assert w.unquantized == 2 * (NORMS + EMBED * (1 if tied else 2))  # embeddings, norms, lm_head in float16
+    assert "lm_head" in w.not_converted
+    if tied:
+        assert {"model.embed_tokens", "model.norm"} <= set(w.not_converted)
+
+
+def test_kv_cache_by_hand():
+    # 2 (k, v) x 2 layers x 2 kv heads x 16 head size x 10 tokens x 2 bytes
+    assert kv_cache_bytes(tiny(False), 10) == 2 * 2 * 2 * 16 * 10 * 2 == 2560
+    explicit = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=32, num_hidden_layers=3)
+    assert kv_cache_bytes(explicit, 1) == 2 * 3 * 1 * 32 * 1 * 2
+
+
+def test_pair_memory_adds_up():
+    budget = TokenBudget(prompt=7, new_tokens=3, tree=5)
+    assert budget.total == 16
+    row = pair_memory("t", tiny(False), "d", tiny(True), budget, usable=10**6)
+    assert row.target_weights == weight_bytes(tiny(False), "4bit").total
+    assert row.draft_weights == weight_bytes(tiny(True)).total
+    assert row.target_kv == row.draft_kv == kv_cache_bytes(tiny(False), 16)
+    assert row.logits == (7 + 3) * 100 * 2
+    assert row.total == row.target_weights + row.draft_weights + 2 * row.target_kv + row.logits and row.fits
+    table = memory_table([row])
+    assert table.loc[0, "total_gb"] == pytest.approx(row.total / 1e9) and table.loc[0, "pair"] == "d -> t[4bit]"
+
+
+def test_every_t4_pair_fits_a_t4():
+    pairs = profile_pairs("t4")
+    refused = [(p.draft, p.target) for p in pairs if not p.shares_vocabulary]
+    assert refused == [("meta-llama/Llama-3.2-1B", "meta-llama/Llama-2-7b-hf")]
+    budget = profile_budget("t4")
+    longest = max(p.get("max_new_tokens", 0) for p in resolve("t4", {}, [], notebooks()).values())
+    assert budget.new_tokens == longest >= 64 and budget.tree == 128 and budget.prompt == 1024
+    rows = profile_memory("t4")
+    assert {(r.draft, r.target) for r in rows} == {(p.draft, p.target) for p in pairs if p.shares_vocabulary}
+    assert len(rows) == 3 and all(r.target_quantization == "4bit" for r in rows)
+    for r in rows:
+        assert r.fits and r.total <= 14e9 == T4_USABLE, f"{r.pair}: {r.total / 1e9:.2f} GB"
+    # Llama-2-7B in nf4: 6.48e9 Linear values at 4.5 bits, embeddings and lm_head (2 x 32000 x 4096) in float16
+    llama2 = next(r for r in rows if r.target == "meta-llama/Llama-2-7b-hf")
+    assert 4.0e9 < llama2.target_weights < 4.3e9
+    assert "fits in 14 GB" in memory_markdown("t4")
