@@ -26,7 +26,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
-                replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model
+                replay (collect once, replay many), executors (work units in this process or on
+                Ray actors), tree_design (Sequoia, hindsight), cost_model
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
     notebook/   experiments (sweeps for the notebooks), plots, readings, session, runner
 
@@ -58,7 +59,7 @@ MODULES = {
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "prompts", "storage")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
-                                    "tree_design", "cost_model")},
+                                    "executors", "tree_design", "cost_model")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "plots", "readings", "session", "runner")},
 }

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from papermill.translators import PythonTranslator
 
+from specnb.analysis.collection import Collection
 from specnb.notebook import runner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,25 +172,25 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     collected = None
     deadline = time.time() + 300
     while time.time() < deadline:
-        found = list(outputs.glob("01_tree_shapes/*/collection/prompts.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 1:
-            collected = found[0]
+        found = list(outputs.glob("01_tree_shapes/*/collection/*.npz"))  # a unit's file is its record
+        if found:
+            collected = found[0].parent
             break
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert collected is not None, "the collection never started"
-    before = len(collected.read_text().splitlines())
+    before = len(list(collected.glob("*.npz")))
     assert before < 3, "killed too late to test a resume"
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
-    lines = collected.read_text().splitlines()
-    assert len(lines) == 3 and len({json.loads(line)["key"]["prompt_id"] for line in lines}) == 3
-    units = pd.read_csv(collected.parent.parent / "units.csv")
+    files = sorted(p.name for p in collected.glob("*.npz"))
+    assert len(files) == 3 and len({p.prompt_id for p in Collection.load(collected).prompts}) == 3
+    units = pd.read_csv(collected.parent / "units.csv")
     # the first check_prompts (2) of the 3 prompts run end to end: the target alone and 3 methods each
     assert len(units) == 2 * (1 + 3) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
     assert units["greedy_equal"].all()
-    agreement = pd.read_csv(collected.parent.parent / "replay_agreement.csv")
+    agreement = pd.read_csv(collected.parent / "replay_agreement.csv")
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
 
 
