@@ -186,12 +186,34 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     files = sorted(p.name for p in collected.glob("*.npz"))
     assert len(files) == 3 and len({p.prompt_id for p in Collection.load(collected).prompts}) == 3
+    table = pd.read_csv(collected.parent / "collection_units.csv")
+    assert sorted(table["unit"]) == files and (table["status"] == "present").sum() == before
     units = pd.read_csv(collected.parent / "units.csv")
     # the first check_prompts (2) of the 3 prompts run end to end: the target alone and 3 methods each
     assert len(units) == 2 * (1 + 3) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
     assert units["greedy_equal"].all()
     agreement = pd.read_csv(collected.parent / "replay_agreement.csv")
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
+
+
+def test_tree_shapes_collects_on_ray(tmp_path):
+    """Notebook 01 through the runner with `-p executor ray`: it starts a local Ray instance, whose
+    actors load the pair by name and write the collection; the replay of what they wrote equals the
+    real runs in the notebook's own process step by step. Skipped where Ray is missing or cannot start."""
+    pytest.importorskip("ray", reason='Ray is not installed (pip install "specnb[ray]")')
+    proc = run_cli("run", "smoke", "--notebook", "01_tree_shapes", "-p", "executor", "ray", outputs=tmp_path)
+    folder = next((tmp_path / "01_tree_shapes").iterdir())
+    params = json.loads((folder / "params.json").read_text())
+    if proc.returncode and "Ray could not start" in params.get("error", ""):
+        pytest.skip(params["error"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert params["parameters"]["executor"] == "ray" and params["status"] == "finished"
+    units = pd.read_csv(folder / "collection_units.csv")
+    assert list(units["status"]) == ["written", "written"]
+    assert sorted(p.name for p in (folder / "collection").glob("*.npz")) == sorted(units["unit"])
+    agreement = pd.read_csv(folder / "replay_agreement.csv")
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
+    assert set(pd.read_csv(folder / "replay.csv")["shape"]) == {"chain", "kary2", "sequoia", "hindsight", "dynamic", "oracle"}
 
 
 def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
