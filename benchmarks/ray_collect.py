@@ -4,8 +4,9 @@ Each run is `collect_units` with `RayExecutor(workers=n)` into a fresh folder: t
 pair by name (SmolLM2-135M, its first 24 of 30 layers as the draft), then take the prompts one at a
 time (the continuation by exact chain:4 decoding and the draft's ranks; super-trees with --super-k).
 Ray is started once, before both runs, with --cpus CPUs, so neither run pays for starting it. Per
-run it prints the wall time, the start-up (until the first actor had loaded the pair) and the time
-after it; then the ratios 1 worker / 2 workers, and whether the two folders hold the same files
+run it prints the wall time, the start-up (until the first actor had loaded the pair), the time
+after it and the mean time of one unit inside its actor (if it grows with the workers, they are
+sharing cores); then the ratios 1 worker / 2 workers, and whether the two folders hold the same files
 with byte-identical arrays (they must: the executor does not change what a unit computes).
 
     python benchmarks/ray_collect.py                 # 5 Spec-Bench prompts (one per category), 32 tokens
@@ -66,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                 o = report.outcome
                 seconds[n] = (o.seconds, o.seconds - o.startup_s)
                 loads = ", ".join(f"{w.load_s:.1f}" for w in o.workers)
+                unit_s = sum(r["seconds"] for r in o.results.values()) / len(o.results)
                 print(f"workers={n} wall_s={o.seconds:.1f} startup_s={o.startup_s:.1f} after_startup_s={seconds[n][1]:.1f} "
-                      f"(pair loaded in {loads} s per worker)", flush=True)
+                      f"unit_s={unit_s:.1f} (mean seconds per unit inside its worker; pair loaded in {loads} s per worker)", flush=True)
             same = _same_files(*(folders[n] for n in args.workers))
     finally:
         ray.shutdown()
