@@ -27,9 +27,10 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
-                replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model,
-                memory (weights in float16 / nf4 and KV cache bytes from a config), spread
-                (bootstrap intervals across prompts)
+                replay (collect once, replay many), executors (work units in this process or on
+                Ray actors), tree_design (Sequoia, hindsight), cost_model, memory (weights in
+                float16 / nf4 and KV cache bytes from a config), spread (bootstrap intervals across
+                prompts)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
     notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
                 legibility (is a figure readable), readings, session, runner, profile_memory (will
@@ -63,7 +64,7 @@ MODULES = {
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
-                                    "tree_design", "cost_model", "memory", "spread")},
+                                    "executors", "tree_design", "cost_model", "memory", "spread")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
                                     "runner", "profile_memory", "dryrun")},

@@ -1,10 +1,13 @@
 """The notebooks and the papermill runner: committed notebooks are clean, every notebook runs
-under the smoke profile and writes sane tables and figures, reruns never overwrite a finished run,
-bad requests run nothing, a failing notebook names its cell, a killed run resumes exactly."""
+under the smoke profile and writes sane tables and legible figures, both appendix forms and the index
+(rendered in headless Chromium where it is installed), reruns never overwrite a finished run, bad
+requests run nothing, a failing notebook names its cell, a killed run resumes exactly."""
 
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,11 +15,13 @@ import time
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import papermill
 import pandas as pd
 import pytest
 from papermill.translators import PythonTranslator
 
+from specnb.analysis.collection import Collection
 from specnb.notebook import runner
 from specnb.notebook.legibility import saved_problems
 
@@ -72,6 +77,67 @@ def test_smoke_profile_runs_every_notebook(smoke):
         assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"
     index = (outputs / "index.md").read_text()
     assert all(nb.stem in index for nb in NOTEBOOKS) and (outputs / "index.html").exists()
+
+
+def test_appendices_come_in_two_forms_and_the_index_shows_the_headlines(smoke):
+    """Each run: the full executed notebook and a report without code (parameters as a table, every
+    figure and reading kept, no stderr noise); the index links both and shows each headline figure."""
+    outputs, _ = smoke
+    index = (outputs / "index.html").read_text()
+    for nb in NOTEBOOKS:
+        folder = next((outputs / nb.stem).iterdir())
+        full = (folder / f"{nb.stem}.html").read_text()
+        report = (folder / f"{nb.stem}.report.html").read_text()
+        figures = full.count("data:image/png;base64")
+        assert figures >= 1 and report.count("data:image/png;base64") == figures, "the report keeps every figure"
+        assert "start_run" in full and "start_run" not in report, "the report hides the code"
+        assert "Parameters of this run" in report and "<code>profile</code>" in report
+        headline = nbformat.read(nb, as_version=4).metadata["specnb"]["headline"]
+        assert (folder / headline).exists(), f"{nb.stem} names a headline figure it does not write: {headline}"
+        rel = folder.relative_to(outputs)
+        assert f'<img src="{rel / headline}"' in index
+        assert f'href="{rel / (nb.stem + ".report.html")}"' in index and f'href="{rel / (nb.stem + ".html")}"' in index
+    reading = (next((outputs / "01_tree_shapes").iterdir()) / "01_tree_shapes.report.html").read_text()
+    assert "replay against real runs" in reading, "the computed reading is in the report"
+
+
+PROBE = """<script>window.addEventListener("load", () => { const images = [...document.images];
+document.body.setAttribute("data-specnb-probe", JSON.stringify({images: images.length,
+  broken: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute("src").slice(0, 80)),
+  text: document.body.innerText.trim().length})); });</script>"""
+
+
+def render(page: Path, browser: str, shot: Path) -> dict:
+    """Load `page` in headless Chromium: what a probe script saw once the page loaded (images, those
+    that failed to load, characters of text), and a screenshot."""
+    import html as html_module
+
+    probe = page.with_name(page.name + ".probe.html")
+    text = page.read_text()
+    probe.write_text(text.replace("</body>", PROBE + "</body>") if "</body>" in text else text + PROBE)
+    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000"]
+    dom = subprocess.run(args + ["--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180).stdout
+    probe.unlink()
+    subprocess.run(args + ["--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180)
+    found = re.search(r'data-specnb-probe="([^"]*)"', dom)
+    assert found, f"the page never finished loading in {browser}"
+    return json.loads(html_module.unescape(found.group(1)))
+
+
+def test_an_appendix_and_the_index_render_in_headless_chromium(smoke, tmp_path):
+    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no headless Chromium here (none of chromium, chromium-browser, google-chrome on PATH)")
+    from PIL import Image
+
+    outputs, _ = smoke
+    folder = next((outputs / "01_tree_shapes").iterdir())
+    for page in (folder / "01_tree_shapes.report.html", outputs / "index.html"):
+        seen = render(page, browser, tmp_path / f"{page.name}.png")
+        assert seen["images"] >= 4 and seen["broken"] == [], (page.name, seen)
+        assert seen["text"] > 500, f"{page.name}: the page is nearly empty ({seen['text']} characters)"
+        pixels = np.asarray(Image.open(tmp_path / f"{page.name}.png").convert("L"))
+        assert (pixels < 200).mean() > 0.02, f"{page.name}: the screenshot is blank"
 
 
 def check_shape_table(table: pd.DataFrame):
@@ -174,26 +240,48 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     collected = None
     deadline = time.time() + 300
     while time.time() < deadline:
-        found = list(outputs.glob("01_tree_shapes/*/collection/prompts.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 1:
-            collected = found[0]
+        found = list(outputs.glob("01_tree_shapes/*/collection/*.npz"))  # a unit's file is its record
+        if found:
+            collected = found[0].parent
             break
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert collected is not None, "the collection never started"
-    before = len(collected.read_text().splitlines())
+    before = len(list(collected.glob("*.npz")))
     assert before < 3, "killed too late to test a resume"
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
-    lines = collected.read_text().splitlines()
-    assert len(lines) == 3 and len({json.loads(line)["key"]["prompt_id"] for line in lines}) == 3
-    units = pd.read_csv(collected.parent.parent / "units.csv")
+    files = sorted(p.name for p in collected.glob("*.npz"))
+    assert len(files) == 3 and len({p.prompt_id for p in Collection.load(collected).prompts}) == 3
+    table = pd.read_csv(collected.parent / "collection_units.csv")
+    assert sorted(table["unit"]) == files and (table["status"] == "present").sum() == before
+    units = pd.read_csv(collected.parent / "units.csv")
     # the first check_prompts (2) of the 3 prompts run end to end: the target alone and 3 methods each
     assert len(units) == 2 * (1 + 3) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
     assert units["greedy_equal"].all()
-    agreement = pd.read_csv(collected.parent.parent / "replay_agreement.csv")
+    agreement = pd.read_csv(collected.parent / "replay_agreement.csv")
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
+
+
+def test_tree_shapes_collects_on_ray(tmp_path):
+    """Notebook 01 through the runner with `-p executor ray`: it starts a local Ray instance, whose
+    actors load the pair by name and write the collection; the replay of what they wrote equals the
+    real runs in the notebook's own process step by step. Skipped where Ray is missing or cannot start."""
+    pytest.importorskip("ray", reason='Ray is not installed (pip install "specnb[ray]")')
+    proc = run_cli("run", "smoke", "--notebook", "01_tree_shapes", "-p", "executor", "ray", outputs=tmp_path)
+    folder = next((tmp_path / "01_tree_shapes").iterdir())
+    params = json.loads((folder / "params.json").read_text())
+    if proc.returncode and "Ray could not start" in params.get("error", ""):
+        pytest.skip(params["error"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert params["parameters"]["executor"] == "ray" and params["status"] == "finished"
+    units = pd.read_csv(folder / "collection_units.csv")
+    assert list(units["status"]) == ["written", "written"]
+    assert sorted(p.name for p in (folder / "collection").glob("*.npz")) == sorted(units["unit"])
+    agreement = pd.read_csv(folder / "replay_agreement.csv")
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
+    assert set(pd.read_csv(folder / "replay.csv")["shape"]) == {"chain", "kary2", "sequoia", "hindsight", "dynamic", "oracle"}
 
 
 def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):

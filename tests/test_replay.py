@@ -16,7 +16,7 @@ import torch
 import specnb.analysis.collect as collect_module
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.collect import collect
-from specnb.analysis.collection import UNITS_FILE, Collection, CollectConfig, file_name
+from specnb.analysis.collection import LEGACY_UNITS_FILE, PARAMS_FILE, Collection, CollectConfig, units_of
 from specnb.analysis.replay import (
     acceptance_vector,
     dynamic_tree,
@@ -168,24 +168,48 @@ def test_collection_resumes_after_an_interruption(tmp_path, monkeypatch, tiny_ta
     folder = tmp_path / "resumed"
     first = dict(list(PROMPTS.items())[:1])
     collect(folder, tiny_target, drafts["early"], first, config)
-    units = folder / UNITS_FILE
-    with units.open("a") as f:
-        f.write('{"key": {"prompt_id": "p1"}, "ro')  # killed while writing p1's line
-    (folder / file_name("p1")).write_bytes(b"half a file")  # and its arrays
+    names = [u.name for u in units_of(PROMPTS, config)]
+    (folder / f".{names[1]}.0123456789ab.tmp").write_bytes(b"half a file")  # killed while writing p1's file
     calls = []
     original = collect_module.collect_prompt
     monkeypatch.setattr(collect_module, "collect_prompt", lambda *a, **k: calls.append(a[3]) or original(*a, **k))
     resumed = collect(folder, tiny_target, drafts["early"], PROMPTS, config)
     assert calls == ["p1", "p2"], "finished prompts are never collected twice"
-    assert len(units.read_text().splitlines()) == 3
+    assert sorted(p.name for p in folder.glob("*.npz")) == sorted(names) == sorted(p.name for p in (tmp_path / "fresh").glob("*.npz"))
     assert resumed.config == fresh.config and json.loads((folder / "collection.json").read_text())["config"]["super_k"] == 2
     for a, b in zip(resumed.prompts, fresh.prompts):
         assert a.prompt_id == b.prompt_id and a.arrays().keys() == b.arrays().keys()
         for k in a.arrays():
             np.testing.assert_array_equal(a.arrays()[k], b.arrays()[k], err_msg=k)
     assert Collection.load(folder, ["p2"]).prompts[0].prompt_id == "p2"
+    assert [p.prompt_id for p in Collection.load(folder).prompts] == ["p0", "p1", "p2"]
     with pytest.raises(ValueError, match="other parameters"):
         collect(folder, tiny_target, drafts["early"], PROMPTS, CollectConfig(max_new_tokens=9, eos_token_id=()))
+    # a changed prompt is a new unit (a new file), never the old one's data
+    changed = {"p0": torch.cat([PROMPTS["p0"], PROMPTS["p0"][:, :1]], dim=1)}
+    collect(folder, tiny_target, drafts["early"], changed, config)
+    assert len(list(folder.glob("*.npz"))) == 4
+    with pytest.raises(ValueError, match="collected twice"):
+        Collection.load(folder, ["p0"])
+
+
+def test_a_collection_of_the_earlier_layout_still_loads(tmp_path, tiny_target, drafts, collections):
+    """The layout before per-unit records: prompts.jsonl (a Sweep line per prompt) beside the .npz."""
+    from specnb.io.storage import Sweep, write_arrays, write_json
+
+    c = collections["early"]
+    folder = tmp_path / "old"
+    write_json(folder / PARAMS_FILE, json.loads((c.folder / PARAMS_FILE).read_text()))
+    units = Sweep(folder / LEGACY_UNITS_FILE, ("prompt_id",))
+    for i, p in enumerate(c.prompts):
+        write_arrays(folder / f"{p.prompt_id}-{i:08x}.npz", p.arrays())
+        units.add({"prompt_id": p.prompt_id}, [], meta={"category": p.category, "file": f"{p.prompt_id}-{i:08x}.npz",
+                                                         "stopped": p.stopped, **{f"{k}_s": v for k, v in p.times.items()}})
+    old = Collection.load(folder)
+    assert [p.prompt_id for p in old.prompts] == [p.prompt_id for p in c.prompts] and old.config == c.config
+    assert replay(old, {("chain", 4): TREES["chain4"]}).equals(replay(c, {("chain", 4): TREES["chain4"]}))
+    with pytest.raises(ValueError, match="earlier layout"):
+        collect(folder, tiny_target, drafts["early"], PROMPTS, c.config)
 
 
 @pytest.fixture(scope="module")

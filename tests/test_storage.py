@@ -4,8 +4,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
-from specnb.io.storage import Sweep, environment, write_json
+import numpy as np
+import pytest
+
+from specnb.io.storage import ResultFolder, Sweep, environment, read_arrays, write_arrays, write_json
 
 
 def test_sweep_resumes_and_keeps_each_row_once(tmp_path):
@@ -59,3 +63,33 @@ def test_environment_and_json(tmp_path):
     assert env["packages"]["torch"] and env["device"]
     out = write_json(tmp_path / "a" / "params.json", {"env": env, "n": 3})
     assert json.loads(out.read_text())["n"] == 3
+
+
+def test_concurrent_writers_of_one_file_leave_one_whole_file(tmp_path):
+    """Each writer stages its own temporary file (a shared one would interleave two writers' bytes)."""
+    path = tmp_path / "unit.npz"
+
+    def write(i: int) -> set:
+        write_arrays(path, {"x": np.full(50_000, i)})
+        return set(read_arrays(path)["x"].tolist())  # a reader sees one writer's whole file
+
+    with ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(write, range(16)))
+    assert all(len(s) == 1 for s in seen) and len(set(read_arrays(path)["x"].tolist())) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["unit.npz"]
+
+
+@pytest.mark.parametrize("url", [False, True], ids=["path", "fsspec_url"])
+def test_result_folder_keeps_whole_files_and_the_first_writers_json(tmp_path, url):
+    root = tmp_path / "results"
+    folder = ResultFolder(f"file://{root}" if url else str(root))
+    assert folder.names(".npz") == [] and folder.read_json("params.json") is None and not folder.exists("u.npz")
+    assert folder.create_json("params.json", {"a": 1}) == {"a": 1}
+    assert folder.create_json("params.json", {"a": 2}) == {"a": 1}  # the first writer's stays
+    folder.write_arrays("u.npz", {"x": np.arange(3)})
+    (root / ".v.npz.0123456789ab.tmp").write_bytes(b"half a file")  # a writer killed midway
+    assert folder.names(".npz") == ["u.npz"] and folder.exists("u.npz")
+    np.testing.assert_array_equal(folder.read_arrays("u.npz")["x"], np.arange(3))
+    assert folder.read_arrays("u.npz", ["x"]).keys() == {"x"}
+    assert sorted(p.name for p in root.iterdir()) == [".v.npz.0123456789ab.tmp", "params.json", "u.npz"]
+

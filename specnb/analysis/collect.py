@@ -18,16 +18,24 @@ accepted, given children 0..i-1 were rejected, with probability alpha_i. `analys
 them into the expected acceptance of any gap-free subtree.
 
 Everything lands in a collection folder (`analysis.collection`): resumable, one file per prompt.
+The unit of work is one prompt (`collection.Unit`, named by a content hash) and `collect_unit` is
+the plain function that does it; `collect_units` maps it over the units with an executor
+(`analysis.executors`: in this process, or on Ray actors that each load the pair once, from its
+names), retrying failed units and reporting them by name; `collect` is that loop in this process
+with models already loaded. Either way the folder ends with the same files.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path as FilePath
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
@@ -41,11 +49,17 @@ from ..core.runtime import eos_ids, match_vocab
 from ..core.sampling import probabilities, top_tokens
 from ..core.trees import Tree
 from ..core.verification import prefill, verify
-from .collection import CollectConfig, Collection, PromptData, open_folder, save_prompt
+from ..io.models import ModelPair
+from ..io.storage import ResultFolder
+from .collection import CollectConfig, Collection, PromptData, Unit, open_folder, save_unit, units_of
+from .executors import Executor, LocalExecutor, Outcome, Progress
+
+
+Models = tuple[torch.nn.Module, torch.nn.Module, ModelDrafter]  # (target, draft, the draft's drafter): what a worker keeps
 
 
 def collect(
-    folder: str | FilePath,
+    folder: str | FilePath | ResultFolder,
     target: torch.nn.Module,
     draft: torch.nn.Module,
     prompts: Mapping[str, torch.Tensor],
@@ -55,30 +69,149 @@ def collect(
     progress: bool = False,
     super_prompts: Iterable[str] | None = None,
 ) -> Collection:
-    """Collect every prompt not yet in `folder` and return the collection of `prompts`.
+    """Collect every prompt not yet in `folder`, in this process, and return the collection of `prompts`.
 
     prompts: prompt id -> input ids long [1, P]. describe: what made it (pair names, prompt
-    source...), stored with the config; resuming with another config or description raises.
-    super_prompts: the prompts that get super-trees when config.super_k > 0 (they cost draft
-    forwards; default every prompt); the subset is stored in the description, so resuming with
-    another subset raises too.
-    """
-    folder = FilePath(folder)
-    wanted = None if super_prompts is None or not config.super_k else sorted(str(p) for p in super_prompts)
-    if wanted is not None:
+    source...), stored with the config; resuming with another config or description raises. A
+    prompt that fails raises its error (after the other prompts are collected). super_prompts:
+    `collect_units`."""
+    return collect_units(folder, (target, draft), prompts, config, categories, describe, retries=0, progress=progress,
+                         super_prompts=super_prompts).check().collection
+
+
+@dataclass(frozen=True)
+class CollectReport:
+    """What `collect_units` did: the collection of the units that are in the folder, and how the
+    rest went (`outcome`: each written unit's result, the failures by unit name, the workers)."""
+
+    collection: Collection  # the prompts asked for that are collected, in the order asked
+    units: tuple[Unit, ...]  # every unit asked for
+    present: int  # units already in the folder before this call
+    outcome: Outcome
+
+    def check(self) -> CollectReport:
+        """Itself, if no unit failed; else the first failed unit's error is raised."""
+        if self.outcome.failures:
+            first = self.outcome.failures[0]
+            raise first.exception or RuntimeError(f"collecting {first.unit} failed: {first.error}")
+        return self
+
+    @property
+    def failed(self) -> list[str]:
+        """Prompt ids of the units given up on."""
+        by_name = {u.name: u.prompt_id for u in self.units}
+        return [by_name[f.unit] for f in self.outcome.failures]
+
+    def table(self) -> pd.DataFrame:
+        """One row per unit: prompt_id, unit (file name), status ("present": there before; "written";
+        "found": written meanwhile by another collection; "failed"), attempts, error, seconds."""
+        failures = {f.unit: f for f in self.outcome.failures}
+        rows = []
+        for u in self.units:
+            result, failure = self.outcome.results.get(u.name), failures.get(u.name)
+            status = "failed" if failure else ("present" if result is None else result["status"])
+            rows.append({"prompt_id": u.prompt_id, "unit": u.name, "status": status,
+                         "attempts": self.outcome.attempts.get(u.name, 0) + (result is not None),
+                         "error": failure.error if failure else "",
+                         "seconds": None if result is None else result["seconds"]})
+        return pd.DataFrame(rows)
+
+
+def collect_units(
+    folder: str | FilePath | ResultFolder,
+    models: ModelPair | tuple[torch.nn.Module, torch.nn.Module],
+    prompts: Mapping[str, torch.Tensor],
+    config: CollectConfig = CollectConfig(),
+    categories: Mapping[str, str] | None = None,
+    describe: Mapping[str, Any] | None = None,
+    executor: Executor = LocalExecutor(),
+    retries: int = 2,
+    progress: bool | Callable[[Progress], None] = True,
+    super_prompts: Iterable[str] | None = None,
+) -> CollectReport:
+    """Collect every unit (prompt) not yet in `folder` with `executor`, retrying a failed unit up to
+    `retries` more times, then reporting it (`CollectReport`) without stopping the others.
+
+    models: a `ModelPair` (names: each worker loads it once, `load_models`) or loaded (target,
+    draft) for this process. folder: a path, or for workers on other machines a shared folder or an
+    fsspec URL they can all write. describe: what made the collection; if it names "draft_dtype",
+    a worker whose draft loads in another dtype refuses to start. progress: a bar over units done /
+    total with failures (True), or a callback taking each `Progress`. super_prompts: the prompts
+    that get super-trees when config.super_k > 0 (they cost draft forwards; default every prompt);
+    the subset is part of the description, so resuming with another subset raises too."""
+    if super_prompts is not None and config.super_k:
+        wanted = sorted(str(p) for p in super_prompts)
         unknown = sorted(set(wanted) - {str(p) for p in prompts})
         if unknown:
             raise ValueError(f"super_prompts names prompts that are not collected: {unknown}")
         describe = {**(describe or {}), "super_prompts": wanted}
-    units = open_folder(folder, config, describe)
-    drafter = ModelDrafter(draft)
-    todo = [pid for pid in prompts if {"prompt_id": str(pid)} not in units]
-    for pid in tqdm(todo, desc="collect", disable=not progress):
-        category = (categories or {}).get(pid, "")
-        trees = wanted is None or str(pid) in wanted
-        save_prompt(folder, units, collect_prompt(target, draft, drafter, str(pid), category, prompts[pid], config,
-                                                  super_trees=trees))
-    return Collection.load(folder, [str(p) for p in prompts])
+    store = open_folder(folder, config, describe)
+    units = units_of(prompts, config, describe, categories)
+    todo = [u for u in units if not store.exists(u.name)]
+    if isinstance(models, ModelPair):
+        load: Callable[[], Models] = partial(load_models, models, (describe or {}).get("draft_dtype"))
+    else:
+        load = partial(_loaded, models[0], models[1])
+    with _ProgressBar(len(units), len(units) - len(todo), progress) as report:
+        outcome = executor.map(load, partial(collect_unit, folder=store, config=config), todo, retries, report)
+    failed = {f.unit for f in outcome.failures}
+    absent = [u.name for u in units if u.name not in failed and not store.exists(u.name)]
+    if absent:
+        raise FileNotFoundError(f"{len(absent)} units the workers wrote are not in {store} as this process sees it "
+                                f"(e.g. {absent[0]}): give them a folder this process shares (a shared file system, an fsspec URL)")
+    collection = Collection.load_units(store, [u.name for u in units if u.name not in failed])
+    return CollectReport(collection, tuple(units), len(units) - len(todo), outcome)
+
+
+def collect_unit(models: Models, unit: Unit, folder: ResultFolder, config: CollectConfig) -> dict[str, Any]:
+    """One unit: collect the prompt and write its file, unless the file is there already (another
+    worker or collection wrote it: units may run twice, the folder keeps one file). Returns
+    {"status": "written" | "found", "seconds": ...}."""
+    start = time.perf_counter()
+    if folder.exists(unit.name):
+        return {"status": "found", "seconds": 0.0}
+    target, draft, drafter = models
+    ids = torch.tensor([unit.prompt], dtype=torch.long)  # host: the generation loop moves it
+    save_unit(folder, unit.name, collect_prompt(target, draft, drafter, unit.prompt_id, unit.category, ids, config,
+                                                super_trees=unit.super_trees))
+    return {"status": "written", "seconds": time.perf_counter() - start}
+
+
+def load_models(pair: ModelPair, draft_dtype: str | None = None) -> Models:
+    """What a worker keeps: the pair loaded by name (on the worker's GPU, if it was given one).
+    draft_dtype: the dtype the collection was described with; a worker whose draft loads in
+    another (a float16 GPU worker for a float32 collection) refuses to start."""
+    target, draft, _ = pair.load()
+    dtype = str(draft.dtype).removeprefix("torch.")
+    if draft_dtype is not None and dtype != draft_dtype:
+        raise ValueError(f"this worker loads the draft in {dtype} ({draft.device}); the collection is {draft_dtype}")
+    return target, draft, ModelDrafter(draft)
+
+
+def _loaded(target: torch.nn.Module, draft: torch.nn.Module) -> Models:
+    return target, draft, ModelDrafter(draft)
+
+
+class _ProgressBar:
+    """A tqdm bar over units (done / total, failures) for `collect_units`, or the caller's callback."""
+
+    def __init__(self, total: int, present: int, progress: bool | Callable[[Progress], None]) -> None:
+        self.callback = progress if callable(progress) else None
+        self.bar = tqdm(total=total, initial=present, desc="collect", unit="unit", disable=progress is not True)
+        self.present = present
+
+    def __enter__(self) -> _ProgressBar:
+        return self
+
+    def __call__(self, p: Progress) -> None:
+        if self.callback is not None:
+            self.callback(p)
+        self.bar.n = self.present + p.done
+        self.bar.set_postfix(failed=p.failed, retried=p.retried, workers=len(p.workers), lost=p.lost_workers, refresh=False)
+        self.bar.refresh()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.close()
 
 
 def collect_prompt(

@@ -1,31 +1,38 @@
 """A collection on disk: what was collected per prompt, with the parameters that made it.
 
-Stored with `io.storage`: a folder with collection.json (the `CollectConfig` and a description of
-what made it), prompts.jsonl (one `Sweep` line per finished prompt, with its timings) and one .npz
-per prompt (`PromptData.arrays`, written atomically before its line). An interrupted collection
-resumes where it stopped, and a folder made with other parameters is refused (`open_folder`).
-`analysis.collect` fills it; `analysis.replay` reads it.
+A folder (`io.storage.ResultFolder`: a local path, a shared file system, or an fsspec URL) holding
+collection.json (the `CollectConfig` and a description of what made it, e.g. the pair) and one .npz
+per *unit*: one prompt collected for the pair under the config (`Unit`). A unit's file is named by
+the prompt id and a content hash of (description, config, prompt id, prompt ids) (`unit_name`), and
+it is the unit's whole record: the arrays (`PromptData.arrays`) and a `meta` entry (category, stop,
+timings), written atomically. So a unit is done exactly when its file exists: an interrupted
+collection resumes where it stopped, any number of workers (`analysis.executors`) and restarts leave
+one file per unit, and the folder needs no index that several writers would have to share. A
+folder made with other parameters is refused (`open_folder`). `analysis.collect` fills it;
+`analysis.replay` reads it (`Collection.load`). Folders of the earlier layout (a prompts.jsonl
+index beside the .npz files) still load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-import zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path as FilePath
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ..core.sampling import SamplingConfig
 from ..core.trees import Tree
 from ..drafters.methods import parse_method
-from ..io.storage import Sweep, read_arrays, write_arrays, write_json
+from ..io.storage import ResultFolder, Sweep, read_arrays
 
 PARAMS_FILE = "collection.json"
-UNITS_FILE = "prompts.jsonl"
-UNIT_KEY = ("prompt_id",)
+UNIT_SUFFIX = ".npz"
+META = "meta"  # the entry of a unit's .npz that holds its JSON record (a 0-d string array)
+LEGACY_UNITS_FILE = "prompts.jsonl"  # the earlier layout's index (one `Sweep` line per prompt): read only
 
 
 @dataclass(frozen=True)
@@ -117,29 +124,35 @@ class Collection:
     config: CollectConfig
     describe: dict[str, Any]
     prompts: tuple[PromptData, ...]
-    folder: FilePath | None = field(default=None, compare=False)
+    folder: FilePath | str | None = field(default=None, compare=False)  # a path, or the URL it was loaded from
 
     @classmethod
-    def load(cls, folder: str | FilePath, prompt_ids: Iterable[str] | None = None) -> Collection:
-        folder = FilePath(folder)
-        params = json.loads((folder / PARAMS_FILE).read_text())
-        config = _config_from_json(params["config"])
-        units = Sweep(folder / UNITS_FILE, UNIT_KEY)
-        table = units.meta_frame()
-        stored = [] if table.empty else table["prompt_id"].astype(str).tolist()
-        wanted = stored if prompt_ids is None else [str(p) for p in prompt_ids]
-        missing = [p for p in wanted if p not in stored]
+    def load(cls, folder: str | FilePath | ResultFolder, prompt_ids: Iterable[str] | None = None) -> Collection:
+        """The collected prompts in `folder`: those of `prompt_ids` in that order, or every unit
+        sorted by prompt id. Raises KeyError for a prompt not collected, ValueError for a prompt
+        collected twice with different prompt ids (ask for the exact units with `load_units`)."""
+        store = as_folder(folder)
+        config, describe = _read_params(store)
+        if store.exists(LEGACY_UNITS_FILE):
+            return _load_legacy(store, config, describe, prompt_ids)
+        by_id: dict[str, list[str]] = {}
+        for name in store.names(UNIT_SUFFIX):
+            by_id.setdefault(_read_meta(store, name)["prompt_id"], []).append(name)
+        wanted = sorted(by_id) if prompt_ids is None else [str(p) for p in prompt_ids]
+        missing = [p for p in wanted if p not in by_id]
         if missing:
-            raise KeyError(f"prompts not collected in {folder}: {missing}")
-        prompts = []
-        for pid in wanted:
-            meta = units.meta({"prompt_id": pid})
-            arrays = read_arrays(folder / meta["file"])
-            prompts.append(PromptData(
-                prompt_id=pid, category=str(meta["category"]), stopped=bool(meta["stopped"]),
-                times={k[:-2]: float(v) for k, v in meta.items() if k.endswith("_s")}, **arrays,
-            ))
-        return cls(config, params.get("describe", {}), tuple(prompts), folder)
+            raise KeyError(f"prompts not collected in {store}: {missing}")
+        twice = {p: by_id[p] for p in wanted if len(by_id[p]) > 1}
+        if twice:
+            raise ValueError(f"{store} holds prompts collected twice, from different prompt ids: {twice}")
+        return cls(config, describe, tuple(read_unit(store, by_id[p][0]) for p in wanted), _location(store))
+
+    @classmethod
+    def load_units(cls, folder: str | FilePath | ResultFolder, names: Sequence[str]) -> Collection:
+        """The units named `names` (file names, `Unit.name`), in that order."""
+        store = as_folder(folder)
+        config, describe = _read_params(store)
+        return cls(config, describe, tuple(read_unit(store, n) for n in names), _location(store))
 
     @property
     def sampling(self) -> bool:
@@ -171,37 +184,117 @@ def _model_tree(spec: str) -> Tree:
     return method.tree
 
 
-def open_folder(folder: FilePath, config: CollectConfig, describe: Mapping[str, Any] | None) -> Sweep:
-    """The unit store of a collection folder, made with `config` (written on first use); a folder
-    made with other parameters or another description is refused."""
-    params = {"config": _config_to_json(config), "describe": dict(describe or {})}
-    existing = folder / PARAMS_FILE
-    if existing.exists():
-        stored = json.loads(existing.read_text())
-        if stored != json.loads(json.dumps(params)):
-            raise ValueError(
-                f"{folder} holds a collection made with other parameters:\n  stored: {stored}\n  asked:  {params}"
-            )
-    else:
-        write_json(existing, params)
-    return Sweep(folder / UNITS_FILE, UNIT_KEY)
+@dataclass(frozen=True)
+class Unit:
+    """One unit of collection work: one prompt, for the folder's pair and config. It is what a
+    worker is sent (names and ids, never models), and it becomes one file, `name`."""
+
+    name: str  # the file name: the prompt id and a content hash (`unit_name`)
+    prompt_id: str
+    category: str
+    prompt: tuple[int, ...]  # the prompt's input ids
+    super_trees: bool = True  # collect its super-trees (when the config has super_k > 0)
 
 
-def save_prompt(folder: FilePath, units: Sweep, data: PromptData) -> None:
-    """Store one prompt's arrays, then its unit line: a unit line always means a whole file."""
-    name = file_name(data.prompt_id)
-    write_arrays(folder / name, data.arrays())
-    units.add(
-        {"prompt_id": data.prompt_id}, [],
-        meta={"category": data.category, "file": name, "prompt_length": int(len(data.prompt)),
-              "length": int(len(data.tokens)), "stopped": data.stopped,
-              **{f"{k}_s": v for k, v in data.times.items()}},
-    )
+def units_of(
+    prompts: Mapping[str, Any],
+    config: CollectConfig,
+    describe: Mapping[str, Any] | None = None,
+    categories: Mapping[str, str] | None = None,
+) -> list[Unit]:
+    """The units of a collection: prompts maps prompt id -> input ids ([1, P] tensor or a sequence).
+    A description naming "super_prompts" (`collect.collect_units`) limits super-trees to those."""
+    subset = (describe or {}).get("super_prompts")
+    out = []
+    for pid, ids in prompts.items():
+        flat = tuple(int(i) for i in (ids.reshape(-1).tolist() if hasattr(ids, "reshape") else ids))
+        out.append(Unit(unit_name(str(pid), flat, config, describe), str(pid), (categories or {}).get(pid, ""), flat,
+                        super_trees=subset is None or str(pid) in subset))
+    return out
 
 
-def file_name(prompt_id: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prompt_id)[:40]
-    return f"{safe}-{zlib.crc32(prompt_id.encode()):08x}.npz"
+def unit_name(prompt_id: str, prompt: Sequence[int], config: CollectConfig, describe: Mapping[str, Any] | None = None) -> str:
+    """A unit's file name: a readable prefix of the prompt id, then a content hash of what decides
+    its data: the description (the pair), the config, the prompt id and its ids."""
+    content = {"describe": _params(config, describe)["describe"], "config": _config_to_json(config),
+               "prompt_id": prompt_id, "prompt": [int(i) for i in prompt]}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prompt_id)[:40].lstrip(".")
+    return f"{safe}-{digest}{UNIT_SUFFIX}"
+
+
+def as_folder(folder: str | FilePath | ResultFolder) -> ResultFolder:
+    return folder if isinstance(folder, ResultFolder) else ResultFolder(str(folder))
+
+
+def open_folder(folder: str | FilePath | ResultFolder, config: CollectConfig, describe: Mapping[str, Any] | None) -> ResultFolder:
+    """The collection folder made with `config` and `describe` (recorded by the first writer); a
+    folder made with other parameters or another description, or in the earlier layout, is refused."""
+    store = as_folder(folder)
+    params = _params(config, describe)
+    if store.exists(LEGACY_UNITS_FILE):
+        raise ValueError(f"{store} holds a collection in the earlier layout (prompts.jsonl): it still loads "
+                         "and replays, but collect into a new folder")
+    stored = store.create_json(PARAMS_FILE, params)
+    if stored != params:
+        raise ValueError(f"{store} holds a collection made with other parameters:\n  stored: {stored}\n  asked:  {params}")
+    return store
+
+
+def save_unit(folder: ResultFolder, name: str, data: PromptData) -> None:
+    """Store one unit: its arrays and its record in one file, atomically (the file is the record)."""
+    meta = {"prompt_id": data.prompt_id, "category": data.category, "stopped": data.stopped,
+            "prompt_length": int(len(data.prompt)), "length": int(len(data.tokens)), "times": data.times}
+    folder.write_arrays(name, {**data.arrays(), META: np.array(json.dumps(meta))})
+
+
+def read_unit(folder: ResultFolder, name: str) -> PromptData:
+    arrays = folder.read_arrays(name)
+    meta = json.loads(str(arrays.pop(META)))
+    return PromptData(prompt_id=meta["prompt_id"], category=meta["category"], stopped=bool(meta["stopped"]),
+                      times={k: float(v) for k, v in meta["times"].items()}, **arrays)
+
+
+def _read_meta(folder: ResultFolder, name: str) -> dict:
+    return json.loads(str(folder.read_arrays(name, [META])[META]))
+
+
+def _read_params(folder: ResultFolder) -> tuple[CollectConfig, dict[str, Any]]:
+    params = folder.read_json(PARAMS_FILE)
+    if params is None:
+        raise FileNotFoundError(f"no collection in {folder} (no {PARAMS_FILE})")
+    return _config_from_json(params["config"]), params.get("describe", {})
+
+
+def _params(config: CollectConfig, describe: Mapping[str, Any] | None) -> dict:
+    """collection.json's content, as JSON reads it back."""
+    return json.loads(json.dumps({"config": _config_to_json(config), "describe": dict(describe or {})}, default=str))
+
+
+def _location(folder: ResultFolder) -> FilePath | str:
+    return folder.location if folder.is_url else FilePath(folder.location)
+
+
+def _load_legacy(folder: ResultFolder, config: CollectConfig, describe: dict, prompt_ids: Iterable[str] | None) -> Collection:
+    """A folder of the earlier layout: prompts.jsonl (one `Sweep` line per prompt) beside the .npz."""
+    if folder.is_url:
+        raise ValueError(f"{folder}: collections of the earlier layout load from a local folder only")
+    units = Sweep(FilePath(folder.location) / LEGACY_UNITS_FILE, ("prompt_id",))
+    table = units.meta_frame()
+    stored = [] if table.empty else table["prompt_id"].astype(str).tolist()
+    wanted = stored if prompt_ids is None else [str(p) for p in prompt_ids]
+    missing = [p for p in wanted if p not in stored]
+    if missing:
+        raise KeyError(f"prompts not collected in {folder}: {missing}")
+    prompts = []
+    for pid in wanted:
+        meta = units.meta({"prompt_id": pid})
+        arrays = read_arrays(FilePath(folder.location) / meta["file"])
+        prompts.append(PromptData(
+            prompt_id=pid, category=str(meta["category"]), stopped=bool(meta["stopped"]),
+            times={k[:-2]: float(v) for k, v in meta.items() if k.endswith("_s")}, **arrays,
+        ))
+    return Collection(config, describe, tuple(prompts), FilePath(folder.location))
 
 
 def _config_to_json(config: CollectConfig) -> dict:

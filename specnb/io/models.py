@@ -7,6 +7,7 @@ What it holds:
                                   the model and what to do, before any weights load
     check_pair / load_pair        a target and a draft that share one vocabulary, checked before any
                                   weights are loaded
+    ModelPair                     a pair by name (what a worker process needs to load it itself)
     truncate_layers               keep a model's first layers (a separate early-exit copy)
     describe_model                what was loaded, in one line: class, layers, dtype, 4-bit Linears,
                                   and whether it is a dry run's stand-in (`notebook.dryrun`)
@@ -18,6 +19,7 @@ from the hub or its local cache, local folders as they are.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -224,6 +226,24 @@ def load_pair(
     if draft_layers is not None:
         truncate_layers(draft_model, draft_layers)
     return target_model, draft_model, tokenizer
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    """A draft -> target pair by name, as parameter files name it: what a worker process (a Ray
+    actor) is sent so that it loads the pair itself, once (`load`)."""
+
+    target: str  # an embedded model's short name, a hub id or a local folder
+    draft: str
+    target_quantization: str | None = None  # None or "4bit"
+    draft_quantization: str | None = None
+    draft_layers: int | None = None  # keep only the draft's first layers (early-exit self-draft)
+    dtype: str | None = None  # weights and 4-bit compute (`model_dtype`); None: the device's default
+
+    def load(self, device: str | torch.device | None = None) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+        """`load_pair` of these names: (target, draft, tokenizer) on `device` (default: CUDA if seen)."""
+        return load_pair(self.target, self.draft, self.target_quantization, self.draft_quantization,
+                         device=device, dtype=self.dtype, draft_layers=self.draft_layers)
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:

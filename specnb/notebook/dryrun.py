@@ -211,7 +211,7 @@ def standin_weights(model: torch.nn.Module, hub_id: str, family: str) -> None:
 
 
 def _normal(key: str, shape: torch.Size) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode())))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode())))  # host: stand-in weights, saved to disk
 
 
 # ---------------------------------------------------------------------------------------------

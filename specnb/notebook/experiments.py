@@ -33,15 +33,16 @@ from tqdm.auto import tqdm
 
 from ..analysis import replay, spread, tree_design
 from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
-from ..analysis.collect import collect
+from ..analysis.collect import CollectReport, collect_units
 from ..analysis.collection import CollectConfig, Collection
+from ..analysis.executors import Executor, LocalExecutor
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
-from ..io.models import check_pair, default_device, default_dtype, describe_model, load_model, load_tokenizer, model_dtype, prompt_ids
+from ..io.models import ModelPair, check_pair, default_device, default_dtype, describe_model, load_model, load_tokenizer, model_dtype, prompt_ids
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
 from ..bench.timing import environment_row
@@ -53,14 +54,9 @@ UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
 
 
 @dataclass(frozen=True)
-class Pair:
-    """A draft -> target pair as named in parameter files."""
+class Pair(ModelPair):
+    """A draft -> target pair as named in parameter files (`ModelPair`), with its own methods."""
 
-    target: str
-    draft: str
-    target_quantization: str | None = None
-    draft_quantization: str | None = None
-    draft_layers: int | None = None  # keep only the draft's first layers (early-exit self-draft)
     methods: tuple[str, ...] | None = None  # this pair's method specs; None: the sweep's own
 
     def __post_init__(self) -> None:
@@ -226,9 +222,10 @@ def replay_units(
     Needs the target-alone units of `run_sweep` in `store` first."""
     dynamic = [k[1] for k in trees if k[0] == DYNAMIC]
     static = {k: t for k, t in trees.items() if k[0] != DYNAMIC}
-    collection = collect_pair(folder, target, draft, tokenizer, prompts, static, max_new_tokens,
-                              super_k=DYNAMIC_TOP_K if dynamic else 0, super_depth=DYNAMIC_MAX_DEPTH,
-                              dynamic_budgets=dynamic, describe={"pair": pair_label})
+    report = collect_pair(folder, target, draft, tokenizer, prompts, static, max_new_tokens,
+                          super_k=DYNAMIC_TOP_K if dynamic else 0, super_depth=DYNAMIC_MAX_DEPTH,
+                          dynamic_budgets=dynamic, describe={"pair": pair_label}, retries=0)
+    collection = report.check().collection
     data = {p.prompt_id: p for p in collection.prompts}
     for (label, budget), tree in trees.items():
         steps = replay.replay_steps(collection, budget if label == DYNAMIC else tree)
@@ -399,8 +396,8 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
 
 def collect_pair(
     folder,
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
+    target: torch.nn.Module | None,
+    draft: torch.nn.Module | None,
     tokenizer,
     prompts: Sequence[Prompt],
     trees: dict[tuple[str, int], Tree],
@@ -411,20 +408,35 @@ def collect_pair(
     describe: dict | None = None,
     top_k: int = 16,
     super_prompts: int | None = None,
-) -> Collection:
-    """`analysis.collect.collect` for a prompt set: ranks kept up to top_k (at least the widest rank
-    any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
-    dynamic budget, on the first `super_prompts` prompts (None: all). Resumable in `folder`."""
+    pair: Pair | None = None,
+    executor: Executor = LocalExecutor(),
+    retries: int = 2,
+    dtype: str | None = None,
+) -> CollectReport:
+    """`analysis.collect.collect_units` for a prompt set: ranks kept up to top_k (at least the widest
+    rank any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
+    dynamic budget, on the first `super_prompts` prompts (None: all). Resumable in `folder` (a path,
+    a shared folder or an fsspec URL). The local executor uses the loaded `target` and `draft`; any
+    other (Ray) loads `pair` on each worker (in `dtype`, `io.models.model_dtype`), and the draft's
+    dtype is recorded so that a worker loading another refuses. The report holds the collection of the collected prompts and the
+    failures by name (`CollectReport`)."""
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     config = CollectConfig(
         max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, top_k), super_k=super_k,
         super_depth=super_depth, super_size=max(dynamic_budgets, default=1),
     )
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
-    describe = {**(describe or {}), "draft_dtype": str(draft.dtype).removeprefix("torch.")}
-    return collect(folder, target, draft, ids, config, categories={p.id: p.category for p in prompts},
-                   describe=describe, progress=True,
-                   super_prompts=None if super_prompts is None else [p.id for p in prompts[:super_prompts]])
+    dtype = draft.dtype if draft is not None else default_dtype(default_device())
+    describe = {**(describe or {}), "draft_dtype": str(dtype).removeprefix("torch.")}
+    if isinstance(executor, LocalExecutor) and target is not None and draft is not None:
+        models: ModelPair | tuple = (target, draft)
+    elif pair is not None:
+        models = ModelPair(pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, pair.draft_layers, dtype)
+    else:
+        raise ValueError("workers load the pair themselves: pass the pair's names (pair=...)")
+    return collect_units(folder, models, ids, config, categories={p.id: p.category for p in prompts},
+                         describe=describe, executor=executor, retries=retries,
+                         super_prompts=None if super_prompts is None else [p.id for p in prompts[:super_prompts]])
 
 
 def cost_curves(

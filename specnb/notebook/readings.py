@@ -10,11 +10,17 @@ acceptance rate = accepted / drafted.
     pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality
     recommendation     the budget the cost model picks on this device (notebooks 01 and 03)
     categories_note    which categories a per-category figure shows and which it pools, and why
+    collection_reading notebook 01: units collected / total, the workers, failed units by name
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
+
+if TYPE_CHECKING:
+    from ..analysis.collect import CollectReport
 
 
 def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataFrame) -> str:
@@ -149,3 +155,17 @@ def long_reading(table: pd.DataFrame) -> str:
     lines.append(f"- speculative outputs equal to the streaming target's own greedy output (same policy): {exact}/{total} exact"
                  + (f", {ties} numerical ties" if ties else ""))
     return "\n".join(lines)
+
+
+def collection_reading(report: CollectReport) -> str:
+    """Markdown: units collected / total, by how many workers on how many nodes, failures by prompt id."""
+    o = report.outcome
+    written = sum(r["status"] == "written" for r in o.results.values())
+    text = (f"**{len(report.collection.prompts)} / {len(report.units)} units collected**: {report.present} already there, "
+            f"{written} written now by {len(o.workers)} worker(s) on {len({w.node for w in o.workers})} node(s) "
+            f"in {o.seconds:.1f} s ({o.lost_workers} workers lost, {o.retried} attempts retried).")
+    if o.failures:
+        failed = "; ".join(f"`{pid}` ({f.attempts} attempts; {f.error})" for pid, f in zip(report.failed, o.failures))
+        text += f"\n\n**Failed units, left out of everything below:** {failed}. Rerun the notebook to try them again."
+    return text
+

@@ -19,10 +19,12 @@ against the parameters the notebooks declare before anything runs. Two more keys
                            first (`notebook.dryrun`): a dry run of a hub profile with no hub
 
 Each notebook run goes to `outputs/<notebook>/<run-id>/` (run-id = profile + a hash of the
-parameters): the executed notebook, its HTML export, params.json (parameters, environment, status,
-duration) and whatever tables and figures the notebook writes there. A finished run is never
+parameters): the executed notebook, its two HTML appendices (`notebook.report`: the full notebook
+and a report without code), params.json (parameters, environment, status, duration) and whatever
+tables and figures the notebook writes there. A finished run is never
 overwritten: the same parameters again get a new folder. An interrupted run resumes in its folder
-(the notebooks' sweeps skip finished units). `outputs/index.md` and `index.html` list every run.
+(the notebooks' sweeps skip finished units). `outputs/index.md` and `index.html` list every run
+(`report.write_index`), with each run's headline figure.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import argparse
 import ast
 import contextlib
 import hashlib
-import html
 import json
 import os
 import sys
@@ -43,6 +44,7 @@ from typing import Any, Iterator
 import yaml
 
 from ..io.storage import environment, write_json
+from .report import export, write_index
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -266,7 +268,7 @@ def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, An
             print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
         record["duration_s"] = round(time.perf_counter() - start, 1)
         if executed.exists():
-            _export_html(executed)
+            export(executed, record)
         write_json(folder / "params.json", record)
         print(f"== {nb.stem}: {record['status']} in {record['duration_s']} s", flush=True)
     write_index(outputs)
@@ -274,39 +276,6 @@ def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, An
         print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
     return 0
-
-
-def write_index(outputs: Path) -> None:
-    """outputs/index.md and index.html: every run folder with its status and files."""
-    rows = []
-    for params in sorted(outputs.glob("*/*/params.json")):
-        folder = params.parent
-        try:
-            info = json.loads(params.read_text())
-        except json.JSONDecodeError:
-            continue
-        files = sorted(p.name for p in folder.iterdir() if p.suffix in (".html", ".ipynb", ".csv", ".png"))
-        rows.append((info, folder.relative_to(outputs), files))
-    md = ["# specnb runs", "", "| notebook | run | profile | status | started | duration (s) | commit | files |",
-          "|---|---|---|---|---|---|---|---|"]
-    body = []
-    for info, rel, files in rows:
-        commit = (info.get("environment", {}).get("git_commit") or "")[:12]
-        links_md = " ".join(f"[{f}]({rel / f})" for f in files)
-        md.append(f"| {info.get('notebook')} | {rel.name} | {info.get('profile')} | {info.get('status')} | "
-                  f"{info.get('started')} | {info.get('duration_s', '')} | {commit} | {links_md} |")
-        links = " ".join(f'<a href="{html.escape(str(rel / f))}">{html.escape(f)}</a>' for f in files)
-        body.append(f"<tr><td>{html.escape(str(info.get('notebook')))}</td><td>{html.escape(rel.name)}</td>"
-                    f"<td>{html.escape(str(info.get('profile')))}</td><td>{html.escape(str(info.get('status')))}</td>"
-                    f"<td>{html.escape(str(info.get('started')))}</td><td>{info.get('duration_s', '')}</td>"
-                    f"<td>{html.escape(commit)}</td><td>{links}</td></tr>")
-    outputs.mkdir(parents=True, exist_ok=True)
-    (outputs / "index.md").write_text("\n".join(md) + "\n")
-    (outputs / "index.html").write_text(
-        "<!doctype html><meta charset='utf-8'><title>specnb runs</title><h1>specnb runs</h1>"
-        "<table border=1 cellpadding=4><tr><th>notebook</th><th>run</th><th>profile</th><th>status</th>"
-        "<th>started</th><th>duration (s)</th><th>commit</th><th>files</th></tr>" + "".join(body) + "</table>\n"
-    )
 
 
 def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
@@ -370,13 +339,6 @@ def _status(folder: Path) -> str | None:
         return json.loads((folder / "params.json").read_text()).get("status")
     except (OSError, json.JSONDecodeError):
         return None
-
-
-def _export_html(executed: Path) -> None:
-    from nbconvert import HTMLExporter
-
-    body, _ = HTMLExporter().from_filename(str(executed))
-    executed.with_suffix(".html").write_text(body)
 
 
 def _parse_value(text: str) -> Any:
