@@ -33,8 +33,9 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 prompts)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
     notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
-                legibility (is a figure readable), readings, session, runner, profile_memory (will
-                a profile's pairs fit its GPU), dryrun (stand-in hub models)
+                legibility (is a figure readable), readings, session, runner, report (the executed
+                notebook as HTML appendices and the index), profile_memory (will a profile's pairs
+                fit its GPU), dryrun (stand-in hub models)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -67,7 +68,7 @@ MODULES = {
                                     "executors", "tree_design", "cost_model", "memory", "spread")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
-                                    "runner", "profile_memory", "dryrun")},
+                                    "runner", "report", "profile_memory", "dryrun")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {
