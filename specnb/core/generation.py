@@ -37,6 +37,9 @@ class Step:
     # children in the tree at the root and at each accepted node (len num_accepted + 1); with
     # accepted_ranks this gives the per-rank acceptance vector
     child_counts: tuple[int, ...] = ()
+    # tokens the draft model drafted in its own vocabulary (cross-tokenizer drafts, transformers'
+    # universal assisted generation); None: num_drafted (the draft shares the target's vocabulary)
+    draft_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ def speculative_generate(
         drafter.observe(draft, result)
 
         added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
-        steps.append(_step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1))
+        steps.append(_step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1, draft.draft_tokens))
         new.extend(added)
         seq.extend(added)
         if stopped:
@@ -196,7 +199,8 @@ def _drafted_tree(draft: Draft, requested: Tree) -> Tree:
 
 
 def _step_record(
-    position: int, tree: Tree, result: Acceptance, added: list[int], draft_time: float, verify_time: float
+    position: int, tree: Tree, result: Acceptance, added: list[int], draft_time: float, verify_time: float,
+    draft_tokens: int | None = None,
 ) -> Step:
     path = result.path[: len(added)]  # an EOS inside the path cuts the rest of it
     rows = (0,) + tuple(i + 1 for i in path)
@@ -210,4 +214,5 @@ def _step_record(
         tree_depth=tree.depth,
         accepted_ranks=tuple(tree.ranks[i] for i in path),
         child_counts=tuple(len(tree.children[r]) for r in rows),
+        draft_tokens=draft_tokens,
     )
