@@ -24,7 +24,9 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
                 prompts, result storage
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
-                4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
+                4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
+                bytes, the look-behind rule), cross_tokenizer (a draft of another vocabulary),
+                methods (method specs)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
                 replay (collect once, replay many), tree_design (Sequoia, hindsight), cost_model
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
@@ -45,6 +47,7 @@ from .core.drafting import Draft, Drafter, ModelDrafter
 from .core.generation import GenerationResult, Step, autoregressive_generate, speculative_generate
 from .core.sampling import SamplingConfig
 from .core.trees import TokenTrie, Tree
+from .drafters.cross_tokenizer import CrossTokenizerDrafter
 from .drafters.draft_length import AdaptiveLength
 from .drafters.dynamic import DynamicTreeDrafter
 from .drafters.merging import MergedDrafter
@@ -56,7 +59,8 @@ MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
                                 "acceptance", "drafting", "runtime", "generation")},
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "prompts", "storage")},
-    **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
+    **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
+                                    "cross_tokenizer", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "tree_design", "cost_model")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
@@ -80,6 +84,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Acceptance",
     "AdaptiveLength",
+    "CrossTokenizerDrafter",
     "Draft",
     "Drafter",
     "DynamicTreeDrafter",

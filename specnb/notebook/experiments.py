@@ -9,7 +9,8 @@ of each prompt is the unit with shape "autoregressive" and budget 0; it is the r
 transformers' own speculative decoders run as units too, on the same prompts in the same process
 (`specnb.baselines`): shape "hf_assisted" (assisted generation with the pair's draft, budget = its
 fixed draft length) and "hf_prompt_lookup" (budget = `prompt_lookup_num_tokens`); their tree is
-recorded as a chain of that length. Every unit also gets the perplexity of its output under the
+recorded as a chain of that length; "hf_uag" is transformers' universal assisted generation, for a
+draft of another tokenizer (budget = draft tokens per step). Every unit also gets the perplexity of its output under the
 target and its greedy verdict against the target's own output: "exact", "tie" (a numerical tie of
 the target's top two logits at the first difference) or "mismatch" (`analysis.quality`).
 Each unit stores its per-step rows and a one-row summary (see `storage.Sweep`).
@@ -32,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..analysis import replay, tree_design
-from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
+from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate, hf_uag_generate
 from ..analysis.collect import collect
 from ..analysis.collection import CollectConfig, Collection
 from ..analysis.cost_model import draft_widths
@@ -41,6 +42,7 @@ from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
+from ..drafters.retokenize import TokenText
 from ..io.models import check_pair, default_device, default_dtype, load_model, load_tokenizer, prompt_ids
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
@@ -100,9 +102,12 @@ def run_sweep(
     trees: dict[tuple[str, int], Tree],
     max_new_tokens: int,
     progress: bool = True,
+    draft_tokenizer=None,
 ) -> None:
-    """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt."""
-    drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
+    """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt. `tokenizer` is
+    the target's; draft_tokenizer, the draft's, is needed by the cross-tokenizer methods (xtok,
+    hf_uag) only."""
+    drafters: dict[str, object] = {"tokenizers": (tokenizer, draft_tokenizer)}  # one drafter per method, reused across prompts
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
@@ -140,10 +145,15 @@ def _generate(
     method = parse_method(f"{k[0]}:{k[1]}")
     if method.drafter == "hf_assisted":
         return hf_assisted_generate(target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens)
+    if method.drafter == "hf_uag":
+        return hf_uag_generate(target, draft, ids, *drafters["tokenizers"], num_assistant_tokens=method.budget,
+                               max_new_tokens=max_new_tokens)
     if method.drafter == "hf_prompt_lookup":
         return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens)
     if method.spec not in drafters:
-        drafters[method.spec] = build_drafter(method, target, draft)
+        if method.drafter == "xtok" and "texts" not in drafters:  # read each vocabulary once per sweep
+            drafters["texts"] = tuple(TokenText.of(t) for t in drafters["tokenizers"])
+        drafters[method.spec] = build_drafter(method, target, draft, *drafters.get("texts", (None, None)))
     return speculative_generate(target, drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
 
 
@@ -159,24 +169,35 @@ def run_pairs(
 ) -> pd.DataFrame:
     """Sweep every pair. Before any weights load, every model of every pair is resolved (access,
     licence, name: `io.sources`, one error listing every problem) and every pair's tokenizers are
-    compared: a pair whose vocabularies differ is skipped, its reason recorded. Each model is loaded
-    once and kept while a later pair still uses it (two drafts for one target load the target once).
+    compared: on a pair whose vocabularies differ, the methods that need a shared one
+    (`Method.shared_vocabulary`) are refused, the reason recorded (check_pair's message, which names
+    the cross-tokenizer methods); the others (xtok, hf_uag, n-gram, early exit) run. Each model is
+    loaded once and kept while a later pair still uses it (two drafts for one target load the
+    target once).
 
     collections: a folder for one collection per pair; given, the methods a collection answers
     (`Method.replayable`: the draft model's static and dynamic trees) are replayed from it (exact
     acceptance, no wall clock: source "replay"), except those in `measure`, which run end to end
-    like every other method. Returns one row per pair: label, status, reason."""
+    like every other method. Returns one row per pair: label, status ("measured", "partial": some
+    methods refused, "skipped": all refused), vocabulary ("shared" or "different"), reason."""
     import gc
 
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
     status: dict[Pair, dict] = {}
+    allowed: dict[Pair, dict[tuple[str, int], Tree]] = {}
     for pair in pairs:
+        own = trees if pair.methods is None else method_trees(pair.methods)
         try:
             check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
-            status[pair] = {"pair": pair.label, "status": "measured", "reason": ""}
+            allowed[pair] = own
+            status[pair] = {"pair": pair.label, "status": "measured", "vocabulary": "shared", "reason": ""}
         except ValueError as e:
-            status[pair] = {"pair": pair.label, "status": "skipped", "reason": str(e)}
-    runnable = [pair for pair in pairs if status[pair]["status"] == "measured"]
+            refused = [k for k in own if parse_method(f"{k[0]}:{k[1]}").shared_vocabulary]
+            allowed[pair] = {k: t for k, t in own.items() if k not in refused}
+            status[pair] = {"pair": pair.label, "status": "partial" if allowed[pair] else "skipped",
+                            "vocabulary": "different",
+                            "reason": f"refused {', '.join(f'{a}:{b}' for a, b in refused)}: {e}" if refused else ""}
+    runnable = [pair for pair in pairs if allowed[pair]]
     loaded: dict[tuple, torch.nn.Module] = {}
     for i, pair in enumerate(runnable):
         wanted = {key for later in runnable[i:] for key in (pair_keys(later))}
@@ -190,11 +211,12 @@ def run_pairs(
             if key not in loaded:
                 loaded[key] = load_model(key[0], key[1], layers=key[2])[0]
         target, draft, tokenizer = loaded[target_key], loaded[draft_key], load_tokenizer(pair.target)
-        own = trees if pair.methods is None else method_trees(pair.methods)
+        own = allowed[pair]
         replayed = {} if collections is None else {
             k: t for k, t in own.items() if parse_method(f"{k[0]}:{k[1]}").replayable and f"{k[0]}:{k[1]}" not in measure}
         run_sweep(store, pair.label, target, draft, tokenizer, prompts,
-                  {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress)
+                  {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress,
+                  draft_tokenizer=load_tokenizer(pair.draft))
         if replayed:
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
             replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
@@ -262,6 +284,7 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         prompts=("prompt_id", "nunique"),
         steps=("num_steps", "sum"),
         drafted=("num_drafted", "sum"),
+        **({"draft_tokens": ("num_draft_tokens", "sum")} if "num_draft_tokens" in spec else {}),
         accepted=("num_accepted", "sum"),
         tokens=("num_tokens", "sum"),
         time_s=("total_time", lambda v: v.sum(min_count=1)),  # NaN when every unit was replayed
@@ -277,6 +300,8 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         **({"perplexity": ("perplexity", "mean")} if "perplexity" in spec else {}),
     ).reset_index()
     out["acceptance_rate"] = out["accepted"] / out["drafted"]
+    if "draft_tokens" in out:  # the draft's own tokens per accepted (target) token: its cost
+        out["draft_tokens_per_accepted"] = out["draft_tokens"] / out["accepted"]
     out["acceptance_length"] = out["accepted"] / out["steps"]
     out["tau"] = out["tokens"] / out["steps"]
     out["tokens_per_s"] = out["tokens"] / out["time_s"]
@@ -328,7 +353,7 @@ def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], flo
 
 
 # specnb methods and the transformers method that drafts the same tokens (same draft, same length)
-COUNTERPARTS = (("chain", "hf_assisted"), ("ngram/chain", "hf_prompt_lookup"))
+COUNTERPARTS = (("chain", "hf_assisted"), ("xtok/chain", "hf_uag"), ("ngram/chain", "hf_prompt_lookup"))
 
 
 def head_to_head(table: pd.DataFrame, matchups: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
@@ -579,6 +604,7 @@ def _unit_summary(
         "depth": tree.depth if tree else 0,
         "num_steps": s.num_steps,
         "num_drafted": s.num_drafted,
+        "num_draft_tokens": s.num_draft_tokens,
         "num_accepted": s.num_accepted,
         "num_tokens": s.num_tokens,
         "acceptance_rate": s.acceptance_rate,
