@@ -430,3 +430,74 @@ def test_sweep_of_a_mismatched_pair_refuses_shared_vocabulary_methods(saved_pair
     assert list(versus["ours"]) == ["xtok/chain:3"] and list(versus["theirs"]) == ["hf_uag:3"]
     only_shared = [ex.Pair(target, draft, methods=["chain:2"])]
     assert ex.run_pairs(store, only_shared, prompts, {}, 12, progress=False)["status"].tolist() == ["skipped"]
+
+
+# ---- re-drafting a collected continuation (notebook 01 on a cross-tokenizer pair) --------------------
+
+
+@pytest.mark.parametrize("kind", ["bigram_other_word", "random"])
+@pytest.mark.parametrize("tree_name", ["chain4", "sparse12", "dynamic10"])
+def test_redraft_takes_the_steps_of_a_real_run(vocabs, kind, tree_name):
+    from specnb.analysis.redraft import redraft
+
+    t, d, tt, dt = vocabs
+    target, draft = pair(kind, t, d)
+    tree = TREES[tree_name] or Tree.chain(5)
+    for text, eos in ((" hello the", ()), (" the cat", (ids_of(t, " mat")[0],))):
+        ids = torch.tensor([ids_of(t, text)])
+        real = speculative_generate(target, cross_drafter(draft, tree_name, dt, tt), ids, tree=tree, max_new_tokens=MAX_NEW,
+                                    eos_token_id=eos)
+        again = redraft(cross_drafter(draft, tree_name, dt, tt), ids[0].tolist(), real.tokens.tolist(), tree, MAX_NEW,
+                        frozenset(eos))
+        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks, s.child_counts, s.draft_tokens)
+                for s in again.steps] == \
+               [(s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks, s.child_counts, s.draft_tokens)
+                for s in real.steps]
+        assert len(again.draft_paths) == len(again.steps)
+
+
+def test_redraft_of_a_same_vocabulary_drafter_equals_the_replay(tiny_target, tiny_draft):
+    """On a shared vocabulary the re-draft is what `replay` computes from ranks (and a real run)."""
+    from specnb.analysis.redraft import redraft
+    from conftest import random_prompt
+
+    ids = random_prompt(2, length=8)
+    for tree in (Tree.chain(4), Tree.kary(2, 8)):
+        real = speculative_generate(tiny_target, tiny_draft, ids, tree=tree, max_new_tokens=MAX_NEW, eos_token_id=())
+        again = redraft(ModelDrafter(tiny_draft), ids[0].tolist(), real.tokens.tolist(), tree, MAX_NEW)
+        assert [(s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks) for s in again.steps] == \
+               [(s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks) for s in real.steps]
+        assert list(again.draft_paths) == [s.accepted_ranks for s in again.steps]
+
+
+def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
+    from specnb import experiments as ex
+    from specnb.analysis import replay
+    from specnb.io.prompts import Prompt
+    from specnb.io.storage import Sweep
+
+    t, d, tt, dt = vocabs
+    target, draft = pair("bigram_other_word", t, d)
+    prompts = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on the ma")]
+    trees = method_trees(["chain:2", "chain:4", "kary2:6"])
+    collection = ex.collect_pair(tmp_path / "collection", target, draft, t, prompts, trees, 16, super_k=0, super_depth=3,
+                                 dynamic_budgets=[6], draft_tokenizer=d)
+    assert collection.config.cross_tokenizer and collection.prompts[0].ranks is None
+    with pytest.raises(ValueError, match="re-drafted"):
+        replay.replay(collection, trees)
+    with pytest.raises(ValueError, match="redraft_with"):
+        ex.replay_table(collection, trees, [2, 4, 6], [6])
+    again = ex.redrafter(draft, t, d)
+    table, every = ex.replay_table(collection, trees, [2, 4, 6], [6], redraft_with=again)
+    assert list(zip(table["shape"], table["budget"])) == [("chain", 2), ("chain", 4), ("kary2", 6), ("dynamic", 6)]
+    assert (table["tau"] >= 1).all() and table["acceptance_rate"].between(0, 1).all() and table["tau_all"].isna().all()
+    assert (table["draft_tokens_per_accepted"] > 0).all() and set(every) == set(trees)
+    # the collection's own run and an end-to-end xtok run agree with the re-draft step for step
+    store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
+    ex.run_sweep(store, "pair", target, draft, t, prompts, method_trees(["xtok/dynamic:6", "xtok/kary2:6"]), 16,
+                 progress=False, draft_tokenizer=d)
+    agreement = ex.replay_agreement(store, "pair", collection, ["xtok/dynamic:6", "xtok/kary2:6"], redraft_with=again)
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
+    frame = ex.replayed_steps_frame(collection, trees[("kary2", 6)], "kary2", redraft_with=again)
+    frequency = ex.node_frequency(frame, trees[("kary2", 6)])
+    assert 0 < frequency[(0,)] <= 1

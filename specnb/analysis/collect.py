@@ -17,6 +17,10 @@ tree-masked pass, and per sample and node the alphas of `acceptance.sibling_alph
 accepted, given children 0..i-1 were rejected, with probability alpha_i. `analysis.replay` turns
 them into the expected acceptance of any gap-free subtree.
 
+Cross-tokenizer (`CollectConfig.cross_tokenizer`): a draft of another tokenizer has no ranks of
+the target's tokens, so only the continuation (in target tokens) and its run's steps are collected,
+from an exact run of the given cross-tokenizer drafter; `analysis.redraft` answers the trees.
+
 Everything lands in a collection folder (`analysis.collection`): resumable, one file per prompt.
 """
 
@@ -34,7 +38,7 @@ from transformers import DynamicCache
 
 from ..core.acceptance import sibling_alphas
 from ..core.cache import crop, new_cache
-from ..core.drafting import ModelDrafter
+from ..core.drafting import Drafter, ModelDrafter
 from ..core.forward import forward
 from ..core.generation import speculative_generate
 from ..core.runtime import eos_ids, match_vocab
@@ -53,15 +57,20 @@ def collect(
     categories: Mapping[str, str] | None = None,
     describe: Mapping[str, Any] | None = None,
     progress: bool = False,
+    drafter: Drafter | None = None,
 ) -> Collection:
     """Collect every prompt not yet in `folder` and return the collection of `prompts`.
 
     prompts: prompt id -> input ids long [1, P]. describe: what made it (pair names, prompt
     source...), stored with the config; resuming with another config or description raises.
+    drafter: the continuation run's drafter; default `ModelDrafter(draft)`; a cross-tokenizer
+    collection needs its `CrossTokenizerDrafter`.
     """
     folder = FilePath(folder)
+    if config.cross_tokenizer and drafter is None:
+        raise ValueError("a cross-tokenizer collection needs its drafter (CrossTokenizerDrafter of the pair)")
     units = open_folder(folder, config, describe)
-    drafter = ModelDrafter(draft)
+    drafter = drafter or ModelDrafter(draft)
     todo = [pid for pid in prompts if {"prompt_id": str(pid)} not in units]
     for pid in tqdm(todo, desc="collect", disable=not progress):
         category = (categories or {}).get(pid, "")
@@ -72,7 +81,7 @@ def collect(
 def collect_prompt(
     target: torch.nn.Module,
     draft: torch.nn.Module,
-    drafter: ModelDrafter,
+    drafter: Drafter,
     prompt_id: str,
     category: str,
     input_ids: torch.Tensor,
@@ -94,7 +103,9 @@ def collect_prompt(
     out: dict[str, Any] = {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64),
                            "run_steps": np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps],
                                                  dtype=np.int32).reshape(-1, 4)}
-    if config.sampling:
+    if config.cross_tokenizer:
+        pass  # the continuation and its steps only
+    elif config.sampling:
         start = time.perf_counter()
         out["alpha"] = _sampled_alphas(target, draft, ids, tokens, config, _seed(config.seed + 1, prompt_id))
         times["sampling"] = time.perf_counter() - start

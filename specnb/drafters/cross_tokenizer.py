@@ -61,7 +61,9 @@ class CrossTokenizerDrafter(Drafter):
     draft_tokenizer, target_tokenizer: transformers fast tokenizers, or `retokenize.TokenText`s
     made from them (shared between drafters: building one reads the whole vocabulary).
     lookbehind: target tokens searched back for the left context's safe boundary.
-    After each draft, `last_draft` is the draft-token Draft (its tree and tokens) it came from.
+    After each draft, `last_draft` is the draft-token Draft (its tree and tokens) it came from;
+    once the next sequence is seen (`draft_view`), `accepted_nodes` are the nodes of that draft
+    tree whose tokens the accepted text begins with (the draft-side accepted path).
     """
 
     def __init__(self, drafter: Drafter | torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any,
@@ -85,6 +87,7 @@ class CrossTokenizerDrafter(Drafter):
         self.inner.reset()
         self.mirror.reset()
         self.last_draft: Draft | None = None
+        self.accepted_nodes: tuple[int, ...] = ()
         self._drafted_from: list[int] = []  # the draft sequence `last_draft` was drafted after
 
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
@@ -123,10 +126,13 @@ class CrossTokenizerDrafter(Drafter):
         last draft that the target accepted handed to the inner drafter, whose cache keeps them."""
         view = self.mirror.update(seq)
         last, before = self.last_draft, self._drafted_from
-        if last is not None and len(view) > len(before) and view[: len(before)] == before:
-            path = _walk(last.tree, last.tokens.tolist(), view[len(before) :])
+        if last is not None and last.tree is not None:
+            path: list[int] = []
+            if len(view) > len(before) and view[: len(before)] == before:
+                path = _walk(last.tree, last.tokens.tolist(), view[len(before) :])
             if path:
                 self.inner.observe(last, Acceptance(tuple(path), 0, tuple(view[len(before) : len(before) + len(path)])))
+            self.accepted_nodes = tuple(path)
         self.last_draft = None
         return view
 

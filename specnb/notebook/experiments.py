@@ -25,7 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -39,8 +39,11 @@ from ..analysis.collection import CollectConfig, Collection
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
+from ..analysis.redraft import Redrafted, redraft
+from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
+from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
 from ..drafters.retokenize import TokenText
 from ..io.models import check_pair, default_device, default_dtype, load_model, load_tokenizer, prompt_ids
@@ -422,17 +425,24 @@ def collect_pair(
     dynamic_budgets: Sequence[int],
     describe: dict | None = None,
     top_k: int = 16,
+    draft_tokenizer=None,
 ) -> Collection:
     """`analysis.collect.collect` for a prompt set: ranks kept up to top_k (at least the widest rank
     any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
-    dynamic budget. Resumable in `folder`."""
+    dynamic budget. Resumable in `folder`. `tokenizer` is the target's; with the draft's
+    (draft_tokenizer) and a different vocabulary, the collection is a cross-tokenizer one: the
+    continuation from an exact cross-tokenizer chain:4 run, nothing else (`redrafter` answers it)."""
+    ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
+    describe = {**(describe or {}), "draft_dtype": str(draft.dtype).removeprefix("torch.")}
+    if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+        config = CollectConfig(max_new_tokens=max_new_tokens, run_tree="chain:4", cross_tokenizer=True)
+        return collect(folder, target, draft, ids, config, categories={p.id: p.category for p in prompts},
+                       describe=describe, progress=True, drafter=CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer))
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     config = CollectConfig(
         max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, top_k), super_k=super_k,
         super_depth=super_depth, super_size=max(dynamic_budgets, default=1),
     )
-    ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
-    describe = {**(describe or {}), "draft_dtype": str(draft.dtype).removeprefix("torch.")}
     return collect(folder, target, draft, ids, config, categories={p.id: p.category for p in prompts},
                    describe=describe, progress=True)
 
@@ -473,14 +483,22 @@ def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple
 
 
 def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int],
-                 dynamic_budgets: Sequence[int], oracle_k: int | None = None) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
+                 dynamic_budgets: Sequence[int], oracle_k: int | None = None,
+                 redraft_with: Callable[[str, int], Drafter] | None = None) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
     """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
     (super-trees needed) and the per-position "oracle" (`replay.oracle`, ranks below `oracle_k`,
     default the collection's top_k; column `top_k`). Returns (table, trees incl. the designed ones).
 
     Rows: trajectory-mode metrics (the positions a real run visits: what it would measure), plus
     tau_all over every position, and tau_all as a fraction of the hindsight ceiling and of the
-    oracle of the same budget (both defined on all positions)."""
+    oracle of the same budget (both defined on all positions).
+
+    A cross-tokenizer collection (`redraft_with`: `redrafter(...)` of the pair) is re-drafted
+    instead (`analysis.redraft`): every shape x budget drafted in draft tokens and "dynamic", on the
+    run trajectory, exact; no designed trees, no oracle and no tau_all (they need draft ranks of the
+    target's tokens): those columns are NaN."""
+    if collection.config.cross_tokenizer:
+        return _redraft_table(collection, trees, dynamic_budgets, _needs(redraft_with)), dict(trees)
     every = {**trees, **designed_trees(collection, budgets)}
     parts = [(replay.replay(collection, every, mode="trajectory"), replay.replay(collection, every, mode="all")),
              (replay.oracle(collection, budgets, mode="trajectory", k=oracle_k),
@@ -497,23 +515,28 @@ def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], bud
     return table, every
 
 
-def replay_agreement(store: Sweep | None, pair_label: str, collection: Collection, specs: Sequence[str]) -> pd.DataFrame:
+def replay_agreement(store: Sweep | None, pair_label: str, collection: Collection, specs: Sequence[str],
+                     redraft_with: Callable[[str, int], Drafter] | None = None) -> pd.DataFrame:
     """Real runs against the replay, step by step: one row per method with the steps compared and
     how many were identical (position, drafted, accepted and tokens added). The collection's own
     run (its `run_tree`, on every prompt) is always compared, as source "collection run"; `specs`
-    are end-to-end units in `store` (source "end to end")."""
+    are end-to-end units in `store` (source "end to end"). A cross-tokenizer collection is
+    re-drafted (`redraft_with`) instead of replayed; its specs are xtok methods."""
     rows = []
     run_spec = collection.config.run_tree
-    replayed = replay.replay_steps(collection, collection.config.run)
+    replayed = _replayed(collection, "chain", collection.config.run, redraft_with)
     real = {p.prompt_id: [tuple(int(x) for x in row) for row in p.run_steps] for p in collection.prompts}
     rows.append(_agreement_row(run_spec, "collection run", replayed, real, collection))
     steps = steps_frame(store) if store is not None and len(store) else pd.DataFrame()
     for spec in specs:
         method = parse_method(spec)
-        tree = method.budget if method.drafter == "dynamic" else method.tree
+        dynamic = method.drafter == "dynamic" or method.shape == DYNAMIC
         mine = steps[(steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)]
         prompts = set(mine["prompt_id"])
-        replayed = {pid: s for pid, s in replay.replay_steps(collection, tree).items() if pid in prompts}
+        shape = DYNAMIC if dynamic else method.shape
+        tree = method.budget if dynamic and not collection.config.cross_tokenizer else method.tree
+        replayed = {pid: s for pid, s in _replayed(collection, shape, tree, redraft_with, method.budget).items()
+                    if pid in prompts}
         real = {pid: [tuple(int(x) for x in r) for r in g.sort_values("position")[
                     ["position", "num_drafted", "num_accepted", "num_tokens"]].itertuples(index=False)]
                 for pid, g in mine.groupby("prompt_id")}
@@ -549,9 +572,81 @@ def collection_dtype(collection: Collection) -> torch.dtype:
     return getattr(torch, str(collection.describe.get("draft_dtype", "float32")), torch.float32)
 
 
-def replayed_steps_frame(collection, tree: Tree) -> pd.DataFrame:
-    """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`)."""
-    return pd.DataFrame([step_row(s) for v in replay.replay_steps(collection, tree).values() for s in v])
+def replayed_steps_frame(collection, tree: Tree, shape: str = "",
+                         redraft_with: Callable[[str, int], Drafter] | None = None) -> pd.DataFrame:
+    """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`).
+    A cross-tokenizer collection is re-drafted with the drafter of (shape, tree size), and each
+    step's `accepted_ranks` is the accepted path in the DRAFT's tree (`tree`), not in the verified
+    target-token tree."""
+    if not collection.config.cross_tokenizer:
+        return pd.DataFrame([step_row(s) for v in replay.replay_steps(collection, tree).values() for s in v])
+    runs = _redrafts(collection, shape, tree, tree.num_nodes, _needs(redraft_with))
+    return pd.DataFrame([{**step_row(s), "accepted_ranks": "/".join(map(str, path))}
+                         for run in runs.values() for s, path in zip(run.steps, run.draft_paths)])
+
+
+# ---- cross-tokenizer collections: re-drafted, not replayed (`analysis.redraft`) -----------------
+
+
+def different_vocabularies(target: str, draft: str) -> bool:
+    """Whether two models' tokenizers map tokens to ids differently (a cross-tokenizer pair:
+    `load_pair(..., cross_tokenizer=True)`); reads the tokenizers only."""
+    return load_tokenizer(target).get_vocab() != load_tokenizer(draft).get_vocab()
+
+
+def redrafter(draft: torch.nn.Module, target_tokenizer, draft_tokenizer) -> Callable[[str, int], Drafter]:
+    """(shape, budget) -> a fresh cross-tokenizer drafter of `draft` for it ("dynamic": a dynamic
+    tree of that budget), the vocabularies read once."""
+    texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
+    return lambda shape, budget: build_drafter(parse_method(f"xtok/{shape}:{budget}"), None, draft, *texts)
+
+
+def _needs(redraft_with: Callable[[str, int], Drafter] | None) -> Callable[[str, int], Drafter]:
+    if redraft_with is None:
+        raise ValueError("a cross-tokenizer collection is re-drafted: pass redraft_with=redrafter(draft model, "
+                         "target tokenizer, draft tokenizer)")
+    return redraft_with
+
+
+def _redrafts(collection: Collection, shape: str, tree: Tree, budget: int,
+              redraft_with: Callable[[str, int], Drafter]) -> dict[str, Redrafted]:
+    """Per prompt, the re-drafted run of (shape, budget) whose requested tree is `tree`."""
+    drafter = redraft_with(shape, budget)
+    # the continuation holds a stop token only as its last token, when it stopped: the one stop
+    # token that can cut a step
+    return {p.prompt_id: redraft(drafter, p.prompt.tolist(), p.tokens.tolist(), tree, collection.config.max_new_tokens,
+                                 frozenset(p.tokens[-1:].tolist()) if p.stopped else frozenset())
+            for p in collection.prompts}
+
+
+def _replayed(collection: Collection, shape: str, tree: Tree | int,
+              redraft_with: Callable[[str, int], Drafter] | None, budget: int | None = None) -> dict[str, tuple]:
+    """Per prompt, the steps of `tree` (an int: the dynamic tree of that budget): replayed, or
+    re-drafted for a cross-tokenizer collection."""
+    if not collection.config.cross_tokenizer:
+        return replay.replay_steps(collection, tree)
+    size = budget if budget is not None else tree.num_nodes  # type: ignore[union-attr]
+    runs = _redrafts(collection, shape, tree, size, _needs(redraft_with))  # type: ignore[arg-type]
+    return {pid: run.steps for pid, run in runs.items()}
+
+
+def _redraft_table(collection: Collection, trees: dict[tuple[str, int], Tree], dynamic_budgets: Sequence[int],
+                   redraft_with: Callable[[str, int], Drafter]) -> pd.DataFrame:
+    rows = []
+    keys = [(k, t) for k, t in trees.items()] + [((DYNAMIC, n), Tree.chain(DYNAMIC_MAX_DEPTH)) for n in dynamic_budgets]
+    for (shape, budget), tree in keys:
+        runs = _redrafts(collection, shape, tree, budget, redraft_with)
+        results = [GenerationResult(torch.tensor([], dtype=torch.long), run.steps, 0, math.nan, math.nan, None, "redraft")  # host
+                   for run in runs.values()]
+        s = summarize(results).row()
+        rows.append({"shape": shape, "budget": budget, "nodes": budget if shape == DYNAMIC else tree.num_nodes,
+                     "depth": tree.depth, "mode": "trajectory", "prompts": len(runs), "steps": s["num_steps"],
+                     "drafted": s["num_drafted"], "accepted": s["num_accepted"], "tokens": s["num_tokens"],
+                     **{k: v for k, v in s.items() if k in ("acceptance_rate", "acceptance_length", "tau",
+                                                            "draft_tokens_per_accepted")
+                        or k.startswith(("depth_", "rank_"))},
+                     "tau_all": math.nan, "tau_all_over_hindsight": math.nan, "tau_all_over_oracle": math.nan})
+    return pd.DataFrame(rows)
 
 
 def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
