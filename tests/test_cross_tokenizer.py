@@ -418,7 +418,7 @@ def test_sweep_of_a_mismatched_pair_refuses_shared_vocabulary_methods(saved_pair
     prompts = [Prompt("p", "test", " hello the cat"), Prompt("q", "test", " the mat")]
     status = ex.run_pairs(store, pairs, prompts, method_trees(specs), 12, progress=False)
     row = status.iloc[0]
-    assert (row["status"], row["vocabulary"]) == ("partial", "different")
+    assert (row["status"], row["vocabulary"]) == ("partial", "different")  # chain:2 refused, the others run
     assert row["reason"].startswith("refused chain:2:") and "xtok/chain:4" in row["reason"]
     units = ex.unit_table(store)
     assert set(units["shape"]) == {"autoregressive", "xtok/chain", "xtok/dynamic", "hf_uag", "ngram/chain"}
@@ -501,3 +501,20 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     frame = ex.replayed_steps_frame(collection, trees[("kary2", 6)], "kary2", redraft_with=again)
     frequency = ex.node_frequency(frame, trees[("kary2", 6)])
     assert 0 < frequency[(0,)] <= 1
+
+
+def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
+    """Two pairs of one target: the second copies the first's target-alone units."""
+    from specnb import experiments as ex
+    from specnb.io.prompts import Prompt
+    from specnb.io.storage import Sweep
+
+    target, draft = saved_pair
+    store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
+    pairs = [ex.Pair(target, draft, methods=["xtok/chain:3"]), ex.Pair(target, target, methods=["chain:2"])]
+    ex.run_pairs(store, pairs, [Prompt("p", "test", " hello the cat")], {}, 8, progress=False)
+    units = ex.unit_table(store)
+    alone = units[units["shape"] == "autoregressive"].set_index("pair")
+    assert alone.loc[pairs[1].label, "baseline_of"] == pairs[0].label
+    assert alone.loc[pairs[1].label, "tokens"] == alone.loc[pairs[0].label, "tokens"]
+    assert units["greedy_equal"].astype(bool).all() and len(units) == 4

@@ -106,11 +106,14 @@ def run_sweep(
     max_new_tokens: int,
     progress: bool = True,
     draft_tokenizer=None,
+    baseline_of: str | None = None,
 ) -> None:
     """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt. `tokenizer` is
     the target's; draft_tokenizer, the draft's, is needed by the cross-tokenizer methods (xtok,
-    hf_uag) only."""
-    drafters: dict[str, object] = {"tokenizers": (tokenizer, draft_tokenizer)}  # one drafter per method, reused across prompts
+    hf_uag) only. baseline_of: an earlier pair of the same target in `store`, whose target-alone
+    units are copied (meta "baseline_of") instead of run again: same model, prompt and run."""
+    drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
+    vocabularies = _Vocabularies(tokenizer, draft_tokenizer)
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
@@ -118,7 +121,12 @@ def run_sweep(
     scores: dict[tuple[str, tuple[int, ...]], Score] = {}  # equal outputs are scored once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
         ids = ids_of[prompt.id]
-        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens)
+        if k is None and baseline_of is not None and _key(baseline_of, None, prompt) in store:
+            earlier = _key(baseline_of, None, prompt)
+            store.add(_key(pair_label, None, prompt), store.rows(earlier), meta={**store.meta(earlier), "baseline_of": baseline_of})
+            references[prompt.id] = [int(t) for t in str(store.meta(earlier)["tokens"]).split() if t]
+            continue
+        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, vocabularies)
         output = (prompt.id, tuple(result.tokens.tolist()))
         if output not in scores:
             scores[output] = score(target, ids, result.tokens)
@@ -141,6 +149,7 @@ def _generate(
     k: tuple[str, int] | None,
     tree: Tree | None,
     max_new_tokens: int,
+    vocabularies: _Vocabularies,
 ) -> GenerationResult:
     """One unit: the baseline (k None), a transformers method, or a specnb method (`methods`)."""
     if k is None:
@@ -149,15 +158,29 @@ def _generate(
     if method.drafter == "hf_assisted":
         return hf_assisted_generate(target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens)
     if method.drafter == "hf_uag":
-        return hf_uag_generate(target, draft, ids, *drafters["tokenizers"], num_assistant_tokens=method.budget,
+        return hf_uag_generate(target, draft, ids, vocabularies.target, vocabularies.draft, num_assistant_tokens=method.budget,
                                max_new_tokens=max_new_tokens)
     if method.drafter == "hf_prompt_lookup":
         return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens)
     if method.spec not in drafters:
-        if method.drafter == "xtok" and "texts" not in drafters:  # read each vocabulary once per sweep
-            drafters["texts"] = tuple(TokenText.of(t) for t in drafters["tokenizers"])
-        drafters[method.spec] = build_drafter(method, target, draft, *drafters.get("texts", (None, None)))
+        texts = vocabularies.texts() if method.drafter == "xtok" else (None, None)
+        drafters[method.spec] = build_drafter(method, target, draft, *texts)
     return speculative_generate(target, drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
+
+
+class _Vocabularies:
+    """A sweep's two tokenizers (target, draft), read as `TokenText` once, when a method needs it."""
+
+    def __init__(self, target, draft) -> None:
+        self.target, self.draft = target, draft
+        self._texts: tuple[TokenText, TokenText] | None = None
+
+    def texts(self) -> tuple[TokenText, TokenText]:
+        if self.draft is None:
+            raise ValueError("cross-tokenizer methods need the draft's tokenizer (run_sweep(..., draft_tokenizer=...))")
+        if self._texts is None:
+            self._texts = (TokenText.of(self.target), TokenText.of(self.draft))
+        return self._texts
 
 
 def run_pairs(
@@ -176,7 +199,8 @@ def run_pairs(
     (`Method.shared_vocabulary`) are refused, the reason recorded (check_pair's message, which names
     the cross-tokenizer methods); the others (xtok, hf_uag, n-gram, early exit) run. Each model is
     loaded once and kept while a later pair still uses it (two drafts for one target load the
-    target once).
+    target once), and measured alone once per target and prompt (later pairs of that target copy
+    those units: `run_sweep(baseline_of=...)`).
 
     collections: a folder for one collection per pair; given, the methods a collection answers
     (`Method.replayable`: the draft model's static and dynamic trees) are replayed from it (exact
@@ -197,10 +221,11 @@ def run_pairs(
         except ValueError as e:
             refused = [k for k in own if parse_method(f"{k[0]}:{k[1]}").shared_vocabulary]
             allowed[pair] = {k: t for k, t in own.items() if k not in refused}
-            status[pair] = {"pair": pair.label, "status": "partial" if allowed[pair] else "skipped",
-                            "vocabulary": "different",
+            state = "measured" if not refused else "partial" if allowed[pair] else "skipped"
+            status[pair] = {"pair": pair.label, "status": state, "vocabulary": "different",
                             "reason": f"refused {', '.join(f'{a}:{b}' for a, b in refused)}: {e}" if refused else ""}
     runnable = [pair for pair in pairs if allowed[pair]]
+    first_of_target: dict[tuple, str] = {}  # target -> the first pair that measured it alone
     loaded: dict[tuple, torch.nn.Module] = {}
     for i, pair in enumerate(runnable):
         wanted = {key for later in runnable[i:] for key in (pair_keys(later))}
@@ -217,9 +242,10 @@ def run_pairs(
         own = allowed[pair]
         replayed = {} if collections is None else {
             k: t for k, t in own.items() if parse_method(f"{k[0]}:{k[1]}").replayable and f"{k[0]}:{k[1]}" not in measure}
+        first_of_target.setdefault(target_key, pair.label)
         run_sweep(store, pair.label, target, draft, tokenizer, prompts,
                   {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress,
-                  draft_tokenizer=load_tokenizer(pair.draft))
+                  draft_tokenizer=load_tokenizer(pair.draft), baseline_of=first_of_target[target_key])
         if replayed:
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
             replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
