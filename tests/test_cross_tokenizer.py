@@ -518,3 +518,21 @@ def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
     assert alone.loc[pairs[1].label, "baseline_of"] == pairs[0].label
     assert alone.loc[pairs[1].label, "tokens"] == alone.loc[pairs[0].label, "tokens"]
     assert units["greedy_equal"].astype(bool).all() and len(units) == 4
+
+
+def test_xtok_methods_are_refused_for_a_tokenizer_without_a_byte_rule(tmp_path):
+    """A WordLevel tokenizer cannot be read as bytes: the pair's xtok methods are refused, with the
+    reason, before any weights load; hf_uag (text through decode and encode) still runs."""
+    from specnb import experiments as ex
+    from specnb.io.prompts import Prompt
+    from specnb.io.storage import Sweep
+    from test_models import WORDS_A, WORDS_B, save_tiny_model
+
+    target = save_tiny_model(tmp_path / "a", WORDS_A, seed=0)
+    draft = save_tiny_model(tmp_path / "b", WORDS_B, seed=1)
+    store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
+    pairs = [ex.Pair(str(target), str(draft), methods=["xtok/chain:2", "hf_uag:2"])]
+    status = ex.run_pairs(store, pairs, [Prompt("p", "test", "the cat sat")], {}, 4, progress=False)
+    row = status.iloc[0]
+    assert row["status"] == "partial" and row["reason"].startswith("refused xtok/chain:2:") and "as bytes" in row["reason"]
+    assert set(ex.unit_table(store)["shape"]) == {"autoregressive", "hf_uag"}

@@ -48,7 +48,6 @@ from typing import Any, Iterator, Mapping, Sequence
 
 WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 ANCHOR = b"\n"  # neutral left context: a newline ends every pre-token and joins with nothing after it
-SPACE = 0x20
 # strings whose encoding must give back their own bytes (a leading space, digits, code, non-ASCII)
 ROUND_TRIPS = ("Hello world", " two  spaces\nand a newline", "x = f(1, 2)  # ok", "caf\u00e9 na\u00efve", "\u4f60\u597d 42")
 

@@ -107,13 +107,15 @@ def run_sweep(
     progress: bool = True,
     draft_tokenizer=None,
     baseline_of: str | None = None,
+    texts: tuple[TokenText, TokenText] | None = None,
 ) -> None:
     """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt. `tokenizer` is
     the target's; draft_tokenizer, the draft's, is needed by the cross-tokenizer methods (xtok,
     hf_uag) only. baseline_of: an earlier pair of the same target in `store`, whose target-alone
-    units are copied (meta "baseline_of") instead of run again: same model, prompt and run."""
+    units are copied (meta "baseline_of") instead of run again: same model, prompt and run.
+    texts: the two tokenizers read as bytes (`TokenText`), when already made."""
     drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
-    vocabularies = _Vocabularies(tokenizer, draft_tokenizer)
+    vocabularies = _Vocabularies(tokenizer, draft_tokenizer, texts)
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
@@ -171,9 +173,9 @@ def _generate(
 class _Vocabularies:
     """A sweep's two tokenizers (target, draft), read as `TokenText` once, when a method needs it."""
 
-    def __init__(self, target, draft) -> None:
+    def __init__(self, target, draft, texts: tuple[TokenText, TokenText] | None = None) -> None:
         self.target, self.draft = target, draft
-        self._texts: tuple[TokenText, TokenText] | None = None
+        self._texts = texts
 
     def texts(self) -> tuple[TokenText, TokenText]:
         if self.draft is None:
@@ -212,18 +214,28 @@ def run_pairs(
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
     status: dict[Pair, dict] = {}
     allowed: dict[Pair, dict[tuple[str, int], Tree]] = {}
+    texts: dict[Pair, tuple[TokenText, TokenText]] = {}
     for pair in pairs:
         own = trees if pair.methods is None else method_trees(pair.methods)
+        reasons, refused = [], []
         try:
             check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
-            allowed[pair] = own
-            status[pair] = {"pair": pair.label, "status": "measured", "vocabulary": "shared", "reason": ""}
+            vocabulary = "shared"
         except ValueError as e:
+            vocabulary = "different"
             refused = [k for k in own if parse_method(f"{k[0]}:{k[1]}").shared_vocabulary]
-            allowed[pair] = {k: t for k, t in own.items() if k not in refused}
-            state = "measured" if not refused else "partial" if allowed[pair] else "skipped"
-            status[pair] = {"pair": pair.label, "status": state, "vocabulary": "different",
-                            "reason": f"refused {', '.join(f'{a}:{b}' for a, b in refused)}: {e}" if refused else ""}
+            if refused:
+                reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in refused)}: {e}")
+        cross = [k for k in own if k not in refused and parse_method(f"{k[0]}:{k[1]}").drafter == "xtok"]
+        if cross:  # both tokenizers must read as bytes (`retokenize`), checked before any weights load
+            try:
+                texts[pair] = (TokenText.of(load_tokenizer(pair.target)), TokenText.of(load_tokenizer(pair.draft)))
+            except ValueError as e:
+                refused += cross
+                reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in cross)}: {e}")
+        allowed[pair] = {k: t for k, t in own.items() if k not in refused}
+        state = "measured" if not refused else "partial" if allowed[pair] else "skipped"
+        status[pair] = {"pair": pair.label, "status": state, "vocabulary": vocabulary, "reason": "; ".join(reasons)}
     runnable = [pair for pair in pairs if allowed[pair]]
     first_of_target: dict[tuple, str] = {}  # target -> the first pair that measured it alone
     loaded: dict[tuple, torch.nn.Module] = {}
@@ -245,7 +257,8 @@ def run_pairs(
         first_of_target.setdefault(target_key, pair.label)
         run_sweep(store, pair.label, target, draft, tokenizer, prompts,
                   {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress,
-                  draft_tokenizer=load_tokenizer(pair.draft), baseline_of=first_of_target[target_key])
+                  draft_tokenizer=load_tokenizer(pair.draft), baseline_of=first_of_target[target_key],
+                  texts=texts.get(pair))
         if replayed:
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
             replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
