@@ -271,10 +271,12 @@ def pooled_speed(runs: list[dict], method: str, categories: tuple[str, ...] | No
     return summarize(chosen).tokens_per_s if chosen else math.nan
 
 
-def cost_report(runs: list[dict], methods: list[Method]) -> str:
+def cost_report(runs: list[dict], methods: list[Method], draft_forwards: dict[str, float] | None = None) -> str:
     """Draft and verify costs in units of one target decoding forward, from the measured steps
     (each run's first step left out: for transformers it carries the prompt), and the speedup
-    they predict against the one measured."""
+    they predict against the one measured. draft_forwards: draft forwards per step by method name,
+    where the verified tree's depth is not it (a draft of another tokenizer); given, c is printed
+    for the methods it names only."""
     def later_steps(method: str) -> list:
         return [s for r in runs if r["method"] == method for s in r["result"].steps[1:]]
 
@@ -294,6 +296,8 @@ def cost_report(runs: list[dict], methods: list[Method]) -> str:
         measured = summarize([r["result"] for r in runs if r["method"] == m.name]).tokens_per_s / summarize(
             [r["result"] for r in runs if r["method"] == TARGET_ALONE]).tokens_per_s
         depth = sum(s.tree_depth for s in steps) / len(steps)  # draft forwards per step (chains: the depth)
+        if draft_forwards is not None:
+            depth = draft_forwards.get(m.name, 0)
         per_forward = f", c = one draft forward / target forward = {draft / depth:.3f}" if m.depth and depth else ""
         verdict = "pays" if tau > verify + draft else "does NOT pay"
         lines.append(

@@ -25,9 +25,12 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
                 the committed configs of hub models (model_configs), prompts, result storage
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
-                4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
+                4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
+                bytes, the look-behind rule), cross_tokenizer (a draft of another vocabulary),
+                methods (method specs)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
-                replay (collect once, replay many), executors (work units in this process or on
+                replay (collect once, replay many), redraft (a cross-tokenizer draft re-drafted
+                over a collected continuation), executors (work units in this process or on
                 Ray actors), tree_design (Sequoia, hindsight), cost_model, memory (weights in
                 float16 / nf4 and KV cache bytes from a config), spread (bootstrap intervals across
                 prompts)
@@ -52,6 +55,7 @@ from .core.drafting import Draft, Drafter, ModelDrafter
 from .core.generation import GenerationResult, Step, autoregressive_generate, speculative_generate
 from .core.sampling import SamplingConfig
 from .core.trees import TokenTrie, Tree
+from .drafters.cross_tokenizer import CrossTokenizerDrafter
 from .drafters.draft_length import AdaptiveLength
 from .drafters.dynamic import DynamicTreeDrafter
 from .drafters.merging import MergedDrafter
@@ -63,9 +67,10 @@ MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
                                 "acceptance", "drafting", "runtime", "generation", "streaming")},
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage")},
-    **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
+    **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
+                                    "cross_tokenizer", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
-                                    "executors", "tree_design", "cost_model", "memory", "spread")},
+                                    "redraft", "executors", "tree_design", "cost_model", "memory", "spread")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
                                     "runner", "report", "profile_memory", "dryrun")},
@@ -88,6 +93,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Acceptance",
     "AdaptiveLength",
+    "CrossTokenizerDrafter",
     "Draft",
     "Drafter",
     "DynamicTreeDrafter",

@@ -5,6 +5,9 @@ What it holds:
     hf_generate                 `target.generate` greedy or sampled, no assistant (one Step per token)
     hf_assisted_generate        transformers assisted generation (Leviathan et al. 2023 / the HF
                                 "assisted generation" blog) with a draft model at a FIXED draft length
+    hf_uag_generate             the same with a draft of another tokenizer: transformers' universal
+                                assisted generation (greedy: text re-encoded in windows; sampling:
+                                universal speculative decoding over the shared tokens)
     hf_prompt_lookup_generate   transformers prompt lookup decoding (`prompt_lookup_num_tokens`,
                                 Saxena 2023): drafts copied from n-gram matches in the sequence
 
@@ -34,6 +37,14 @@ Fixed draft length for `hf_assisted_generate`: transformers reads the draft leng
 restored. The draft is still capped so as not to pass `max_new_tokens` (as specnb truncates its
 tree), and it stops at a stop token, as transformers does (the assistant shares the target's stop
 tokens; with `eos_token_id=()` there are none). Every step's real length is recorded.
+
+Universal assisted generation (`hf_uag_generate`) passes `tokenizer` and `assistant_tokenizer`,
+with the same fixed draft length k, counted in DRAFT tokens (transformers' `num_assistant_tokens`).
+Its candidates, and so `num_drafted` and `num_accepted`, are target tokens (the re-encoded draft);
+`Step.draft_tokens` is the number of draft tokens the assistant generated that step, read from the
+candidate generator transformers built for the call (the assistant sequence after drafting minus the
+one before). A step can verify no candidate (the re-encoding added no target token): a plain step.
+transformers refuses it when the two configs' vocabulary sizes are equal.
 
 Stop tokens: `eos_token_id` has specnb's meaning: default the target's generation config, `()` =
 never stop. `()` is passed to transformers as `eos_token_id=None`, which builds no stopping
@@ -147,6 +158,39 @@ def hf_assisted_generate(
         )
 
 
+def hf_uag_generate(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    input_ids: torch.Tensor,
+    target_tokenizer: Any,
+    draft_tokenizer: Any,
+    num_assistant_tokens: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> GenerationResult:
+    """transformers' universal assisted generation: `draft`, whose tokenizer differs from the
+    target's, drafts `num_assistant_tokens` of its own tokens per step (schedule "constant",
+    confidence threshold 0); the text is re-encoded in the target's tokens and verified.
+
+    input_ids: long [1, T], target tokens. Greedy output equals the target's greedy output."""
+    if num_assistant_tokens < 1:
+        raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
+    if target.config.get_text_config().vocab_size == draft.config.get_text_config().vocab_size:
+        raise ValueError("transformers' universal assisted generation refuses two models whose configs have the same "
+                         "vocabulary size; use hf_assisted (a shared vocabulary) or specnb's xtok drafter")
+    ids = check_input(input_ids, max_new_tokens).to(target.device)
+    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    fixed = {"num_assistant_tokens": num_assistant_tokens, "num_assistant_tokens_schedule": "constant",
+             "assistant_confidence_threshold": 0.0, "eos_token_id": kwargs["eos_token_id"]}
+    kwargs.update(assistant_model=draft, tokenizer=target_tokenizer, assistant_tokenizer=draft_tokenizer)
+    with _generation_config_set(draft, fixed):
+        return _recorded_generate(target, ids, kwargs, "hf_uag", seed, {"num_assistant_tokens": num_assistant_tokens})
+
+
 def hf_prompt_lookup_generate(
     target: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -190,6 +234,8 @@ class _StepRecord:
     done_at: float = 0.0  # update_candidate_strategy called: accepted tokens appended, cache cropped
     after: int = 0  # sequence length after the step
     num_matches: int = 0  # what transformers passed to update_candidate_strategy
+    draft_tokens: int | None = None  # tokens the assistant drafted in its own vocabulary (universal
+    #                                  assisted generation); None: the candidates themselves
 
 
 class _RecordingCandidates:
@@ -199,6 +245,16 @@ class _RecordingCandidates:
         self._inner = inner
         self._clock = clock
         self.steps: list[_StepRecord] = []
+        self._assistant_before: int | None = None
+        prepare = getattr(inner, "_prepare_assistant_input_ids", None)
+        if prepare is not None:  # a different-tokenizer generator: count the assistant's own tokens
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                out = prepare(*args, **kwargs)
+                self._assistant_before = int(out[0].shape[1])
+                return out
+
+            inner._prepare_assistant_input_ids = counted  # on this call's generator only
 
     def __getattr__(self, name: str) -> Any:  # requires_model_outputs, model_kwargs_overrides, ...
         return getattr(self._inner, name)
@@ -208,8 +264,18 @@ class _RecordingCandidates:
         candidate_ids, logits = self._inner.get_candidates(input_ids, **kwargs)
         t1 = self._clock.now()
         start = input_ids.shape[1]
-        self.steps.append(_StepRecord(start, candidate_ids[0, start:], t0, t1))
+        self.steps.append(_StepRecord(start, candidate_ids[0, start:], t0, t1, draft_tokens=self._assistant_tokens()))
         return candidate_ids, logits
+
+    def _assistant_tokens(self) -> int | None:
+        """Tokens the assistant generated in this `get_candidates` (different tokenizers only)."""
+        if self._assistant_before is None:
+            return None
+        after = getattr(self._inner, "prev_assistant_ids", None)
+        if after is None:
+            after = getattr(self._inner, "_prev_assistant_ids", None)
+        before, self._assistant_before = self._assistant_before, None
+        return None if after is None else int(after.shape[1]) - before
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         step = self.steps[-1]
@@ -294,6 +360,7 @@ def _step(sequence: list[int], prompt_length: int, record: _StepRecord) -> Step:
         tree_depth=len(drafted),
         accepted_ranks=(0,) * accepted,
         child_counts=child_counts,
+        draft_tokens=record.draft_tokens,
     )
 
 

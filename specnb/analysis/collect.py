@@ -17,6 +17,10 @@ tree-masked pass, and per sample and node the alphas of `acceptance.sibling_alph
 accepted, given children 0..i-1 were rejected, with probability alpha_i. `analysis.replay` turns
 them into the expected acceptance of any gap-free subtree.
 
+Cross-tokenizer (`CollectConfig.cross_tokenizer`): a draft of another tokenizer has no ranks of
+the target's tokens, so only the continuation (in target tokens) and its run's steps are collected,
+from an exact run of the given cross-tokenizer drafter; `analysis.redraft` answers the trees.
+
 Everything lands in a collection folder (`analysis.collection`): resumable, one file per prompt.
 The unit of work is one prompt (`collection.Unit`, named by a content hash) and `collect_unit` is
 the plain function that does it; `collect_units` maps it over the units with an executor
@@ -42,7 +46,7 @@ from transformers import DynamicCache
 
 from ..core.acceptance import sibling_alphas
 from ..core.cache import crop, new_cache
-from ..core.drafting import ModelDrafter
+from ..core.drafting import Drafter, ModelDrafter
 from ..core.forward import forward
 from ..core.generation import speculative_generate
 from ..core.runtime import eos_ids, match_vocab
@@ -55,7 +59,7 @@ from .collection import CollectConfig, Collection, PromptData, Unit, open_folder
 from .executors import Executor, LocalExecutor, Outcome, Progress
 
 
-Models = tuple[torch.nn.Module, torch.nn.Module, ModelDrafter]  # (target, draft, the draft's drafter): what a worker keeps
+Models = tuple[torch.nn.Module, torch.nn.Module, Drafter]  # (target, draft, the draft's drafter): what a worker keeps
 
 
 def collect(
@@ -68,14 +72,18 @@ def collect(
     describe: Mapping[str, Any] | None = None,
     progress: bool = False,
     super_prompts: Iterable[str] | None = None,
+    drafter: Drafter | None = None,
 ) -> Collection:
     """Collect every prompt not yet in `folder`, in this process, and return the collection of `prompts`.
 
     prompts: prompt id -> input ids long [1, P]. describe: what made it (pair names, prompt
     source...), stored with the config; resuming with another config or description raises. A
     prompt that fails raises its error (after the other prompts are collected). super_prompts:
-    `collect_units`."""
-    return collect_units(folder, (target, draft), prompts, config, categories, describe, retries=0, progress=progress,
+    `collect_units`. drafter: the continuation run's drafter; default `ModelDrafter(draft)`; a
+    cross-tokenizer collection needs its `CrossTokenizerDrafter`."""
+    if config.cross_tokenizer and drafter is None:
+        raise ValueError("a cross-tokenizer collection needs its drafter (CrossTokenizerDrafter of the pair)")
+    return collect_units(folder, (target, draft, drafter or ModelDrafter(draft)), prompts, config, categories, describe, retries=0, progress=progress,
                          super_prompts=super_prompts).check().collection
 
 
@@ -119,7 +127,7 @@ class CollectReport:
 
 def collect_units(
     folder: str | FilePath | ResultFolder,
-    models: ModelPair | tuple[torch.nn.Module, torch.nn.Module],
+    models: ModelPair | tuple[torch.nn.Module, torch.nn.Module] | Models,
     prompts: Mapping[str, torch.Tensor],
     config: CollectConfig = CollectConfig(),
     categories: Mapping[str, str] | None = None,
@@ -133,7 +141,8 @@ def collect_units(
     `retries` more times, then reporting it (`CollectReport`) without stopping the others.
 
     models: a `ModelPair` (names: each worker loads it once, `load_models`) or loaded (target,
-    draft) for this process. folder: a path, or for workers on other machines a shared folder or an
+    draft) or (target, draft, drafter) for this process; a cross-tokenizer collection runs in this
+    process, with its drafter. folder: a path, or for workers on other machines a shared folder or an
     fsspec URL they can all write. describe: what made the collection; if it names "draft_dtype",
     a worker whose draft loads in another dtype refuses to start. progress: a bar over units done /
     total with failures (True), or a callback taking each `Progress`. super_prompts: the prompts
@@ -145,13 +154,16 @@ def collect_units(
         if unknown:
             raise ValueError(f"super_prompts names prompts that are not collected: {unknown}")
         describe = {**(describe or {}), "super_prompts": wanted}
+    if config.cross_tokenizer and (isinstance(models, ModelPair) or len(models) != 3):
+        raise ValueError("a cross-tokenizer collection runs in this process with its drafter: "
+                         "models=(target, draft, CrossTokenizerDrafter(...)), executor local")
     store = open_folder(folder, config, describe)
     units = units_of(prompts, config, describe, categories)
     todo = [u for u in units if not store.exists(u.name)]
     if isinstance(models, ModelPair):
         load: Callable[[], Models] = partial(load_models, models, (describe or {}).get("draft_dtype"))
     else:
-        load = partial(_loaded, models[0], models[1])
+        load = partial(_loaded, *models)
     with _ProgressBar(len(units), len(units) - len(todo), progress) as report:
         outcome = executor.map(load, partial(collect_unit, folder=store, config=config), todo, retries, report)
     failed = {f.unit for f in outcome.failures}
@@ -188,8 +200,8 @@ def load_models(pair: ModelPair, draft_dtype: str | None = None) -> Models:
     return target, draft, ModelDrafter(draft)
 
 
-def _loaded(target: torch.nn.Module, draft: torch.nn.Module) -> Models:
-    return target, draft, ModelDrafter(draft)
+def _loaded(target: torch.nn.Module, draft: torch.nn.Module, drafter: Drafter | None = None) -> Models:
+    return target, draft, drafter or ModelDrafter(draft)
 
 
 class _ProgressBar:
@@ -217,7 +229,7 @@ class _ProgressBar:
 def collect_prompt(
     target: torch.nn.Module,
     draft: torch.nn.Module,
-    drafter: ModelDrafter,
+    drafter: Drafter,
     prompt_id: str,
     category: str,
     input_ids: torch.Tensor,
@@ -241,7 +253,9 @@ def collect_prompt(
     out: dict[str, Any] = {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64),
                            "run_steps": np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps],
                                                  dtype=np.int32).reshape(-1, 4)}
-    if config.sampling:
+    if config.cross_tokenizer:
+        pass  # the continuation and its steps only
+    elif config.sampling:
         start = time.perf_counter()
         out["alpha"] = _sampled_alphas(target, draft, ids, tokens, config, _seed(config.seed + 1, prompt_id))
         times["sampling"] = time.perf_counter() - start

@@ -54,6 +54,9 @@ class CollectConfig:
     cover_tree: str = "kary2:6"  # sampling: drawn R times per position; any gap-free subtree replays
     sample_chunk: int = 16  # samples verified in one target pass
     seed: int = 0
+    cross_tokenizer: bool = False  # the draft has another tokenizer: the continuation comes from a
+    #                                cross-tokenizer run (run_tree drafted in draft tokens) and nothing
+    #                                else is collected; trees are re-drafted (`analysis.redraft`)
 
     def __post_init__(self) -> None:
         if self.eos_token_id is not None:
@@ -63,6 +66,8 @@ class CollectConfig:
         if self.super_k and self.sampling:
             raise ValueError("super-trees are collected in greedy mode only")
         self.run  # an unknown or non-model method fails here
+        if self.cross_tokenizer and (self.sampling or self.super_k):
+            raise ValueError("a cross-tokenizer collection is greedy and holds the continuation only (no super-trees)")
         if self.sampling and self.cover.has_rank_gaps:
             raise ValueError(f"cover tree {self.cover_tree} has rank gaps; sampling needs ranks 0..k-1")
 
@@ -299,6 +304,8 @@ def _load_legacy(folder: ResultFolder, config: CollectConfig, describe: dict, pr
 
 def _config_to_json(config: CollectConfig) -> dict:
     out = asdict(config)
+    if not out["cross_tokenizer"]:  # the field is newer than some stored collections: written only when set
+        del out["cross_tokenizer"]
     out["eos_token_id"] = None if config.eos_token_id is None else list(config.eos_token_id)
     return out
 

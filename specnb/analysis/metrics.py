@@ -6,6 +6,10 @@
 - tau               = tokens added per target call, bonus token INCLUDED (Spec-Bench "mean
                       accepted tokens", vLLM "mean acceptance length"); plain decoding = 1.00.
                       Equals 1 + acceptance_length except where EOS cut a step short.
+- draft_tokens_per_accepted = tokens the draft model drafted, in its own vocabulary, per accepted
+                      draft token (target tokens): the draft's cost per accepted token. With a
+                      shared vocabulary it is 1 / acceptance_rate; across tokenizers the drafted
+                      count is in draft tokens, the accepted one in target tokens (the verified tree)
 - depth_acceptance[d-1] = steps that accepted at least d draft tokens / steps
 - rank_acceptance[r]    = how often the rank-r child of an accepted node (or the root) is the one
                       accepted, among visits to nodes that have a rank-r child: Sequoia's
@@ -29,11 +33,13 @@ class Summary:
     num_runs: int
     num_steps: int
     num_tokens: int
-    num_drafted: int
+    num_drafted: int  # nodes of the verified trees (target tokens)
     num_accepted: int
+    num_draft_tokens: int  # tokens the drafter drafted in its own vocabulary (= num_drafted when shared)
     acceptance_rate: float  # accepted / drafted (nan when nothing was drafted)
     acceptance_length: float  # accepted draft tokens per step, bonus excluded
     tau: float  # tokens per target call, bonus included
+    draft_tokens_per_accepted: float  # num_draft_tokens / num_accepted (nan when nothing was accepted)
     depth_acceptance: tuple[float, ...]
     rank_acceptance: tuple[float, ...]
     ttft_s: float  # mean over runs
@@ -60,6 +66,7 @@ def summarize(results: GenerationResult | Iterable[GenerationResult]) -> Summary
     n_steps = len(steps)
     drafted = sum(s.num_drafted for s in steps)
     accepted = sum(s.num_accepted for s in steps)
+    draft_tokens = sum(s.num_drafted if s.draft_tokens is None else s.draft_tokens for s in steps)
     tokens = sum(s.num_tokens for s in steps)
     max_depth = max((s.tree_depth for s in steps), default=0)
     depth = tuple(sum(s.num_accepted >= d for s in steps) / n_steps for d in range(1, max_depth + 1))
@@ -73,9 +80,11 @@ def summarize(results: GenerationResult | Iterable[GenerationResult]) -> Summary
         num_tokens=tokens,
         num_drafted=drafted,
         num_accepted=accepted,
+        num_draft_tokens=draft_tokens,
         acceptance_rate=accepted / drafted if drafted else float("nan"),
         acceptance_length=accepted / n_steps if n_steps else float("nan"),
         tau=tokens / n_steps if n_steps else float("nan"),
+        draft_tokens_per_accepted=draft_tokens / accepted if accepted else float("nan"),
         depth_acceptance=depth,
         rank_acceptance=rank_acceptance(steps),
         ttft_s=sum(ttfts) / len(ttfts) if ttfts else float("nan"),

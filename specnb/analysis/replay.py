@@ -206,6 +206,9 @@ def _oracle(collection: Collection, budget: int, positions: _Positions, k: int) 
 
 
 def _check_greedy(collection: Collection) -> None:
+    if collection.config.cross_tokenizer:
+        raise ValueError("a cross-tokenizer collection holds no draft ranks of the target's tokens: its trees are "
+                         "re-drafted (analysis.redraft)")
     if collection.sampling:
         raise ValueError("this is a sampling collection; greedy replay needs temperature 0")
 

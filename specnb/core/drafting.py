@@ -55,6 +55,8 @@ class Draft:
     #                         proposals (see `acceptance`). Rows of leaves are unused zeros.
     tree: Tree | None = None  # the tree the drafter built, when it shapes its own; None: the
     #                           requested tree
+    draft_tokens: int | None = None  # tokens drafted in the drafter's own vocabulary, when it is not
+    #                                  the target's (cross-tokenizer drafts); None: the tree's nodes
 
 
 class Drafter:

@@ -40,6 +40,9 @@ class Step:
     child_counts: tuple[int, ...] = ()
     target_kv_bytes: int = 0  # bytes of the target's KV cache after the step (`streaming.kv_bytes`)
     draft_kv_bytes: int = 0  # the draft's (`Drafter.kv_bytes`; 0 for drafters without a cache)
+    # tokens the draft model drafted in its own vocabulary (cross-tokenizer drafts, transformers'
+    # universal assisted generation); None: num_drafted (the draft shares the target's vocabulary)
+    draft_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def speculative_generate(
         drafter.observe(draft, result)
 
         added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
-        steps.append(replace(_step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1),
+        steps.append(replace(_step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1, draft.draft_tokens),
                              target_kv_bytes=kv_bytes(cache), draft_kv_bytes=drafter.kv_bytes()))
         new.extend(added)
         seq.extend(added)
@@ -239,7 +242,8 @@ def _drafted_tree(draft: Draft, requested: Tree) -> Tree:
 
 
 def _step_record(
-    position: int, tree: Tree, result: Acceptance, added: list[int], draft_time: float, verify_time: float
+    position: int, tree: Tree, result: Acceptance, added: list[int], draft_time: float, verify_time: float,
+    draft_tokens: int | None = None,
 ) -> Step:
     path = result.path[: len(added)]  # an EOS inside the path cuts the rest of it
     rows = (0,) + tuple(i + 1 for i in path)
@@ -253,4 +257,5 @@ def _step_record(
         tree_depth=tree.depth,
         accepted_ranks=tuple(tree.ranks[i] for i in path),
         child_counts=tuple(len(tree.children[r]) for r in rows),
+        draft_tokens=draft_tokens,
     )

@@ -12,8 +12,16 @@ A method spec is `[drafter/]shape:budget`:
                                     q < 0.4 (transformers' assistant_confidence_threshold)
     dynamic:16                      EAGLE-2-style dynamic tree of 16 nodes (top 8 children, depth
                                     at most 6) from the draft model (DynamicTreeDrafter)
+    xtok/chain:4, xtok/sparse:16    a draft model of ANOTHER tokenizer fills the tree in its own
+    xtok/dynamic:16                 tokens; the paths are re-encoded into one target-token tree of
+                                    at most 4 (16) nodes (CrossTokenizerDrafter)
     hf_assisted:4                   transformers assisted generation, 4 draft tokens per step
+    hf_uag:4                        transformers universal assisted generation: a draft of another
+                                    tokenizer, 4 of its own tokens per step
     hf_prompt_lookup:4              transformers prompt lookup, 4 draft tokens per step
+
+Methods that put the draft model's token ids in the target's tree need the two to share a
+vocabulary (`Method.shared_vocabulary`); xtok and hf_uag pair any two causal LMs.
 
 In tables, a method's `shape` is the spec before the colon ("ngram/kary2", "dynamic") and its
 `budget` the number after it.
@@ -23,7 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -34,10 +42,12 @@ from .draft_length import AdaptiveLength
 from .dynamic import DynamicTreeDrafter
 from .merging import MergedDrafter
 from .ngram import NgramDrafter
+from .cross_tokenizer import CrossTokenizerDrafter
 from .self_draft import EarlyExitDrafter
 
-HF_METHODS = ("hf_assisted", "hf_prompt_lookup")
-DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence")
+HF_METHODS = ("hf_assisted", "hf_uag", "hf_prompt_lookup")
+DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence", "xtok")
+CROSS = "xtok"
 DYNAMIC = "dynamic"
 DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH = 8, 6
 
@@ -69,7 +79,7 @@ class Method:
         transformers' methods, the chain they draft at most)."""
         if self.drafter in HF_METHODS:
             return Tree.chain(self.budget)
-        if self.drafter == DYNAMIC:
+        if self.drafter == DYNAMIC or (self.drafter == CROSS and self.shape == DYNAMIC):
             return Tree.chain(DYNAMIC_MAX_DEPTH)
         if self.drafter == "adaptive":
             return Tree.chain(2 * self.budget)
@@ -86,6 +96,13 @@ class Method:
     def needs_draft_model(self) -> bool:
         return self.drafter not in ("ngram", "early_exit", "hf_prompt_lookup")
 
+    @property
+    def shared_vocabulary(self) -> bool:
+        """The draft model's token ids go into the target's tree: draft and target must share one
+        vocabulary (`io.models.check_pair`). False for xtok and hf_uag (any two tokenizers) and
+        for the methods without a draft model."""
+        return self.needs_draft_model and self.drafter not in (CROSS, "hf_uag")
+
 
 _SPEC = re.compile(r"^(?:(?P<drafter>[a-z_]+?)(?P<arg>\d+(?:\.\d+)?)?/)?(?P<shape>[a-z_]+\d*):(?P<budget>\d+)$")
 
@@ -100,6 +117,8 @@ def parse_method(spec: str) -> Method:
         raise ValueError(f"method {spec!r}: the budget must be >= 1")
     if m["drafter"] is None and (shape in HF_METHODS or shape == DYNAMIC):
         return Method(shape, shape, budget)
+    if drafter == CROSS and shape in HF_METHODS:
+        raise ValueError(f"method {spec!r}: transformers' cross-tokenizer method is hf_uag:{budget}")
     if drafter not in DRAFTERS:
         raise ValueError(f"method {spec!r}: unknown drafter {drafter!r}; use one of {DRAFTERS[1:]} (or none for the draft model)")
     needs_arg = drafter in ("early_exit", "confidence")
@@ -128,18 +147,32 @@ def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, 
     return method_trees(f"{s}:{b}" for s in shapes for b in budgets)
 
 
-def build_drafter(method: Method, target: torch.nn.Module, draft: torch.nn.Module | None,
-                  cache_policy: StreamingCache | None = None,
-                  dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH)) -> Drafter:
+def build_drafter(
+    method: Method,
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    cache_policy: StreamingCache | None = None,
+    dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
+    target_tokenizer: Any = None,
+    draft_tokenizer: Any = None,
+) -> Drafter:
     """The drafter object of a specnb method (not for transformers' methods). cache_policy: a
     bounded cache for the draft model's own cache (`core.streaming`), where the method has one.
     dynamic: (children per node, depth) of dynamic trees; a replay of dynamic trees matches the
-    drafter only with the collection's (super_k, super_depth)."""
+    drafter only with the collection's (super_k, super_depth). xtok methods need both tokenizers
+    (or `retokenize.TokenText`s of them)."""
     if method.drafter in HF_METHODS:
         raise ValueError(f"{method.spec} is a transformers method, run by `baselines`, not a drafter")
     if method.needs_draft_model and draft is None:
         raise ValueError(f"method {method.spec} needs the pair's draft model")
     model = lambda **kw: ModelDrafter(draft, cache_policy=cache_policy, **kw)  # noqa: E731
+    if method.drafter == CROSS:
+        if target_tokenizer is None or draft_tokenizer is None:
+            raise ValueError(f"method {method.spec} needs the target's and the draft's tokenizers")
+        inner = (DynamicTreeDrafter(draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1],
+                                    cache_policy=cache_policy)
+                 if method.shape == DYNAMIC else model())
+        return CrossTokenizerDrafter(inner, draft_tokenizer, target_tokenizer)
     if method.drafter == "draft":
         return model()
     if method.drafter == "ngram":

@@ -6,7 +6,8 @@ What it holds:
                                   model without access or an unreachable hub fails at once, naming
                                   the model and what to do, before any weights load
     check_pair / load_pair        a target and a draft that share one vocabulary, checked before any
-                                  weights are loaded
+                                  weights are loaded (or, with cross_tokenizer=True, any two causal
+                                  LMs, for the cross-tokenizer drafter)
     ModelPair                     a pair by name (what a worker process needs to load it itself)
     truncate_layers               keep a model's first layers (a separate early-exit copy)
     describe_model                what was loaded, in one line: class, layers, dtype, 4-bit Linears,
@@ -42,6 +43,13 @@ VALID_PAIRS = (
     "JackFram/llama-68m or JackFram/llama-160m -> meta-llama/Llama-2-7b-hf (Llama-2's 32k vocabulary); "
     "meta-llama/Llama-3.2-1B -> meta-llama/Llama-3.2-3B or meta-llama/Llama-3.1-8B (128k); "
     "qwen2.5-coder-0.5b -> qwen2.5-coder-1.5b (embedded, 151k)"
+)
+# What a refused pair can use instead (quoted in the message).
+CROSS_TOKENIZER = (
+    "To pair them anyway, draft across tokenizers: method specs xtok/chain:4, xtok/sparse:16 or "
+    "xtok/dynamic:16 (specnb.drafters.cross_tokenizer.CrossTokenizerDrafter: the draft's tree re-encoded "
+    "into target tokens), transformers' hf_uag:4 (universal assisted generation), and "
+    "load_pair(..., cross_tokenizer=True)"
 )
 
 
@@ -195,8 +203,8 @@ def check_pair(
     raise ValueError(
         f"target tokenizer {target_name!r} (vocab size {len(target_vocab)}) and draft "
         f"tokenizer {draft_name!r} (vocab size {len(draft_vocab)}) have different "
-        f"vocabularies ({len(differing)} tokens differ, e.g. {differing[:3]}). A token tree needs a draft "
-        f"and target that share one vocabulary; valid pairs include: {VALID_PAIRS}."
+        f"vocabularies ({len(differing)} tokens differ, e.g. {differing[:3]}). A token tree of the draft's ids "
+        f"needs a draft and target that share one vocabulary; valid pairs include: {VALID_PAIRS}. {CROSS_TOKENIZER}."
     )
 
 
@@ -210,8 +218,11 @@ def load_pair(
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
     draft_layers: int | None = None,
+    cross_tokenizer: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
-    """(target model, draft model, shared tokenizer). The vocabularies are checked before any weights load.
+    """(target model, draft model, the target's tokenizer). The vocabularies are checked before any
+    weights load: a pair that does not share one is refused, unless cross_tokenizer=True (for the
+    cross-tokenizer drafter, which needs the draft's tokenizer too: `load_tokenizer(draft)`).
 
     Names, quantization, dtype, device and attn_implementation mean what they mean in `load_model`;
     the last three apply to both models. draft_layers keeps only the draft's first layers.
@@ -220,7 +231,8 @@ def load_pair(
     _check_quantization(draft_quantization)
     sources = check_sources([target, draft])
     tokenizer = load_tokenizer(target, sources[target])
-    check_pair(tokenizer, load_tokenizer(draft, sources[draft]), target, draft)
+    if not cross_tokenizer:
+        check_pair(tokenizer, load_tokenizer(draft, sources[draft]), target, draft)
     target_model = _load_causal_lm(target, sources[target], target_quantization, dtype, device, attn_implementation)
     draft_model = _load_causal_lm(draft, sources[draft], draft_quantization, dtype, device, attn_implementation)
     if draft_layers is not None:

@@ -284,6 +284,10 @@ class Sweep:
         self._units[k] = rows
         self._meta[k] = meta
 
+    def rows(self, key: Mapping[str, Any] | tuple) -> list[dict] | None:
+        """A stored unit's rows, or None if the unit is not stored."""
+        return self._units.get(self._key(key))
+
     def meta(self, key: Mapping[str, Any] | tuple) -> dict | None:
         """A stored unit's summary, or None if the unit is not stored."""
         k = self._key(key)

@@ -9,7 +9,8 @@ of each prompt is the unit with shape "autoregressive" and budget 0; it is the r
 transformers' own speculative decoders run as units too, on the same prompts in the same process
 (`specnb.baselines`): shape "hf_assisted" (assisted generation with the pair's draft, budget = its
 fixed draft length) and "hf_prompt_lookup" (budget = `prompt_lookup_num_tokens`); their tree is
-recorded as a chain of that length. Every unit also gets the perplexity of its output under the
+recorded as a chain of that length; "hf_uag" is transformers' universal assisted generation, for a
+draft of another tokenizer (budget = draft tokens per step). Every unit also gets the perplexity of its output under the
 target and its greedy verdict against the target's own output: "exact", "tie" (a numerical tie of
 the target's top two logits at the first difference) or "mismatch" (`analysis.quality`).
 Each unit stores its per-step rows and a one-row summary (see `storage.Sweep`).
@@ -24,7 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,16 +33,20 @@ import torch
 from tqdm.auto import tqdm
 
 from ..analysis import replay, spread, tree_design
-from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
+from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate, hf_uag_generate
 from ..analysis.collect import CollectReport, collect_units
 from ..analysis.collection import CollectConfig, Collection
 from ..analysis.executors import Executor, LocalExecutor
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
+from ..analysis.redraft import Redrafted, redraft
+from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
+from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
+from ..drafters.retokenize import TokenText
 from ..io.models import ModelPair, check_pair, default_device, default_dtype, describe_model, load_model, load_tokenizer, model_dtype, prompt_ids
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
@@ -97,10 +102,18 @@ def run_sweep(
     max_new_tokens: int,
     progress: bool = True,
     dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
+    draft_tokenizer=None,
+    baseline_of: str | None = None,
+    texts: tuple[TokenText, TokenText] | None = None,
 ) -> None:
     """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt. dynamic:
-    (children per node, depth) of dynamic trees (`methods.build_drafter`)."""
+    (children per node, depth) of dynamic trees (`methods.build_drafter`). `tokenizer` is the
+    target's; draft_tokenizer, the draft's, is needed by the cross-tokenizer methods (xtok, hf_uag)
+    only. baseline_of: an earlier pair of the same target in `store`, whose target-alone units are
+    copied (meta "baseline_of") instead of run again: same model, prompt and run. texts: the two
+    tokenizers read as bytes (`TokenText`), when already made."""
     drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
+    vocabularies = _Vocabularies(tokenizer, draft_tokenizer, texts)
     todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
     todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
     references: dict[str, list[int]] = {}
@@ -108,7 +121,12 @@ def run_sweep(
     scores: dict[tuple[str, tuple[int, ...]], Score] = {}  # equal outputs are scored once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
         ids = ids_of[prompt.id]
-        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, dynamic)
+        if k is None and baseline_of is not None and _key(baseline_of, None, prompt) in store:
+            earlier = _key(baseline_of, None, prompt)
+            store.add(_key(pair_label, None, prompt), store.rows(earlier), meta={**store.meta(earlier), "baseline_of": baseline_of})
+            references[prompt.id] = [int(t) for t in str(store.meta(earlier)["tokens"]).split() if t]
+            continue
+        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, vocabularies, dynamic)
         output = (prompt.id, tuple(result.tokens.tolist()))
         if output not in scores:
             scores[output] = score(target, ids, result.tokens)
@@ -131,6 +149,7 @@ def _generate(
     k: tuple[str, int] | None,
     tree: Tree | None,
     max_new_tokens: int,
+    vocabularies: _Vocabularies,
     dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
 ) -> GenerationResult:
     """One unit: the baseline (k None), a transformers method, or a specnb method (`methods`)."""
@@ -139,11 +158,31 @@ def _generate(
     method = parse_method(f"{k[0]}:{k[1]}")
     if method.drafter == "hf_assisted":
         return hf_assisted_generate(target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens)
+    if method.drafter == "hf_uag":
+        return hf_uag_generate(target, draft, ids, vocabularies.target, vocabularies.draft, num_assistant_tokens=method.budget,
+                               max_new_tokens=max_new_tokens)
     if method.drafter == "hf_prompt_lookup":
         return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens)
     if method.spec not in drafters:
-        drafters[method.spec] = build_drafter(method, target, draft, dynamic=dynamic)
+        texts = vocabularies.texts() if method.drafter == "xtok" else (None, None)
+        drafters[method.spec] = build_drafter(method, target, draft, dynamic=dynamic,
+                                              target_tokenizer=texts[0], draft_tokenizer=texts[1])
     return speculative_generate(target, drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
+
+
+class _Vocabularies:
+    """A sweep's two tokenizers (target, draft), read as `TokenText` once, when a method needs it."""
+
+    def __init__(self, target, draft, texts: tuple[TokenText, TokenText] | None = None) -> None:
+        self.target, self.draft = target, draft
+        self._texts = texts
+
+    def texts(self) -> tuple[TokenText, TokenText]:
+        if self.draft is None:
+            raise ValueError("cross-tokenizer methods need the draft's tokenizer (run_sweep(..., draft_tokenizer=...))")
+        if self._texts is None:
+            self._texts = (TokenText.of(self.target), TokenText.of(self.draft))
+        return self._texts
 
 
 def run_pairs(
@@ -159,27 +198,51 @@ def run_pairs(
 ) -> pd.DataFrame:
     """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default).
     Before any weights load, every model of every pair is resolved (access, licence, name:
-    `io.sources`, one error listing every problem) and every pair's tokenizers are compared: a pair
-    whose vocabularies differ is skipped, its reason recorded. Each model is loaded once and kept
-    while a later pair still uses it (two drafts for one target load the target once).
+    `io.sources`, one error listing every problem) and every pair's tokenizers are compared: on a
+    pair whose vocabularies differ, the methods that need a shared one (`Method.shared_vocabulary`)
+    are refused, the reason recorded (check_pair's message, which names the cross-tokenizer
+    methods); the others (xtok, hf_uag, n-gram, early exit) run. Each model is loaded once and kept
+    while a later pair still uses it (two drafts for one target load the target once), and measured
+    alone once per target and prompt (later pairs of that target copy those units:
+    `run_sweep(baseline_of=...)`).
 
     collections: a folder for one collection per pair; given, the methods a collection answers
     (`Method.replayable`: the draft model's static and dynamic trees) are replayed from it (exact
     acceptance, no wall clock: source "replay"), except those in `measure`, which run end to end
-    like every other method. Returns one row per pair: label, status, reason, and for a measured
-    pair the target and draft as loaded (`io.models.describe_model`: dtype, 4-bit layers, stand-in
-    or not)."""
+    like every other method. Returns one row per pair: label, status ("measured", "partial": some
+    methods refused, "skipped": all refused), vocabulary ("shared" or "different"), reason, and for
+    a pair that ran, the target and draft as loaded (`io.models.describe_model`: dtype, 4-bit
+    layers, stand-in or not)."""
     import gc
 
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
     status: dict[Pair, dict] = {}
+    allowed: dict[Pair, dict[tuple[str, int], Tree]] = {}
+    texts: dict[Pair, tuple[TokenText, TokenText]] = {}
     for pair in pairs:
+        own = trees if pair.methods is None else method_trees(pair.methods)
+        reasons, refused = [], []
         try:
             check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
-            status[pair] = {"pair": pair.label, "status": "measured", "reason": "", "target_loaded": "", "draft_loaded": ""}
+            vocabulary = "shared"
         except ValueError as e:
-            status[pair] = {"pair": pair.label, "status": "skipped", "reason": str(e), "target_loaded": "", "draft_loaded": ""}
-    runnable = [pair for pair in pairs if status[pair]["status"] == "measured"]
+            vocabulary = "different"
+            refused = [k for k in own if parse_method(f"{k[0]}:{k[1]}").shared_vocabulary]
+            if refused:
+                reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in refused)}: {e}")
+        cross = [k for k in own if k not in refused and parse_method(f"{k[0]}:{k[1]}").drafter == "xtok"]
+        if cross:  # both tokenizers must read as bytes (`retokenize`), checked before any weights load
+            try:
+                texts[pair] = (TokenText.of(load_tokenizer(pair.target)), TokenText.of(load_tokenizer(pair.draft)))
+            except ValueError as e:
+                refused += cross
+                reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in cross)}: {e}")
+        allowed[pair] = {k: t for k, t in own.items() if k not in refused}
+        state = "measured" if not refused else "partial" if allowed[pair] else "skipped"
+        status[pair] = {"pair": pair.label, "status": state, "vocabulary": vocabulary, "reason": "; ".join(reasons),
+                        "target_loaded": "", "draft_loaded": ""}
+    runnable = [pair for pair in pairs if allowed[pair]]
+    first_of_target: dict[tuple, str] = {}  # target -> the first pair that measured it alone
     loaded: dict[tuple, torch.nn.Module] = {}
     for i, pair in enumerate(runnable):
         wanted = {key for later in runnable[i:] for key in (pair_keys(later))}
@@ -194,11 +257,14 @@ def run_pairs(
                 loaded[key] = load_model(key[0], key[1], dtype=dtype, layers=key[2])[0]
         status[pair].update(target_loaded=describe_model(loaded[target_key]), draft_loaded=describe_model(loaded[draft_key]))
         target, draft, tokenizer = loaded[target_key], loaded[draft_key], load_tokenizer(pair.target)
-        own = trees if pair.methods is None else method_trees(pair.methods)
+        own = allowed[pair]
         replayed = {} if collections is None else {
             k: t for k, t in own.items() if parse_method(f"{k[0]}:{k[1]}").replayable and f"{k[0]}:{k[1]}" not in measure}
+        first_of_target.setdefault(target_key, pair.label)
         run_sweep(store, pair.label, target, draft, tokenizer, prompts,
-                  {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress)
+                  {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress,
+                  draft_tokenizer=load_tokenizer(pair.draft), baseline_of=first_of_target[target_key],
+                  texts=texts.get(pair))
         if replayed:
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
             replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
@@ -268,6 +334,7 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         prompts=("prompt_id", "nunique"),
         steps=("num_steps", "sum"),
         drafted=("num_drafted", "sum"),
+        **({"draft_tokens": ("num_draft_tokens", "sum")} if "num_draft_tokens" in spec else {}),
         accepted=("num_accepted", "sum"),
         tokens=("num_tokens", "sum"),
         time_s=("total_time", lambda v: v.sum(min_count=1)),  # NaN when every unit was replayed
@@ -283,6 +350,8 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         **({"perplexity": ("perplexity", "mean")} if "perplexity" in spec else {}),
     ).reset_index()
     out["acceptance_rate"] = out["accepted"] / out["drafted"]
+    if "draft_tokens" in out:  # the draft's own tokens per accepted (target) token: its cost
+        out["draft_tokens_per_accepted"] = out["draft_tokens"] / out["accepted"]
     out["acceptance_length"] = out["accepted"] / out["steps"]
     out["tau"] = out["tokens"] / out["steps"]
     spans = pd.DataFrame([{**spread.interval_columns("tau", u["num_tokens"], u["num_steps"]),
@@ -338,7 +407,7 @@ def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], flo
 
 
 # specnb methods and the transformers method that drafts the same tokens (same draft, same length)
-COUNTERPARTS = (("chain", "hf_assisted"), ("ngram/chain", "hf_prompt_lookup"))
+COUNTERPARTS = (("chain", "hf_assisted"), ("xtok/chain", "hf_uag"), ("ngram/chain", "hf_prompt_lookup"))
 
 
 def head_to_head(table: pd.DataFrame, matchups: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
@@ -412,29 +481,42 @@ def collect_pair(
     executor: Executor = LocalExecutor(),
     retries: int = 2,
     dtype: str | None = None,
+    draft_tokenizer=None,
 ) -> CollectReport:
     """`analysis.collect.collect_units` for a prompt set: ranks kept up to top_k (at least the widest
     rank any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
     dynamic budget, on the first `super_prompts` prompts (None: all). Resumable in `folder` (a path,
     a shared folder or an fsspec URL). The local executor uses the loaded `target` and `draft`; any
     other (Ray) loads `pair` on each worker (in `dtype`, `io.models.model_dtype`), and the draft's
-    dtype is recorded so that a worker loading another refuses. The report holds the collection of the collected prompts and the
-    failures by name (`CollectReport`)."""
+    dtype is recorded so that a worker loading another refuses. The report holds the collection of
+    the collected prompts and the failures by name (`CollectReport`).
+
+    `tokenizer` is the target's; with the draft's (draft_tokenizer) and a different vocabulary, the
+    collection is a cross-tokenizer one, made in this process: the continuation from an exact
+    cross-tokenizer chain:4 run, nothing else (`redrafter` answers it)."""
+    ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
+    draft_dtype = draft.dtype if draft is not None else model_dtype(dtype) or default_dtype(default_device())
+    describe = {**(describe or {}), "draft_dtype": str(draft_dtype).removeprefix("torch.")}
+    categories = {p.id: p.category for p in prompts}
+    if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+        if target is None or draft is None:
+            raise ValueError("a cross-tokenizer collection runs in this process: pass the loaded target and draft")
+        config = CollectConfig(max_new_tokens=max_new_tokens, run_tree="chain:4", cross_tokenizer=True)
+        drafter = CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer)
+        return collect_units(folder, (target, draft, drafter), ids, config, categories=categories, describe=describe,
+                             retries=retries)
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     config = CollectConfig(
         max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, top_k), super_k=super_k,
         super_depth=super_depth, super_size=max(dynamic_budgets, default=1),
     )
-    ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
-    dtype = draft.dtype if draft is not None else default_dtype(default_device())
-    describe = {**(describe or {}), "draft_dtype": str(dtype).removeprefix("torch.")}
     if isinstance(executor, LocalExecutor) and target is not None and draft is not None:
         models: ModelPair | tuple = (target, draft)
     elif pair is not None:
         models = ModelPair(pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, pair.draft_layers, dtype)
     else:
         raise ValueError("workers load the pair themselves: pass the pair's names (pair=...)")
-    return collect_units(folder, models, ids, config, categories={p.id: p.category for p in prompts},
+    return collect_units(folder, models, ids, config, categories=categories,
                          describe=describe, executor=executor, retries=retries,
                          super_prompts=None if super_prompts is None else [p.id for p in prompts[:super_prompts]])
 
@@ -476,7 +558,8 @@ def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple
 
 
 def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int],
-                 dynamic_budgets: Sequence[int], oracle_k: int | None = None) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
+                 dynamic_budgets: Sequence[int], oracle_k: int | None = None,
+                 redraft_with: Callable[[str, int], Drafter] | None = None) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
     """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
     (super-trees needed; on the prompts collected with them) and the per-position "oracle"
     (`replay.oracle`, ranks below `oracle_k`, default the collection's top_k; column `top_k`).
@@ -486,7 +569,14 @@ def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], bud
     95% intervals of tau and acceptance rate across prompts (`analysis.spread`), the number of
     prompts, plus tau_all over every position, and tau_all as a fraction of the hindsight ceiling
     and of the oracle of the same budget (both defined on all positions, on the same prompts as the
-    row: dynamic rows on a super-tree subset are compared on that subset)."""
+    row: dynamic rows on a super-tree subset are compared on that subset).
+
+    A cross-tokenizer collection (`redraft_with`: `redrafter(...)` of the pair) is re-drafted
+    instead (`analysis.redraft`): every shape x budget drafted in draft tokens and "dynamic", on the
+    run trajectory, exact; no designed trees, no oracle and no tau_all (they need draft ranks of the
+    target's tokens): those columns are NaN."""
+    if collection.config.cross_tokenizer:
+        return _redraft_table(collection, trees, dynamic_budgets, _needs(redraft_with)), dict(trees)
     every = {**trees, **designed_trees(collection, budgets)}
     hindsight = {k: t for k, t in every.items() if k[0] == "hindsight"}
 
@@ -508,23 +598,28 @@ def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], bud
     return pd.concat(parts, ignore_index=True), every
 
 
-def replay_agreement(store: Sweep | None, pair_label: str, collection: Collection, specs: Sequence[str]) -> pd.DataFrame:
+def replay_agreement(store: Sweep | None, pair_label: str, collection: Collection, specs: Sequence[str],
+                     redraft_with: Callable[[str, int], Drafter] | None = None) -> pd.DataFrame:
     """Real runs against the replay, step by step: one row per method with the steps compared and
     how many were identical (position, drafted, accepted and tokens added). The collection's own
     run (its `run_tree`, on every prompt) is always compared, as source "collection run"; `specs`
-    are end-to-end units in `store` (source "end to end")."""
+    are end-to-end units in `store` (source "end to end"). A cross-tokenizer collection is
+    re-drafted (`redraft_with`) instead of replayed; its specs are xtok methods."""
     rows = []
     run_spec = collection.config.run_tree
-    replayed = replay.replay_steps(collection, collection.config.run)
+    replayed = _replayed(collection, "chain", collection.config.run, redraft_with)
     real = {p.prompt_id: [tuple(int(x) for x in row) for row in p.run_steps] for p in collection.prompts}
     rows.append(_agreement_row(run_spec, "collection run", replayed, real, collection))
     steps = steps_frame(store) if store is not None and len(store) else pd.DataFrame()
     for spec in specs:
         method = parse_method(spec)
-        tree = method.budget if method.drafter == "dynamic" else method.tree
+        dynamic = method.drafter == "dynamic" or method.shape == DYNAMIC
         mine = steps[(steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)]
         prompts = set(mine["prompt_id"])
-        replayed = {pid: s for pid, s in replay.replay_steps(collection, tree).items() if pid in prompts}
+        shape = DYNAMIC if dynamic else method.shape
+        tree = method.budget if dynamic and not collection.config.cross_tokenizer else method.tree
+        replayed = {pid: s for pid, s in _replayed(collection, shape, tree, redraft_with, method.budget).items()
+                    if pid in prompts}
         real = {pid: [tuple(int(x) for x in r) for r in g.sort_values("position")[
                     ["position", "num_drafted", "num_accepted", "num_tokens"]].itertuples(index=False)]
                 for pid, g in mine.groupby("prompt_id")}
@@ -560,9 +655,81 @@ def collection_dtype(collection: Collection) -> torch.dtype:
     return getattr(torch, str(collection.describe.get("draft_dtype", "float32")), torch.float32)
 
 
-def replayed_steps_frame(collection, tree: Tree) -> pd.DataFrame:
-    """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`)."""
-    return pd.DataFrame([step_row(s) for v in replay.replay_steps(collection, tree).values() for s in v])
+def replayed_steps_frame(collection, tree: Tree, shape: str = "",
+                         redraft_with: Callable[[str, int], Drafter] | None = None) -> pd.DataFrame:
+    """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`).
+    A cross-tokenizer collection is re-drafted with the drafter of (shape, tree size), and each
+    step's `accepted_ranks` is the accepted path in the DRAFT's tree (`tree`), not in the verified
+    target-token tree."""
+    if not collection.config.cross_tokenizer:
+        return pd.DataFrame([step_row(s) for v in replay.replay_steps(collection, tree).values() for s in v])
+    runs = _redrafts(collection, shape, tree, tree.num_nodes, _needs(redraft_with))
+    return pd.DataFrame([{**step_row(s), "accepted_ranks": "/".join(map(str, path))}
+                         for run in runs.values() for s, path in zip(run.steps, run.draft_paths)])
+
+
+# ---- cross-tokenizer collections: re-drafted, not replayed (`analysis.redraft`) -----------------
+
+
+def different_vocabularies(target: str, draft: str) -> bool:
+    """Whether two models' tokenizers map tokens to ids differently (a cross-tokenizer pair:
+    `load_pair(..., cross_tokenizer=True)`); reads the tokenizers only."""
+    return load_tokenizer(target).get_vocab() != load_tokenizer(draft).get_vocab()
+
+
+def redrafter(draft: torch.nn.Module, target_tokenizer, draft_tokenizer) -> Callable[[str, int], Drafter]:
+    """(shape, budget) -> a fresh cross-tokenizer drafter of `draft` for it ("dynamic": a dynamic
+    tree of that budget), the vocabularies read once."""
+    texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
+    return lambda shape, budget: build_drafter(parse_method(f"xtok/{shape}:{budget}"), None, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1])
+
+
+def _needs(redraft_with: Callable[[str, int], Drafter] | None) -> Callable[[str, int], Drafter]:
+    if redraft_with is None:
+        raise ValueError("a cross-tokenizer collection is re-drafted: pass redraft_with=redrafter(draft model, "
+                         "target tokenizer, draft tokenizer)")
+    return redraft_with
+
+
+def _redrafts(collection: Collection, shape: str, tree: Tree, budget: int,
+              redraft_with: Callable[[str, int], Drafter]) -> dict[str, Redrafted]:
+    """Per prompt, the re-drafted run of (shape, budget) whose requested tree is `tree`."""
+    drafter = redraft_with(shape, budget)
+    # the continuation holds a stop token only as its last token, when it stopped: the one stop
+    # token that can cut a step
+    return {p.prompt_id: redraft(drafter, p.prompt.tolist(), p.tokens.tolist(), tree, collection.config.max_new_tokens,
+                                 frozenset(p.tokens[-1:].tolist()) if p.stopped else frozenset())
+            for p in collection.prompts}
+
+
+def _replayed(collection: Collection, shape: str, tree: Tree | int,
+              redraft_with: Callable[[str, int], Drafter] | None, budget: int | None = None) -> dict[str, tuple]:
+    """Per prompt, the steps of `tree` (an int: the dynamic tree of that budget): replayed, or
+    re-drafted for a cross-tokenizer collection."""
+    if not collection.config.cross_tokenizer:
+        return replay.replay_steps(collection, tree)
+    size = budget if budget is not None else tree.num_nodes  # type: ignore[union-attr]
+    runs = _redrafts(collection, shape, tree, size, _needs(redraft_with))  # type: ignore[arg-type]
+    return {pid: run.steps for pid, run in runs.items()}
+
+
+def _redraft_table(collection: Collection, trees: dict[tuple[str, int], Tree], dynamic_budgets: Sequence[int],
+                   redraft_with: Callable[[str, int], Drafter]) -> pd.DataFrame:
+    rows = []
+    keys = [(k, t) for k, t in trees.items()] + [((DYNAMIC, n), Tree.chain(DYNAMIC_MAX_DEPTH)) for n in dynamic_budgets]
+    for (shape, budget), tree in keys:
+        runs = _redrafts(collection, shape, tree, budget, redraft_with)
+        results = [GenerationResult(torch.tensor([], dtype=torch.long), run.steps, 0, math.nan, math.nan, None, "redraft")  # host
+                   for run in runs.values()]
+        s = summarize(results).row()
+        rows.append({"shape": shape, "budget": budget, "nodes": budget if shape == DYNAMIC else tree.num_nodes,
+                     "depth": tree.depth, "mode": "trajectory", "prompts": len(runs), "steps": s["num_steps"],
+                     "drafted": s["num_drafted"], "accepted": s["num_accepted"], "tokens": s["num_tokens"],
+                     **{k: v for k, v in s.items() if k in ("acceptance_rate", "acceptance_length", "tau",
+                                                            "draft_tokens_per_accepted")
+                        or k.startswith(("depth_", "rank_"))},
+                     "tau_all": math.nan, "tau_all_over_hindsight": math.nan, "tau_all_over_oracle": math.nan})
+    return pd.DataFrame(rows)
 
 
 def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
@@ -615,6 +782,7 @@ def _unit_summary(
         "depth": tree.depth if tree else 0,
         "num_steps": s.num_steps,
         "num_drafted": s.num_drafted,
+        "num_draft_tokens": s.num_draft_tokens,
         "num_accepted": s.num_accepted,
         "num_tokens": s.num_tokens,
         "acceptance_rate": s.acceptance_rate,

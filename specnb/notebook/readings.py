@@ -7,7 +7,9 @@ acceptance rate = accepted / drafted.
 
     replay_reading     notebook 01: best preset and designed trees per budget, fraction of the
                        hindsight ceiling, replay against real runs, the fastest budget here
-    pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality
+    pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality;
+                       per target, the fastest pair and method (does a draft of another
+                       tokenizer pay where the same-tokenizer draft does not?)
     recommendation     the budget the cost model picks on this device (notebooks 01 and 03)
     categories_note    which categories a per-category figure shows and which it pools, and why
     collection_reading notebook 01: units collected / total, the workers, failed units by name
@@ -105,8 +107,37 @@ def pairs_reading(table: pd.DataFrame) -> str:
                 if direction == "falls"
                 else f"- mean acceptance rate {direction} from {rate_trend.iloc[0]:.2f} to {rate_trend.iloc[-1]:.2f}"
             )
+        cross = t[t["shape"].str.startswith("xtok/")]
+        if len(cross) and "draft_tokens_per_accepted" in t:
+            best_cross = cross.loc[cross["tau"].idxmax()]
+            lines.append(
+                f"- across tokenizers: {best_cross['shape']}:{best_cross['budget']} accepts "
+                f"{best_cross['acceptance_length']:.2f} target tokens per step (tau {best_cross['tau']:.2f}) for "
+                f"{best_cross['draft_tokens_per_accepted']:.2f} draft tokens per accepted target token"
+            )
         lines.append("- " + greedy_summary(t))
+    lines += _fastest_per_target(table)
     return "\n".join(lines)
+
+
+def _fastest_per_target(table: pd.DataFrame) -> list[str]:
+    """Per target with more than one pair: the fastest (pair, method) measured, and whether any pays."""
+    measured = table.dropna(subset=["speedup"])
+    if measured.empty:
+        return []
+    target = measured["pair"].str.split(" -> ").str[-1]
+    lines = []
+    for name, t in measured.groupby(target, sort=False):
+        if t["pair"].nunique() < 2:
+            continue
+        per_pair = t.loc[t.groupby("pair", sort=False)["speedup"].idxmax()]
+        parts = "; ".join(f"{r.pair}: {r.shape}:{r.budget} {r.speedup:.2f}x" for r in per_pair.itertuples())
+        best = per_pair.loc[per_pair["speedup"].idxmax()]
+        verdict = "pays" if best["speedup"] > 1 else "does not pay: the target alone is faster"
+        lines.append(f"**Target {name}**, fastest method per draft (tokens/s over the target alone, same run): {parts}. "
+                     f"Best: {best['pair']} with {best['shape']}:{best['budget']}, {best['speedup']:.2f}x: "
+                     f"speculation {verdict}.")
+    return lines
 
 
 def greedy_summary(table: pd.DataFrame) -> str:

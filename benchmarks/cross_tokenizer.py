@@ -1,0 +1,171 @@
+"""Cross-tokenizer speculative decoding, greedy: specnb's CrossTokenizerDrafter against transformers'
+universal assisted generation (UAG), same draft, same draft length, per Spec-Bench category.
+
+Default pair: SmolLM2-135M (49k vocabulary) drafting for Qwen2.5-Coder-1.5B (151k). Rows, all in
+this one process, on the same prompts, interleaved per prompt (each prompt runs every method
+before the next starts, in an order rotated from prompt to prompt) after a warm-up:
+
+    target alone        specnb.autoregressive_generate (the speed baseline and reference output)
+    hf_uag k            transformers UAG: the draft drafts k of its own tokens per step (schedule
+                        constant, confidence threshold 0), re-encoded to target tokens
+    xtok chain:k        specnb: the draft's chain of k draft tokens, re-encoded (at most k target nodes)
+    xtok <tree>         specnb: each tree of --trees (draft tokens; at most that many target nodes)
+
+Per category: tokens/s (all tokens / all wall time, prefill included), speedup over the target
+alone, tau (target tokens per target call, bonus INCLUDED), acceptance rate (accepted / drafted,
+both in target tokens: the verified tree), draft tokens per accepted target token (the draft's
+cost), greedy-equal count. Then the cost model of benchmarks/end_to_end.py (draft and verify cost
+in target forwards, from the measured steps).
+
+    python benchmarks/cross_tokenizer.py --quick
+    python benchmarks/cross_tokenizer.py --per-category 2 --max-new-tokens 128
+
+The last line is
+    xtok_chain_over_hf_uag=<x> xtok_best_over_target=<y> greedy_outputs_equal=<n>/<m>
+x: tokens/s of specnb's xtok chain:k over transformers' UAG at the same k, all prompts pooled (same
+draft, same length: below 1 is specnb's overhead); y: tokens/s of the fastest specnb xtok method
+(pooled) over the target alone; n/m: runs whose output equals the target's own greedy output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+
+import pandas as pd
+import torch
+
+from end_to_end import TARGET_ALONE, Method, cost_report, per_category, pick, pooled_speed
+from specnb import autoregressive_generate, speculative_generate, summarize
+from specnb.analysis.baselines import hf_uag_generate
+from specnb.analysis.quality import greedy_equal
+from specnb.drafters.methods import build_drafter, parse_method
+from specnb.drafters.retokenize import TokenText
+from specnb.io.models import load_pair, load_tokenizer, prompt_ids
+from specnb.io.prompts import load_prompts
+
+QUICK_CATEGORIES = ("coding", "summarization", "rag")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="smollm2-135m")
+    ap.add_argument("--target-quantization", choices=["4bit"], default=None)
+    ap.add_argument("--draft-quantization", choices=["4bit"], default=None)
+    ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
+    ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per step of hf_uag and of the xtok chain")
+    ap.add_argument("--trees", nargs="*", default=["sparse:8", "dynamic:8"],
+                    help="xtok trees besides the chain, shape:budget (draft tokens; the target tree gets at most as many nodes)")
+    ap.add_argument("--pick", choices=("first", "shortest"), default="first")
+    ap.add_argument("--quick", action="store_true",
+                    help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of every (prompt, method), interleaved; the fastest is kept")
+    ap.add_argument("--csv", default=None, help="also write the per-run table here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.categories = args.categories or list(QUICK_CATEGORIES)
+        args.per_category, args.max_new_tokens, args.pick = 1, 32, "shortest"
+
+    started = time.perf_counter()
+    prompts = pick(load_prompts(args.prompts, categories=args.categories), args.per_category, args.pick)
+    if not prompts:
+        raise SystemExit(f"no prompts in categories {args.categories}")
+    target, draft, target_tokenizer = load_pair(args.target, args.draft, args.target_quantization,
+                                                args.draft_quantization, cross_tokenizer=True)
+    draft_tokenizer = load_tokenizer(args.draft)
+    print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
+          f"pair={args.draft} -> {args.target} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} "
+          f"load_s={time.perf_counter() - started:.0f}")
+    methods = build_methods(target, draft, target_tokenizer, draft_tokenizer, args)
+
+    warm = prompt_ids(target_tokenizer, "Say hello.")  # every method once, so no measured call pays one-off costs
+    for m in methods:
+        m.run(warm, 3)
+
+    runs: list[dict] = []
+    for i, prompt in enumerate(prompts):
+        ids = prompt_ids(target_tokenizer, prompt.text)
+        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        results = {}
+        for _ in range(args.repeats):
+            for m in order:
+                r = m.run(ids, args.max_new_tokens)
+                if m.name not in results or r.total_time < results[m.name].total_time:
+                    results[m.name] = r
+        reference = results[TARGET_ALONE].tokens
+        for m in methods:
+            r = results[m.name]
+            runs.append({"category": prompt.category, "prompt_id": prompt.id, "prompt_tokens": ids.shape[1],
+                         "method": m.name, "kind": m.kind, "depth": m.depth, "nodes": m.nodes, "result": r,
+                         "greedy_equal": greedy_equal(r.tokens, reference), "perplexity": float("nan")})
+        line = " ".join(f"{m.name}={summarize(results[m.name]).tokens_per_s:.2f}" for m in methods)
+        print(f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}", flush=True)
+
+    table = per_category(runs, [m.name for m in methods]).drop(columns="perplexity")
+    table.insert(5, "draft_tokens_per_accepted", draft_cost(runs, table))
+    pd.set_option("display.width", 200)
+    print("\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = target tokens per target call (bonus INCLUDED);"
+          " acceptance = accepted / drafted (target tokens); draft_tokens_per_accepted = the draft's own tokens per"
+          " accepted target token; speedup over the target alone in this run")
+    for category, t in table.groupby("category", sort=False):
+        print(f"\n== {category}")
+        print(t.drop(columns="category").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print()
+    # draft forwards per step: k for the chains; the draft tree's depth for a static tree (a dynamic
+    # tree's varies: no c for it)
+    forwards = {m.name: m.depth for m in methods if m.kind == "model_draft" and "dynamic" not in m.name}
+    print(cost_report(runs, methods, forwards))
+
+    greedy = [r for r in runs if r["method"] != TARGET_ALONE]
+    equal = sum(r["greedy_equal"] for r in greedy)
+    xtok = [m.name for m in methods if m.name.startswith("xtok")]
+    best = max(xtok, key=lambda name: pooled_speed(runs, name))
+    x = pooled_speed(runs, f"xtok chain:{args.k}") / pooled_speed(runs, f"hf_uag {args.k}")
+    y = pooled_speed(runs, best) / pooled_speed(runs, TARGET_ALONE)
+    print(f"best xtok method: {best} ({pooled_speed(runs, best):.2f} tokens/s against {pooled_speed(runs, TARGET_ALONE):.2f} "
+          f"for the target alone: speculation {'pays' if y > 1 else 'does NOT pay'} here)")
+    if args.csv:
+        flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
+        pd.DataFrame(flat).to_csv(args.csv, index=False)
+    print(f"elapsed_s={time.perf_counter() - started:.0f}")
+    print(f"xtok_chain_over_hf_uag={x:.3f} xtok_best_over_target={y:.3f} greedy_outputs_equal={equal}/{len(greedy)}")
+    return 0 if equal == len(greedy) else 1
+
+
+def build_methods(target, draft, target_tokenizer, draft_tokenizer, args: argparse.Namespace) -> list[Method]:
+    """The target alone, transformers' UAG at k, and specnb's xtok chain at k and --trees (one
+    drafter per method, each with its own draft cache; the vocabularies read once)."""
+    k = args.k
+    texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
+    methods = [
+        Method(TARGET_ALONE, "target", lambda ids, n: autoregressive_generate(target, ids, max_new_tokens=n)),
+        Method(f"hf_uag {k}", "model_draft", lambda ids, n: hf_uag_generate(
+            target, draft, ids, target_tokenizer, draft_tokenizer, num_assistant_tokens=k, max_new_tokens=n), k, k),
+    ]
+    for spec in [f"chain:{k}"] + list(args.trees):
+        method = parse_method(f"xtok/{spec}")
+        drafter = build_drafter(method, target, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1])
+        tree = method.tree  # the draft's tree (a dynamic tree: its depth cap)
+        methods.append(Method(f"xtok {spec}", "model_draft",
+                              lambda ids, n, d=drafter, t=tree: speculative_generate(target, d, ids, tree=t, max_new_tokens=n),
+                              tree.depth, method.budget))
+    return methods
+
+
+def draft_cost(runs: list[dict], table: pd.DataFrame) -> list[float]:
+    """Draft tokens per accepted target token for each row of `table` (category, method)."""
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for r in runs:
+        groups[(r["category"], r["method"])].append(r["result"])
+        groups[("all", r["method"])].append(r["result"])
+    return [summarize(groups[(c, m)]).draft_tokens_per_accepted for c, m in zip(table["category"], table["method"])]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Re-drafting against a collected continuation: the exact greedy steps of any drafter with no
+target forward. It answers, for drafters that have no ranks of the target's tokens (a draft of
+another tokenizer, `drafters.cross_tokenizer`), what `replay` answers from ranks.
+
+Under greedy decoding the output of exact speculative decoding is the target's greedy
+continuation c_0, c_1, ... whatever the drafter (`analysis.collect` stores it, in target tokens).
+So a step can be re-run by the drafter alone: it drafts after the sequence so far; the target's
+argmax at each verified row is read from the continuation (at the root c_t; at a node whose path is
+c_t .. c_{t+d-1}, the token c_{t+d}; at any other node no child can be accepted, so its argmax does
+not matter); `greedy_accept` then picks the branch the real run picks, and the sequence advances by
+the same tokens, cut at EOS and at max_new_tokens as the loop cuts them. The steps equal a real
+run's (a test checks it), at the cost of the draft's forwards only, which on the course's pairs is
+a small fraction of the target's.
+
+What it cannot answer: sampling (a sampled continuation depends on the tree), wall clock, and
+anything defined by draft ranks of target tokens (Sequoia's and the hindsight trees, the oracle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..core.acceptance import greedy_accept
+from ..core.drafting import Drafter
+from ..core.generation import Step
+from ..core.runtime import cut_at_eos
+from ..core.sampling import SamplingConfig
+from ..core.trees import Tree
+from ..drafters.cross_tokenizer import CrossTokenizerDrafter
+
+GREEDY = SamplingConfig()
+
+
+@dataclass(frozen=True)
+class Redrafted:
+    """One prompt's re-drafted run."""
+
+    steps: tuple[Step, ...]  # as `speculative_generate` records them, times 0
+    # per step, the rank path in the DRAFT's tree of the draft nodes whose text the target accepted
+    # (a cross-tokenizer drafter; `Step.accepted_ranks` are ranks in the verified target-token tree),
+    # else the accepted ranks themselves
+    draft_paths: tuple[tuple[int, ...], ...]
+
+
+def redraft(
+    drafter: Drafter,
+    prompt: Sequence[int],
+    continuation: Sequence[int],
+    tree: Tree,
+    max_new_tokens: int,
+    eos: frozenset[int] = frozenset(),
+) -> Redrafted:
+    """The steps `speculative_generate(target, drafter, prompt, tree, max_new_tokens)` takes when
+    the target's greedy output is `continuation` (module docstring). eos: the stop tokens."""
+    continuation = [int(c) for c in continuation]
+    seq = [int(p) for p in prompt]
+    steps: list[Step] = []
+    paths: list[tuple[int, ...]] = []
+    drafter.reset()
+    made = 0
+    while made < min(max_new_tokens, len(continuation)):
+        step_tree = tree.truncated(max_new_tokens - made - 1)
+        draft = drafter.draft(torch.tensor(seq), step_tree, GREEDY)  # host: drafters read ids there
+        drafted = draft.tree if draft.tree is not None else step_tree
+        tokens = draft.tokens.tolist()
+        argmax = [continuation[made]] + [-1] * drafted.num_nodes
+        for i in range(drafted.num_nodes):
+            path = drafted.node_path(i)
+            end = made + len(path)
+            if end < len(continuation) and [tokens[j] for j in path] == continuation[made:end]:
+                argmax[i + 1] = continuation[end]
+        result = greedy_accept(drafted, draft.tokens, torch.tensor(argmax))  # host: as the tokens
+        drafter.observe(draft, result)
+        added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
+        steps.append(_step(made, drafted, result.path[: len(added)], len(added), draft.draft_tokens))
+        seq += added
+        made += len(added)
+        paths.append(_draft_path(drafter, seq, steps[-1]))
+        if stopped:
+            break
+    return Redrafted(tuple(steps), tuple(paths))
+
+
+def _step(position: int, tree: Tree, path: tuple[int, ...], added: int, draft_tokens: int | None) -> Step:
+    """The `Step` the loop records (`generation`): the path is already cut at EOS."""
+    rows = (0,) + tuple(i + 1 for i in path)
+    return Step(
+        position=position, num_drafted=tree.num_nodes, num_accepted=len(path), num_tokens=added,
+        draft_time=0.0, verify_time=0.0, tree_depth=tree.depth,
+        accepted_ranks=tuple(tree.ranks[i] for i in path),
+        child_counts=tuple(len(tree.children[r]) for r in rows), draft_tokens=draft_tokens,
+    )
+
+
+def _draft_path(drafter: Drafter, seq: list[int], step: Step) -> tuple[int, ...]:
+    """The accepted rank path in the draft's own tree (cross-tokenizer drafters), else the step's."""
+    if not isinstance(drafter, CrossTokenizerDrafter):
+        return step.accepted_ranks
+    last = drafter.last_draft
+    drafter.draft_view(seq)  # what the next draft does first: it finds the draft nodes accepted
+    if last is None or last.tree is None:
+        return ()
+    return tuple(last.tree.ranks[i] for i in drafter.accepted_nodes)
