@@ -55,6 +55,7 @@ from specnb.analysis.baselines import hf_assisted_generate, hf_prompt_lookup_gen
 from specnb.core.drafting import ModelDrafter
 from specnb.drafters.methods import method_trees
 from specnb.core.generation import GenerationResult
+from specnb.io.cpu_linear import linear_path
 from specnb.io.models import load_pair, prompt_ids
 from specnb.drafters.ngram import NgramDrafter
 from specnb.io.prompts import load_prompts
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-quantization", choices=["4bit"], default=None,
                     help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)")
     ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
+    ap.add_argument("--cpu-linear", choices=("stock", "onednn"), default="stock",
+                    help="a CPU float32 model's linear layers (specnb.io.cpu_linear): torch's stock path or oneDNN prepacked")
     ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
     ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
     ap.add_argument("--per-category", type=int, default=2)
@@ -106,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = pick(prompts, args.per_category, args.pick)
     if not prompts:
         raise SystemExit(f"no prompts in categories {args.categories}")
-    target, draft, tokenizer = load_pair(args.target, args.draft, args.target_quantization, args.draft_quantization)
+    target, draft, tokenizer = load_pair(args.target, args.draft, args.target_quantization, args.draft_quantization,
+                                         cpu_linear=args.cpu_linear)
     print(
         f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
-        f"prompts={len(prompts)} max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - started:.0f}"
+        f"cpu_linear={linear_path(target)} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - started:.0f}"
     )
     methods = build_methods(target, draft, args)
 

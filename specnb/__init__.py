@@ -23,6 +23,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         generation    speculative_generate, autoregressive_generate, Step, GenerationResult
         streaming     StreamingCache: attention sinks + a window (StreamingLLM), bounded caches
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
+                cpu_linear (a CPU model's linear layers on oneDNN prepacked weights),
                 the committed configs of hub models (model_configs), prompts, result storage
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
@@ -66,7 +67,7 @@ from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_s
 MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
                                 "acceptance", "drafting", "runtime", "generation", "streaming")},
-    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage")},
+    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
                                     "cross_tokenizer", "methods")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",

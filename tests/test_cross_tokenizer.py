@@ -481,7 +481,7 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     prompts = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on the ma")]
     trees = method_trees(["chain:2", "chain:4", "kary2:6"])
     collection = ex.collect_pair(tmp_path / "collection", target, draft, t, prompts, trees, 16, super_k=0, super_depth=3,
-                                 dynamic_budgets=[6], draft_tokenizer=d)
+                                 dynamic_budgets=[6], draft_tokenizer=d).collection
     assert collection.config.cross_tokenizer and collection.prompts[0].ranks is None
     with pytest.raises(ValueError, match="re-drafted"):
         replay.replay(collection, trees)

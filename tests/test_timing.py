@@ -15,8 +15,8 @@ from specnb.io.storage import Sweep
 from specnb.analysis.cost_model import cost_table, draft_seconds, draft_widths, expected_tau
 from specnb.bench.attention_grid import GRID_KEY, HEAD_SHAPES, HeadShape, grid, grid_table, run_grid, speedup_table
 from specnb.bench.timing import environment_row, measure, measure_interleaved
-from specnb.bench.verify_curve import CURVE_KEY, curve_table, verify_curve
-from specnb.notebook.readings import recommendation
+from specnb.bench.verify_curve import CURVE_KEY, curve_shape, curve_table, verify_curve
+from specnb.notebook.readings import curve_reading, recommendation
 
 from conftest import tiny_model
 
@@ -134,3 +134,33 @@ def test_verify_curve_cost_table_and_recommendation(tmp_path):
     assert "Best on this device" in recommendation(cost)
     with pytest.raises(ValueError, match="n = 0"):
         cost_table(curve[curve["nodes"] != 0], ["chain"], [0.5], "tiny-target", "tiny-draft")
+
+
+def _curve(points: dict[int, float], model: str = "m") -> pd.DataFrame:
+    return pd.DataFrame([{"model": model, "role": "target", "kind": "verify", "tokens": t, "median_ms": ms}
+                         for t, ms in points.items()])
+
+
+def test_curve_shape_reads_a_step_and_a_slope_from_the_points():
+    step = _curve({1: 492, 2: 1022, 5: 1121, 9: 1215, 17: 1202})  # the Qwen-1.5B curve
+    c = curve_shape(step)
+    assert c["decode_ms"] == 492 and c["first_tokens"] == 2 and c["step_ms"] == 530
+    assert c["last_tokens"] == 17 and c["last_ms"] == 1202
+    assert abs(c["step_share"] - 530 / 710) < 1e-9
+    assert 0 < c["slope_ms"] < 15  # flat after the step
+    text = curve_reading(step)
+    assert "mostly a step" in text and "492 ms" in text and "2.44x a decode" in text
+
+    line = _curve({1: 100, 5: 140, 9: 180, 17: 260, 33: 420})  # 10 ms per token throughout
+    c = curve_shape(line)
+    assert abs(c["slope_ms"] - 10) < 1e-9 and abs(c["step_per_token_ms"] - 10) < 1e-9
+    assert "mostly a slope" in curve_reading(line)
+
+
+def test_curve_shape_refuses_what_it_cannot_read():
+    with pytest.raises(ValueError, match="1-token point"):
+        curve_shape(_curve({2: 10, 5: 20}))
+    both = pd.concat([_curve({1: 1, 2: 2}), _curve({1: 1, 2: 3}, model="other")])
+    with pytest.raises(ValueError, match="name one"):
+        curve_shape(both)
+    assert curve_shape(both, model="other")["step_ms"] == 2

@@ -5,6 +5,7 @@
                            timed round-robin on the same cache
     verify_curve           both against the number of nodes (the target), or a plain forward per
                            level width (the draft), stored resumably; `curve_table` reads it back
+    curve_shape            where the verify curve steps and where it slopes, from its measured points
 
 `analysis.cost_model` turns the curves into expected tokens/s per tree.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -21,11 +23,12 @@ from tqdm.auto import tqdm
 from ..core.cache import crop, new_cache
 from ..core.trees import Tree
 from ..core.verification import prefill, verify
+from ..io.cpu_linear import linear_path
 from ..io.storage import Sweep
 from .timing import Timing, environment_row, measure_interleaved
 
 # the machine is part of the key, so one store can hold (and share between notebooks) curves of several
-CURVE_KEY = ("model", "role", "kind", "prefix", "nodes", "shape", "device", "dtype", "torch")
+CURVE_KEY = ("model", "role", "kind", "prefix", "nodes", "shape", "device", "dtype", "torch", "linear")
 KINDS = {"target": ("verify", "plain"), "draft": ("plain",)}  # what each role measures
 
 
@@ -91,7 +94,7 @@ def verify_curve(
     alone, one decoding step) and, interleaved with it, one plain forward of the same n + 1 tokens
     (kind "plain"); role "draft": one plain forward of n tokens, the draft's cost per tree level
     of width n."""
-    env = environment_row(model.device, model.dtype)
+    env = {**environment_row(model.device, model.dtype), "linear": linear_path(model)}
     kinds = KINDS[role]
     key = lambda kind, n: curve_key(model_name, role, kind, prefix_len, n, shape, env)  # noqa: E731
     todo = missing_points(store, model_name, role, prefix_len, nodes, shape, env)
@@ -111,9 +114,10 @@ def verify_curve(
 
 
 def curve_key(model: str, role: str, kind: str, prefix: int, nodes: int, shape: str, env: dict) -> dict:
-    """The store key of one curve point (`CURVE_KEY`); env: `timing.environment_row` of the model."""
+    """The store key of one curve point (`CURVE_KEY`); env: `timing.environment_row` of the model
+    and its "linear" path (`io.cpu_linear.linear_path`)."""
     return {"model": model, "role": role, "kind": kind, "prefix": prefix, "nodes": nodes, "shape": shape,
-            **{k: env[k] for k in ("device", "dtype", "torch")}}
+            **{k: env[k] for k in ("device", "dtype", "torch", "linear")}}
 
 
 def missing_points(store: Sweep, model_name: str, role: str, prefix_len: int, nodes: Sequence[int],
@@ -123,9 +127,12 @@ def missing_points(store: Sweep, model_name: str, role: str, prefix_len: int, no
 
 
 def curve_table(store: Sweep, models: Sequence[str] | None = None, prefix: int | None = None,
-                device: str | None = None) -> pd.DataFrame:
-    """The stored rows (milliseconds added), optionally only these models, prefix and device."""
+                device: str | None = None, linear: str | None = None) -> pd.DataFrame:
+    """The stored rows (milliseconds added), optionally only these models, prefix, device and linear
+    path (rows stored before the path was recorded have none and match no path)."""
     out = store.frame()
+    if not out.empty and linear is not None:
+        out = out[out["linear"] == linear] if "linear" in out else out.iloc[0:0]
     if not out.empty and models is not None:
         out = out[out["model"].isin(list(models))]
     if not out.empty and prefix is not None:
@@ -135,3 +142,29 @@ def curve_table(store: Sweep, models: Sequence[str] | None = None, prefix: int |
     if not out.empty:
         out["median_ms"] = out["median_s"] * 1e3
     return out
+
+
+def curve_shape(curve: pd.DataFrame, model: str | None = None, kind: str = "verify") -> dict[str, float]:
+    """The shape of a target's verify curve, computed from its measured points (`curve_table` rows
+    of role "target"): decode_ms (one token: the root alone), then, from 1 token to the first
+    measured tree (first_tokens), step_ms (the jump) and step_per_token_ms (the jump per added
+    token); beyond it, slope_ms (least squares, ms per further token, NaN with fewer than 2 points)
+    and its span (first_tokens..last_tokens), with last_ms. step_share: the part of the cost of the
+    largest tree above one decode that the first jump accounts for (near 1: a step between one row
+    and a few, then flat; near first/last tokens: linear throughout)."""
+    rows = curve[(curve["role"] == "target") & (curve["kind"] == kind)]
+    if model is not None:
+        rows = rows[rows["model"] == model]
+    if rows["model"].nunique() > 1:
+        raise ValueError(f"the curve holds several targets {sorted(rows['model'].unique())}: name one (model=...)")
+    points = rows.groupby("tokens")["median_ms"].median().sort_index()
+    if 1 not in points.index or len(points) < 2:
+        raise ValueError("the curve needs the 1-token point (nodes 0) and at least one tree")
+    decode, rest = float(points.loc[1]), points[points.index > 1]
+    first_tokens, first_ms = int(rest.index[0]), float(rest.iloc[0])
+    last_tokens, last_ms = int(rest.index[-1]), float(rest.iloc[-1])
+    slope = float(np.polyfit(rest.index.to_numpy(float), rest.to_numpy(float), 1)[0]) if len(rest) > 1 else float("nan")
+    return {"decode_ms": decode, "first_tokens": first_tokens, "first_ms": first_ms, "step_ms": first_ms - decode,
+            "step_per_token_ms": (first_ms - decode) / (first_tokens - 1), "slope_ms": slope,
+            "last_tokens": last_tokens, "last_ms": last_ms,
+            "step_share": (first_ms - decode) / (last_ms - decode) if last_ms != decode else float("nan")}

@@ -34,6 +34,7 @@ from transformers import (
 )
 
 from . import embedded
+from .cpu_linear import PackedLinear, check_linear_path, pack_linears
 from .sources import Source, check_sources, resolve_source
 
 QUANTIZATIONS: tuple[str | None, ...] = (None, "4bit")
@@ -127,6 +128,7 @@ def load_model(
     device: str | torch.device | None = None,
     attn_implementation: str = "sdpa",
     layers: int | None = None,
+    cpu_linear: str = "stock",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM in eval mode and its tokenizer.
 
@@ -138,13 +140,18 @@ def load_model(
     layers: keep only the first `layers` decoder layers (then the final norm and LM head): an
         early-exit copy of the model, e.g. a draft made from the target itself (LayerSkip-style,
         but as a separate model with its own cache).
+    cpu_linear: how a float32 CPU model runs its linear layers (`io.cpu_linear`): "stock" (torch's
+        nn.Linear) or "onednn" (oneDNN on prepacked weights: a verify of a few tokens costs less
+        more than a decode); ignored on CUDA, in half precision and for 4-bit layers.
     """
     _check_quantization(quantization)
+    check_linear_path(cpu_linear)
     source = resolve_source(name_or_path)
     tokenizer = load_tokenizer(name_or_path, source)
     model = _load_causal_lm(name_or_path, source, quantization, dtype, device, attn_implementation)
     if layers is not None:
         truncate_layers(model, layers)
+    pack_linears(model, cpu_linear)
     return model, tokenizer
 
 
@@ -173,6 +180,9 @@ def describe_model(model: torch.nn.Module) -> str:
     if four_bit:
         kind = getattr(getattr(config, "quantization_config", None), "bnb_4bit_quant_type", "4-bit")
         out += f", {kind} 4-bit: {four_bit} Linear"
+    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
+    if packed:
+        out += f", oneDNN prepacked: {packed} Linear"
     if getattr(config, "specnb_standin", None):
         out += ", STAND-IN (tiny random model, not the real weights)"
     return out
@@ -219,16 +229,18 @@ def load_pair(
     attn_implementation: str = "sdpa",
     draft_layers: int | None = None,
     cross_tokenizer: bool = False,
+    cpu_linear: str = "stock",
 ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
     """(target model, draft model, the target's tokenizer). The vocabularies are checked before any
     weights load: a pair that does not share one is refused, unless cross_tokenizer=True (for the
     cross-tokenizer drafter, which needs the draft's tokenizer too: `load_tokenizer(draft)`).
 
-    Names, quantization, dtype, device and attn_implementation mean what they mean in `load_model`;
-    the last three apply to both models. draft_layers keeps only the draft's first layers.
+    Names, quantization, dtype, device, attn_implementation and cpu_linear mean what they mean in
+    `load_model`; the last four apply to both models. draft_layers keeps only the draft's first layers.
     """
     _check_quantization(target_quantization)
     _check_quantization(draft_quantization)
+    check_linear_path(cpu_linear)
     sources = check_sources([target, draft])
     tokenizer = load_tokenizer(target, sources[target])
     if not cross_tokenizer:
@@ -237,6 +249,8 @@ def load_pair(
     draft_model = _load_causal_lm(draft, sources[draft], draft_quantization, dtype, device, attn_implementation)
     if draft_layers is not None:
         truncate_layers(draft_model, draft_layers)
+    pack_linears(target_model, cpu_linear)
+    pack_linears(draft_model, cpu_linear)
     return target_model, draft_model, tokenizer
 
 
@@ -251,11 +265,12 @@ class ModelPair:
     draft_quantization: str | None = None
     draft_layers: int | None = None  # keep only the draft's first layers (early-exit self-draft)
     dtype: str | None = None  # weights and 4-bit compute (`model_dtype`); None: the device's default
+    cpu_linear: str = "stock"  # a CPU float32 model's linear layers (`io.cpu_linear`): "stock" or "onednn"
 
     def load(self, device: str | torch.device | None = None) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
         """`load_pair` of these names: (target, draft, tokenizer) on `device` (default: CUDA if seen)."""
         return load_pair(self.target, self.draft, self.target_quantization, self.draft_quantization,
-                         device=device, dtype=self.dtype, draft_layers=self.draft_layers)
+                         device=device, dtype=self.dtype, draft_layers=self.draft_layers, cpu_linear=self.cpu_linear)
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:

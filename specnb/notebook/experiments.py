@@ -48,6 +48,7 @@ from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
 from ..drafters.retokenize import TokenText
 from ..io.models import ModelPair, check_pair, default_device, default_dtype, describe_model, load_model, load_tokenizer, model_dtype, prompt_ids
+from ..io.cpu_linear import effective_path, linear_path
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
 from ..bench.timing import environment_row
@@ -195,8 +196,10 @@ def run_pairs(
     collections: Path | None = None,
     measure: Sequence[str] = (),
     dtype: str | None = None,
+    cpu_linear: str = "stock",
 ) -> pd.DataFrame:
-    """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default).
+    """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default),
+    a CPU float32 model's linear layers on `cpu_linear` (`io.cpu_linear`).
     Before any weights load, every model of every pair is resolved (access, licence, name:
     `io.sources`, one error listing every problem) and every pair's tokenizers are compared: on a
     pair whose vocabularies differ, the methods that need a shared one (`Method.shared_vocabulary`)
@@ -254,7 +257,7 @@ def run_pairs(
         target_key, draft_key = pair_keys(pair)
         for key in (target_key, draft_key):
             if key not in loaded:
-                loaded[key] = load_model(key[0], key[1], dtype=dtype, layers=key[2])[0]
+                loaded[key] = load_model(key[0], key[1], dtype=dtype, layers=key[2], cpu_linear=cpu_linear)[0]
         status[pair].update(target_loaded=describe_model(loaded[target_key]), draft_loaded=describe_model(loaded[draft_key]))
         target, draft, tokenizer = loaded[target_key], loaded[draft_key], load_tokenizer(pair.target)
         own = allowed[pair]
@@ -513,7 +516,8 @@ def collect_pair(
     if isinstance(executor, LocalExecutor) and target is not None and draft is not None:
         models: ModelPair | tuple = (target, draft)
     elif pair is not None:
-        models = ModelPair(pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, pair.draft_layers, dtype)
+        models = ModelPair(pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, pair.draft_layers, dtype,
+                           pair.cpu_linear)
     else:
         raise ValueError("workers load the pair themselves: pass the pair's names (pair=...)")
     return collect_units(folder, models, ids, config, categories=categories,
@@ -536,17 +540,20 @@ def cost_curves(
     widest level of `trees`. Points already in `store` for this machine are read, not measured
     again: notebooks 01 and 03 share one store (`session.shared_folder`), so the second reuses what
     the first measured (each row says when, in "measured"). models: the pair's (target, draft) if
-    loaded; otherwise they are loaded (in `dtype`, `io.models.model_dtype`) only if a point is missing."""
+    loaded; otherwise they are loaded (in `dtype`, `io.models.model_dtype`, with the pair's
+    cpu_linear) only if a point is missing. Curves are kept per linear path (`io.cpu_linear`)."""
     device = models[0].device if models else default_device()
     env = environment_row(device, models[0].dtype if models else model_dtype(dtype) or default_dtype(device))
+    env["linear"] = linear_path(models[0]) if models else effective_path(pair.cpu_linear, device, model_dtype(env["dtype"]))
     widths = draft_widths(trees)
     names = (pair.target_label, pair.draft_label)
     if missing_points(store, names[0], "target", prefix, nodes, env=env) or missing_points(store, names[1], "draft", prefix, widths, env=env):
-        target, draft = models or (load_model(pair.target, pair.target_quantization, dtype=dtype)[0],
-                                   load_model(pair.draft, pair.draft_quantization, dtype=dtype, layers=pair.draft_layers)[0])
+        target, draft = models or (load_model(pair.target, pair.target_quantization, dtype=dtype, cpu_linear=pair.cpu_linear)[0],
+                                   load_model(pair.draft, pair.draft_quantization, dtype=dtype, layers=pair.draft_layers,
+                                              cpu_linear=pair.cpu_linear)[0])
         verify_curve(store, target, names[0], prefix, nodes, repeats=repeats)
         verify_curve(store, draft, names[1], prefix, widths, role="draft", repeats=repeats)
-    return curve_table(store, names, prefix, env["device"])
+    return curve_table(store, names, prefix, env["device"], env["linear"])
 
 
 def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple[str, int], Tree]:

@@ -77,12 +77,13 @@ def profile_budget(profile: str, longest_prompt: int = LONGEST_PROMPT) -> TokenB
 
 
 def profile_memory(profile: str, longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> list[PairMemory]:
-    """One estimate per pair of the profile that shares a vocabulary (hub models with committed configs)."""
+    """One estimate per pair of the profile (hub models with committed configs), pairs across
+    tokenizers included (they run the cross-tokenizer methods)."""
     budget = profile_budget(profile, longest_prompt)
     return [
         pair_memory(p.target, config_of(p.target), p.draft, config_of(p.draft), budget, usable,
                     p.target_quantization, p.draft_quantization)
-        for p in profile_pairs(profile) if p.shares_vocabulary
+        for p in profile_pairs(profile)
     ]
 
 
@@ -109,7 +110,7 @@ def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, u
         lines.append(f"| {r.draft} -> {r.target} | {r.target_weights_gb:.2f} ({quant}) | {r.draft_weights_gb:.2f} | "
                      f"{r.target_kv_gb:.3f} + {r.draft_kv_gb:.3f} | {r.logits_gb:.3f} | **{r.total_gb:.2f}** | "
                      f"{'yes' if r.fits else 'NO'} |")
-    refused = [p for p in profile_pairs(profile) if not p.shares_vocabulary]
+    across = [p for p in profile_pairs(profile) if not p.shares_vocabulary]
     lines += ["", f"GB = 10^9 bytes. Tokens per sequence: {budget.total} = the longest prompt, assumed "
                   f"{budget.prompt} + max_new_tokens {budget.new_tokens} + the root + the largest tree, "
                   f"{budget.tree} nodes (the largest of any notebook of profile `{profile}`), in both caches. Logits: "
@@ -117,9 +118,10 @@ def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, u
     if "03_tree_attention_timing" in resolve(profile, {}, [], notebooks()):
         lines.append(f"Notebook 03's largest attention-grid point, run before its models load: "
                      f"{grid_bytes(profile) / GB:.2f} GB.")
-    if refused:
-        lines.append("Not loaded (vocabularies differ, refused before any weights load): "
-                     + "; ".join(f"{p.draft} -> {p.target}" for p in refused) + ".")
+    if across:
+        lines.append("Across tokenizers (cross-tokenizer methods only; the shared-vocabulary ones are refused before "
+                     "any weights load): " + "; ".join(f"{p.draft} -> {p.target}" for p in across)
+                     + ". Their draft cache is counted at the same number of tokens (its own tokenizer's count differs a little).")
     return "\n".join(lines)
 
 

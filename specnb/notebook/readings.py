@@ -11,6 +11,7 @@ acceptance rate = accepted / drafted.
                        per target, the fastest pair and method (does a draft of another
                        tokenizer pay where the same-tokenizer draft does not?)
     recommendation     the budget the cost model picks on this device (notebooks 01 and 03)
+    curve_reading      the verify curve's shape as measured: its step and its slope (01 and 03)
     categories_note    which categories a per-category figure shows and which it pools, and why
     collection_reading notebook 01: units collected / total, the workers, failed units by name
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+
+from ..bench.verify_curve import curve_shape
 
 if TYPE_CHECKING:
     from ..analysis.collect import CollectReport
@@ -165,6 +168,28 @@ def recommendation(cost: pd.DataFrame) -> str:
         f"{best['expected_tau']:.2f} (bonus included), {best['tokens_per_s']:.2f} tokens/s = "
         f"{best['speedup']:.2f}x the target alone; speculation {verdict}. Best budget per shape: {others}."
     )
+
+
+def curve_reading(curve: pd.DataFrame, model: str | None = None) -> str:
+    """Markdown: the verify curve's shape as measured (`verify_curve.curve_shape`): where it steps,
+    where it slopes, and what the largest tree costs in decodes."""
+    c = curve_shape(curve, model)
+    out = (f"Verify cost as measured: one decode (1 token) {c['decode_ms']:.0f} ms; {c['first_tokens']} tokens "
+           f"{c['first_ms']:.0f} ms ({c['first_ms'] / c['decode_ms']:.2f}x a decode: +{c['step_per_token_ms']:.1f} ms per "
+           f"added token over that first stretch)")
+    if c["last_tokens"] > c["first_tokens"]:
+        out += (f"; from {c['first_tokens']} to {c['last_tokens']} tokens {c['slope_ms']:+.1f} ms per further token "
+                f"(least squares), {c['last_ms']:.0f} ms at {c['last_tokens']} ({c['last_ms'] / c['decode_ms']:.2f}x a decode)")
+    added = "the first added token" if c["first_tokens"] == 2 else f"the first {c['first_tokens'] - 1} added tokens"
+    if c["step_share"] >= 0.6 and c["last_tokens"] > c["first_tokens"]:
+        shape = (f"mostly a step: {added} accounts for {c['step_share']:.0%} of the "
+                 f"largest tree's extra cost, so a bigger tree costs little more than a small one")
+    elif c["last_tokens"] > c["first_tokens"]:
+        shape = (f"mostly a slope: {added} accounts for {c['step_share']:.0%} of "
+                 f"the largest tree's extra cost, the rest grows with the tree")
+    else:
+        shape = "one tree size measured: no slope to read"
+    return out + f". The curve is {shape}."
 
 
 def long_reading(table: pd.DataFrame) -> str:
