@@ -4,9 +4,16 @@ distinguishable next-token distributions instead of near-uniform ones."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+
+# notebook runs in the tests: a cell that runs past this fails its run with a clear error
+# (specnb.notebook.runner.cell_timeout) instead of waiting on a kernel that stopped answering
+os.environ.setdefault("SPECNB_CELL_TIMEOUT", "600")
 
 
 def tiny_model(

@@ -238,6 +238,14 @@ def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: 
         return _run_books(profile, books, resolved, settings, outputs)
 
 
+def cell_timeout() -> int | None:
+    """Seconds one cell may run ($SPECNB_CELL_TIMEOUT; unset: no limit, as a long sweep on a T4
+    needs). The tests set it, so that a kernel that stops answering fails the run instead of
+    hanging it."""
+    value = os.environ.get("SPECNB_CELL_TIMEOUT")
+    return int(value) if value else None
+
+
 def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, Any]], settings: RunnerSettings,
                outputs: Path) -> int:
     import papermill
@@ -259,11 +267,14 @@ def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, An
             papermill.execute_notebook(
                 str(nb), str(executed), parameters={**params, "run_dir": str(folder.resolve())},
                 cwd=str(nb.parent), progress_bar=False, log_output=True, kernel_name="python3",
+                execution_timeout=cell_timeout(),
             )
             record["status"] = "finished"
-        except PapermillExecutionError as e:
+        except (PapermillExecutionError, TimeoutError) as e:
             record["status"] = "failed"
-            record["error"] = f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
+            record["error"] = (f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
+                               if isinstance(e, PapermillExecutionError) else
+                               f"a cell ran past SPECNB_CELL_TIMEOUT={cell_timeout()} s ({e}); rerun to resume")
             failures.append(f"{nb.stem}: {record['error']}")
             print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
         record["duration_s"] = round(time.perf_counter() - start, 1)
