@@ -470,3 +470,21 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     assert all(ok == "True" or (ok == "" and note) for ok, note in zip(check["ok"].astype(str), check["note"]))
     grid = pd.read_csv(folders["03_tree_attention_timing"] / "attention_grid.csv")
     assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
+
+
+def test_interact_is_one_call_headless_and_a_widget_otherwise(monkeypatch):
+    from specnb.notebook.session import interact
+
+    calls = []
+    monkeypatch.setenv("SPECNB_HEADLESS", "1")
+
+    @interact(shape=["chain", "sparse"], budget=[4, 8])
+    def show(shape="sparse", budget=8):
+        calls.append((shape, budget))
+
+    assert calls == [("sparse", 8)]  # the defaults, once, no widget
+    monkeypatch.delenv("SPECNB_HEADLESS")
+    calls.clear()
+    widget = interact(shape=["chain", "sparse"], budget=[4, 8])(show)
+    assert calls == [("sparse", 8)]  # ipywidgets calls it once too, at the defaults
+    assert hasattr(widget, "widget") and len(widget.widget.children) >= 2

@@ -252,6 +252,7 @@ def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, An
     from papermill.exceptions import PapermillExecutionError
 
     failures = []
+    os.environ["SPECNB_HEADLESS"] = "1"  # the kernels inherit it: figures without widgets (`session.interact`)
     for nb in books:
         params = resolved[nb.stem]
         folder, resumed = run_folder_for(outputs, nb.stem, run_id(profile, params))

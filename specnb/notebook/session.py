@@ -11,13 +11,20 @@
   ($SPECNB_OUTPUTS instead of outputs/ when set) and params.json written there (parameters, environment). Under the runner, run_dir is given and
   params.json was written by the runner.
 - torch's global seed is set from `seed` when the notebook declares one.
+
+`interact(**options)` decorates a figure function: a widget (ipywidgets.interact) in Jupyter or
+Colab; under the runner (headless: $SPECNB_HEADLESS, set by `run_notebooks.sh`) one call with the
+function's defaults, no widget: nobody can move the slider, and a widget's comm messages are one
+more thing a headless kernel can stall on.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 import time
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any, Callable, MutableMapping
 
 import torch
 
@@ -88,3 +95,18 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
     })
     namespace["run_dir"] = str(folder)
     return folder
+
+
+def interact(**options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`ipywidgets.interact(**options)` as a decorator, or under the runner one call of the function
+    with its defaults (see the module docstring)."""
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if os.environ.get("SPECNB_HEADLESS"):
+            defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
+                        if p.default is not inspect.Parameter.empty}
+            fn(**defaults)
+            return fn
+        from ipywidgets import interact as widget
+
+        return widget(**options)(fn)
+    return decorate
