@@ -17,15 +17,18 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         sampling      SamplingConfig, logits -> p / q, the one ranking rule (top_tokens)
         forward       one forward of new tokens over a cache, with positions and visibility
         verification  one target forward over root + tree (the prompt folded into the first)
-        acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
+        acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules;
+                      Medusa's typical acceptance (LOSSY, opt-in)
         drafting      Drafter base class (no-op hooks), Draft, ModelDrafter
         runtime       clock, stop tokens, input checks, generators: what every loop shares
         generation    speculative_generate, autoregressive_generate, Step, GenerationResult
         streaming     StreamingCache: attention sinks + a window (StreamingLLM), bounded caches
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
-                the committed configs of hub models (model_configs), prompts, result storage
+                the committed configs of hub models (model_configs), prompts, result storage,
+                medusa_checkpoint (Medusa heads in the published layout)
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
-                4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs)
+                4-bit copy), merging (SpecInfer), draft_length (adaptive), methods (method specs),
+                medusa (Medusa-1 heads on the target's hidden states, their drafter)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
                 replay (collect once, replay many), executors (work units in this process or on
                 Ray actors), tree_design (Sequoia, hindsight), cost_model, memory (weights in
@@ -62,8 +65,10 @@ from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_s
 MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
                                 "acceptance", "drafting", "runtime", "generation", "streaming")},
-    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage")},
-    **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods")},
+    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "model_configs", "prompts", "storage",
+                                  "medusa_checkpoint")},
+    **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods",
+                                        "medusa")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "executors", "tree_design", "cost_model", "memory", "spread")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
