@@ -33,7 +33,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 replay (collect once, replay many), executors (work units in this process or on
                 Ray actors), tree_design (Sequoia, hindsight), cost_model, memory (weights in
                 float16 / nf4 and KV cache bytes from a config), spread (bootstrap intervals across
-                prompts)
+                prompts), medusa_training (Medusa heads by self-distillation, cached)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
     notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
                 legibility (is a figure readable), readings, session, runner, report (the executed
@@ -70,7 +70,8 @@ MODULES = {
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "methods",
                                         "medusa")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
-                                    "executors", "tree_design", "cost_model", "memory", "spread")},
+                                    "executors", "tree_design", "cost_model", "memory", "spread",
+                                    "medusa_training")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
                                     "runner", "report", "profile_memory", "dryrun")},

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -166,3 +168,120 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
     assert config["medusa_num_heads"] == K and "config_disagrees" in config
     with pytest.raises(ValueError, match="missing"):
         check_layout({k: v for k, v in state.items() if k != "1.0.linear.bias"})
+
+
+# ---- training, collection, replay -----------------------------------------------------------------
+
+from specnb.analysis.collection import CollectConfig  # noqa: E402
+from specnb.analysis.medusa_training import (  # noqa: E402
+    TrainConfig, accuracy_by_depth, collect_heads, distill, rank_accuracy, train_or_load,
+)
+from specnb.analysis.replay import replay, replay_steps  # noqa: E402
+from specnb.analysis.tree_design import medusa_tree  # noqa: E402
+
+PROMPTS = [("p0", "x", random_prompt(20, 2)[0]), ("p1", "x", random_prompt(21, 6)[0]), ("p2", "y", random_prompt(22, 9)[0])]
+MAX_NEW = 20
+
+
+def test_distill_rows_are_the_targets_hidden_states(tiny_target):
+    prompts = [random_prompt(30, 5)[0], random_prompt(31, 8)[0]]
+    data = distill(tiny_target, prompts, K, 12, batch=1, eos_token_id=-1, progress=False)
+    for i, (prompt, new) in enumerate(data.sequences):
+        seq = torch.tensor(prompt + new)
+        assert list(new) == autoregressive_generate(tiny_target, seq[None, : len(prompt)], 12, eos_token_id=()).tokens.tolist()
+        mine = data.prompt == i
+        hidden, labels = data.hidden[mine], data.labels[mine]
+        first = len(prompt) - 1 - K  # the first row with a label in the continuation (head K)
+        plain = last_hidden(tiny_target, seq[:-1])
+        assert torch.allclose(hidden, plain[first : first + len(hidden)], atol=1e-5)
+        for r in range(len(hidden)):
+            t = first + r
+            for d in range(1, K + 1):
+                want = int(seq[t + 1 + d]) if len(prompt) <= t + 1 + d < len(seq) else -100
+                assert int(labels[r, d - 1]) == want
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_target, tmp_path_factory):
+    """Heads trained on the test prompts' own continuations (a memorising fit: drafts get accepted)."""
+    cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=300, batch_size=64, lr=1e-2, heldout=0.0,
+                      loss_vocab="full", share_lm_head=False)
+    return train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg,
+                         folder=tmp_path_factory.mktemp("heads"), progress=False)
+
+
+def test_training_learns_and_caches(trained, tiny_target):
+    assert trained.log["loss_last"] < 0.5 * trained.log["loss_first"] and not trained.log["cached"]
+    again = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], TrainConfig(), folder=trained.folder,
+                          progress=False)
+    assert again.log["cached"]
+    x = torch.randn(5, tiny_target.config.hidden_size)
+    assert torch.equal(again.heads(x), trained.heads(x))
+
+
+@pytest.fixture(scope="module")
+def head_collection(tiny_target, trained):
+    return collect_heads(tiny_target, trained.heads, PROMPTS, CollectConfig(MAX_NEW, top_k=8, run_tree="sparse:6",
+                                                                            eos_token_id=()), progress=False)
+
+
+def medusa_trees(collection):
+    acc = [[max(a, 1e-3) for a in row] for row in rank_accuracy(collection, 8)]
+    return {"chain3": Tree.chain(3), "kary2": Tree.kary(2, 9), "gaps": Tree.from_paths([(1,), (3,), (3, 0), (3, 2)]),
+            "medusa12": medusa_tree(acc, 12)}
+
+
+def step_tuple(s):
+    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
+
+
+@pytest.mark.parametrize("max_new", [MAX_NEW, 11])
+def test_replayed_steps_equal_real_steps(tiny_target, trained, head_collection, max_new):
+    accepted = 0
+    for name, tree in medusa_trees(head_collection).items():
+        replayed = replay_steps(head_collection, tree, max_new_tokens=max_new)
+        for pid, _, ids in PROMPTS:
+            real = speculative_generate(tiny_target, MedusaDrafter(tiny_target, trained.heads), ids[None], tree, max_new,
+                                        eos_token_id=())
+            assert [step_tuple(s) for s in replayed[pid]] == [step_tuple(s) for s in real.steps], (name, pid)
+            accepted += sum(s.num_accepted for s in real.steps)
+    assert accepted > 20  # the heads do get drafts accepted: the comparison is not vacuous
+    for p in head_collection.prompts:  # the collection's own run, too
+        run = replay_steps(head_collection, head_collection.config.run.truncated(K))[p.prompt_id]
+        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run] == [tuple(r) for r in p.run_steps.tolist()]
+
+
+def test_one_token_prompt_refused(tiny_target, trained):
+    with pytest.raises(ValueError, match="one token"):
+        collect_heads(tiny_target, trained.heads, [("a", "x", random_prompt(1, 1)[0])], CollectConfig(8), progress=False)
+
+
+def test_accuracy_tables(head_collection):
+    acc = accuracy_by_depth(head_collection, ks=(1, 8))
+    top1 = acc[acc.k == 1].set_index("head").top_k_accuracy
+    ranks = rank_accuracy(head_collection, 8)
+    assert top1[1] == pytest.approx(ranks[0][0]) and acc[acc.k == 8].top_k_accuracy.iloc[0] == pytest.approx(sum(ranks[0]))
+    table = replay(head_collection, {("chain", 1): Tree.chain(1)})
+    # every position, the last of each prompt (no room for a draft) counted as a miss
+    hits = sum(int((p.head_ranks[: len(p.tokens) - 1, 0] == 0).sum()) for p in head_collection.prompts)
+    assert table.depth_1_acceptance[0] == pytest.approx(hits / sum(len(p.tokens) for p in head_collection.prompts))
+
+
+def explore_graph(acc, n):
+    """Medusa's gen_results.explore_graph (max_child = len(acc[d])), restated as the reference."""
+    value = lambda p: float(np.prod([acc[d][r] for d, r in enumerate(p)]))  # noqa: E731
+    chosen = [(0,)]
+    for _ in range(n - 1):
+        best, best_v = None, -1.0
+        for v in sorted(chosen, key=lambda p: (len(p), p)):
+            for nb in ([v[:-1] + (v[-1] + 1,)] if v[-1] + 1 < len(acc[len(v) - 1]) else []) + ([v + (0,)] if len(v) < len(acc) else []):
+                if nb not in chosen and value(nb) > best_v:
+                    best, best_v = nb, value(nb)
+        chosen.append(best)
+    return Tree.from_paths(chosen)
+
+
+@pytest.mark.parametrize("n", [1, 5, 20])
+def test_medusa_tree_is_medusas_search(n):
+    acc = [[0.5, 0.2, 0.1, 0.05], [0.3, 0.15, 0.12, 0.01], [0.2, 0.1, 0.02, 0.01]]
+    assert medusa_tree(acc, n) == explore_graph(acc, n)

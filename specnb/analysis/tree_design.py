@@ -200,3 +200,26 @@ def recommend_budget(
         rows.append({"shape": r.shape, "budget": int(r.budget), **cost.row(tree, float(r.tau))})
     out = pd.DataFrame(rows)
     return out.sort_values("tokens_per_s", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def medusa_tree(accuracy: Sequence[Sequence[float]], n: int) -> Tree:
+    """Medusa's own tree search (`medusa/eval/gen_results.py`, `explore_graph`): from the root's
+    rank-0 child, add n - 1 times the neighbour (next sibling, or first child) of a chosen node
+    with the largest expected acceptance prod_d accuracy[d-1][r_d] (ties: canonical order).
+    accuracy[d][r]: the share of positions whose depth-(d+1) token is head d+1's rank-r token
+    (`medusa_training.rank_accuracy`); depth <= len(accuracy), ranks < len(accuracy[d])."""
+    acc = [[float(a) for a in row] for row in accuracy]
+    if not acc or n < 1:
+        raise ValueError("medusa_tree needs a non-empty accuracy table and n >= 1")
+    value = lambda path: float(np.prod([acc[d][r] for d, r in enumerate(path)]))  # noqa: E731
+    frontier: list[tuple[float, int, Path]] = [(-value((0,)), 1, (0,))]
+    chosen: list[Path] = []
+    while frontier and len(chosen) < n:
+        _, depth, path = heapq.heappop(frontier)
+        chosen.append(path)
+        if path[-1] + 1 < len(acc[depth - 1]):
+            sibling = path[:-1] + (path[-1] + 1,)
+            heapq.heappush(frontier, (-value(sibling), depth, sibling))
+        if depth < len(acc):
+            heapq.heappush(frontier, (-value(path + (0,)), depth + 1, path + (0,)))
+    return Tree.from_paths(chosen)
