@@ -466,3 +466,23 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     assert all(ok == "True" or (ok == "" and note) for ok, note in zip(check["ok"].astype(str), check["note"]))
     grid = pd.read_csv(folders["03_tree_attention_timing"] / "attention_grid.csv")
     assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
+
+
+def test_medusa_notebook_smoke(tmp_path):
+    """Notebook 05 alone under the smoke profile: heads trained (tiny), accuracy by depth, Medusa vs
+    draft-model trees from replay, typical acceptance labelled lossy beside lossless sampling."""
+    proc = run_cli("run", "smoke", "--notebook", "05_medusa_heads", outputs=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folder = next((tmp_path / "05_medusa_heads").iterdir())
+    accuracy = pd.read_csv(folder / "head_accuracy.csv")
+    assert set(accuracy["head"]) == {1, 2, 3, 4} and accuracy["top_k_accuracy"].between(0, 1).all()
+    taus = pd.read_csv(folder / "tau_by_shape.csv")
+    assert {"medusa heads"} < set(taus["drafter"]) and {"medusa", "sequoia_per_depth"} <= set(taus["shape"])
+    assert (taus["tau"] >= 1).all()
+    quality = pd.read_csv(folder / "typical_quality.csv")
+    assert set(quality["rule"]) == {"typical_lossy", "lossless"} and quality.loc[quality["rule"] == "typical_lossy", "lossy"].all()
+    assert (quality["perplexity"] > 1).all()
+    pngs = list(folder.glob("*.png"))
+    assert {"head_accuracy.png", "medusa_vs_draft.png", "typical_vs_lossless.png"} <= {p.name for p in pngs}
+    illegible = {p.name: saved_problems(p) for p in pngs if saved_problems(p)}
+    assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"

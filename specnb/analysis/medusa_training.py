@@ -12,6 +12,7 @@
                      `<cache>/medusa-heads/<key>/` in the published checkpoint layout
                      (`io.medusa_checkpoint`), the key a hash of (model, prompts, config)
     head_accuracy    top-k accuracy of each head (by depth) on rows with labels
+    split_prompts, heldout_rank_accuracy, shape_trees   the benchmark's and notebook 05's pieces
     collect_heads    a greedy `Collection` of every head's rank at every step of the target's
                      continuation (one plain forward per prompt), so `analysis.replay` answers
                      every Medusa tree shape and budget exactly; accuracy_by_depth and
@@ -40,10 +41,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.generation import speculative_generate
+from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.medusa import MedusaDrafter, MedusaHeads, final_norm, head_ranks, last_hidden
 from ..io.embedded import cache_dir
 from ..io.medusa_checkpoint import WEIGHTS, load_checkpoint, save_checkpoint
 from .collection import CollectConfig, Collection, PromptData
+from .tree_design import medusa_tree, sequoia_trees
+
+
+RANKS = 10  # ranks per head in accuracy tables and Medusa's tree search (Medusa's TOPK)
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,25 @@ def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainCon
     return h.hexdigest()[:16]
 
 
+def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig,
+                   progress: bool = True) -> DistillData:
+    """`distill`, kept under `<cache>/medusa-distill/<key>.pt` (key: model, prompts and the
+    generation parameters), so heads trained with other training parameters reuse the data."""
+    gen = {"num_heads": config.num_heads, "max_new_tokens": config.max_new_tokens, "gen_batch": config.gen_batch}
+    key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], gen]).encode()).hexdigest()[:16]
+    path = cache_dir() / "medusa-distill" / f"{key}.pt"
+    if path.exists():
+        d = torch.load(path, weights_only=True)
+        return DistillData(d["hidden"], d["labels"], d["prompt"], tuple((tuple(a), tuple(b)) for a, b in d["sequences"]))
+    data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"hidden": data.hidden, "labels": data.labels, "prompt": data.prompt,
+                "sequences": [list(map(list, s)) for s in data.sequences]}, tmp)
+    tmp.replace(path)
+    return data
+
+
 def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig,
                   folder: str | Path | None = None, progress: bool = True) -> TrainedHeads:
     """Heads for `target` trained on `prompts` (the last `heldout` share held out), or loaded from
@@ -216,16 +241,17 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
         return TrainedHeads(heads, pd.DataFrame(train["accuracy"]), {**train["log"], "cached": True}, held, folder)
     torch.manual_seed(config.seed)
     t0 = time.perf_counter()
-    data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress)
+    data = distill_cached(target, model_name, prompts, config, progress)
     distill_s = time.perf_counter() - t0
     is_held = torch.isin(data.prompt, torch.tensor(held, dtype=torch.long))  # host
     train_rows, held_rows = torch.nonzero(~is_held)[:, 0], torch.nonzero(is_held)[:, 0]
     for p in target.parameters():  # the backbone is frozen (Medusa-1)
         p.requires_grad_(False)
     heads = MedusaHeads.from_target(target, config.num_heads, share_lm_head=config.share_lm_head)
-    before = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows]).assign(split="before")
+    ks = tuple(range(1, RANKS + 1))
+    before = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows], ks).assign(split="before")
     log = train_heads(heads, data, train_rows, config, progress)
-    after = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows]).assign(split="after")
+    after = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows], ks).assign(split="after")
     accuracy = pd.concat([before, after], ignore_index=True)
     log = {**log, "distill_seconds": distill_s, "rows": int(data.hidden.shape[0]), "heldout_rows": len(held_rows),
            "config": asdict(config), "model": model_name, "cached": False}
@@ -235,10 +261,11 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
 
 
 def collect_heads(target: torch.nn.Module, heads: MedusaHeads, prompts: Sequence[tuple[str, str, torch.Tensor]],
-                  config: CollectConfig, describe: dict | None = None, progress: bool = True) -> Collection:
+                  config: CollectConfig, describe: dict | None = None, progress: bool = True,
+                  tree: Tree | None = None) -> Collection:
     """A greedy `Collection` for Medusa heads: per prompt (id, category, ids [T]) the target's
     greedy continuation, made by an exact speculative run with the heads (`config.run_tree`, a
-    preset spec such as "sparse:16"; its steps are kept to check the replay), then one plain
+    preset spec such as "sparse:16", or `tree`; its steps are kept to check the replay), then one plain
     forward over prompt + continuation whose hidden rows give every head's rank at every step
     (`PromptData.head_ranks`). Every shape and budget of Medusa trees then replays exactly."""
     if config.sampling:
@@ -251,7 +278,8 @@ def collect_heads(target: torch.nn.Module, heads: MedusaHeads, prompts: Sequence
         if ids.shape[1] < 2:  # its first draft is empty (no row before the root): not a static tree
             raise ValueError(f"prompt {prompt_id!r} has one token; Medusa replay needs prompts of >= 2 tokens")
         t0 = time.perf_counter()
-        run = speculative_generate(target, drafter, ids, config.run.truncated(heads.num_heads), config.max_new_tokens,
+        run_tree = tree if tree is not None else config.run.truncated(heads.num_heads)
+        run = speculative_generate(target, drafter, ids, run_tree, config.max_new_tokens,
                                    eos_token_id=eos)
         t1 = time.perf_counter()
         tokens = run.tokens
@@ -266,7 +294,10 @@ def collect_heads(target: torch.nn.Module, heads: MedusaHeads, prompts: Sequence
             stopped=stopped, times={"run": t1 - t0, "heads": time.perf_counter() - t1},
             run_steps=np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32),
             head_ranks=ranks.numpy().astype(np.int16)))
-    return Collection(config, dict(describe or {}, drafter="medusa", heads=heads.num_heads), tuple(out))
+    describe = dict(describe or {}, drafter="medusa", heads=heads.num_heads)
+    if tree is not None:
+        describe["run_tree_paths"] = [list(p) for p in tree.paths]
+    return Collection(config, describe, tuple(out))
 
 
 def accuracy_by_depth(collection: Collection, ks: Sequence[int] = (1, 3, 5, 10)) -> pd.DataFrame:
@@ -288,4 +319,37 @@ def rank_accuracy(collection: Collection, ranks: int = 10) -> list[list[float]]:
     for d in range(collection.prompts[0].head_ranks.shape[1]):
         r = np.concatenate([p.head_ranks[: max(len(p.tokens) - d, 0), d] for p in collection.prompts])
         out.append([float(np.mean(r == k)) for k in range(ranks)])
+    return out
+
+
+def split_prompts(prompts: Sequence[tuple[str, str, torch.Tensor]], every: int = 4) -> tuple[list, list]:
+    """(train, test): prompts (id, category, ids) sorted by id, every `every`-th one held out for
+    testing (so every category is in both)."""
+    ordered = sorted(prompts, key=lambda p: (len(str(p[0])), str(p[0])))
+    return ([p for i, p in enumerate(ordered) if i % every], [p for i, p in enumerate(ordered) if not i % every])
+
+
+def heldout_rank_accuracy(accuracy: pd.DataFrame, floor: float = 1e-4) -> list[list[float]]:
+    """acc[d][r] (Medusa's table) from `train_or_load`'s held-out top-k accuracies after training:
+    top-(r+1) minus top-r, floored at `floor` (so every rank keeps a value for the tree search)."""
+    after = accuracy[accuracy["split"] == "after"].pivot(index="head", columns="k", values="top_k_accuracy")
+    top = after.to_numpy()  # [K, RANKS], k = 1..RANKS
+    per_rank = np.diff(np.concatenate([np.zeros((top.shape[0], 1)), top], axis=1), axis=1)
+    return [[max(float(a), floor) for a in row] for row in per_rank]
+
+
+def shape_trees(budget: int, depth: int, accuracy: Sequence[Sequence[float]]) -> dict[tuple[str, int], Tree]:
+    """Trees of at most `budget` nodes and depth <= `depth` (the heads) to fill from Medusa heads:
+    preset shapes (k-ary and beams capped at that depth, wide, sparse best-first with a depth cap),
+    Sequoia's tree from the per-depth accuracy, and Medusa's own search (`tree_design.medusa_tree`)."""
+    out: dict[tuple[str, int], Tree] = {}
+    for k in (2, 3, 4, 8):
+        out[(f"kary{k}", budget)] = Tree.kary(k, min(budget, sum(k**d for d in range(1, depth + 1))))
+    out[("wide", budget)] = Tree.wide(budget)
+    beams = max(1, -(-budget // depth))
+    out[(f"beams{beams}", budget)] = Tree.beams(beams, budget)
+    out[("sparse", budget)] = Tree.best_first(budget, SPARSE_ACCEPTANCE, max_depth=depth)
+    seq = sequoia_trees(accuracy, budget, max_depth=depth)
+    out[("sequoia_per_depth", budget)] = seq[max(seq)]
+    out[("medusa", budget)] = medusa_tree(accuracy, budget)
     return out
