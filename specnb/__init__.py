@@ -38,7 +38,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
                 legibility (is a figure readable), readings, session, runner, report (the executed
                 notebook as HTML appendices and the index), profile_memory (will a profile's pairs
-                fit its GPU), dryrun (stand-in hub models)
+                fit its GPU), dryrun (stand-in hub models), medusa_study (notebook 05)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -74,7 +74,7 @@ MODULES = {
                                     "medusa_training")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
-                                    "runner", "report", "profile_memory", "dryrun")},
+                                    "runner", "report", "profile_memory", "dryrun", "medusa_study")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {

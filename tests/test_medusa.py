@@ -285,3 +285,15 @@ def explore_graph(acc, n):
 def test_medusa_tree_is_medusas_search(n):
     acc = [[0.5, 0.2, 0.1, 0.05], [0.3, 0.15, 0.12, 0.01], [0.2, 0.1, 0.02, 0.01]]
     assert medusa_tree(acc, n) == explore_graph(acc, n)
+
+
+def test_method_specs(tiny_target):
+    from specnb.drafters.methods import build_drafter, parse_method
+
+    exact, lossy = parse_method("medusa/kary2:6"), parse_method("medusa_typical_lossy/kary2:6")
+    assert exact.tree == Tree.kary(2, 6) and not exact.lossy and exact.typical is None and not exact.needs_draft_model
+    assert lossy.lossy and "lossy" in lossy.label and lossy.typical == TypicalAcceptance()
+    heads = random_heads(tiny_target)
+    assert isinstance(build_drafter(exact, tiny_target, None, medusa_heads=heads), MedusaDrafter)
+    with pytest.raises(ValueError, match="Medusa heads"):
+        build_drafter(exact, tiny_target, None)
