@@ -414,7 +414,6 @@ def head_accuracy(accuracy: pd.DataFrame, title: str = "", path=None) -> plt.Fig
         ax.plot(t["k"], t["top_k_accuracy"], marker="o", label=f"head {head} (depth {head})")
     ax.set_xlabel("k (the head's top-k tokens)")
     ax.set_ylabel("share of positions whose token is in the top k")
-    ax.set_ylim(0, 1)
     ax.set_title(title or "Medusa heads: top-k accuracy by depth", fontsize=10)
     legend_outside(ax, "head")
     return save(fig, path)
