@@ -66,6 +66,10 @@ class TrainConfig:
     loss_vocab: str = "seen"  # "full": softmax over the vocabulary; "seen": over the training labels
     seed: int = 0
 
+    def __post_init__(self) -> None:  # 3 and 3.0 are one config (and one cache key)
+        for name in ("heldout", "epochs", "lr", "warmup"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
 
 @dataclass(frozen=True)
 class DistillData:
