@@ -17,29 +17,32 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         sampling      SamplingConfig, logits -> p / q, the one ranking rule (top_tokens)
         forward       one forward of new tokens over a cache, with positions and visibility
         verification  one target forward over root + tree (the prompt folded into the first)
-        acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules
+        acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules;
+                      Medusa's typical acceptance (LOSSY, opt-in)
         drafting      Drafter base class (no-op hooks), Draft, ModelDrafter
         runtime       clock, stop tokens, input checks, generators: what every loop shares
         generation    speculative_generate, autoregressive_generate, Step, GenerationResult
         streaming     StreamingCache: attention sinks + a window (StreamingLLM), bounded caches
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
                 cpu_linear (a CPU model's linear layers on oneDNN prepacked weights),
-                the committed configs of hub models (model_configs), prompts, result storage
+                the committed configs of hub models (model_configs), prompts, result storage,
+                medusa_checkpoint (Medusa heads in the published layout)
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
                 bytes, the look-behind rule), cross_tokenizer (a draft of another vocabulary),
-                methods (method specs)
+                methods (method specs), medusa (Medusa-1 heads on the target's hidden states,
+                their drafter)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
                 replay (collect once, replay many), redraft (a cross-tokenizer draft re-drafted
                 over a collected continuation), executors (work units in this process or on
                 Ray actors), tree_design (Sequoia, hindsight), cost_model, memory (weights in
                 float16 / nf4 and KV cache bytes from a config), spread (bootstrap intervals across
-                prompts)
+                prompts), medusa_training (Medusa heads by self-distillation, cached)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
     notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
                 legibility (is a figure readable), readings, session, runner, report (the executed
                 notebook as HTML appendices and the index), profile_memory (will a profile's pairs
-                fit its GPU), dryrun (stand-in hub models)
+                fit its GPU), dryrun (stand-in hub models), medusa_study (notebook 05)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -67,14 +70,16 @@ from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_s
 MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
                                 "acceptance", "drafting", "runtime", "generation", "streaming")},
-    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage")},
+    **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage",
+                              "medusa_checkpoint")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
-                                    "cross_tokenizer", "methods")},
+                                    "cross_tokenizer", "methods", "medusa")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
-                                    "redraft", "executors", "tree_design", "cost_model", "memory", "spread")},
+                                    "redraft", "executors", "tree_design", "cost_model", "memory", "spread",
+                                    "medusa_training")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
-                                    "runner", "report", "profile_memory", "dryrun")},
+                                    "runner", "report", "profile_memory", "dryrun", "medusa_study")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {

@@ -488,3 +488,22 @@ def test_interact_is_one_call_headless_and_a_widget_otherwise(monkeypatch):
     widget = interact(shape=["chain", "sparse"], budget=[4, 8])(show)
     assert calls == [("sparse", 8)]  # ipywidgets calls it once too, at the defaults
     assert hasattr(widget, "widget") and len(widget.widget.children) >= 2
+
+
+def test_medusa_notebook_smoke(smoke):
+    """Notebook 05 under the smoke profile: heads trained (tiny), accuracy by depth, Medusa vs
+    draft-model trees from replay, typical acceptance labelled lossy beside lossless sampling."""
+    outputs, _ = smoke
+    folder = next((outputs / "05_medusa_heads").iterdir())
+    accuracy = pd.read_csv(folder / "head_accuracy.csv")
+    assert set(accuracy["head"]) == {1, 2, 3, 4} and accuracy["top_k_accuracy"].between(0, 1).all()
+    taus = pd.read_csv(folder / "tau_by_shape.csv")
+    assert {"medusa heads"} < set(taus["drafter"]) and {"medusa", "sequoia_per_depth"} <= set(taus["shape"])
+    assert (taus["tau"] >= 1).all()
+    quality = pd.read_csv(folder / "typical_quality.csv")
+    assert set(quality["rule"]) == {"typical_lossy", "lossless"} and quality.loc[quality["rule"] == "typical_lossy", "lossy"].all()
+    assert (quality["perplexity"] > 1).all()
+    pngs = list(folder.glob("*.png"))
+    assert {"head_accuracy.png", "medusa_vs_draft.png", "typical_vs_lossless.png"} <= {p.name for p in pngs}
+    illegible = {p.name: saved_problems(p) for p in pngs if saved_problems(p)}
+    assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"

@@ -115,6 +115,9 @@ class PromptData:
     super_score: np.ndarray | None = None  # float32 [L, M]: cumulative draft log-probability
     super_on_path: np.ndarray | None = None  # int16 [L, D]: sorted index of the on-path node at depth d, M if absent
     alpha: np.ndarray | None = None  # float32 [L, R, N + 1, K]: sampling, per cover row and child rank
+    # Medusa heads (`analysis.medusa_training.collect_heads`): rank of tokens[t + d] under head d + 1
+    # at the step that starts with t tokens generated (>= top_k: out); replaces the shifted `ranks`
+    head_ranks: np.ndarray | None = None  # int16 [L, K]
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The collected arrays by field name (what is stored in the prompt's .npz)."""

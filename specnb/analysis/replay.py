@@ -11,6 +11,12 @@ two caps are replayed too: the tree is truncated to depth max_new_tokens - t - 1
 at EOS (ranks past the continuation's end count as no match). "Run trajectory" positions are those
 a real run visits (t = 0, then t += tokens added); "all positions" are every t.
 
+Medusa heads fill depth d of a step with head d's ranks, all read from the hidden state before
+the step's root, so the rank path of a step starting at t is (R[t, 0], R[t, 1], ...) with R[t, d-1]
+= the rank of c_{t+d-1} under head d there, not a shift of one sequence; a collection of Medusa
+heads stores R (`PromptData.head_ranks`, depth <= K heads) and every static-tree replay, the
+oracle, the acceptance vector (head 1's) and the prefix counts read it in place of the shift.
+
 Dynamic trees (EAGLE-2-style, Li et al. 2024) need the collected super-trees: the dynamic tree of
 budget n is *defined* as the top-n nodes of the super-tree in the order (cumulative log q
 descending, then canonical (depth, path)); a child never precedes its parent in that order, so
@@ -67,6 +73,10 @@ class _Positions:
         out = np.full((len(self.t), depth), collection.config.top_k, dtype=np.int64)
         for i, p in enumerate(collection.prompts):
             lo, hi = self.offsets[i], self.offsets[i + 1]
+            if p.head_ranks is not None:  # Medusa: depth d's rank depends on (t, d), not on t + d alone
+                width = min(depth, p.head_ranks.shape[1])
+                out[lo:hi, :width] = np.minimum(p.head_ranks[: hi - lo, :width].astype(np.int64), collection.config.top_k)
+                continue
             ranks = np.minimum(p.ranks[: hi - lo].astype(np.int64), collection.config.top_k)
             padded = np.concatenate([ranks, np.full(depth, collection.config.top_k)])
             for d in range(depth):

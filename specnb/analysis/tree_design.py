@@ -40,7 +40,7 @@ def expected_accepted(tree: Tree, acceptance: Sequence[float]) -> float:
 
 
 def sequoia_trees(
-    acceptance: Sequence[float], max_nodes: int = 128, max_depth: int | None = None
+    acceptance: Sequence[float] | Sequence[Sequence[float]], max_nodes: int = 128, max_depth: int | None = None
 ) -> dict[int, Tree]:
     """For every n in 1..max_nodes, the gap-free tree of exactly n nodes (depth <= max_depth) that
     maximises `expected_accepted` under `acceptance` (a_r for rank r; ranks beyond it are unused).
@@ -57,13 +57,22 @@ def sequoia_trees(
     F(0..m-1)). Cost O(depth * max_nodes^2 * K) numpy operations of size <= max_nodes, one pass
     for all budgets. Budgets the limits make impossible (more than sum_d K^d nodes) are left out.
 
+    acceptance may also be per depth (a[d-1][r] for the rank-r child at depth d, e.g. Medusa heads,
+    `medusa_training.rank_accuracy`): depth is then at most len(a) and F_d uses depth's row.
+
     When `acceptance` is non-increasing, `Tree.best_first` finds the same value (node values then
     never exceed their parent's or elder sibling's, so the top-n nodes form a valid tree); this
     programme is also exact for vectors that are not monotone (measured ones can be noisy).
     """
-    acc = [float(a) for a in acceptance]
-    if not acc or any(not 0.0 <= a <= 1.0 for a in acc):
+    per_depth = len(acceptance) > 0 and isinstance(acceptance[0], (list, tuple, np.ndarray))
+    rows = [[float(a) for a in row] for row in acceptance] if per_depth else [[float(a) for a in acceptance]]
+    if not rows[0] or any(not 0.0 <= a <= 1.0 for row in rows for a in row):
         raise ValueError(f"acceptance values must lie in [0, 1], got {acceptance!r}")
+    if per_depth:  # Medusa heads: depth d's rank-r child is accepted with probability a[d-1][r]
+        if max_depth is not None and max_depth > len(rows):
+            raise ValueError(f"a per-depth acceptance of {len(rows)} depths allows max_depth <= {len(rows)}")
+        max_depth = len(rows) if max_depth is None else max_depth
+    acc = rows[0]
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
     if max_depth is None:
@@ -75,8 +84,8 @@ def sequoia_trees(
         value = np.full(max_nodes + 1, _NEG)
         value[0] = 0.0
         splits = []
-        for _ in range(max_depth):
-            value, split = _forest(acc, max_nodes, below=value)
+        for i in range(max_depth):  # level i from the bottom: children at depth max_depth - i
+            value, split = _forest(rows[max_depth - 1 - i] if per_depth else acc, max_nodes, below=value)
             splits.append(split)
     out: dict[int, Tree] = {}
     for n in range(1, max_nodes + 1):
@@ -200,3 +209,26 @@ def recommend_budget(
         rows.append({"shape": r.shape, "budget": int(r.budget), **cost.row(tree, float(r.tau))})
     out = pd.DataFrame(rows)
     return out.sort_values("tokens_per_s", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def medusa_tree(accuracy: Sequence[Sequence[float]], n: int) -> Tree:
+    """Medusa's own tree search (`medusa/eval/gen_results.py`, `explore_graph`): from the root's
+    rank-0 child, add n - 1 times the neighbour (next sibling, or first child) of a chosen node
+    with the largest expected acceptance prod_d accuracy[d-1][r_d] (ties: canonical order).
+    accuracy[d][r]: the share of positions whose depth-(d+1) token is head d+1's rank-r token
+    (`medusa_training.rank_accuracy`); depth <= len(accuracy), ranks < len(accuracy[d])."""
+    acc = [[float(a) for a in row] for row in accuracy]
+    if not acc or n < 1:
+        raise ValueError("medusa_tree needs a non-empty accuracy table and n >= 1")
+    value = lambda path: float(np.prod([acc[d][r] for d, r in enumerate(path)]))  # noqa: E731
+    frontier: list[tuple[float, int, Path]] = [(-value((0,)), 1, (0,))]
+    chosen: list[Path] = []
+    while frontier and len(chosen) < n:
+        _, depth, path = heapq.heappop(frontier)
+        chosen.append(path)
+        if path[-1] + 1 < len(acc[depth - 1]):
+            sibling = path[:-1] + (path[-1] + 1,)
+            heapq.heappush(frontier, (-value(sibling), depth, sibling))
+        if depth < len(acc):
+            heapq.heappush(frontier, (-value(path + (0,)), depth + 1, path + (0,)))
+    return Tree.from_paths(chosen)

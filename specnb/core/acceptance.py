@@ -27,6 +27,8 @@ on the row's p, q and children, not on the rounds' outcome. Drawing one uniform 
 taking the first child with u_i < alpha_i is the sequential rule, exactly; so a step reads the
 device twice (the accepted children, then the corrected token), however many nodes the tree has.
 `analysis.collect` stores the same alphas to replay sampled trees.
+
+- `typical_accept` (LOSSY, opt-in): Medusa's typical acceptance, `TypicalAcceptance`.
 """
 
 from __future__ import annotations
@@ -169,3 +171,55 @@ def one_hot_alphas(p: torch.Tensor, children: torch.Tensor) -> tuple[torch.Tenso
     # allows (a proposal with p = 1 is always accepted); keep p then
     residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
     return alpha, residual
+
+
+@dataclass(frozen=True)
+class TypicalAcceptance:
+    """Medusa's typical acceptance (Cai et al. 2024, Sec. 2.3.1), a LOSSY rule: the output no longer
+    follows the target's distribution. Node x (child of row j) passes if
+        p_j(x) > min(epsilon, delta * exp(-H(p_j))),   H(p) = -sum_v p(v) log(p(v) + 1e-5),
+    p_j the target's distribution at row j after the sampling transforms (Medusa: softmax(z / T)).
+    The step keeps the longest root-to-node path of passing nodes (ties: the largest sum of log p
+    along it) and its next token is the target's ARGMAX after that path (Medusa's fast mode, the
+    paper's "first token greedy"), so the rule is deterministic given the logits. Defaults are
+    Medusa's `medusa_generate` (posterior_threshold 0.09, posterior_alpha 0.3 = sqrt(0.09))."""
+
+    epsilon: float = 0.09
+    delta: float = 0.3
+    name: str = field(default="typical_lossy", init=False)  # the label in method names and tables
+    lossy: bool = field(default=True, init=False)
+
+
+def typical_thresholds(p: torch.Tensor, rule: TypicalAcceptance) -> torch.Tensor:
+    """Float [R]: min(epsilon, delta * exp(-H(p_r))) per row of p [R, V] (Medusa's 1e-5 in the log)."""
+    entropy = -(p * torch.log(p + 1e-5)).sum(-1)
+    return torch.clamp(rule.delta * torch.exp(-entropy), max=rule.epsilon)
+
+
+def typical_accept(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, target_argmax: torch.Tensor,
+                   rule: TypicalAcceptance = TypicalAcceptance()) -> Acceptance:
+    """LOSSY typical acceptance (`TypicalAcceptance`). tokens: long [N]; p: target probabilities
+    [N + 1, V] (rows as in verification); target_argmax: long [N + 1], the next token's source."""
+    n = tree.num_nodes
+    if n == 0:
+        return Acceptance((), int(target_argmax[0]))
+    parents = torch.tensor(tree.parents, dtype=torch.long, device=p.device) + 1  # each node's row
+    prob = p[parents, tokens.to(p.device)]  # [N]
+    ok = (prob > typical_thresholds(p, rule)[parents]).tolist()
+    logp = torch.log(prob).tolist()
+    # best (length, sum log p) path ending at each node, in canonical (depth-sorted) order
+    best: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]  # row 0: the root
+    top = best[0]
+    for i in range(n):
+        parent = best[tree.parents[i] + 1]
+        if ok[i] and (parent[0] > 0 or tree.parents[i] < 0):
+            cand = (parent[0] + 1, parent[1] + logp[i], parent[2] + (i,))
+        else:
+            cand = (-1, 0.0, ())  # unreachable: a rejected node or a rejected ancestor
+        best.append(cand)
+        if cand[0] > top[0] or (cand[0] == top[0] and cand[0] > 0 and cand[1] > top[1]):
+            top = cand
+    path = top[2]
+    row = path[-1] + 1 if path else 0
+    toks = tokens.tolist()
+    return Acceptance(path, int(target_argmax[row]), tuple(toks[i] for i in path))

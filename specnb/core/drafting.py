@@ -14,6 +14,7 @@ base class has no-op hooks that `speculative_generate` calls on every drafter:
                                  `shares_target_cache`, so the loop prefills the prompt for it
     observe(draft, acceptance)   after each verification (adaptive lengths learn, caches keep the
                                  accepted nodes)
+    release()                    after a generation: let go of what bind_target_cache took (a hook)
 and one attribute, `default_tree`: the tree used when the caller gives none.
 
 `ModelDrafter` builds the tree level by level (`Tree.levels`): one draft forward per depth, all
@@ -87,6 +88,9 @@ class Drafter:
 
     def observe(self, draft: Draft, acceptance: Acceptance) -> None:
         """What the target accepted of `draft`."""
+
+    def release(self) -> None:
+        """The generation is over (see the module docstring)."""
 
     def kv_bytes(self) -> int:
         """Bytes of the drafter's own KV cache now (0 for drafters without one)."""

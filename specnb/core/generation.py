@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from .acceptance import Acceptance, greedy_accept, speculative_accept
+from .acceptance import Acceptance, TypicalAcceptance, greedy_accept, speculative_accept, typical_accept
 from .cache import cache_length, new_cache
 from .drafting import Draft, Drafter, as_drafter
 from .masks import attention_implementation
@@ -72,6 +72,7 @@ def speculative_generate(
     seed: int | None = 0,
     eos_token_id: int | Sequence[int] | None = None,
     cache_policy: StreamingCache | None = None,
+    typical: TypicalAcceptance | None = None,
 ) -> GenerationResult:
     """Tree speculative decoding; greedy output equals the target's greedy output token for token,
     sampled output follows the target's distribution.
@@ -105,10 +106,10 @@ def speculative_generate(
     cache = new_cache(target)
     seq = prompt[0].tolist()  # the sequence so far, on the host
     pending = prompt[0, :-1].to(device)  # tokens before the root that the cache does not hold yet
+    drafter.bind_target_cache(cache)  # before the prefill: a drafter may read its hidden states (Medusa)
     if drafter.shares_target_cache and pending.numel():
         prefill(target, cache, pending[None])
         pending = pending[:0]
-    drafter.bind_target_cache(cache)
     prefill_time = clock.now() - start
 
     new: list[int] = []
@@ -136,6 +137,8 @@ def speculative_generate(
         kv_peak = max(kv_peak, kv_bytes(cache) + drafter.kv_bytes())
         if sampling.greedy:
             result = greedy_accept(step_tree, draft.tokens, logits.argmax(-1))
+        elif typical is not None:
+            result = typical_accept(step_tree, draft.tokens, probabilities(logits, sampling), logits.argmax(-1), typical)
         else:
             p = probabilities(logits, sampling)
             q = None if draft.q is None else match_vocab(draft.q, p)
@@ -153,6 +156,8 @@ def speculative_generate(
         if stopped:
             break
     total = clock.now() - start
+    drafter.release()
+    lossy = typical is not None and not sampling.greedy
     return GenerationResult(
         tokens=torch.tensor(new, dtype=torch.long),  # host: results live on the CPU
         steps=tuple(steps),
@@ -160,7 +165,7 @@ def speculative_generate(
         prefill_time=prefill_time,
         total_time=total,
         peak_memory_bytes=peak_memory(device),
-        method="speculative",
+        method=f"speculative_{typical.name}" if lossy else "speculative",
         kv_bytes=kv_bytes(cache) + drafter.kv_bytes(),
         kv_peak_bytes=kv_peak,
         evictions=evictions,

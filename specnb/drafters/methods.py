@@ -10,6 +10,10 @@ A method spec is `[drafter/]shape:budget`:
                                     rule (AdaptiveLength, reset per prompt), at most 2 x 4 deep
     confidence0.4/chain:8           the draft model's chain, stopped at the first token with
                                     q < 0.4 (transformers' assistant_confidence_threshold)
+    medusa/sparse:32                Medusa heads on the target's hidden states fill the preset
+                                    (MedusaDrafter; the heads are given to build_drafter; depth <= K)
+    medusa_typical_lossy/sparse:32  the same with Medusa's typical acceptance: LOSSY when sampling
+                                    (`acceptance.TypicalAcceptance`; greedy stays exact)
     dynamic:16                      EAGLE-2-style dynamic tree of 16 nodes (top 8 children, depth
                                     at most 6) from the draft model (DynamicTreeDrafter)
     xtok/chain:4, xtok/sparse:16    a draft model of ANOTHER tokenizer fills the tree in its own
@@ -35,19 +39,22 @@ from typing import Any, Iterable
 
 import torch
 
+from ..core.acceptance import TypicalAcceptance
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.streaming import StreamingCache
 from ..core.trees import Tree
 from .draft_length import AdaptiveLength
 from .dynamic import DynamicTreeDrafter
+from .medusa import MedusaDrafter, MedusaHeads
 from .merging import MergedDrafter
 from .ngram import NgramDrafter
 from .cross_tokenizer import CrossTokenizerDrafter
 from .self_draft import EarlyExitDrafter
 
 HF_METHODS = ("hf_assisted", "hf_uag", "hf_prompt_lookup")
-DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence", "xtok")
+DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence", "xtok", "medusa", "medusa_typical_lossy")
 CROSS = "xtok"
+MEDUSA = ("medusa", "medusa_typical_lossy")
 DYNAMIC = "dynamic"
 DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH = 8, 6
 
@@ -94,7 +101,17 @@ class Method:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.drafter not in ("ngram", "early_exit", "hf_prompt_lookup")
+        return self.drafter not in ("ngram", "early_exit", "hf_prompt_lookup", *MEDUSA)
+
+    @property
+    def lossy(self) -> bool:
+        """Its sampled output does not follow the target's distribution (typical acceptance)."""
+        return self.drafter == "medusa_typical_lossy"
+
+    @property
+    def typical(self) -> TypicalAcceptance | None:
+        """The acceptance rule to pass to `speculative_generate(typical=...)`; None: greedy / lossless."""
+        return TypicalAcceptance() if self.lossy else None
 
     @property
     def shared_vocabulary(self) -> bool:
@@ -155,14 +172,19 @@ def build_drafter(
     dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
     target_tokenizer: Any = None,
     draft_tokenizer: Any = None,
+    medusa_heads: MedusaHeads | None = None,
 ) -> Drafter:
     """The drafter object of a specnb method (not for transformers' methods). cache_policy: a
     bounded cache for the draft model's own cache (`core.streaming`), where the method has one.
     dynamic: (children per node, depth) of dynamic trees; a replay of dynamic trees matches the
     drafter only with the collection's (super_k, super_depth). xtok methods need both tokenizers
-    (or `retokenize.TokenText`s of them)."""
+    (or `retokenize.TokenText`s of them); medusa methods the heads (`drafters.medusa.MedusaHeads`)."""
     if method.drafter in HF_METHODS:
         raise ValueError(f"{method.spec} is a transformers method, run by `baselines`, not a drafter")
+    if method.drafter in MEDUSA:
+        if medusa_heads is None:
+            raise ValueError(f"method {method.spec} needs Medusa heads (medusa_heads=)")
+        return MedusaDrafter(target, medusa_heads)
     if method.needs_draft_model and draft is None:
         raise ValueError(f"method {method.spec} needs the pair's draft model")
     model = lambda **kw: ModelDrafter(draft, cache_policy=cache_policy, **kw)  # noqa: E731

@@ -402,3 +402,55 @@ def long_quality(table: pd.DataFrame, path=None) -> plt.Figure:
     legend_outside(right, "method")
     fig.suptitle("what the bounded cache costs in quality (greedy)", fontsize=10)
     return save(fig, path)
+
+
+# ---- Medusa heads (notebook 05) ----------------------------------------------------------------
+
+
+def head_accuracy(accuracy: pd.DataFrame, title: str = "", path=None) -> plt.Figure:
+    """Top-k accuracy of each Medusa head (head d = depth d) against k."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.2))
+    for head, t in accuracy.groupby("head"):
+        ax.plot(t["k"], t["top_k_accuracy"], marker="o", label=f"head {head} (depth {head})")
+    ax.set_xlabel("k (the head's top-k tokens)")
+    ax.set_ylabel("share of positions whose token is in the top k")
+    ax.set_title(title or "Medusa heads: top-k accuracy by depth", fontsize=10)
+    legend_outside(ax, "head")
+    return save(fig, path)
+
+
+def medusa_vs_draft(table: pd.DataFrame, path=None) -> plt.Figure:
+    """Replayed tau against the budget, one panel per drafter (Medusa heads, the draft model)."""
+    drafters = list(table["drafter"].unique())
+    fig, axes = plt.subplots(1, len(drafters), figsize=(5.2 * len(drafters) + 1.6, 4.3), sharey=True, squeeze=False)
+    style = styles(sorted(table["shape"].unique()))
+    for ax, drafter in zip(axes[0], drafters):
+        for shape, t in table[table["drafter"] == drafter].groupby("shape", sort=False):
+            t = t.sort_values("budget")
+            bold = shape in ("medusa", "sequoia_per_depth")
+            ax.plot(t["budget"], t["tau"], lw=2.6 if bold else 1.2, label=shape, **style[shape])
+        budgets = sorted(table["budget"].unique())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set_xlabel("draft tokens in the tree (N)")
+        ax.set_title(drafter, fontsize=10)
+    axes[0][0].set_ylabel(TAU)
+    legend_outside(axes[0][-1], "shape")
+    fig.suptitle("Medusa heads vs the draft model: the same target, prompts and trees (greedy, replayed)", fontsize=10)
+    return save(fig, path)
+
+
+def typical_vs_lossless(quality: pd.DataFrame, path=None) -> plt.Figure:
+    """Per prompt: tau (left) and perplexity under the target (right) of typical acceptance (LOSSY)
+    and lossless sampling."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.2, 4.0))
+    sns.barplot(quality, x="rule", y="tau", ax=left, errorbar=("ci", 95))
+    sns.barplot(quality, x="rule", y="perplexity", ax=right, errorbar=("ci", 95))
+    left.set_ylabel(TAU)
+    right.set_ylabel("perplexity under the target")
+    for ax in (left, right):
+        ax.set_xlabel("acceptance rule (typical_lossy is LOSSY)")
+    fig.suptitle(f"typical acceptance (lossy) vs lossless sampling at T={quality['temperature'].iloc[0]:g} "
+                 "(bars: mean over prompts, 95% interval)", fontsize=10)
+    return save(fig, path)

@@ -1,0 +1,266 @@
+"""Medusa heads (Cai et al. 2024, Medusa-1): K extra decoding heads on the target's last hidden state.
+
+    MedusaHeads       K heads, each a residual SiLU block h + SiLU(W1 h + b) then a vocabulary
+                      projection W2 initialised from the target's LM head; a `torch.nn.ModuleList`
+                      whose state dict has exactly the published key layout (`{h}.0.linear.weight`,
+                      `{h}.0.linear.bias`, `{h}.1.weight`; `io.medusa_checkpoint` reads and writes it)
+    MedusaDrafter     fills any tree from the heads: node at rank path (r1..rd) gets head d's
+                      r_d-th token, whatever r1..r_{d-1} are (Medusa's `generate_candidates`), so
+                      every preset shape, Sequoia trees and Medusa's own accuracy-greedy tree apply
+    head_inputs       the hidden-state rows the heads read for every step of a continuation (replay)
+
+Index identity (Medusa's training: logits[i, :, :-(2+i)] vs labels[2+i:]). With h_q the target's
+last hidden state (after the final norm, the LM head's input) at sequence position q, the LM head
+on h_q gives token q+1 and head d (1-based) gives token q+1+d. In a speculative step the root is
+the last token of the sequence (q+1, the previous step's next token) and head d fills depth d, so
+the heads read h of the token BEFORE the root: the verify row that produced the root. That row was
+computed by the previous verify pass (or by the prompt's prefill before the first step): drafting
+costs no target forward, only the K heads on one vector. A forward hook on the target's final norm
+keeps the rows of the target's last forward while the drafter is bound to a generation (registered
+by `bind_target_cache`, removed by `release` and `reset`).
+
+The proposals are deterministic (q=None): lossless sampling accepts them exactly (`acceptance`,
+one-hot rounds), and sibling rank gaps are allowed.
+
+CPU choice here: `MedusaHeads.from_target(target, k, share_lm_head=True)` points every head's W2 at
+the target's own LM-head weight (one tensor, frozen; only the residual blocks train, HEAD Medusa's
+legacy variant); the saved checkpoint still holds one `{h}.1.weight` per head, as published, and
+a load re-shares them when they equal the target's weight.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..core.acceptance import Acceptance
+from ..core.drafting import Draft, Drafter
+from ..core.sampling import SamplingConfig, top_tokens
+from ..core.trees import Tree
+from ..io.medusa_checkpoint import check_layout, load_checkpoint, save_checkpoint
+
+
+class ResBlock(torch.nn.Module):
+    """x + SiLU(linear(x)); zero weight and bias at init, so the block starts as the identity
+    (Medusa zeroes the weight only: its bias keeps PyTorch's default init)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, hidden_size)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(torch.nn.ModuleList):
+    """K Medusa-1 heads: head h = Sequential(ResBlock x layers, Linear(H, V, bias=False)).
+
+    forward(h: [..., H]) -> logits [K, ..., V]: head d (index d - 1) predicts the token d + 1
+    positions after the one h belongs to (the module docstring)."""
+
+    def __init__(self, num_heads: int, hidden_size: int, vocab_size: int, num_layers: int = 1,
+                 lm_head: torch.Tensor | None = None) -> None:
+        if num_heads < 1 or num_layers < 1:
+            raise ValueError(f"need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
+        heads = []
+        for _ in range(num_heads):
+            blocks = [ResBlock(hidden_size) for _ in range(num_layers)]  # independent (Medusa repeats one)
+            proj = torch.nn.Linear(hidden_size, vocab_size, bias=False)
+            heads.append(torch.nn.Sequential(*blocks, proj))
+        super().__init__(heads)
+        self.hidden_size, self.vocab_size, self.num_layers = hidden_size, vocab_size, num_layers
+        if lm_head is not None:
+            self.copy_lm_head(lm_head)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self)
+
+    @property
+    def shares_lm_head(self) -> bool:
+        """Every head's projection is one tensor (the target's LM head, frozen)."""
+        first = self[0][-1].weight
+        return all(h[-1].weight is first for h in self) and not first.requires_grad
+
+    @classmethod
+    def from_target(cls, target: torch.nn.Module, num_heads: int, num_layers: int = 1,
+                    share_lm_head: bool = True) -> MedusaHeads:
+        """Heads for `target`, on its device and dtype: W2 = its LM head (shared and frozen, or one
+        trainable copy per head as Medusa-1 does), the residual blocks the identity."""
+        weight = target.get_output_embeddings().weight
+        heads = cls(num_heads, weight.shape[1], weight.shape[0], num_layers).to(weight.device, weight.dtype)
+        if share_lm_head:
+            heads.share_lm_head(weight)
+        else:
+            heads.copy_lm_head(weight)
+        return heads
+
+    def share_lm_head(self, weight: torch.Tensor) -> None:
+        """Point every head's projection at `weight` [V, H] (no copy; not trained)."""
+        self._check_projection(weight)
+        shared = torch.nn.Parameter(weight.detach(), requires_grad=False)
+        for h in self:
+            h[-1].weight = shared
+
+    def copy_lm_head(self, weight: torch.Tensor) -> None:
+        """Give every head its own trainable copy of `weight` [V, H] (Medusa-1's initialisation)."""
+        self._check_projection(weight)
+        for h in self:
+            h[-1].weight = torch.nn.Parameter(weight.detach().clone().to(h[0].linear.weight))
+
+    def _check_projection(self, weight: torch.Tensor) -> None:
+        if tuple(weight.shape) != (self.vocab_size, self.hidden_size):
+            raise ValueError(f"LM head of shape {tuple(weight.shape)}; these heads need "
+                             f"({self.vocab_size}, {self.hidden_size})")
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.stack([h(hidden) for h in self])
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters a training step updates (W2 only when not shared)."""
+        seen: set[int] = set()
+        out = []
+        for p in self.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        return out
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, torch.Tensor], lm_head: torch.Tensor | None = None) -> MedusaHeads:
+        """Heads from a state dict in the published layout (K and layers read from the keys, shapes
+        checked). lm_head: the target's LM-head weight; when every head's saved projection equals
+        it, the heads share it instead of holding K copies."""
+        num_heads, layers = check_layout(state)
+        proj = state[f"0.{layers}.weight"]
+        heads = cls(num_heads, proj.shape[1], proj.shape[0], layers)
+        shared = lm_head is not None and all(
+            torch.equal(state[f"{h}.{layers}.weight"].to(lm_head.device, lm_head.dtype), lm_head) for h in range(num_heads))
+        if shared:
+            state = {k: v for k, v in state.items() if not k.endswith(f".{layers}.weight")}
+        heads.load_state_dict(dict(state), strict=not shared)  # shapes checked by torch
+        if shared:
+            heads.share_lm_head(lm_head)
+        return heads.to(proj.device)
+
+    def save(self, folder: str, base_model: str, dtype: torch.dtype | None = None) -> None:
+        """Write the published layout (`io.medusa_checkpoint`), one projection per head."""
+        save_checkpoint(folder, self.published_state_dict(), base_model, dtype)
+
+    @classmethod
+    def load(cls, name_or_path: str, target: torch.nn.Module | None = None) -> MedusaHeads:
+        """Heads from a checkpoint folder or hub id, in the target's dtype and device (float32 when
+        no target); projections equal to the target's LM head are shared with it."""
+        state, _ = load_checkpoint(name_or_path)
+        if target is None:
+            return cls.from_state_dict({k: v.float() for k, v in state.items()})
+        weight = target.get_output_embeddings().weight
+        state = {k: v.to(weight.device, weight.dtype) for k, v in state.items()}
+        return cls.from_state_dict(state, lm_head=weight.detach())
+
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict as published (`{h}.{l}.linear.weight`, `{h}.{l}.linear.bias`, `{h}.{L}.weight`),
+        one projection tensor per head even when shared."""
+        return {k: v.detach() for k, v in self.state_dict(keep_vars=True).items()}
+
+
+def final_norm(target: torch.nn.Module) -> torch.nn.Module:
+    """The target's final norm, whose output is the LM head's input (`model.norm` in Llama/Qwen)."""
+    norm = getattr(getattr(target, "model", None), "norm", None)
+    if norm is None:
+        raise ValueError(f"{type(target).__name__} has no model.norm: Medusa heads need the last hidden state")
+    return norm
+
+
+@torch.inference_mode()
+def last_hidden(target: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Float [T, H]: the target's last hidden state (after the final norm) of `ids` (long [T]), one
+    plain causal forward."""
+    out = target.model(input_ids=ids.reshape(1, -1).to(target.device))
+    return out.last_hidden_state[0]
+
+
+@torch.inference_mode()
+def head_ranks(heads: MedusaHeads, hidden: torch.Tensor, tokens: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Int [T, K]: rank (0 = most likely, `top_tokens` order) of tokens[t + d] under head d + 1
+    applied to hidden[t]; top_k where it is >= top_k or past the end. hidden: [T, H] rows whose
+    LM-head token is tokens[t] (tokens: long [T + something])."""
+    t, k = hidden.shape[0], heads.num_heads
+    out = torch.full((t, k), top_k, dtype=torch.long)  # host: ranks are numpy-bound
+    for lo in range(0, t, 256):
+        logits = heads(hidden[lo : lo + 256].to(heads[0][0].linear.weight))  # [K, B, V]
+        top = top_tokens(logits, top_k).cpu()  # [K, B, top_k]
+        for d in range(k):
+            idx = torch.arange(lo, min(lo + 256, t)) + d  # host: indexes the host tokens
+            want = torch.where(idx < tokens.numel(), tokens.cpu()[idx.clamp(max=tokens.numel() - 1)], -1)
+            hit = top[d] == want[:, None]
+            out[lo : lo + hit.shape[0], d] = torch.where(hit.any(-1), hit.int().argmax(-1), top_k)
+    return out
+
+
+class MedusaDrafter(Drafter):
+    """Drafts any tree (depth <= K) from Medusa heads on the target's own hidden states.
+
+    The heads read the verify row of the last accepted token (module docstring). The first step
+    reads the prompt's prefill (the loop prefills prompt[:-1] for drafters that share the target's
+    cache); a one-token prompt has no such row, so its first draft is empty (budget 0).
+    tree: the default tree (e.g. Medusa's own, `tree_design.medusa_tree`).
+    """
+
+    shares_target_cache = True
+
+    def __init__(self, target: torch.nn.Module, heads: MedusaHeads, tree: Tree | None = None) -> None:
+        self.target, self.heads = target, heads
+        self.default_tree = tree
+        self._norm = final_norm(target)
+        self._hook: torch.utils.hooks.RemovableHandle | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.release()
+        self._rows: torch.Tensor | None = None  # [n, H]: the final norm's output of the last forward
+        self._h: torch.Tensor | None = None  # [H]: the row the next draft reads
+
+    def bind_target_cache(self, cache) -> None:  # noqa: ANN001 (a DynamicCache; unused: only the hidden rows matter)
+        if self._hook is None:
+            self._hook = self._norm.register_forward_hook(self._capture)
+
+    def release(self) -> None:
+        """Remove the hook on the target's final norm (also done by `reset`)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _capture(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        self._rows = output.reshape(-1, output.shape[-1])
+
+    def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
+        if tree.depth > self.heads.num_heads:
+            raise ValueError(f"a tree of depth {tree.depth} needs {tree.depth} Medusa heads; these are "
+                             f"{self.heads.num_heads}: use a tree of depth <= {self.heads.num_heads}")
+
+    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
+        # the verify rows are [pending..., root, nodes]: the last N + 1 captured ones
+        n = draft.tokens.numel()
+        row = acceptance.path[-1] + 1 if acceptance.path else 0
+        self._h = self._rows[self._rows.shape[0] - (n + 1) + row]
+
+    @torch.inference_mode()
+    def draft(self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig,
+              generator: torch.Generator | None = None) -> Draft:
+        self.check_request(tree, sampling)
+        h = self._h
+        if h is None and self._rows is not None and tokens.numel() >= 2:
+            h = self._rows[-1]  # the prefill of prompt[:-1]: the row of the token before the root
+        if h is None or tree.num_nodes == 0:
+            return Draft(torch.zeros(0, dtype=torch.long, device=self.target.device), None, Tree(()))
+        logits = self.heads(h.to(self.heads[0][0].linear.weight))  # [K, V]
+        width = max(tree.ranks) + 1
+        top = top_tokens(logits[: tree.depth], width)  # [depth, width]
+        depth = torch.tensor(tree.depths, device=top.device) - 1
+        rank = torch.tensor(tree.ranks, device=top.device)
+        return Draft(top[depth, rank], None)

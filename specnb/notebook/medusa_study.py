@@ -1,0 +1,124 @@
+"""Notebook 05's steps: Medusa heads trained here (or loaded) against draft-model trees, and typical
+acceptance (LOSSY) against lossless sampling.
+
+    heads_for            train (or load from the cache) heads for the target, or load published
+                         heads (a hub id or folder in Medusa's layout), with the training tables
+    tau_table            replayed tau by shape and budget for Medusa trees and for the draft model's
+                         trees of the same target on the same prompts (greedy, trajectory), one tidy
+                         frame with a `drafter` column
+    typical_quality      per prompt: tau and perplexity (under the target) of typical acceptance
+                         (lossy) and of lossless sampling with the same tree, and each output's
+                         agreement with the target's own sampled output (same seed): share of equal
+                         tokens position by position, and the first position that differs
+    medusa_reading       the notebook's reading, computed from the tables
+
+Conventions: tau = tokens per target call, bonus INCLUDED; acceptance_length = accepted draft
+tokens per step, bonus EXCLUDED; the typical rule is named `typical_lossy` in every table.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..analysis.collection import Collection
+from ..analysis.medusa_training import TrainConfig, TrainedHeads, shape_trees, train_or_load
+from ..analysis.quality import perplexity
+from ..analysis.replay import replay
+from ..core.acceptance import TypicalAcceptance
+from ..core.generation import autoregressive_generate, speculative_generate
+from ..core.trees import Tree
+from ..drafters.medusa import MedusaDrafter, MedusaHeads
+
+LOSSY = TypicalAcceptance().name  # "typical_lossy"
+
+
+def heads_for(target: torch.nn.Module, target_name: str, source: str, prompts: Sequence[torch.Tensor],
+              config: TrainConfig, progress: bool = True) -> TrainedHeads | MedusaHeads:
+    """source "train": `train_or_load` on `prompts`; else a checkpoint folder or hub id."""
+    if source == "train":
+        return train_or_load(target, target_name, prompts, config, progress=progress)
+    return MedusaHeads.load(source, target)
+
+
+def budget_trees(budgets: Sequence[int], depth: int, accuracy: Sequence[Sequence[float]]) -> dict[tuple[str, int], Tree]:
+    """`shape_trees` for every budget (Medusa's own tree and Sequoia's per-depth tree included)."""
+    out: dict[tuple[str, int], Tree] = {}
+    for b in budgets:
+        out.update(shape_trees(int(b), depth, accuracy))
+    return out
+
+
+def tau_table(medusa: Collection, draft: Collection | None, trees: dict[tuple[str, int], Tree],
+              draft_label: str = "draft model") -> pd.DataFrame:
+    """Replayed greedy metrics (trajectory) of `trees` filled by Medusa heads and, on the same
+    prompts, by the draft model (its collection), with a `drafter` column."""
+    cols = ["shape", "budget", "nodes", "depth", "steps", "acceptance_rate", "acceptance_length", "tau",
+            "tau_ci_low", "tau_ci_high"]
+    frames = [replay(medusa, trees, mode="trajectory")[cols].assign(drafter="medusa heads")]
+    if draft is not None:
+        top_k = draft.config.top_k
+        fits = {k: t for k, t in trees.items() if t.num_nodes and max(t.ranks) < top_k}
+        frames.append(replay(draft, fits, mode="trajectory")[cols].assign(drafter=draft_label))
+    return pd.concat(frames, ignore_index=True)
+
+
+def typical_quality(target: torch.nn.Module, heads: MedusaHeads, tree: Tree, prompts: Sequence[tuple[str, str, torch.Tensor]],
+                    temperature: float, max_new_tokens: int, seed: int = 0) -> pd.DataFrame:
+    """One row per (prompt, rule): rule `typical_lossy` or `lossless`, tau, perplexity under the
+    target, and agreement with the target's own sampled output of the same seed (module docstring)."""
+    drafter = MedusaDrafter(target, heads)
+    rows = []
+    for pid, category, ids in prompts:
+        own = autoregressive_generate(target, ids[None], max_new_tokens, temperature=temperature, seed=seed,
+                                      eos_token_id=()).tokens.tolist()
+        for rule, typical in ((LOSSY, TypicalAcceptance()), ("lossless", None)):
+            out = speculative_generate(target, drafter, ids[None], tree, max_new_tokens, temperature=temperature,
+                                       seed=seed, typical=typical, eos_token_id=())
+            toks = out.tokens.tolist()
+            same = [a == b for a, b in zip(toks, own)]
+            rows.append({"prompt_id": pid, "category": category, "rule": rule, "lossy": typical is not None,
+                         "temperature": temperature, "tokens": len(toks),
+                         "tau": sum(s.num_tokens for s in out.steps) / len(out.steps),
+                         "perplexity": perplexity(target, ids, out.tokens),
+                         "agreement_with_target_sample": float(np.mean(same)) if same else float("nan"),
+                         "first_difference": next((i for i, s in enumerate(same) if not s), len(same))})
+    return pd.DataFrame(rows)
+
+
+def typical_summary(quality: pd.DataFrame) -> pd.DataFrame:
+    """Per rule: mean tau, geometric-mean perplexity, mean agreement and first difference."""
+    g = quality.groupby("rule", sort=False)
+    return pd.DataFrame({
+        "prompts": g.size(), "tau": g["tau"].mean(),
+        "perplexity_geomean": g["perplexity"].apply(lambda s: float(np.exp(np.log(s).mean()))),
+        "agreement_with_target_sample": g["agreement_with_target_sample"].mean(),
+        "first_difference": g["first_difference"].mean(),
+    }).reset_index()
+
+
+def medusa_reading(accuracy: pd.DataFrame, taus: pd.DataFrame, typical: pd.DataFrame, budget: int) -> str:
+    """The reading: head accuracy by depth, Medusa vs draft-model trees at `budget`, Medusa's tree
+    vs Sequoia's per-depth tree, and what typical acceptance (LOSSY) buys and costs."""
+    top1 = accuracy[accuracy["k"] == 1].set_index("head")["top_k_accuracy"]
+    lines = ["Top-1 accuracy of the heads by depth on the test prompts: "
+             + ", ".join(f"head {h} {v:.2f}" for h, v in top1.items()) + "."]
+    at = taus[taus["budget"] == budget]
+    for drafter, t in at.groupby("drafter", sort=False):
+        best = t.loc[t["tau"].idxmax()]
+        lines.append(f"{drafter}, {budget} nodes: best tau {best['tau']:.2f} ({best['shape']}; tau includes the bonus token).")
+    med = at[(at["drafter"] == "medusa heads")].set_index("shape")["tau"]
+    if {"medusa", "sequoia_per_depth"} <= set(med.index):
+        lines.append(f"Medusa's own tree {med['medusa']:.2f} vs Sequoia's from the same per-depth accuracies "
+                     f"{med['sequoia_per_depth']:.2f}.")
+    s = typical_summary(typical).set_index("rule")
+    if {LOSSY, "lossless"} <= set(s.index):
+        lines.append(f"Typical acceptance (**lossy**: its output does not follow the target's distribution) at "
+                     f"T={typical['temperature'].iloc[0]:g}: tau {s.loc[LOSSY, 'tau']:.2f} vs lossless "
+                     f"{s.loc['lossless', 'tau']:.2f}; perplexity under the target {s.loc[LOSSY, 'perplexity_geomean']:.2f} "
+                     f"vs {s.loc['lossless', 'perplexity_geomean']:.2f} (lower = closer to the target's greedy mode, "
+                     f"not to its distribution).")
+    return "\n\n".join(lines)

@@ -1,0 +1,299 @@
+"""Medusa heads: the drafter is exact (greedy output = the target's), heads read the verify pass's
+hidden rows, typical acceptance follows Medusa's formula and is labelled lossy, checkpoints keep the
+published key layout."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import pytest
+import torch
+
+from conftest import random_prompt, tiny_model
+from specnb.core.acceptance import TypicalAcceptance, greedy_accept, typical_accept, typical_thresholds
+from specnb.core.generation import autoregressive_generate, speculative_generate
+from specnb.core.sampling import top_tokens
+from specnb.core.trees import Tree
+from specnb.drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks, last_hidden
+from specnb.io.medusa_checkpoint import check_layout, load_checkpoint
+
+K = 3
+
+
+def random_heads(target: torch.nn.Module, seed: int = 0, share: bool = True) -> MedusaHeads:
+    heads = MedusaHeads.from_target(target, K, share_lm_head=share)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for h in heads:
+            h[0].linear.weight.copy_(torch.randn(h[0].linear.weight.shape, generator=g) * 0.3)
+    return heads
+
+
+TREES = [Tree.chain(3), Tree.kary(2, 7), Tree.sparse(12).truncated(K), Tree.from_paths([(0,), (2,), (0, 1), (2, 0), (2, 0, 3)])]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: t.describe())
+@pytest.mark.parametrize("length", [1, 2, 9])
+def test_greedy_output_equals_target(tiny_target, tree, length):
+    drafter = MedusaDrafter(tiny_target, random_heads(tiny_target))
+    prompt = random_prompt(length, length)
+    ref = autoregressive_generate(tiny_target, prompt, 20, eos_token_id=())
+    out = speculative_generate(tiny_target, drafter, prompt, tree, 20, eos_token_id=())
+    assert out.tokens.tolist() == ref.tokens.tolist()
+    assert drafter._hook is None  # released after the generation
+
+
+def test_heads_read_the_row_before_the_root(tiny_target):
+    """Each step's draft equals the heads applied to the plain forward's hidden state of the token
+    before the root (index identity), up to float noise in the tree-masked verify."""
+    heads = random_heads(tiny_target, 3)
+    drafter = MedusaDrafter(tiny_target, heads)
+    prompt = random_prompt(5, 8)
+    tree = Tree.kary(3, 12)
+    drafts = []
+    original = drafter.draft
+    def spy(tokens, step_tree, sampling, generator=None):
+        d = original(tokens, step_tree, sampling, generator)
+        drafts.append((tokens.clone(), step_tree, d.tokens.clone()))
+        return d
+    drafter.draft = spy
+    speculative_generate(tiny_target, drafter, prompt, tree, 16, eos_token_id=())
+    assert len(drafts) > 3
+    for seq, tree, tokens in drafts:
+        h = last_hidden(tiny_target, seq)[-2]
+        with torch.no_grad():
+            top = top_tokens(heads(h), 8)
+        want = torch.stack([top[d - 1, r] for d, r in zip(tree.depths, tree.ranks)])
+        assert tokens.tolist() == want.tolist()
+
+
+def test_sampling_runs_with_deterministic_proposals(tiny_target):
+    drafter = MedusaDrafter(tiny_target, random_heads(tiny_target))
+    out = speculative_generate(tiny_target, drafter, random_prompt(2, 6), Tree.sparse(10).truncated(K), 16, temperature=0.8,
+                               seed=1, eos_token_id=())
+    assert out.tokens.numel() == 16 and out.method == "speculative"
+
+
+def test_tree_deeper_than_heads_refused(tiny_target):
+    with pytest.raises(ValueError, match="Medusa heads"):
+        speculative_generate(tiny_target, MedusaDrafter(tiny_target, random_heads(tiny_target)),
+                             random_prompt(0), Tree.chain(K + 1), 8)
+
+
+# ---- typical acceptance -----------------------------------------------------------------------
+
+
+def test_typical_threshold_formula():
+    p = torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    rule = TypicalAcceptance()
+    for row, thr in zip(p, typical_thresholds(p, rule)):
+        h = -sum(float(x) * math.log(float(x) + 1e-5) for x in row)
+        assert float(thr) == pytest.approx(min(0.09, 0.3 * math.exp(-h)), rel=1e-5)
+
+
+def test_typical_accept_hand_checked():
+    # root row: p = (.5, .3, .15, .05) -> H = 1.14, thr = min(.09, .3 e^-H) = .0960 -> .09: tokens 0,1,2 pass
+    tree = Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0), (1, 0, 0)])
+    tokens = torch.tensor([3, 1, 0, 2, 0, 1])
+    v = 4
+    p = torch.full((7, v), 0.0)
+    p[0] = torch.tensor([0.5, 0.3, 0.15, 0.05])  # node 0 (tok 3): .05 fails; node 1 (tok 1): passes; node 2 (tok 0): passes
+    p[1] = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    p[2] = torch.tensor([0.97, 0.01, 0.01, 0.01])  # child node 4 (tok 0) passes
+    p[3] = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    p[5] = torch.tensor([0.01, 0.95, 0.02, 0.02])  # node 5 (tok 1) passes: p = .95
+    argmax = p.argmax(-1)
+    result = typical_accept(tree, tokens, p, argmax)
+    assert result.path == (1, 4, 5)
+    assert result.next_token == int(argmax[6]) and result.tokens == (1, 0, 1)
+    # ties in length break by the larger sum of log p
+    tree2 = Tree.from_paths([(0,), (1,)])
+    p2 = torch.tensor([[0.3, 0.6, 0.1, 0.0], [1, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.float)
+    assert typical_accept(tree2, torch.tensor([0, 1]), p2, p2.argmax(-1)).path == (1,)
+
+
+def test_typical_on_one_hot_p_is_greedy():
+    """When p is one-hot (temperature -> 0) only the argmax passes: typical = greedy acceptance."""
+    tree = Tree.kary(2, 10)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        tokens = torch.randint(0, 5, (10,), generator=g)
+        argmax = torch.randint(0, 5, (11,), generator=g)
+        p = torch.nn.functional.one_hot(argmax, 5).float()
+        a, b = typical_accept(tree, tokens, p, argmax), greedy_accept(tree, tokens, argmax)
+        assert (a.path, a.next_token) == (b.path, b.next_token)
+
+
+def test_typical_generation_is_labelled_lossy(tiny_target):
+    drafter = MedusaDrafter(tiny_target, random_heads(tiny_target))
+    prompt = random_prompt(4, 6)
+    out = speculative_generate(tiny_target, drafter, prompt, Tree.sparse(10).truncated(K), 16, temperature=0.7,
+                               typical=TypicalAcceptance(), eos_token_id=())
+    assert "lossy" in out.method and TypicalAcceptance().lossy
+    greedy = speculative_generate(tiny_target, drafter, prompt, Tree.sparse(10).truncated(K), 16, typical=TypicalAcceptance(),
+                                  eos_token_id=())
+    assert greedy.tokens.tolist() == autoregressive_generate(tiny_target, prompt, 16, eos_token_id=()).tokens.tolist()
+
+
+# ---- checkpoints --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_save_load_round_trip_in_published_layout(tiny_target, tmp_path, share):
+    heads = random_heads(tiny_target, 5, share=share)
+    if not share:
+        with torch.no_grad():
+            heads[1][-1].weight.add_(0.01)
+    heads.save(tmp_path / "heads", "tiny")
+    state, config = load_checkpoint(tmp_path / "heads")
+    v, h = tiny_target.config.vocab_size, tiny_target.config.hidden_size
+    assert sorted(state) == sorted(f"{i}.{k}" for i in range(K) for k in ("0.linear.weight", "0.linear.bias", "1.weight"))
+    assert state["0.0.linear.weight"].shape == (h, h) and state["2.1.weight"].shape == (v, h)
+    assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (K, 1) and "config_disagrees" not in config
+    loaded = MedusaHeads.load(tmp_path / "heads", tiny_target)
+    assert loaded.shares_lm_head == share
+    x = torch.randn(4, h)
+    assert torch.equal(loaded(x), heads(x))
+
+
+def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
+    """The published config says 2 heads while the weights hold more: the keys win."""
+    heads = random_heads(tiny_target)
+    heads.save(tmp_path / "h", "tiny")
+    cfg = tmp_path / "h" / "config.json"
+    cfg.write_text(cfg.read_text().replace(f'"medusa_num_heads": {K}', '"medusa_num_heads": 2'))
+    state, config = load_checkpoint(tmp_path / "h")
+    assert config["medusa_num_heads"] == K and "config_disagrees" in config
+    with pytest.raises(ValueError, match="missing"):
+        check_layout({k: v for k, v in state.items() if k != "1.0.linear.bias"})
+
+
+# ---- training, collection, replay -----------------------------------------------------------------
+
+from specnb.analysis.collection import CollectConfig  # noqa: E402
+from specnb.analysis.medusa_training import (  # noqa: E402
+    TrainConfig, accuracy_by_depth, collect_heads, distill, rank_accuracy, train_or_load,
+)
+from specnb.analysis.replay import replay, replay_steps  # noqa: E402
+from specnb.analysis.tree_design import medusa_tree  # noqa: E402
+
+PROMPTS = [("p0", "x", random_prompt(20, 2)[0]), ("p1", "x", random_prompt(21, 6)[0]), ("p2", "y", random_prompt(22, 9)[0])]
+MAX_NEW = 20
+
+
+def test_distill_rows_are_the_targets_hidden_states(tiny_target):
+    prompts = [random_prompt(30, 5)[0], random_prompt(31, 8)[0]]
+    data = distill(tiny_target, prompts, K, 12, batch=1, eos_token_id=-1, progress=False)
+    for i, (prompt, new) in enumerate(data.sequences):
+        seq = torch.tensor(prompt + new)
+        assert list(new) == autoregressive_generate(tiny_target, seq[None, : len(prompt)], 12, eos_token_id=()).tokens.tolist()
+        mine = data.prompt == i
+        hidden, labels = data.hidden[mine], data.labels[mine]
+        first = len(prompt) - 1 - K  # the first row with a label in the continuation (head K)
+        plain = last_hidden(tiny_target, seq[:-1])
+        assert torch.allclose(hidden, plain[first : first + len(hidden)], atol=1e-5)
+        for r in range(len(hidden)):
+            t = first + r
+            for d in range(1, K + 1):
+                want = int(seq[t + 1 + d]) if len(prompt) <= t + 1 + d < len(seq) else -100
+                assert int(labels[r, d - 1]) == want
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_target, tmp_path_factory):
+    """Heads trained on the test prompts' own continuations (a memorising fit: drafts get accepted)."""
+    cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=300, batch_size=64, lr=1e-2, heldout=0.0,
+                      loss_vocab="full", share_lm_head=False)
+    return train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg,
+                         folder=tmp_path_factory.mktemp("heads"), progress=False)
+
+
+def test_training_learns_and_caches(trained, tiny_target):
+    assert trained.log["loss_last"] < 0.5 * trained.log["loss_first"] and not trained.log["cached"]
+    again = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], TrainConfig(), folder=trained.folder,
+                          progress=False)
+    assert again.log["cached"]
+    x = torch.randn(5, tiny_target.config.hidden_size)
+    assert torch.equal(again.heads(x), trained.heads(x))
+
+
+@pytest.fixture(scope="module")
+def head_collection(tiny_target, trained):
+    return collect_heads(tiny_target, trained.heads, PROMPTS, CollectConfig(MAX_NEW, top_k=8, run_tree="sparse:6",
+                                                                            eos_token_id=()), progress=False)
+
+
+def medusa_trees(collection):
+    acc = [[max(a, 1e-3) for a in row] for row in rank_accuracy(collection, 8)]
+    return {"chain3": Tree.chain(3), "kary2": Tree.kary(2, 9), "gaps": Tree.from_paths([(1,), (3,), (3, 0), (3, 2)]),
+            "medusa12": medusa_tree(acc, 12)}
+
+
+def step_tuple(s):
+    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
+
+
+@pytest.mark.parametrize("max_new", [MAX_NEW, 11])
+def test_replayed_steps_equal_real_steps(tiny_target, trained, head_collection, max_new):
+    accepted = 0
+    for name, tree in medusa_trees(head_collection).items():
+        replayed = replay_steps(head_collection, tree, max_new_tokens=max_new)
+        for pid, _, ids in PROMPTS:
+            real = speculative_generate(tiny_target, MedusaDrafter(tiny_target, trained.heads), ids[None], tree, max_new,
+                                        eos_token_id=())
+            assert [step_tuple(s) for s in replayed[pid]] == [step_tuple(s) for s in real.steps], (name, pid)
+            accepted += sum(s.num_accepted for s in real.steps)
+    assert accepted > 20  # the heads do get drafts accepted: the comparison is not vacuous
+    for p in head_collection.prompts:  # the collection's own run, too
+        run = replay_steps(head_collection, head_collection.config.run.truncated(K))[p.prompt_id]
+        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run] == [tuple(r) for r in p.run_steps.tolist()]
+
+
+def test_one_token_prompt_refused(tiny_target, trained):
+    with pytest.raises(ValueError, match="one token"):
+        collect_heads(tiny_target, trained.heads, [("a", "x", random_prompt(1, 1)[0])], CollectConfig(8), progress=False)
+
+
+def test_accuracy_tables(head_collection):
+    acc = accuracy_by_depth(head_collection, ks=(1, 8))
+    top1 = acc[acc.k == 1].set_index("head").top_k_accuracy
+    ranks = rank_accuracy(head_collection, 8)
+    assert top1[1] == pytest.approx(ranks[0][0]) and acc[acc.k == 8].top_k_accuracy.iloc[0] == pytest.approx(sum(ranks[0]))
+    table = replay(head_collection, {("chain", 1): Tree.chain(1)})
+    # every position, the last of each prompt (no room for a draft) counted as a miss
+    hits = sum(int((p.head_ranks[: len(p.tokens) - 1, 0] == 0).sum()) for p in head_collection.prompts)
+    assert table.depth_1_acceptance[0] == pytest.approx(hits / sum(len(p.tokens) for p in head_collection.prompts))
+
+
+def explore_graph(acc, n):
+    """Medusa's gen_results.explore_graph (max_child = len(acc[d])), restated as the reference."""
+    value = lambda p: float(np.prod([acc[d][r] for d, r in enumerate(p)]))  # noqa: E731
+    chosen = [(0,)]
+    for _ in range(n - 1):
+        best, best_v = None, -1.0
+        for v in sorted(chosen, key=lambda p: (len(p), p)):
+            for nb in ([v[:-1] + (v[-1] + 1,)] if v[-1] + 1 < len(acc[len(v) - 1]) else []) + ([v + (0,)] if len(v) < len(acc) else []):
+                if nb not in chosen and value(nb) > best_v:
+                    best, best_v = nb, value(nb)
+        chosen.append(best)
+    return Tree.from_paths(chosen)
+
+
+@pytest.mark.parametrize("n", [1, 5, 20])
+def test_medusa_tree_is_medusas_search(n):
+    acc = [[0.5, 0.2, 0.1, 0.05], [0.3, 0.15, 0.12, 0.01], [0.2, 0.1, 0.02, 0.01]]
+    assert medusa_tree(acc, n) == explore_graph(acc, n)
+
+
+def test_method_specs(tiny_target):
+    from specnb.drafters.methods import build_drafter, parse_method
+
+    exact, lossy = parse_method("medusa/kary2:6"), parse_method("medusa_typical_lossy/kary2:6")
+    assert exact.tree == Tree.kary(2, 6) and not exact.lossy and exact.typical is None and not exact.needs_draft_model
+    assert lossy.lossy and "lossy" in lossy.label and lossy.typical == TypicalAcceptance()
+    heads = random_heads(tiny_target)
+    assert isinstance(build_drafter(exact, tiny_target, None, medusa_heads=heads), MedusaDrafter)
+    with pytest.raises(ValueError, match="Medusa heads"):
+        build_drafter(exact, tiny_target, None)
