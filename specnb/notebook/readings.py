@@ -180,12 +180,13 @@ def curve_reading(curve: pd.DataFrame, model: str | None = None) -> str:
     if c["last_tokens"] > c["first_tokens"]:
         out += (f"; from {c['first_tokens']} to {c['last_tokens']} tokens {c['slope_ms']:+.1f} ms per further token "
                 f"(least squares), {c['last_ms']:.0f} ms at {c['last_tokens']} ({c['last_ms'] / c['decode_ms']:.2f}x a decode)")
-    added = "the first added token" if c["first_tokens"] == 2 else f"the first {c['first_tokens'] - 1} added tokens"
+    added = ("the first added token accounts" if c["first_tokens"] == 2
+             else f"the first {c['first_tokens'] - 1} added tokens account")
     if c["step_share"] >= 0.6 and c["last_tokens"] > c["first_tokens"]:
-        shape = (f"mostly a step: {added} accounts for {c['step_share']:.0%} of the "
+        shape = (f"mostly a step: {added} for {c['step_share']:.0%} of the "
                  f"largest tree's extra cost, so a bigger tree costs little more than a small one")
     elif c["last_tokens"] > c["first_tokens"]:
-        shape = (f"mostly a slope: {added} accounts for {c['step_share']:.0%} of "
+        shape = (f"mostly a slope: {added} for {c['step_share']:.0%} of "
                  f"the largest tree's extra cost, the rest grows with the tree")
     else:
         shape = "one tree size measured: no slope to read"
