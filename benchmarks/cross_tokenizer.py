@@ -37,7 +37,7 @@ from collections import defaultdict
 import pandas as pd
 import torch
 
-from end_to_end import TARGET_ALONE, Method, cost_report, per_category, pick, pooled_speed
+from end_to_end import TARGET_ALONE, Method, cost_report, interleaved_runs, per_category, pick, pooled_speed
 from specnb import autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.baselines import hf_uag_generate
 from specnb.analysis.quality import greedy_equal
@@ -91,13 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     for i, prompt in enumerate(prompts):
         ids = prompt_ids(target_tokenizer, prompt.text)
-        order = methods[i % len(methods):] + methods[: i % len(methods)]
-        results = {}
-        for _ in range(args.repeats):
-            for m in order:
-                r = m.run(ids, args.max_new_tokens)
-                if m.name not in results or r.total_time < results[m.name].total_time:
-                    results[m.name] = r
+        results = interleaved_runs(methods, ids, args.max_new_tokens, args.repeats, rotation=i)
         reference = results[TARGET_ALONE].tokens
         for m in methods:
             r = results[m.name]

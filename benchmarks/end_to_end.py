@@ -75,6 +75,19 @@ class Method:
     nodes: int = 0  # tree size verified per step (upper bound for lookup)
 
 
+def interleaved_runs(methods: list[Method], ids: torch.Tensor, max_new_tokens: int, repeats: int,
+                     rotation: int) -> dict[str, GenerationResult]:
+    """Every method on one prompt, `repeats` rounds, the order rotated by `rotation` (so no method
+    always runs first); per method the fastest round's result."""
+    order = methods[rotation % len(methods):] + methods[: rotation % len(methods)]
+    results: dict[str, GenerationResult] = {}
+    for _ in range(repeats):
+        for m in order:
+            r = m.run(ids, max_new_tokens)
+            if m.name not in results or r.total_time < results[m.name].total_time:
+                results[m.name] = r
+    return results
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -126,13 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     scored: dict[tuple[str, tuple[int, ...]], float] = {}  # perplexity per distinct output
     for i, prompt in enumerate(prompts):
         ids = prompt_ids(tokenizer, prompt.text)
-        order = methods[i % len(methods) :] + methods[: i % len(methods)]
-        results: dict[str, GenerationResult] = {}
-        for _ in range(args.repeats):
-            for m in order:
-                r = m.run(ids, args.max_new_tokens)
-                if m.name not in results or r.total_time < results[m.name].total_time:
-                    results[m.name] = r
+        results = interleaved_runs(methods, ids, args.max_new_tokens, args.repeats, rotation=i)
         reference = results[TARGET_ALONE].tokens
         for m in methods:
             r = results[m.name]
