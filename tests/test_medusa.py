@@ -174,7 +174,7 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 
 from specnb.analysis.collection import CollectConfig  # noqa: E402
 from specnb.analysis.medusa_training import (  # noqa: E402
-    TrainConfig, accuracy_by_depth, collect_heads, distill, rank_accuracy, train_or_load,
+    TrainConfig, accuracy_by_depth, collect_heads, distill, heldout_prompts, rank_accuracy, split_prompts, train_or_load,
 )
 from specnb.analysis.replay import replay, replay_steps  # noqa: E402
 from specnb.analysis.tree_design import medusa_tree  # noqa: E402
@@ -183,22 +183,81 @@ PROMPTS = [("p0", "x", random_prompt(20, 2)[0]), ("p1", "x", random_prompt(21, 6
 MAX_NEW = 20
 
 
-def test_distill_rows_are_the_targets_hidden_states(tiny_target):
+@pytest.mark.parametrize("prompt_rows", [False, True])
+def test_distill_rows_are_the_targets_hidden_states(tiny_target, prompt_rows):
     prompts = [random_prompt(30, 5)[0], random_prompt(31, 8)[0]]
-    data = distill(tiny_target, prompts, K, 12, batch=1, eos_token_id=-1, progress=False)
+    data = distill(tiny_target, prompts, K, 12, batch=1, eos_token_id=-1, progress=False, prompt_rows=prompt_rows)
     for i, (prompt, new) in enumerate(data.sequences):
         seq = torch.tensor(prompt + new)
         assert list(new) == autoregressive_generate(tiny_target, seq[None, : len(prompt)], 12, eos_token_id=()).tokens.tolist()
-        mine = data.prompt == i
-        hidden, labels = data.hidden[mine], data.labels[mine]
-        first = len(prompt) - 1 - K  # the first row with a label in the continuation (head K)
+        mine = torch.nonzero(data.prompt == i)[:, 0]
+        hidden, labels, soft = data.hidden[mine], data.labels[mine], data.soft_row[mine]
+        first = 0 if prompt_rows else len(prompt) - 1 - K  # the first row with a label (head K in the continuation)
         plain = last_hidden(tiny_target, seq[:-1])
+        assert len(hidden) == len(seq) - 2 - first  # every row up to the last with a label (head 1)
         assert torch.allclose(hidden, plain[first : first + len(hidden)], atol=1e-5)
+        lm_head = tiny_target.get_output_embeddings().weight
         for r in range(len(hidden)):
             t = first + r
             for d in range(1, K + 1):
-                want = int(seq[t + 1 + d]) if len(prompt) <= t + 1 + d < len(seq) else -100
-                assert int(labels[r, d - 1]) == want
+                inside = t + 1 + d < len(seq) and (prompt_rows or t + 1 + d >= len(prompt))
+                assert int(labels[r, d - 1]) == (int(seq[t + 1 + d]) if inside else -100)
+                # the soft target is the row whose LM head predicts that same position: row t + d
+                want = int(mine[r + d]) if inside and r + d < len(hidden) else -1
+                assert int(soft[r, d - 1]) == want
+                if want >= 0 and t + d >= len(prompt) - 1:  # on the greedy continuation its argmax is the label
+                    assert int((data.hidden[want] @ lm_head.T).argmax()) == int(labels[r, d - 1])
+
+
+def test_sampled_continuations_add_rows_of_the_same_prompt(tiny_target):
+    prompts = [random_prompt(34, 5)[0], random_prompt(35, 7)[0]]
+    greedy = distill(tiny_target, prompts, K, 10, batch=2, eos_token_id=-1, progress=False)
+    data = distill(tiny_target, prompts, K, 10, batch=2, eos_token_id=-1, progress=False, samples=2, temperature=1.5)
+    assert data.sequences == greedy.sequences and sorted(j for j, _ in data.sampled) == [0, 0, 1, 1]
+    assert any(new != greedy.sequences[j][1] for j, new in data.sampled)  # sampling, not the greedy path again
+    for j, new in data.sampled:  # each sampled continuation's rows: the target's own, labelled by it
+        seq = torch.tensor(list(data.sequences[j][0]) + list(new))
+        first = len(data.sequences[j][0]) - 1 - K
+        rows = torch.nonzero(data.prompt == j)[:, 0]
+        plain = last_hidden(tiny_target, seq[:-1])[first : len(seq) - 2]
+        block = [r for r in rows.tolist() if r + len(plain) <= len(data.hidden)
+                 and torch.allclose(data.hidden[r : r + len(plain)], plain, atol=1e-5)]
+        assert len(block) == 1, "each sampled continuation's rows are in the data once"
+        for d in range(1, K + 1):  # labelled by the sampled tokens
+            assert data.labels[block[0] : block[0] + len(plain), d - 1].tolist() == [
+                int(seq[t + 1 + d]) if len(data.sequences[j][0]) <= t + 1 + d < len(seq) else -100
+                for t in range(first, first + len(plain))]
+    assert len(data.hidden) == len(greedy.hidden) + sum(len(greedy.sequences[j][0]) + len(new) - 2 - (len(greedy.sequences[j][0]) - 1 - K)
+                                                        for j, new in data.sampled)
+
+
+def test_long_prompts_give_prompt_rows_only(tiny_target):
+    prompts = [random_prompt(32, 5)[0], random_prompt(33, 12)[0]]
+    data = distill(tiny_target, prompts, K, 6, batch=2, eos_token_id=-1, progress=False, prompt_rows=True,
+                   max_continued_prompt=8)
+    assert [len(new) for _, new in data.sequences] == [6, 0]
+    long = data.prompt == 1
+    assert torch.allclose(data.hidden[long], last_hidden(tiny_target, prompts[1])[: 12 - 2], atol=1e-5)
+    with pytest.raises(ValueError, match="prompt_rows"):
+        TrainConfig(prompt_rows=False, max_continued_prompt=8)
+
+
+def test_heldout_prompts_are_spread_and_splits_span_categories():
+    assert heldout_prompts(10, 0.2) == (0, 9) and heldout_prompts(10, 0.0) == () and len(heldout_prompts(50, 0.1)) == 5
+    prompts = [(str(i), c, torch.arange(3)) for c in "abc" for i in range(8 * "abc".index(c), 8 * "abc".index(c) + 8)]
+    train, test = split_prompts(prompts)
+    assert [p[1] for p in test] == list("abcabc") and {p[1] for p in train[:3]} == set("abc")
+    assert not {p[0] for p in train} & {p[0] for p in test} and len(train) + len(test) == len(prompts)
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_soft_and_hard_training_both_learn(tiny_target, soft, tmp_path):
+    cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=100, batch_size=64, lr=1e-2, heldout=0.0,
+                      num_layers=2, soft_labels=soft)
+    out = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, folder=tmp_path, progress=False)
+    assert out.heads.num_layers == 2 and out.log["loss_last"] < 0.5 * out.log["loss_first"]
+    again = MedusaHeads.load(str(tmp_path), tiny_target)
+    assert again.num_layers == 2 and again.shares_lm_head
 
 
 @pytest.fixture(scope="module")

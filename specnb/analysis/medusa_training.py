@@ -4,25 +4,38 @@
     distill          the target's own greedy continuations of a prompt set, batched, with the last
                      hidden state of every fed token captured during that same generation (a hook
                      on the final norm: no second pass); labels: head d at row t gets token t+1+d
-                     when it lies in the continuation (Medusa-1 masks non-answer labels the same way)
+                     when it lies in the continuation (Medusa-1 masks non-answer labels the same way),
+                     or anywhere in prompt + continuation with `prompt_rows` (below); `soft_row`: the
+                     row whose LM-head distribution is that label's soft target (row t+d)
     train_heads      AdamW, linear warmup then cosine (Medusa's lr 1e-3, warmup 10%), loss = sum
-                     over heads of cross-entropy (lambda_k = 1 as in Medusa's code), a progress bar,
+                     over heads of cross-entropy (lambda_k = 1 as in Medusa's code) against the hard
+                     label or, with `soft_labels`, against the target's own distribution at that
+                     position (the paper's self-distillation loss, section 2.3.2), a progress bar,
                      held-out top-k accuracy per head before and after
     train_or_load    the above for a named model and prompt set, cached under
                      `<cache>/medusa-heads/<key>/` in the published checkpoint layout
                      (`io.medusa_checkpoint`), the key a hash of (model, prompts, config)
     head_accuracy    top-k accuracy of each head (by depth) on rows with labels
-    split_prompts, heldout_rank_accuracy, shape_trees   the benchmark's and notebook 05's pieces
+    split_prompts, heldout_prompts, heldout_rank_accuracy, shape_trees   the benchmark's and
+                     notebook 05's pieces (splits that span the categories, Medusa's rank table)
     collect_heads    a greedy `Collection` of every head's rank at every step of the target's
                      continuation (one plain forward per prompt), so `analysis.replay` answers
                      every Medusa tree shape and budget exactly; accuracy_by_depth and
                      rank_accuracy (Medusa's acc[d][r], the input of its tree search) read it
 
 CPU choices (stated in every report): `share_lm_head` keeps W2 = the target's LM head, frozen and
-shared (only the residual blocks train, 332k parameters per SmolLM2 head); `loss_vocab="seen"`
+shared (only the residual blocks train, 332k parameters per SmolLM2 head and block); `loss_vocab="seen"`
 computes the softmax over the tokens that occur as training labels only (a sampled-softmax-like
 shortcut, ~10x cheaper for SmolLM2's 49k vocabulary; it does not push down tokens never seen as
 labels), `"full"` over the whole vocabulary as Medusa does. Drafting always uses the full vocabulary.
+Data choices, for the few positions a CPU can distil: `samples` adds continuations sampled at
+`sample_temperature` beside the greedy one (more distinct contexts per prompt: on SmolLM2 they raised
+held-out tau more than longer greedy continuations did); `soft_labels` replaces each hard label by
+the target's distribution at that position (its argmax is the hard label on the target's own greedy
+continuation), which tells the heads the target's second choices; `prompt_rows` also trains on the
+prompts' own positions (their labels are the prompt text, as in Medusa-1's original training on
+ShareGPT text; Medusa-1's self-distillation keeps answers only), and prompts longer than
+`max_continued_prompt` then give those rows only (generating after a long prompt is the slow part).
 """
 
 from __future__ import annotations
@@ -33,7 +46,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -49,7 +62,9 @@ from .collection import CollectConfig, Collection, PromptData
 from .tree_design import medusa_tree, sequoia_trees
 
 
-RANKS = 10  # ranks per head in accuracy tables and Medusa's tree search (Medusa's TOPK)
+RANKS = 64  # ranks per head in the held-out accuracy table and Medusa's tree search (Medusa's code: 10;
+# a 64-node tree on weak heads spends nodes on depth-1 ranks beyond 10)
+SHOWN_K = (1, 3, 5, 10, 20, 64)  # the top-k columns shown in tables
 
 
 @dataclass(frozen=True)
@@ -57,18 +72,35 @@ class TrainConfig:
     num_heads: int = 4  # K heads; head d predicts the token d + 1 after its row
     max_new_tokens: int = 128  # continuation tokens per training prompt
     gen_batch: int = 16  # prompts generated together
-    heldout: float = 0.2  # share of the prompts held out (the last ones)
+    heldout: float = 0.2  # share of the prompts held out (evenly spaced through the list)
     epochs: float = 2.0  # passes over the training rows
     batch_size: int = 256  # rows per optimizer step
     lr: float = 1e-3  # Medusa-1's learning rate
     warmup: float = 0.1  # share of the steps with a linear warmup, then cosine to 0
     share_lm_head: bool = True  # W2 = the target's LM head, frozen (else one trained copy per head)
     loss_vocab: str = "seen"  # "full": softmax over the vocabulary; "seen": over the training labels
+    num_layers: int = 1  # residual blocks per head (Medusa's medusa_num_layers)
+    soft_labels: bool = True  # targets: the target's distribution at the label's position (else the token)
+    prompt_rows: bool = False  # also train on prompt positions (labels: the prompt text)
+    samples: int = 1  # continuations sampled per prompt besides the greedy one
+    sample_temperature: float = 0.7  # their temperature
+    max_continued_prompt: int | None = None  # longer prompts give their prompt rows only (needs prompt_rows)
+    bfloat16: bool = True  # bfloat16 matmuls in training where the hardware has them (`fast_bfloat16`)
     seed: int = 0
 
     def __post_init__(self) -> None:  # 3 and 3.0 are one config (and one cache key)
-        for name in ("heldout", "epochs", "lr", "warmup"):
+        for name in ("heldout", "epochs", "lr", "warmup", "sample_temperature"):
             object.__setattr__(self, name, float(getattr(self, name)))
+        if self.max_continued_prompt is not None and not self.prompt_rows:
+            raise ValueError("max_continued_prompt leaves long prompts without a continuation: it needs prompt_rows=True")
+        if self.loss_vocab not in ("full", "seen"):
+            raise ValueError(f"loss_vocab must be 'full' or 'seen', got {self.loss_vocab!r}")
+
+    def distill_key(self) -> dict:
+        """The parameters that decide the distilled data (not the training)."""
+        return {"num_heads": self.num_heads, "max_new_tokens": self.max_new_tokens, "gen_batch": self.gen_batch,
+                "prompt_rows": self.prompt_rows, "max_continued_prompt": self.max_continued_prompt,
+                "samples": self.samples, "sample_temperature": self.sample_temperature, "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -77,25 +109,63 @@ class DistillData:
 
     hidden: torch.Tensor  # float [R, H]: the target's last hidden state at each row
     labels: torch.Tensor  # long [R, K]: head d's target token (index d - 1), -100 = none
+    soft_row: torch.Tensor  # long [R, K]: the row whose LM-head output is that label's soft target, -1 = none
     prompt: torch.Tensor  # long [R]: the row's prompt index
-    sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # per prompt: (prompt ids, continuation)
+    sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # per prompt: (prompt ids, greedy continuation)
+    sampled: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (prompt index, sampled continuation)
+
+
+def sequence_rows(prompt_len: int, seq: Sequence[int], num_heads: int, prompt_rows: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(first, labels [n, K], soft [n, K]) for the rows t = first .. first + n - 1 of a sequence
+    (prompt + continuation, `seq`): head d at row t gets seq[t + 1 + d] where it exists (and lies in
+    the continuation unless `prompt_rows`); its soft target is row t + d (local index, -1 where that
+    row is not kept). Kept rows: those with at least one label."""
+    last = len(seq) - 3  # the last row with a label (head 1: seq[t + 2])
+    first = 0 if prompt_rows else max(prompt_len - 1 - num_heads, 0)
+    n = max(last - first + 1, 0)
+    labels = torch.full((n, num_heads), -100, dtype=torch.long)  # host: data rows live on the CPU
+    soft = torch.full((n, num_heads), -1, dtype=torch.long)  # host
+    ids = torch.tensor(list(seq), dtype=torch.long)  # host
+    for d in range(1, num_heads + 1):
+        t = torch.arange(first, first + n)  # host
+        ok = t + 1 + d < len(seq)
+        if not prompt_rows:
+            ok &= t + 1 + d >= prompt_len
+        labels[:, d - 1] = torch.where(ok, ids[(t + 1 + d).clamp(max=len(seq) - 1)], -100)
+        soft[:, d - 1] = torch.where(ok & (t + d <= last), t + d - first, -1)
+    return first, labels, soft
 
 
 @torch.no_grad()  # not inference_mode: the captured rows are training inputs
 def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads: int, max_new_tokens: int,
-            batch: int = 16, eos_token_id: int | None = None, progress: bool = True) -> DistillData:
+            batch: int = 16, eos_token_id: int | None = None, progress: bool = True, prompt_rows: bool = False,
+            max_continued_prompt: int | None = None, samples: int = 0, temperature: float = 0.7,
+            seed: int = 0) -> DistillData:
     """The target's greedy continuations of `prompts` (long [T] each), generated `batch` at a time
-    (left padding), and the hidden state of every fed token captured on the way (module docstring)."""
+    (left padding), and the hidden state of every fed token captured on the way (module docstring);
+    `samples` more continuations of each prompt sampled at `temperature` (seeded from `seed`; their
+    rows belong to the same prompt). Prompts longer than `max_continued_prompt` are not continued:
+    one plain forward gives their prompt rows (`prompt_rows` must be on)."""
+    if max_continued_prompt is not None and not prompt_rows:
+        raise ValueError("max_continued_prompt needs prompt_rows=True (long prompts give prompt rows only)")
     eos = target.generation_config.eos_token_id if eos_token_id is None else eos_token_id
     eos = eos[0] if isinstance(eos, (list, tuple)) else eos
     pad = target.config.pad_token_id if target.config.pad_token_id is not None else (eos if eos is not None else 0)
     captured: list[torch.Tensor] = []
     hook = final_norm(target).register_forward_hook(lambda m, a, out: captured.append(out.float().cpu()))
-    hidden_rows, label_rows, prompt_rows = [], [], []
+    parts: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {j: [] for j in range(len(prompts))}
     sequences: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i].numel())  # similar lengths pad less
+    sampled: list[tuple[int, tuple[int, ...]]] = []
+
+    def keep(j: int, p: torch.Tensor, new: list[int], hidden: torch.Tensor, rows_of_prompt: bool) -> None:
+        """hidden: [>= len(seq) - 1, H], the rows of seq[:-1] from its start."""
+        first, labels, soft = sequence_rows(len(p), p.tolist() + new, num_heads, rows_of_prompt)
+        parts[j].append((hidden[first : first + len(labels)], labels, soft))
+
+    long = [j for j in range(len(prompts)) if max_continued_prompt is not None and prompts[j].numel() > max_continued_prompt]
+    order = sorted(set(range(len(prompts))) - set(long), key=lambda i: prompts[i].numel())  # similar lengths pad less
     try:
-        for lo in tqdm(range(0, len(prompts), batch), desc="distill", disable=not progress):
+        for lo in tqdm(range(0, len(order), batch), desc="distill", disable=not progress or not order):
             members = order[lo : lo + batch]
             group = [prompts[j].reshape(-1) for j in members]
             width = max(len(p) for p in group)
@@ -104,32 +174,44 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
             for i, p in enumerate(group):
                 ids[i, width - len(p):] = p.to(target.device)
                 mask[i, width - len(p):] = 1
+            for k in range(samples + 1):  # k = 0: greedy; then the sampled ones
+                captured.clear()
+                if k:
+                    torch.manual_seed(seed * 1_000_003 + lo * 101 + k)  # transformers samples from the global generator
+                out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=k > 0,
+                                      temperature=temperature if k else None, top_k=0 if k else None,
+                                      top_p=1.0 if k else None, pad_token_id=pad, eos_token_id=eos)
+                hidden = torch.cat(captured, dim=1)  # [B, width + new - 1, H]: every fed token
+                for i, p in enumerate(group):
+                    new = out[i, width:].tolist()
+                    if eos is not None and eos in new:
+                        new = new[: new.index(eos) + 1]
+                    keep(members[i], p.cpu(), new, hidden[i, width - len(p):], prompt_rows and k == 0)
+                    if k:
+                        sampled.append((members[i], tuple(new)))
+                    else:
+                        sequences[members[i]] = (tuple(p.tolist()), tuple(new))
+        for j in tqdm(long, desc="prompt rows", disable=not progress or not long):
             captured.clear()
-            out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                                  pad_token_id=pad, eos_token_id=eos)
-            hidden = torch.cat(captured, dim=1)  # [B, width + new - 1, H]: every fed token
-            for i, p in enumerate(group):
-                new = out[i, width:].tolist()
-                if eos is not None and eos in new:
-                    new = new[: new.index(eos) + 1]
-                seq = p.tolist() + new
-                rows = hidden[i, width - len(p) : width - len(p) + len(seq) - 1]  # rows of seq[:-1]
-                labels = torch.full((len(rows), num_heads), -100, dtype=torch.long)  # host: data rows live on the CPU
-                for d in range(1, num_heads + 1):
-                    for t in range(max(len(p) - 1 - d, 0), len(seq) - 1 - d):
-                        labels[t, d - 1] = seq[t + 1 + d]
-                keep = (labels >= 0).any(-1)
-                hidden_rows.append(rows[keep])
-                label_rows.append(labels[keep])
-                prompt_rows.append(torch.full((int(keep.sum()),), members[i], dtype=torch.long))  # host
-                sequences[members[i]] = (tuple(p.tolist()), tuple(new))
+            target.model(input_ids=prompts[j].reshape(1, -1).to(target.device))
+            keep(j, prompts[j].reshape(-1).cpu(), [], captured[0][0], True)
+            sequences[j] = (tuple(prompts[j].reshape(-1).tolist()), ())
     finally:
         hook.remove()
-    return DistillData(torch.cat(hidden_rows), torch.cat(label_rows), torch.cat(prompt_rows),
-                       tuple(sequences[i] for i in range(len(prompts))))
+    hidden_rows, label_rows, soft_rows, prompt_of = [], [], [], []
+    offset = 0
+    for j in range(len(prompts)):
+        for hidden, labels, soft in parts[j]:
+            hidden_rows.append(hidden)
+            label_rows.append(labels)
+            soft_rows.append(torch.where(soft >= 0, soft + offset, -1))
+            prompt_of.append(torch.full((len(labels),), j, dtype=torch.long))  # host
+            offset += len(labels)
+    return DistillData(torch.cat(hidden_rows), torch.cat(label_rows), torch.cat(soft_rows), torch.cat(prompt_of),
+                       tuple(sequences[i] for i in range(len(prompts))), tuple(sampled))
 
 
-def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = (1, 3, 5, 10),
+def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K,
                   chunk: int = 256) -> pd.DataFrame:
     """One row per (head, k): share of rows with a label whose label is in the head's top k
     (full vocabulary); head d = depth d of a Medusa tree."""
@@ -148,9 +230,20 @@ def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor
                          for d in range(heads.num_heads) for j, k in enumerate(ks)])
 
 
+def fast_bfloat16(device: torch.device) -> bool:
+    """bfloat16 matmuls run natively here: CUDA, or a CPU with AVX512-BF16 / AMX (oneDNN says so);
+    elsewhere they are emulated and slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, config: TrainConfig,
-                progress: bool = True) -> dict:
-    """Train `heads` in place on rows `train` (indices into data); returns a log (losses, seconds)."""
+                progress: bool = True, lm_head: torch.Tensor | None = None) -> dict:
+    """Train `heads` in place on rows `train` (indices into data); returns a log (losses, seconds).
+    lm_head: the target's LM-head weight [V, H], the teacher of `config.soft_labels` (default: the
+    heads' shared projection). The parameters stay float32; with `config.bfloat16` (and
+    `fast_bfloat16`) the forward runs under bfloat16 autocast, the losses in float32."""
     gen = torch.Generator().manual_seed(config.seed)
     params = heads.trainable()
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
@@ -159,17 +252,29 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1))))
     labels = data.labels[train]
-    if config.loss_vocab == "seen":
-        vocab = torch.unique(labels[labels >= 0])  # [S]
-        remap = torch.full((heads.vocab_size,), -100, dtype=torch.long)  # host: labels live on the CPU
-        remap[vocab] = torch.arange(len(vocab))  # host
-        labels = torch.where(labels >= 0, remap[labels.clamp_min(0)], -100)
-    elif config.loss_vocab == "full":
-        vocab = None
-    else:
-        raise ValueError(f"loss_vocab must be 'full' or 'seen', got {config.loss_vocab!r}")
     device = heads[0][0].linear.weight.device
+    if config.loss_vocab == "seen":
+        vocab = torch.unique(labels[labels >= 0]).to(device)  # [S]
+        remap = torch.full((heads.vocab_size,), -100, dtype=torch.long)  # host: labels live on the CPU
+        remap[vocab.cpu()] = torch.arange(len(vocab))  # host
+        labels = torch.where(labels >= 0, remap[labels.clamp_min(0)], -100)
+    else:
+        vocab = None
+    teacher = None
+    if config.soft_labels:
+        if lm_head is None and not heads.shares_lm_head:
+            raise ValueError("soft_labels needs the target's LM head (lm_head=...) when the heads do not share it")
+        teacher = (heads[0][-1].weight if lm_head is None else lm_head).detach().to(device)
+        teacher = teacher if vocab is None else teacher[vocab]  # [V or S, H]
+    mixed = config.bfloat16 and fast_bfloat16(device)
+    low = torch.bfloat16 if mixed else None
+    teacher = teacher.to(low) if teacher is not None and low else teacher
+    shared = None  # the frozen shared projection, gathered (and cast) once instead of every step
+    if heads.shares_lm_head:
+        shared = heads[0][-1].weight.detach()
+        shared = (shared if vocab is None else shared[vocab]).to(low or shared.dtype)
     hidden = data.hidden[train]
+    soft_row = data.soft_row[train]
     order = torch.cat([torch.randperm(len(train), generator=gen) for _ in range(math.ceil(config.epochs) + 1)])
     losses = []
     start = time.perf_counter()
@@ -178,14 +283,9 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
     for s in bar:
         rows = order[s * config.batch_size : (s + 1) * config.batch_size]
         x = hidden[rows].to(device)  # [B, H]
-        loss = torch.zeros((), device=device)
-        for d, head in enumerate(heads):
-            z = x
-            for block in head[:-1]:
-                z = block(z)
-            w = head[-1].weight if vocab is None else head[-1].weight[vocab.to(device)]
-            logits = z @ w.T  # [B, V or S]
-            loss = loss + torch.nn.functional.cross_entropy(logits.float(), labels[rows, d].to(device), ignore_index=-100)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed):
+            loss = heads_loss(heads, x, labels[rows].to(device), soft_row[rows].to(device), data.hidden, vocab, teacher,
+                              shared)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -193,8 +293,40 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     heads.eval()
-    return {"steps": steps, "train_rows": len(train), "seconds": time.perf_counter() - start,
+    return {"steps": steps, "train_rows": len(train), "seconds": time.perf_counter() - start, "bfloat16": mixed,
             "loss_first": losses[0], "loss_last": sum(losses[-10:]) / len(losses[-10:])}
+
+
+def heads_loss(heads: MedusaHeads, x: torch.Tensor, labels: torch.Tensor, soft_row: torch.Tensor, hidden: torch.Tensor,
+               vocab: torch.Tensor | None, teacher: torch.Tensor | None, shared: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum over heads of the cross-entropy of head d's logits on rows x [B, H] (over `vocab`, or the
+    whole vocabulary when None) against labels[:, d] (-100 = none; index into vocab) or, with a
+    `teacher` ([V or S, H]), against the teacher's distribution on hidden[soft_row[:, d]] (one-hot
+    on the label where soft_row is -1). shared: the heads' common frozen projection already
+    restricted to `vocab` ([V or S, H]), used instead of gathering each head's."""
+    device = x.device
+    loss = torch.zeros((), device=device)
+    for d, head in enumerate(heads):
+        z = x
+        for block in head[:-1]:
+            z = block(z)
+        w = shared if shared is not None else head[-1].weight if vocab is None else head[-1].weight[vocab]
+        logits = (z @ w.T).float()  # [B, V or S]
+        want = labels[:, d]
+        if teacher is None:
+            loss = loss + torch.nn.functional.cross_entropy(logits, want, ignore_index=-100)
+            continue
+        valid = want >= 0
+        if not bool(valid.any()):
+            continue
+        src = soft_row[:, d]
+        with torch.no_grad():  # the target's distribution at the label's position; one-hot where no row
+            target_p = torch.nn.functional.one_hot(want.clamp_min(0), logits.shape[-1]).float()
+            has = src >= 0
+            if bool(has.any()):
+                target_p[has] = torch.softmax((hidden[src[has].cpu()].to(device, teacher.dtype) @ teacher.T).float(), -1)
+        loss = loss + torch.nn.functional.cross_entropy(logits[valid], target_p[valid])
+    return loss
 
 
 @dataclass(frozen=True)
@@ -214,20 +346,34 @@ def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainCon
 def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig,
                    progress: bool = True) -> DistillData:
     """`distill`, kept under `<cache>/medusa-distill/<key>.pt` (key: model, prompts and the
-    generation parameters), so heads trained with other training parameters reuse the data."""
-    gen = {"num_heads": config.num_heads, "max_new_tokens": config.max_new_tokens, "gen_batch": config.gen_batch}
-    key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], gen]).encode()).hexdigest()[:16]
-    path = cache_dir() / "medusa-distill" / f"{key}.pt"
+    data parameters, `TrainConfig.distill_key`), so heads trained with other training parameters
+    reuse the data."""
+    key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], config.distill_key()]).encode())
+    path = cache_dir() / "medusa-distill" / f"{key.hexdigest()[:16]}.pt"
     if path.exists():
         d = torch.load(path, weights_only=True)
-        return DistillData(d["hidden"], d["labels"], d["prompt"], tuple((tuple(a), tuple(b)) for a, b in d["sequences"]))
-    data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress)
+        return DistillData(d["hidden"], d["labels"], d["soft_row"], d["prompt"],
+                           tuple((tuple(a), tuple(b)) for a, b in d["sequences"]),
+                           tuple((int(j), tuple(b)) for j, b in d["sampled"]))
+    data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress,
+                   prompt_rows=config.prompt_rows, max_continued_prompt=config.max_continued_prompt,
+                   samples=config.samples, temperature=config.sample_temperature, seed=config.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"hidden": data.hidden, "labels": data.labels, "prompt": data.prompt,
-                "sequences": [list(map(list, s)) for s in data.sequences]}, tmp)
+    torch.save({"hidden": data.hidden, "labels": data.labels, "soft_row": data.soft_row, "prompt": data.prompt,
+                "sequences": [list(map(list, s)) for s in data.sequences],
+                "sampled": [[j, list(b)] for j, b in data.sampled]}, tmp)
     tmp.replace(path)
     return data
+
+
+def heldout_prompts(n: int, share: float) -> tuple[int, ...]:
+    """Indices of the held-out prompts among n: `share` of them, evenly spaced (so every part of an
+    ordered list, e.g. every category, is in both splits)."""
+    if share <= 0 or n == 0:
+        return ()
+    k = min(n, max(1, int(round(share * n))))
+    return tuple(sorted({int(i) for i in np.linspace(0, n - 1, k).round()}))
 
 
 def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig,
@@ -236,8 +382,7 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
     a previous run with the same (model, prompts, config). folder: default
     `<cache>/medusa-heads/<key>` (kept out of git: 4 SmolLM2 heads are ~458 MB in float32)."""
     folder = Path(folder) if folder is not None else cache_dir() / "medusa-heads" / cache_key(model_name, prompts, config)
-    n_held = max(1, int(round(config.heldout * len(prompts)))) if config.heldout > 0 else 0
-    held = tuple(range(len(prompts) - n_held, len(prompts)))
+    held = heldout_prompts(len(prompts), config.heldout)
     if (folder / WEIGHTS).exists():
         _, saved = load_checkpoint(folder)
         heads = MedusaHeads.load(folder, target)
@@ -251,10 +396,10 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
     train_rows, held_rows = torch.nonzero(~is_held)[:, 0], torch.nonzero(is_held)[:, 0]
     for p in target.parameters():  # the backbone is frozen (Medusa-1)
         p.requires_grad_(False)
-    heads = MedusaHeads.from_target(target, config.num_heads, share_lm_head=config.share_lm_head)
+    heads = MedusaHeads.from_target(target, config.num_heads, config.num_layers, share_lm_head=config.share_lm_head)
     ks = tuple(range(1, RANKS + 1))
     before = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows], ks).assign(split="before")
-    log = train_heads(heads, data, train_rows, config, progress)
+    log = train_heads(heads, data, train_rows, config, progress, lm_head=target.get_output_embeddings().weight)
     after = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows], ks).assign(split="after")
     accuracy = pd.concat([before, after], ignore_index=True)
     log = {**log, "distill_seconds": distill_s, "rows": int(data.hidden.shape[0]), "heldout_rows": len(held_rows),
@@ -304,9 +449,11 @@ def collect_heads(target: torch.nn.Module, heads: MedusaHeads, prompts: Sequence
     return Collection(config, describe, tuple(out))
 
 
-def accuracy_by_depth(collection: Collection, ks: Sequence[int] = (1, 3, 5, 10)) -> pd.DataFrame:
+def accuracy_by_depth(collection: Collection, ks: Sequence[int] = SHOWN_K) -> pd.DataFrame:
     """Top-k accuracy of each head (depth) on a head collection's continuations: share of steps
-    (every position t with a token at t + d) whose depth-d token is in head d's top k."""
+    (every position t with a token at t + d) whose depth-d token is in head d's top k (k up to the
+    collection's top_k)."""
+    ks = [k for k in ks if k <= collection.config.top_k]
     rows = []
     for d in range(collection.prompts[0].head_ranks.shape[1]):
         ranks = np.concatenate([p.head_ranks[: max(len(p.tokens) - d, 0), d] for p in collection.prompts])
@@ -316,9 +463,11 @@ def accuracy_by_depth(collection: Collection, ks: Sequence[int] = (1, 3, 5, 10))
     return pd.DataFrame(rows)
 
 
-def rank_accuracy(collection: Collection, ranks: int = 10) -> list[list[float]]:
+def rank_accuracy(collection: Collection, ranks: int = RANKS) -> list[list[float]]:
     """acc[d][r]: share of positions whose depth-(d+1) token is head d+1's rank-r token (Medusa's
-    `heads_accuracy` table, the input of its tree search and of per-depth Sequoia)."""
+    `heads_accuracy` table, the input of its tree search and of per-depth Sequoia); r below
+    min(ranks, the collection's top_k)."""
+    ranks = min(ranks, collection.config.top_k)
     out = []
     for d in range(collection.prompts[0].head_ranks.shape[1]):
         r = np.concatenate([p.head_ranks[: max(len(p.tokens) - d, 0), d] for p in collection.prompts])
@@ -326,11 +475,34 @@ def rank_accuracy(collection: Collection, ranks: int = 10) -> list[list[float]]:
     return out
 
 
-def split_prompts(prompts: Sequence[tuple[str, str, torch.Tensor]], every: int = 4) -> tuple[list, list]:
-    """(train, test): prompts (id, category, ids) sorted by id, every `every`-th one held out for
-    testing (so every category is in both)."""
-    ordered = sorted(prompts, key=lambda p: (len(str(p[0])), str(p[0])))
-    return ([p for i, p in enumerate(ordered) if i % every], [p for i, p in enumerate(ordered) if not i % every])
+def split_prompts(prompts: Sequence[tuple[str, str, torch.Tensor]], every: int = 4,
+                  group: Callable[[str], str] | None = None) -> tuple[list, list]:
+    """(train, test): prompts (id, category, ids), every `every`-th one of each category (by id)
+    held out for testing; both lists take the categories in turn, so any first n of either spans
+    them. group: take groups of categories in turn instead (e.g. `io.prompts.spec_bench_task`,
+    Spec-Bench's six tasks), the categories of a group in turn within it."""
+    by_category: dict[str, list] = {}
+    for p in sorted(prompts, key=lambda p: (len(str(p[0])), str(p[0]))):
+        by_category.setdefault(str(p[1]), []).append(p)
+    groups = [ps for _, ps in sorted(by_category.items())]
+    train = interleave([[p for i, p in enumerate(ps) if i % every] for ps in groups])
+    test = interleave([[p for i, p in enumerate(ps) if not i % every] for ps in groups])
+    if group is not None:
+        train, test = (interleave(list(regroup(part, lambda p: group(str(p[1]))).values())) for part in (train, test))
+    return train, test
+
+
+def regroup(items: Sequence, key: Callable) -> dict:
+    """Items by key(item), each group keeping the items' order, groups in sorted key order."""
+    out: dict = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return dict(sorted(out.items()))
+
+
+def interleave(groups: Sequence[Sequence]) -> list:
+    """The items of each group in turn: every group's first, then every group's second, ..."""
+    return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
 def heldout_rank_accuracy(accuracy: pd.DataFrame, floor: float = 1e-4) -> list[list[float]]:

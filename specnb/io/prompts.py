@@ -50,6 +50,16 @@ BUILTIN: tuple[Prompt, ...] = (
 )
 
 
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+def spec_bench_task(category: str) -> str:
+    """Spec-Bench's task of a category: its six tasks are MT-bench (eight categories), translation,
+    summarization, qa, math_reasoning and rag, and its overall figures weight each task by its 80
+    prompts."""
+    return "mt_bench" if category in MT_BENCH else category
+
+
 def default_spec_bench_path() -> Path | None:
     """Spec-Bench's question.jsonl: $SPECNB_SPEC_BENCH, else ../shared/data/spec_bench/ beside the
     project; None when neither exists (a user's clone has no ../shared)."""
