@@ -214,6 +214,8 @@ def test_sampled_continuations_add_rows_of_the_same_prompt(tiny_target):
     greedy = distill(tiny_target, prompts, K, 10, batch=2, eos_token_id=-1, progress=False)
     data = distill(tiny_target, prompts, K, 10, batch=2, eos_token_id=-1, progress=False, samples=2, temperature=1.5)
     assert data.sequences == greedy.sequences and sorted(j for j, _ in data.sampled) == [0, 0, 1, 1]
+    mask = data.greedy_rows()  # the greedy continuations' rows, in the same order as distilling greedily alone
+    assert int(mask.sum()) == len(greedy.hidden) and torch.equal(data.hidden[mask], greedy.hidden)
     assert any(new != greedy.sequences[j][1] for j, new in data.sampled)  # sampling, not the greedy path again
     for j, new in data.sampled:  # each sampled continuation's rows: the target's own, labelled by it
         seq = torch.tensor(list(data.sequences[j][0]) + list(new))

@@ -113,6 +113,12 @@ class DistillData:
     prompt: torch.Tensor  # long [R]: the row's prompt index
     sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # per prompt: (prompt ids, greedy continuation)
     sampled: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (prompt index, sampled continuation)
+    greedy: torch.Tensor | None = None  # bool [R]: the row belongs to a greedy continuation (or prompt); None = all
+
+    def greedy_rows(self) -> torch.Tensor:
+        """Bool [R]: rows of greedy continuations and prompts (not of sampled continuations): what
+        greedy verification meets, so the held-out accuracy table is measured on them only."""
+        return torch.ones(len(self.labels), dtype=torch.bool) if self.greedy is None else self.greedy  # host
 
 
 def sequence_rows(prompt_len: int, seq: Sequence[int], num_heads: int, prompt_rows: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -198,17 +204,18 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
             sequences[j] = (tuple(prompts[j].reshape(-1).tolist()), ())
     finally:
         hook.remove()
-    hidden_rows, label_rows, soft_rows, prompt_of = [], [], [], []
+    hidden_rows, label_rows, soft_rows, prompt_of, greedy = [], [], [], [], []
     offset = 0
     for j in range(len(prompts)):
-        for hidden, labels, soft in parts[j]:
+        for k, (hidden, labels, soft) in enumerate(parts[j]):  # k = 0: the greedy continuation (or the prompt)
             hidden_rows.append(hidden)
             label_rows.append(labels)
             soft_rows.append(torch.where(soft >= 0, soft + offset, -1))
             prompt_of.append(torch.full((len(labels),), j, dtype=torch.long))  # host
+            greedy.append(torch.full((len(labels),), k == 0, dtype=torch.bool))  # host
             offset += len(labels)
     return DistillData(torch.cat(hidden_rows), torch.cat(label_rows), torch.cat(soft_rows), torch.cat(prompt_of),
-                       tuple(sequences[i] for i in range(len(prompts))), tuple(sampled))
+                       tuple(sequences[i] for i in range(len(prompts))), tuple(sampled), torch.cat(greedy))
 
 
 def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K,
@@ -338,8 +345,11 @@ class TrainedHeads:
     folder: Path
 
 
+RECIPE = 2  # in the heads' cache key: heads trained by an earlier recipe are trained again
+
+
 def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig) -> str:
-    h = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config)]).encode())
+    h = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config), RECIPE]).encode())
     return h.hexdigest()[:16]
 
 
@@ -350,17 +360,18 @@ def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[t
     reuse the data."""
     key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], config.distill_key()]).encode())
     path = cache_dir() / "medusa-distill" / f"{key.hexdigest()[:16]}.pt"
-    if path.exists():
-        d = torch.load(path, weights_only=True)
+    d = torch.load(path, weights_only=True) if path.exists() else {}
+    if "greedy" in d:  # (files written before the greedy mask are distilled again)
         return DistillData(d["hidden"], d["labels"], d["soft_row"], d["prompt"],
                            tuple((tuple(a), tuple(b)) for a, b in d["sequences"]),
-                           tuple((int(j), tuple(b)) for j, b in d["sampled"]))
+                           tuple((int(j), tuple(b)) for j, b in d["sampled"]), d["greedy"])
     data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress,
                    prompt_rows=config.prompt_rows, max_continued_prompt=config.max_continued_prompt,
                    samples=config.samples, temperature=config.sample_temperature, seed=config.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"hidden": data.hidden, "labels": data.labels, "soft_row": data.soft_row, "prompt": data.prompt,
+                "greedy": data.greedy_rows(),
                 "sequences": [list(map(list, s)) for s in data.sequences],
                 "sampled": [[j, list(b)] for j, b in data.sampled]}, tmp)
     tmp.replace(path)
@@ -393,7 +404,8 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
     data = distill_cached(target, model_name, prompts, config, progress)
     distill_s = time.perf_counter() - t0
     is_held = torch.isin(data.prompt, torch.tensor(held, dtype=torch.long))  # host
-    train_rows, held_rows = torch.nonzero(~is_held)[:, 0], torch.nonzero(is_held)[:, 0]
+    train_rows = torch.nonzero(~is_held)[:, 0]
+    held_rows = torch.nonzero(is_held & data.greedy_rows())[:, 0]  # the accuracy greedy verification meets
     for p in target.parameters():  # the backbone is frozen (Medusa-1)
         p.requires_grad_(False)
     heads = MedusaHeads.from_target(target, config.num_heads, config.num_layers, share_lm_head=config.share_lm_head)
