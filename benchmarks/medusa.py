@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--budget", type=int, default=64)
-    ap.add_argument("--test-prompts", type=int, default=None, help="held-out prompts measured (default 10 --quick, 16 full)")
+    ap.add_argument("--test-prompts", type=int, default=None, help="held-out prompts measured (default 12 --quick, 24 full)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--draft-layers", type=int, default=None,
                     help="also replay the same trees on a draft model: the target's first N layers (default 24 full, 0 = none --quick)")

@@ -58,6 +58,7 @@ from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.medusa import MedusaDrafter, MedusaHeads, final_norm, head_ranks, last_hidden
 from ..io.embedded import cache_dir
 from ..io.medusa_checkpoint import WEIGHTS, load_checkpoint, save_checkpoint
+from ..io.prompts import interleave
 from .collection import CollectConfig, Collection, PromptData
 from .tree_design import medusa_tree, sequoia_trees
 
@@ -496,25 +497,15 @@ def split_prompts(prompts: Sequence[tuple[str, str, torch.Tensor]], every: int =
     by_category: dict[str, list] = {}
     for p in sorted(prompts, key=lambda p: (len(str(p[0])), str(p[0]))):
         by_category.setdefault(str(p[1]), []).append(p)
-    groups = [ps for _, ps in sorted(by_category.items())]
-    train = interleave([[p for i, p in enumerate(ps) if i % every] for ps in groups])
-    test = interleave([[p for i, p in enumerate(ps) if not i % every] for ps in groups])
-    if group is not None:
-        train, test = (interleave(list(regroup(part, lambda p: group(str(p[1]))).values())) for part in (train, test))
-    return train, test
+    groups: dict[str, list[list]] = {}
+    for category, ps in sorted(by_category.items()):
+        groups.setdefault(group(category) if group else category, []).append(ps)
 
+    def part(held: bool) -> list:
+        return interleave([interleave([[p for i, p in enumerate(ps) if (i % every == 0) == held] for ps in members])
+                           for _, members in sorted(groups.items())])
 
-def regroup(items: Sequence, key: Callable) -> dict:
-    """Items by key(item), each group keeping the items' order, groups in sorted key order."""
-    out: dict = {}
-    for item in items:
-        out.setdefault(key(item), []).append(item)
-    return dict(sorted(out.items()))
-
-
-def interleave(groups: Sequence[Sequence]) -> list:
-    """The items of each group in turn: every group's first, then every group's second, ..."""
-    return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
+    return part(False), part(True)
 
 
 def heldout_rank_accuracy(accuracy: pd.DataFrame, floor: float = 1e-4) -> list[list[float]]:

@@ -122,11 +122,10 @@ def load_prompts(
         by_category.setdefault(p.category, []).append(p)
     if per_category is not None:
         by_category = {c: ps[:per_category] for c, ps in by_category.items()}
-    # round-robin over categories, so a limit spans categories
-    ordered: list[Prompt] = []
-    queues = [list(ps) for ps in by_category.values()]
-    while any(queues):
-        for q in queues:
-            if q:
-                ordered.append(q.pop(0))
+    ordered = interleave(list(by_category.values()))  # categories in turn, so a limit spans them
     return ordered[:limit] if limit is not None else ordered
+
+
+def interleave(groups: Sequence[Sequence]) -> list:
+    """The items of each group in turn: every group's first, then every group's second, ..."""
+    return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
