@@ -4,6 +4,7 @@ published key layout."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -172,6 +173,7 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 
 # ---- training, collection, replay -----------------------------------------------------------------
 
+from specnb.analysis import medusa_training  # noqa: E402
 from specnb.analysis.collection import CollectConfig  # noqa: E402
 from specnb.analysis.medusa_training import (  # noqa: E402
     TrainConfig, accuracy_by_depth, collect_heads, distill, heldout_prompts, rank_accuracy, split_prompts, train_or_load,
@@ -231,6 +233,42 @@ def test_sampled_continuations_add_rows_of_the_same_prompt(tiny_target):
                 for t in range(first, first + len(plain))]
     assert len(data.hidden) == len(greedy.hidden) + sum(len(greedy.sequences[j][0]) + len(new) - 2 - (len(greedy.sequences[j][0]) - 1 - K)
                                                         for j, new in data.sampled)
+
+
+def test_long_prompts_get_no_sampled_continuations(tiny_target):
+    prompts = [random_prompt(36, 5)[0], random_prompt(37, 12)[0], random_prompt(38, 6)[0]]
+    full = distill(tiny_target, prompts, K, 6, batch=3, eos_token_id=-1, progress=False, samples=2, temperature=1.5)
+    data = distill(tiny_target, prompts, K, 6, batch=3, eos_token_id=-1, progress=False, samples=2, temperature=1.5,
+                   max_sampled_prompt=8)
+    assert sorted(j for j, _ in data.sampled) == [0, 0, 2, 2] and data.sequences == full.sequences
+    for j in (0, 2):  # the short prompts' sampled rows: the target's own on prompt + that continuation
+        for new in [n for i, n in data.sampled if i == j]:
+            seq = torch.tensor(list(prompts[j].tolist()) + list(new))
+            plain = last_hidden(tiny_target, seq[:-1])[len(prompts[j]) - 1 - K : len(seq) - 2]
+            rows = data.hidden[(data.prompt == j) & ~data.greedy_rows()]
+            assert any(torch.allclose(rows[r : r + len(plain)], plain, atol=1e-5) for r in range(len(rows) - len(plain) + 1))
+    assert int(((data.prompt == 1) & ~data.greedy_rows()).sum()) == 0
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bfloat16_distillation(tiny_target, native, monkeypatch):
+    monkeypatch.setattr(medusa_training, "fast_bfloat16", lambda device: native)
+    prompts = [random_prompt(39, 5)[0], random_prompt(40, 7)[0]]
+    exact = distill(tiny_target, prompts, K, 8, batch=2, eos_token_id=-1, progress=False)
+    data = distill(tiny_target, prompts, K, 8, batch=2, eos_token_id=-1, progress=False, bfloat16=True)
+    assert next(tiny_target.parameters()).dtype == torch.float32  # the target itself is left as it was
+    if not native:  # emulated bfloat16 would be slower: the float32 target generates, unchanged
+        assert torch.equal(data.hidden, exact.hidden) and data.sequences == exact.sequences
+        return
+    low = copy.deepcopy(tiny_target).to(torch.bfloat16)
+    want = distill(low, prompts, K, 8, batch=2, eos_token_id=-1, progress=False)
+    assert torch.equal(data.hidden, want.hidden) and data.sequences == want.sequences  # the copy's rows
+    assert data.hidden.dtype == torch.float32
+    assert not torch.equal(data.hidden, exact.hidden)  # bfloat16 rounding: close to the target's rows, not equal
+    for j, (p, new) in enumerate(data.sequences):  # and close to the float32 target's on the same tokens
+        plain = last_hidden(tiny_target, torch.tensor(list(p) + list(new))[:-1])[len(p) - 1 - K :]
+        rows = data.hidden[data.prompt == j]
+        assert torch.allclose(rows, plain[: len(rows)], atol=0.1, rtol=0.05)
 
 
 def test_long_prompts_give_prompt_rows_only(tiny_target):

@@ -35,11 +35,18 @@ the target's distribution at that position (its argmax is the hard label on the 
 continuation), which tells the heads the target's second choices; `prompt_rows` also trains on the
 prompts' own positions (their labels are the prompt text, as in Medusa-1's original training on
 ShareGPT text; Medusa-1's self-distillation keeps answers only), and prompts longer than
-`max_continued_prompt` then give those rows only (generating after a long prompt is the slow part).
+`max_continued_prompt` then give those rows only (generating after a long prompt is the slow part);
+`max_sampled_prompt` keeps the greedy continuation of long prompts but samples after short ones only.
+`distill_bfloat16` generates the data with a bfloat16 copy of a float32 target where bfloat16 is
+native (twice float32's speed on this CPU, so twice the rows in the same time): the rows are that
+copy's continuations and hidden states, within bfloat16 rounding of the target's, not equal to them
+(heads trained on them matched heads trained on float32 rows on float32 held-out rows); drafting
+and every measurement use the target itself.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -85,8 +92,10 @@ class TrainConfig:
     prompt_rows: bool = False  # also train on prompt positions (labels: the prompt text)
     samples: int = 1  # continuations sampled per prompt besides the greedy one
     sample_temperature: float = 0.7  # their temperature
+    max_sampled_prompt: int | None = None  # longer prompts get the greedy continuation only
     max_continued_prompt: int | None = None  # longer prompts give their prompt rows only (needs prompt_rows)
     bfloat16: bool = True  # bfloat16 matmuls in training where the hardware has them (`fast_bfloat16`)
+    distill_bfloat16: bool = False  # generate the data with a bfloat16 copy of a float32 target (`fast_bfloat16`)
     seed: int = 0
 
     def __post_init__(self) -> None:  # 3 and 3.0 are one config (and one cache key)
@@ -101,7 +110,9 @@ class TrainConfig:
         """The parameters that decide the distilled data (not the training)."""
         return {"num_heads": self.num_heads, "max_new_tokens": self.max_new_tokens, "gen_batch": self.gen_batch,
                 "prompt_rows": self.prompt_rows, "max_continued_prompt": self.max_continued_prompt,
-                "samples": self.samples, "sample_temperature": self.sample_temperature, "seed": self.seed}
+                "samples": self.samples, "sample_temperature": self.sample_temperature, "seed": self.seed,
+                **({"distill_bfloat16": True} if self.distill_bfloat16 else {}),  # (keys of older data unchanged)
+                **({"max_sampled_prompt": self.max_sampled_prompt} if self.max_sampled_prompt is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -147,14 +158,19 @@ def sequence_rows(prompt_len: int, seq: Sequence[int], num_heads: int, prompt_ro
 def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads: int, max_new_tokens: int,
             batch: int = 16, eos_token_id: int | None = None, progress: bool = True, prompt_rows: bool = False,
             max_continued_prompt: int | None = None, samples: int = 0, temperature: float = 0.7,
-            seed: int = 0) -> DistillData:
+            seed: int = 0, bfloat16: bool = False, max_sampled_prompt: int | None = None) -> DistillData:
     """The target's greedy continuations of `prompts` (long [T] each), generated `batch` at a time
     (left padding), and the hidden state of every fed token captured on the way (module docstring);
     `samples` more continuations of each prompt sampled at `temperature` (seeded from `seed`; their
-    rows belong to the same prompt). Prompts longer than `max_continued_prompt` are not continued:
-    one plain forward gives their prompt rows (`prompt_rows` must be on)."""
+    rows belong to the same prompt; prompts longer than `max_sampled_prompt` get none: after a long
+    prompt each token costs most). Prompts longer than `max_continued_prompt` are not continued:
+    one plain forward gives their prompt rows (`prompt_rows` must be on). bfloat16: a float32 target
+    generates as a bfloat16 copy where that is native (`fast_bfloat16`; otherwise as it is): the rows
+    are then that copy's continuations and hidden states, close to the target's, not equal."""
     if max_continued_prompt is not None and not prompt_rows:
         raise ValueError("max_continued_prompt needs prompt_rows=True (long prompts give prompt rows only)")
+    if bfloat16 and target.dtype == torch.float32 and fast_bfloat16(target.device):
+        target = copy.deepcopy(target).to(torch.bfloat16)
     eos = target.generation_config.eos_token_id if eos_token_id is None else eos_token_id
     eos = eos[0] if isinstance(eos, (list, tuple)) else eos
     pad = target.config.pad_token_id if target.config.pad_token_id is not None else (eos if eos is not None else 0)
@@ -181,19 +197,24 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
             for i, p in enumerate(group):
                 ids[i, width - len(p):] = p.to(target.device)
                 mask[i, width - len(p):] = 1
+            sampled_too = [i for i, p in enumerate(group) if max_sampled_prompt is None or len(p) <= max_sampled_prompt]
             for k in range(samples + 1):  # k = 0: greedy; then the sampled ones
+                rows = list(range(len(group))) if k == 0 else sampled_too
+                if not rows:
+                    break
                 captured.clear()
                 if k:
                     torch.manual_seed(seed * 1_000_003 + lo * 101 + k)  # transformers samples from the global generator
-                out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=k > 0,
-                                      temperature=temperature if k else None, top_k=0 if k else None,
+                out = target.generate(input_ids=ids[rows], attention_mask=mask[rows], max_new_tokens=max_new_tokens,
+                                      do_sample=k > 0, temperature=temperature if k else None, top_k=0 if k else None,
                                       top_p=1.0 if k else None, pad_token_id=pad, eos_token_id=eos)
                 hidden = torch.cat(captured, dim=1)  # [B, width + new - 1, H]: every fed token
-                for i, p in enumerate(group):
-                    new = out[i, width:].tolist()
+                for b, i in enumerate(rows):
+                    p = group[i]
+                    new = out[b, width:].tolist()
                     if eos is not None and eos in new:
                         new = new[: new.index(eos) + 1]
-                    keep(members[i], p.cpu(), new, hidden[i, width - len(p):], prompt_rows and k == 0)
+                    keep(members[i], p.cpu(), new, hidden[b, width - len(p):], prompt_rows and k == 0)
                     if k:
                         sampled.append((members[i], tuple(new)))
                     else:
@@ -239,10 +260,10 @@ def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor
 
 
 def fast_bfloat16(device: torch.device) -> bool:
-    """bfloat16 matmuls run natively here: CUDA, or a CPU with AVX512-BF16 / AMX (oneDNN says so);
-    elsewhere they are emulated and slower than float32."""
+    """bfloat16 matmuls run natively here: a GPU of compute capability >= 8, or a CPU with
+    AVX512-BF16 / AMX (oneDNN says so); elsewhere (a T4 among them) they are emulated and slower."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.is_bf16_supported(including_emulation=False)  # a T4 (sm75) emulates: False
     return device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
@@ -368,7 +389,8 @@ def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[t
                            tuple((int(j), tuple(b)) for j, b in d["sampled"]), d["greedy"])
     data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress,
                    prompt_rows=config.prompt_rows, max_continued_prompt=config.max_continued_prompt,
-                   samples=config.samples, temperature=config.sample_temperature, seed=config.seed)
+                   samples=config.samples, temperature=config.sample_temperature, seed=config.seed,
+                   bfloat16=config.distill_bfloat16, max_sampled_prompt=config.max_sampled_prompt)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"hidden": data.hidden, "labels": data.labels, "soft_row": data.soft_row, "prompt": data.prompt,
