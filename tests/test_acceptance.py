@@ -6,7 +6,7 @@ import torch
 
 from specnb import Tree, greedy_accept, speculative_accept
 from specnb.core.acceptance import Acceptance
-from specnb.core.sampling import SamplingConfig, probabilities, sample, sample_without_replacement
+from specnb.core.sampling import SamplingConfig, probabilities, sample, sample_rows, sample_without_replacement
 
 from stats import ALPHA, chi_square_pvalue
 
@@ -129,6 +129,29 @@ def test_sampling_config_and_filters():
     with pytest.raises(ValueError):
         SamplingConfig(temperature=1.0, top_p=0.0)
 
+
+
+ROW_LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, float("-inf"), 0.0, 1.5, -0.5, float("-inf"), 0.2, 1.1],
+                           [-1.0, 0.0, 3.0, float("-inf"), 0.5, 0.5, -2.0, 1.0, 0.0, 2.5, float("-inf")]])
+
+
+@pytest.mark.parametrize("block", [4, 256])  # three blocks (the last padded), or one block wider than the vocabulary
+def test_sample_rows_draws_from_the_tempered_softmax(block):
+    g = torch.Generator().manual_seed(0)
+    draws = sample_rows(ROW_LOGITS.repeat(20000, 1), 0.7, g, block=block).view(-1, 2)  # [20000, 2]
+    for r in range(2):  # each row from its own distribution; -inf logits (weight 0) never drawn
+        exact = torch.softmax(ROW_LOGITS[r] / 0.7, -1)
+        cells = {i: float(exact[i]) for i in range(11) if exact[i] > 0}  # a draw outside them fails the check
+        assert chi_square_pvalue(draws[:, r].tolist(), cells) > ALPHA
+
+
+def test_sample_rows_check_detects_a_wrong_temperature():
+    g = torch.Generator().manual_seed(0)
+    draws = sample_rows(ROW_LOGITS[:1].repeat(20000, 1), 1.0, g)
+    exact = torch.softmax(ROW_LOGITS[0] / 0.7, -1)
+    assert chi_square_pvalue(draws.tolist(), {i: float(exact[i]) for i in range(11) if exact[i] > 0}) < ALPHA
+    with pytest.raises(ValueError, match="temperature"):
+        sample_rows(ROW_LOGITS, 0.0)
 
 def test_rank_gaps_are_refused_for_sampling():
     tree = Tree.from_paths([(0,), (2,)])

@@ -3,7 +3,9 @@
     TrainConfig      the recipe's parameters (a frozen dataclass: the cache key)
     distill          the target's own greedy continuations of a prompt set, batched, with the last
                      hidden state of every fed token captured during that same generation (a hook
-                     on the final norm: no second pass); labels: head d at row t gets token t+1+d
+                     on the final norm: no second pass), and sampled ones beside them
+                     (`continuations`: each prompt prefilled once, its greedy and sampled rows
+                     decoded in one batch over a cache allocated once); labels: head d at row t gets token t+1+d
                      when it lies in the continuation (Medusa-1 masks non-answer labels the same way),
                      or anywhere in prompt + continuation with `prompt_rows` (below); `soft_row`: the
                      row whose LM-head distribution is that label's soft target (row t+d)
@@ -59,8 +61,10 @@ import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
+from transformers import DynamicCache, StaticCache
 
 from ..core.generation import speculative_generate
+from ..core.sampling import sample_rows
 from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.medusa import MedusaDrafter, MedusaHeads, final_norm, head_ranks, last_hidden
 from ..io.embedded import cache_dir
@@ -112,6 +116,7 @@ class TrainConfig:
                 "prompt_rows": self.prompt_rows, "max_continued_prompt": self.max_continued_prompt,
                 "samples": self.samples, "sample_temperature": self.sample_temperature, "seed": self.seed,
                 **({"distill_bfloat16": True} if self.distill_bfloat16 else {}),  # (keys of older data unchanged)
+                **({"sampler": "sample_rows"} if self.samples else {}),  # (sampled data of older keys drew otherwise)
                 **({"max_sampled_prompt": self.max_sampled_prompt} if self.max_sampled_prompt is not None else {})}
 
 
@@ -198,27 +203,21 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
                 ids[i, width - len(p):] = p.to(target.device)
                 mask[i, width - len(p):] = 1
             sampled_too = [i for i, p in enumerate(group) if max_sampled_prompt is None or len(p) <= max_sampled_prompt]
-            for k in range(samples + 1):  # k = 0: greedy; then the sampled ones
-                rows = list(range(len(group))) if k == 0 else sampled_too
-                if not rows:
-                    break
-                captured.clear()
-                if k:
-                    torch.manual_seed(seed * 1_000_003 + lo * 101 + k)  # transformers samples from the global generator
-                out = target.generate(input_ids=ids[rows], attention_mask=mask[rows], max_new_tokens=max_new_tokens,
-                                      do_sample=k > 0, temperature=temperature if k else None, top_k=0 if k else None,
-                                      top_p=1.0 if k else None, pad_token_id=pad, eos_token_id=eos)
-                hidden = torch.cat(captured, dim=1)  # [B, width + new - 1, H]: every fed token
-                for b, i in enumerate(rows):
-                    p = group[i]
-                    new = out[b, width:].tolist()
-                    if eos is not None and eos in new:
-                        new = new[: new.index(eos) + 1]
-                    keep(members[i], p.cpu(), new, hidden[b, width - len(p):], prompt_rows and k == 0)
-                    if k:
-                        sampled.append((members[i], tuple(new)))
-                    else:
-                        sequences[members[i]] = (tuple(p.tolist()), tuple(new))
+            source = list(range(len(group))) + [i for i in sampled_too for _ in range(samples)]  # each row's prompt
+            generator = torch.Generator(target.device).manual_seed(seed * 1_000_003 + lo)
+            out, hidden = continuations(target, ids, mask, source, len(group), max_new_tokens, temperature, pad, eos,
+                                        generator, captured)
+            for b, i in enumerate(source):  # rows 0 .. len(group) - 1: the greedy continuations, first
+                p = group[i]
+                new = out[b].tolist()
+                if eos is not None and eos in new:
+                    new = new[: new.index(eos) + 1]
+                greedy_row = b < len(group)
+                keep(members[i], p.cpu(), new, hidden[b, width - len(p):], prompt_rows and greedy_row)
+                if greedy_row:
+                    sequences[members[i]] = (tuple(p.tolist()), tuple(new))
+                else:
+                    sampled.append((members[i], tuple(new)))
         for j in tqdm(long, desc="prompt rows", disable=not progress or not long):
             captured.clear()
             target.model(input_ids=prompts[j].reshape(1, -1).to(target.device))
@@ -238,6 +237,54 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
             offset += len(labels)
     return DistillData(torch.cat(hidden_rows), torch.cat(label_rows), torch.cat(soft_rows), torch.cat(prompt_of),
                        tuple(sequences[i] for i in range(len(prompts))), tuple(sampled), torch.cat(greedy))
+
+
+@torch.no_grad()
+def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, source: Sequence[int], greedy: int,
+                  max_new_tokens: int, temperature: float, pad: int, eos: int | None, generator: torch.Generator,
+                  captured: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Continue left-padded prompts ids [B, W] (mask [B, W]) in one batch: row b continues prompt
+    source[b], greedily for the first `greedy` rows, sampled at `temperature` (`sample_rows`,
+    `generator`) for the others. The prompts are prefilled once and their cache copied to every row
+    that continues them; a row that ends (eos) is fed `pad` after it. `captured` collects the final
+    norm's outputs (a hook set by the caller). Returns (tokens [R, max_new_tokens], hidden [R, W +
+    steps - 1, H] float32 on the CPU: the last hidden state of every fed token)."""
+    device, width = ids.device, ids.shape[1]
+    index = torch.tensor(list(source), device=device)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
+    prefill = DynamicCache(config=model.config)
+    captured.clear()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=prefill, use_cache=True,
+                logits_to_keep=1)
+    prompt_hidden = captured[0][index.cpu()]  # [R, W, H]
+    # every row's copy of its prompt's cache, in a cache allocated once: a growing cache would copy
+    # all of it at every step (as slow as the step itself on this CPU at a few hundred tokens)
+    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
+    for i, layer in enumerate(prefill.layers):
+        cache.update(layer.keys[index], layer.values[index], i, {"cache_position": torch.arange(width, device=device)})
+    del prefill
+    mask = torch.cat([mask, mask.new_zeros(len(mask), max_new_tokens)], 1)[index]  # [R, W + max_new_tokens]
+    position = positions[index, -1:]
+    logits = out.logits[index, -1]  # [R, V]
+    done = torch.zeros(len(index), dtype=torch.bool, device=device)
+    tokens, steps = [], []
+    for step in range(max_new_tokens):
+        token = logits.argmax(-1)
+        if len(index) > greedy:
+            token[greedy:] = sample_rows(logits[greedy:], temperature, generator)
+        token = token.masked_fill(done, pad)
+        tokens.append(token)
+        if eos is not None:
+            done |= token == eos
+        if step == max_new_tokens - 1 or bool(done.all()):
+            break
+        mask[:, width + step] = 1
+        position = position + 1
+        captured.clear()
+        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache,
+                       use_cache=True, cache_position=torch.tensor([width + step], device=device)).logits[:, -1]
+        steps.append(captured[0])
+    return torch.stack(tokens, 1), torch.cat([prompt_hidden, *steps], 1)
 
 
 def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K,
