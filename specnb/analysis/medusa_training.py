@@ -414,7 +414,8 @@ class TrainedHeads:
     folder: Path
 
 
-RECIPE = 2  # in the heads' cache key: heads trained by an earlier recipe are trained again
+RECIPE = 3  # in the heads' cache key: heads trained by an earlier recipe are trained again (3: sampled rows
+# drawn by `continuations`, the data of 2 drew them by one `generate` call per continuation)
 
 
 def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig) -> str:
