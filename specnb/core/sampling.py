@@ -100,7 +100,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def sample_rows(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None,
                 block: int = 256) -> torch.Tensor:
-    """Long [n]: one draw per row from softmax(logits / temperature), exactly. logits: [n, V].
+    """Long [n]: one draw per row from softmax(logits / temperature), exact up to float32 rounding
+    (and a 2^-20 share of the mass kept off the last token so rounding cannot step past it). logits: [n, V].
 
     Inverse CDF in two levels: the row's unnormalised weights are summed per block of `block`
     tokens, a uniform draw picks the block from the blocks' cumulative sums and then the token
@@ -116,10 +117,13 @@ def sample_rows(logits: torch.Tensor, temperature: float, generator: torch.Gener
     w = w.view(n, blocks, block)
     mass = w.sum(-1)  # [n, blocks]
     cum = mass.cumsum(-1)
-    u = torch.rand(n, 1, generator=generator, device=logits.device) * cum[:, -1:]  # in [0, total)
-    b = torch.searchsorted(cum, u, right=True).clamp_max(blocks - 1)  # [n, 1]: cum[b - 1] <= u < cum[b]
-    inside = (u - (cum.gather(-1, b) - mass.gather(-1, b)))  # the remainder within block b
+    # float rounding must never land outside [0, mass) at either level: there, searchsorted(right=True)
+    # would pick a block or token of zero weight (or one past the end)
+    below = 1 - 2**-20
+    u = torch.rand(n, 1, generator=generator, device=logits.device) * cum[:, -1:] * below  # in [0, total)
+    b = torch.searchsorted(cum, u, right=True)  # [n, 1]: cum[b - 1] <= u < cum[b], so block b has weight
+    inside = u - (cum.gather(-1, b) - mass.gather(-1, b))  # the remainder within block b
     cum_b = w[torch.arange(n, device=logits.device), b[:, 0]].cumsum(-1)  # [n, block]
-    inside = torch.minimum(inside, cum_b[:, -1:] * (1 - 2**-20))  # rounding never lands past the block's mass
+    inside = torch.minimum(inside.clamp_min(0), cum_b[:, -1:] * below)
     j = torch.searchsorted(cum_b, inside, right=True)  # the first token whose cumulative weight exceeds it
     return (b * block + j)[:, 0]
