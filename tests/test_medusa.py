@@ -176,7 +176,8 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 from specnb.analysis import medusa_training  # noqa: E402
 from specnb.analysis.collection import CollectConfig  # noqa: E402
 from specnb.analysis.medusa_training import (  # noqa: E402
-    TrainConfig, accuracy_by_depth, collect_heads, distill, heldout_prompts, rank_accuracy, split_prompts, train_or_load,
+    TrainConfig, accuracy_by_depth, collect_heads, distill, distill_cached, heads_loss, heldout_prompts, rank_accuracy,
+    split_prompts, train_or_load,
 )
 from specnb.analysis.replay import replay, replay_steps  # noqa: E402
 from specnb.analysis.tree_design import medusa_tree  # noqa: E402
@@ -317,6 +318,51 @@ def test_soft_and_hard_training_both_learn(tiny_target, soft, tmp_path):
     assert out.heads.num_layers == 2 and out.log["loss_last"] < 0.5 * out.log["loss_first"]
     again = MedusaHeads.load(str(tmp_path), tiny_target)
     assert again.num_layers == 2 and again.shares_lm_head
+
+
+def test_sampled_softmax_with_every_unseen_token_is_the_full_softmax(tiny_target):
+    """loss_vocab="sampled" with all unseen tokens drawn (inclusion 1, no shift) is the full-vocabulary
+    cross-entropy; with fewer, their logits are raised by log(unseen / drawn)."""
+    heads = random_heads(tiny_target)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, tiny_target.config.hidden_size, generator=g)
+    labels = torch.randint(0, 40, (6, K), generator=g)
+    labels[0, 1] = -100
+    vocab = torch.unique(labels[labels >= 0])
+    remap = torch.full((heads.vocab_size,), -1, dtype=torch.long)
+    remap[vocab] = torch.arange(len(vocab))
+    unseen = torch.nonzero(remap < 0)[:, 0]
+    none = torch.full_like(labels, -1)
+    with torch.no_grad():
+        full = heads_loss(heads, x, labels, none, x, None, None)
+        seen = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None)
+        sampled = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None,
+                             negatives=unseen)
+        lifted = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None,
+                            negatives=unseen[:5], shift=math.log(len(unseen) / 5))
+    torch.testing.assert_close(sampled, full)
+    assert float(seen) < float(full)  # the seen-only softmax leaves the unseen tokens' mass out
+    z = [heads(x)[d] for d in range(K)]  # by hand: five unseen columns, each counted len(unseen) / 5 times
+    want = sum(torch.nn.functional.cross_entropy(
+        torch.cat([z[d][:, vocab], z[d][:, unseen[:5]] + math.log(len(unseen) / 5)], -1),
+        torch.where(labels[:, d] >= 0, remap[labels[:, d].clamp_min(0)], -100), ignore_index=-100) for d in range(K))
+    torch.testing.assert_close(lifted, want)
+
+
+def test_sampled_softmax_pushes_unseen_tokens_down(tiny_target, tmp_path):
+    """The seen-only softmax never lowers a token that is no label; the sampled one does."""
+    top_unseen = {}
+    for vocab in ("seen", "sampled"):
+        cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=60, batch_size=64, lr=1e-2, heldout=0.0,
+                          loss_vocab=vocab, negatives=64)
+        out = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, folder=tmp_path / vocab, progress=False)
+        data = distill_cached(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, progress=False)  # its rows
+        seen = torch.zeros(out.heads.vocab_size, dtype=torch.bool)
+        seen[data.labels[data.labels >= 0]] = True
+        with torch.no_grad():
+            top = out.heads(data.hidden).topk(5, -1).indices  # [K, R, 5]
+        top_unseen[vocab] = float((~seen[top]).float().mean())
+    assert top_unseen["sampled"] < 0.5 * top_unseen["seen"], top_unseen
 
 
 @pytest.fixture(scope="module")

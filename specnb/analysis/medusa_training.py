@@ -5,7 +5,7 @@
                      hidden state of every fed token captured during that same generation (a hook
                      on the final norm: no second pass), and sampled ones beside them
                      (`continuations`: each prompt prefilled once, its greedy and sampled rows
-                     decoded in one batch over a cache allocated once); labels: head d at row t gets token t+1+d
+                     decoded together as the branches of one sequence, over a cache allocated once); labels: head d at row t gets token t+1+d
                      when it lies in the continuation (Medusa-1 masks non-answer labels the same way),
                      or anywhere in prompt + continuation with `prompt_rows` (below); `soft_row`: the
                      row whose LM-head distribution is that label's soft target (row t+d)
@@ -27,9 +27,12 @@
 
 CPU choices (stated in every report): `share_lm_head` keeps W2 = the target's LM head, frozen and
 shared (only the residual blocks train, 332k parameters per SmolLM2 head and block); `loss_vocab="seen"`
-computes the softmax over the tokens that occur as training labels only (a sampled-softmax-like
-shortcut, ~10x cheaper for SmolLM2's 49k vocabulary; it does not push down tokens never seen as
-labels), `"full"` over the whole vocabulary as Medusa does. Drafting always uses the full vocabulary.
+computes the softmax over the tokens that occur as training labels only (~4x cheaper than the whole of
+SmolLM2's 49k vocabulary; but it never pushes down the tokens never seen as labels, and 15-23% of
+the heads' top-k drafts were such tokens), `"sampled"` adds `negatives` of the unseen tokens drawn
+uniformly at every step, their logits raised by log(unseen / negatives) (a sampled softmax: the
+partition function's unseen part estimated without bias), `"full"` over the whole vocabulary as
+Medusa does (5x the seen loss's time here). Drafting always uses the full vocabulary.
 Data choices, for the few positions a CPU can distil: `samples` adds continuations sampled at
 `sample_temperature` beside the greedy one (more distinct contexts per prompt: on SmolLM2 they raised
 held-out tau more than longer greedy continuations did); `soft_labels` replaces each hard label by
@@ -64,6 +67,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, StaticCache
 
 from ..core.generation import speculative_generate
+from ..core.masks import GROUPED_ATTENTION, use_attention
 from ..core.sampling import sample_rows
 from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.medusa import MedusaDrafter, MedusaHeads, final_norm, head_ranks, last_hidden
@@ -90,7 +94,9 @@ class TrainConfig:
     lr: float = 1e-3  # Medusa-1's learning rate
     warmup: float = 0.1  # share of the steps with a linear warmup, then cosine to 0
     share_lm_head: bool = True  # W2 = the target's LM head, frozen (else one trained copy per head)
-    loss_vocab: str = "seen"  # "full": softmax over the vocabulary; "seen": over the training labels
+    loss_vocab: str = "seen"  # "full": softmax over the vocabulary; "seen": over the training labels; "sampled":
+    # those and `negatives` unseen tokens drawn at every step (a sampled softmax)
+    negatives: int = 2048  # unseen tokens per step with loss_vocab="sampled"
     num_layers: int = 1  # residual blocks per head (Medusa's medusa_num_layers)
     soft_labels: bool = True  # targets: the target's distribution at the label's position (else the token)
     prompt_rows: bool = False  # also train on prompt positions (labels: the prompt text)
@@ -107,8 +113,8 @@ class TrainConfig:
             object.__setattr__(self, name, float(getattr(self, name)))
         if self.max_continued_prompt is not None and not self.prompt_rows:
             raise ValueError("max_continued_prompt leaves long prompts without a continuation: it needs prompt_rows=True")
-        if self.loss_vocab not in ("full", "seen"):
-            raise ValueError(f"loss_vocab must be 'full' or 'seen', got {self.loss_vocab!r}")
+        if self.loss_vocab not in ("full", "seen", "sampled"):
+            raise ValueError(f"loss_vocab must be 'full', 'seen' or 'sampled', got {self.loss_vocab!r}")
 
     def distill_key(self) -> dict:
         """The parameters that decide the distilled data (not the training)."""
@@ -243,48 +249,63 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
 def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, source: Sequence[int], greedy: int,
                   max_new_tokens: int, temperature: float, pad: int, eos: int | None, generator: torch.Generator,
                   captured: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Continue left-padded prompts ids [B, W] (mask [B, W]) in one batch: row b continues prompt
-    source[b], greedily for the first `greedy` rows, sampled at `temperature` (`sample_rows`,
-    `generator`) for the others. The prompts are prefilled once and their cache copied to every row
-    that continues them; a row that ends (eos) is fed `pad` after it. `captured` collects the final
-    norm's outputs (a hook set by the caller). Returns (tokens [R, max_new_tokens], hidden [R, W +
-    steps - 1, H] float32 on the CPU: the last hidden state of every fed token)."""
-    device, width = ids.device, ids.shape[1]
-    index = torch.tensor(list(source), device=device)
+    """Continue left-padded prompts ids [B, W] (mask [B, W]): row r continues prompt source[r],
+    greedily for the first `greedy` rows, sampled at `temperature` (`sample_rows`, `generator`, drawn
+    in row order) for the others. Each prompt is prefilled once; its continuations then grow as the
+    branches of one sequence (branch c at cache slot W + step * C + c, C = the most rows of one
+    prompt; a tree mask lets each branch see the prompt and itself), so every step reads a prompt's
+    keys once for all its continuations, not once per continuation, in a cache allocated once
+    (`core.masks.grouped_attention`). A row that ends (eos) is fed `pad` after it. `captured`
+    collects the final norm's outputs (a hook set by the caller). Returns (tokens [R,
+    max_new_tokens], hidden [R, W + steps - 1, H] float32 on the CPU: the last hidden state of every
+    fed token)."""
+    device, (batch, width) = ids.device, ids.shape
+    branch, count = [], [0] * batch  # row r is branch branch[r] of prompt source[r]
+    for i in source:
+        branch.append(count[i])
+        count[i] += 1
+    width_c = max(count)
+    row_prompt, row_branch = torch.tensor(list(source), device=device), torch.tensor(branch, device=device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
     prefill = DynamicCache(config=model.config)
     captured.clear()
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=prefill, use_cache=True,
                 logits_to_keep=1)
-    prompt_hidden = captured[0][index.cpu()]  # [R, W, H]
-    # every row's copy of its prompt's cache, in a cache allocated once: a growing cache would copy
-    # all of it at every step (as slow as the step itself on this CPU at a few hundred tokens)
-    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
+    prompt_hidden = captured[0]  # [B, W, H]
+    length = width + width_c * max_new_tokens
+    cache = StaticCache(config=model.config, max_cache_len=length)  # a growing cache would copy itself every step
     for i, layer in enumerate(prefill.layers):
-        cache.update(layer.keys[index], layer.values[index], i, {"cache_position": torch.arange(width, device=device)})
+        cache.update(layer.keys, layer.values, i, {"cache_position": torch.arange(width, device=device)})
     del prefill
-    mask = torch.cat([mask, mask.new_zeros(len(mask), max_new_tokens)], 1)[index]  # [R, W + max_new_tokens]
-    position = positions[index, -1:]
-    logits = out.logits[index, -1]  # [R, V]
-    done = torch.zeros(len(index), dtype=torch.bool, device=device)
+    visible = torch.zeros(batch, 1, width_c, length, dtype=torch.bool, device=device)
+    visible[:, 0, :, :width] = mask.bool()[:, None]
+    lanes = torch.arange(width_c, device=device)
+    position = positions[:, -1:].expand(batch, width_c)  # [B, C]: a prompt's branches stand at one position
+    feed = torch.full((batch, width_c), pad, dtype=torch.long, device=device)  # branches without a row: pad
+    logits = out.logits[row_prompt, -1]  # [R, V]
+    done = torch.zeros(len(source), dtype=torch.bool, device=device)
     tokens, steps = [], []
-    for step in range(max_new_tokens):
-        token = logits.argmax(-1)
-        if len(index) > greedy:
-            token[greedy:] = sample_rows(logits[greedy:], temperature, generator)
-        token = token.masked_fill(done, pad)
-        tokens.append(token)
-        if eos is not None:
-            done |= token == eos
-        if step == max_new_tokens - 1 or bool(done.all()):
-            break
-        mask[:, width + step] = 1
-        position = position + 1
-        captured.clear()
-        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache,
-                       use_cache=True, cache_position=torch.tensor([width + step], device=device)).logits[:, -1]
-        steps.append(captured[0])
-    return torch.stack(tokens, 1), torch.cat([prompt_hidden, *steps], 1)
+    with use_attention(model, GROUPED_ATTENTION):
+        for step in range(max_new_tokens):
+            token = logits.argmax(-1)
+            if len(source) > greedy:
+                token[greedy:] = sample_rows(logits[greedy:], temperature, generator)
+            token = token.masked_fill(done, pad)
+            tokens.append(token)
+            if eos is not None:
+                done |= token == eos
+            if step == max_new_tokens - 1 or bool(done.all()):
+                break
+            slot = width + step * width_c
+            feed[row_prompt, row_branch] = token
+            visible[:, 0, lanes, slot + lanes] = True
+            position = position + 1
+            captured.clear()
+            logits = model(input_ids=feed, attention_mask=visible[..., : slot + width_c], position_ids=position,
+                           past_key_values=cache, use_cache=True, cache_position=slot + lanes).logits
+            logits = logits[row_prompt, row_branch]  # [R, V]
+            steps.append(captured[0][row_prompt.cpu(), row_branch.cpu()][:, None])  # [R, 1, H]
+    return torch.stack(tokens, 1), torch.cat([prompt_hidden[row_prompt.cpu()], *steps], 1)
 
 
 def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K,
@@ -329,11 +350,15 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1))))
     labels = data.labels[train]
     device = heads[0][0].linear.weight.device
-    if config.loss_vocab == "seen":
+    unseen, shift = None, 0.0
+    if config.loss_vocab in ("seen", "sampled"):
         vocab = torch.unique(labels[labels >= 0]).to(device)  # [S]
         remap = torch.full((heads.vocab_size,), -100, dtype=torch.long)  # host: labels live on the CPU
         remap[vocab.cpu()] = torch.arange(len(vocab))  # host
         labels = torch.where(labels >= 0, remap[labels.clamp_min(0)], -100)
+        if config.loss_vocab == "sampled" and len(vocab) < heads.vocab_size:
+            unseen = torch.nonzero(remap < 0)[:, 0].to(device)  # [U]
+            shift = math.log(len(unseen) / min(config.negatives, len(unseen)))  # 1 / inclusion probability
     else:
         vocab = None
     teacher = None
@@ -359,9 +384,10 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
     for s in bar:
         rows = order[s * config.batch_size : (s + 1) * config.batch_size]
         x = hidden[rows].to(device)  # [B, H]
+        negatives = None if unseen is None else unseen[torch.randperm(len(unseen), generator=gen)[: config.negatives].to(device)]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed):
             loss = heads_loss(heads, x, labels[rows].to(device), soft_row[rows].to(device), data.hidden, vocab, teacher,
-                              shared)
+                              shared, negatives, shift)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -374,12 +400,15 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
 
 
 def heads_loss(heads: MedusaHeads, x: torch.Tensor, labels: torch.Tensor, soft_row: torch.Tensor, hidden: torch.Tensor,
-               vocab: torch.Tensor | None, teacher: torch.Tensor | None, shared: torch.Tensor | None = None) -> torch.Tensor:
+               vocab: torch.Tensor | None, teacher: torch.Tensor | None, shared: torch.Tensor | None = None,
+               negatives: torch.Tensor | None = None, shift: float = 0.0) -> torch.Tensor:
     """Sum over heads of the cross-entropy of head d's logits on rows x [B, H] (over `vocab`, or the
     whole vocabulary when None) against labels[:, d] (-100 = none; index into vocab) or, with a
     `teacher` ([V or S, H]), against the teacher's distribution on hidden[soft_row[:, d]] (one-hot
     on the label where soft_row is -1). shared: the heads' common frozen projection already
-    restricted to `vocab` ([V or S, H]), used instead of gathering each head's."""
+    restricted to `vocab` ([V or S, H]), used instead of gathering each head's. negatives: token ids
+    outside `vocab` whose logits, raised by `shift`, join the softmax with no target mass (a sampled
+    softmax's estimate of the unseen tokens' share of the partition function)."""
     device = x.device
     loss = torch.zeros((), device=device)
     for d, head in enumerate(heads):
@@ -388,6 +417,8 @@ def heads_loss(heads: MedusaHeads, x: torch.Tensor, labels: torch.Tensor, soft_r
             z = block(z)
         w = shared if shared is not None else head[-1].weight if vocab is None else head[-1].weight[vocab]
         logits = (z @ w.T).float()  # [B, V or S]
+        if negatives is not None:
+            logits = torch.cat([logits, (z @ head[-1].weight[negatives].to(z.dtype).T).float() + shift], -1)
         want = labels[:, d]
         if teacher is None:
             loss = loss + torch.nn.functional.cross_entropy(logits, want, ignore_index=-100)
@@ -397,10 +428,11 @@ def heads_loss(heads: MedusaHeads, x: torch.Tensor, labels: torch.Tensor, soft_r
             continue
         src = soft_row[:, d]
         with torch.no_grad():  # the target's distribution at the label's position; one-hot where no row
-            target_p = torch.nn.functional.one_hot(want.clamp_min(0), logits.shape[-1]).float()
+            target_p = torch.nn.functional.one_hot(want.clamp_min(0), logits.shape[-1]).float()  # negatives: 0
             has = src >= 0
             if bool(has.any()):
-                target_p[has] = torch.softmax((hidden[src[has].cpu()].to(device, teacher.dtype) @ teacher.T).float(), -1)
+                p = torch.softmax((hidden[src[has].cpu()].to(device, teacher.dtype) @ teacher.T).float(), -1)
+                target_p[has, : p.shape[-1]] = p
         loss = loss + torch.nn.functional.cross_entropy(logits[valid], target_p[valid])
     return loss
 
@@ -414,8 +446,9 @@ class TrainedHeads:
     folder: Path
 
 
-RECIPE = 3  # in the heads' cache key: heads trained by an earlier recipe are trained again (3: sampled rows
-# drawn by `continuations`, the data of 2 drew them by one `generate` call per continuation)
+RECIPE = 4  # in the heads' cache key: heads trained by an earlier recipe are trained again (3: sampled rows
+# drawn by `continuations`, the data of 2 drew them by one `generate` call per continuation; 4: a prompt's
+# continuations decoded as branches of one sequence, `loss_vocab="sampled"` added)
 
 
 def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig) -> str:
