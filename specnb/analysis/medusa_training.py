@@ -27,12 +27,12 @@
 
 CPU choices (stated in every report): `share_lm_head` keeps W2 = the target's LM head, frozen and
 shared (only the residual blocks train, 332k parameters per SmolLM2 head and block); `loss_vocab="seen"`
-computes the softmax over the tokens that occur as training labels only (~4x cheaper than the whole of
-SmolLM2's 49k vocabulary; but it never pushes down the tokens never seen as labels, and 15-23% of
-the heads' top-k drafts were such tokens), `"sampled"` adds `negatives` of the unseen tokens drawn
+computes the softmax over the tokens that occur as training labels only (10.9k of SmolLM2's 49k in
+the full benchmark; but it never pushes down the tokens never seen as labels, and 15-23% of the
+heads' top-k drafts were such tokens), `"sampled"` adds `negatives` of the unseen tokens drawn
 uniformly at every step, their logits raised by log(unseen / negatives) (a sampled softmax: the
-partition function's unseen part estimated without bias), `"full"` over the whole vocabulary as
-Medusa does (5x the seen loss's time here). Drafting always uses the full vocabulary.
+partition function's unseen part estimated without bias; 1.25x the seen loss's training time),
+`"full"` over the whole vocabulary as Medusa does (unfinished after 7x the seen loss's time here). Drafting always uses the full vocabulary.
 Data choices, for the few positions a CPU can distil: `samples` adds continuations sampled at
 `sample_temperature` beside the greedy one (more distinct contexts per prompt: on SmolLM2 they raised
 held-out tau more than longer greedy continuations did); `soft_labels` replaces each hard label by
