@@ -265,7 +265,8 @@ def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
         branch.append(count[i])
         count[i] += 1
     width_c = max(count)
-    row_prompt, row_branch = torch.tensor(list(source), device=device), torch.tensor(branch, device=device)
+    host_prompt, host_branch = torch.tensor(list(source)), torch.tensor(branch)  # host: index the captured rows
+    row_prompt, row_branch = host_prompt.to(device), host_branch.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
     prefill = DynamicCache(config=model.config)
     captured.clear()
@@ -304,8 +305,8 @@ def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
             logits = model(input_ids=feed, attention_mask=visible[..., : slot + width_c], position_ids=position,
                            past_key_values=cache, use_cache=True, cache_position=slot + lanes).logits
             logits = logits[row_prompt, row_branch]  # [R, V]
-            steps.append(captured[0][row_prompt.cpu(), row_branch.cpu()][:, None])  # [R, 1, H]
-    return torch.stack(tokens, 1), torch.cat([prompt_hidden[row_prompt.cpu()], *steps], 1)
+            steps.append(captured[0][host_prompt, host_branch][:, None])  # [R, 1, H]
+    return torch.stack(tokens, 1), torch.cat([prompt_hidden[host_prompt], *steps], 1)
 
 
 def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K,
