@@ -25,7 +25,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         streaming     StreamingCache: attention sinks + a window (StreamingLLM), bounded caches
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
                 cpu_linear (a CPU model's linear layers on oneDNN prepacked weights),
-                the committed configs of hub models (model_configs), prompts, result storage,
+                the committed configs of hub models (model_configs), prompts (Spec-Bench's shipped
+                with the package, the built-in ones, refusals of requests they cannot fill), result storage,
                 medusa_checkpoint (Medusa heads in the published layout)
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
@@ -40,7 +41,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 prompts), medusa_training (Medusa heads by self-distillation, cached)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
     notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
-                legibility (is a figure readable), readings, session, runner, report (the executed
+                legibility (is a figure readable), readings, session, checks (parameters refused
+                before any model loads), runner, report (the executed
                 notebook as HTML appendices and the index), profile_memory (will a profile's pairs
                 fit its GPU), dryrun (stand-in hub models), medusa_study (notebook 05)
 
@@ -79,7 +81,7 @@ MODULES = {
                                     "medusa_training")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
-                                    "runner", "report", "profile_memory", "dryrun", "medusa_study")},
+                                    "checks", "runner", "report", "profile_memory", "dryrun", "medusa_study")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from specnb import GenerationResult, Step, steps_table, summarize, summary_table
-from specnb.io.prompts import BUILTIN, default_spec_bench_path, load_prompts, read_jsonl
+from specnb.io.prompts import (BUILTIN, SPEC_BENCH_SHA256, PromptRequestError, describe, load_prompts, read_jsonl,
+                               spec_bench_digest, spec_bench_file)
 
 
 def result(steps, total=1.0, prefill=0.1):
@@ -66,15 +67,51 @@ def test_jsonl_reader(tmp_path):
         read_jsonl(bad)
 
 
-@pytest.mark.skipif(
-    default_spec_bench_path() is None,
-    reason="Spec-Bench question.jsonl not found (../shared is the project's CI layout; a user's clone has none)",
-)
-def test_spec_bench_file():
+def test_spec_bench_ships_with_the_package():
+    """Spec-Bench's 480 prompts are package data (importlib.resources), unchanged, with their
+    licence and a notice naming the source: a clone, a pip install and Colab all read the same file."""
+    assert spec_bench_digest() == SPEC_BENCH_SHA256
+    folder = spec_bench_file().parent
+    assert "Apache License" in folder.joinpath("LICENSE").read_text()
+    notice = folder.joinpath("NOTICE").read_text()
+    assert "hemingkx/Spec-Bench" in notice and "fd2c1cd7d2201ef71db4c5f4e455008f017967bf" in notice
     prompts = load_prompts("spec_bench")
-    assert len(prompts) == 480
-    assert len({p.category for p in prompts}) == 13
+    assert len(prompts) == 480 and len({p.id for p in prompts}) == 480
+    summary = describe(prompts, "spec_bench")
+    assert summary.count == 480 and len(summary.per_category) == 13
+    assert dict(summary.per_category)["coding"] == 10 and dict(summary.per_category)["rag"] == 80
     assert len(load_prompts("spec_bench", per_category=2)) == 26
+    assert load_prompts() == prompts, "Spec-Bench is the default source"
+
+
+def test_prompt_requests_that_cannot_be_filled_are_refused():
+    with pytest.raises(PromptRequestError, match=r"max_prompts=6.*give only 2 \(writing 1, coding 1\).*lower max_prompts to 2"):
+        load_prompts("builtin", per_category=3, categories=["coding", "writing"], limit=6)
+    with pytest.raises(PromptRequestError, match=r"no category \['poetry'\]; they have \['writing'"):
+        load_prompts("spec_bench", categories=["coding", "poetry"])
+    with pytest.raises(PromptRequestError, match="'auto' is gone.*'spec_bench'.*'builtin'"):
+        load_prompts("auto")
+    with pytest.raises(FileNotFoundError, match="named sources: spec_bench, builtin"):
+        load_prompts("no/such/file.jsonl")
+    fits = load_prompts("spec_bench", per_category=3, categories=["coding", "writing"], limit=6)
+    assert describe(fits, "spec_bench").per_category == (("writing", 3), ("coding", 3))
+    line = describe(fits, "spec_bench").line()
+    assert line == "prompts: Spec-Bench (shipped with specnb), 6 prompts (writing 3, coding 3)"
+
+
+def test_nothing_in_the_project_reads_shared_beside_it():
+    """A user's clone has no `shared` folder beside it: no code, notebook, script or test may reach for it."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = "[.][.]/" + "shared|shared/" + "data"  # written apart so this file does not match itself
+    found = subprocess.run(["git", "-C", str(root), "grep", "-n", "-E", pattern, "--", "specnb", "notebooks",
+                            "benchmarks", "scripts", "tests", "run_notebooks.sh", "run_tests.sh", ".ci"],
+                           capture_output=True, text=True)
+    if found.returncode == 128:
+        pytest.skip(f"not a git checkout: {found.stderr.strip()}")
+    assert found.stdout == "", f"lines that reach for the shared folder beside the project:\n{found.stdout}"
 
 
 def test_node_frequency_reads_steps_back_from_csv(tmp_path):

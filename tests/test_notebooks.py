@@ -70,6 +70,9 @@ def test_smoke_profile_runs_every_notebook(smoke):
         params = json.loads((folder / "params.json").read_text())
         assert params["status"] == "finished" and params["profile"] == "smoke"
         assert params["environment"]["packages"]["torch"]
+        if nb.stem != "03_tree_attention_timing":  # the others say which prompts they ran on (03 runs none)
+            said = params.get("prompts") or params.get("test_prompts")
+            assert said and said["count"] == sum(said["per_category"].values()) > 0, params.keys()
         assert (folder / f"{nb.stem}.ipynb").exists() and (folder / f"{nb.stem}.html").stat().st_size > 10_000
         pngs = list(folder.glob("*.png"))
         assert pngs and all(p.stat().st_size > 5_000 for p in pngs)

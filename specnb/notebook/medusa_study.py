@@ -1,6 +1,8 @@
 """Notebook 05's steps: Medusa heads trained here (or loaded) against draft-model trees, and typical
 acceptance (LOSSY) against lossless sampling.
 
+    study_prompts        the training and test prompts (id, category, ids), refused before any model
+                         loads where a split cannot hold the counts asked for
     heads_for            train (or load from the cache) heads for the target, or load published
                          heads (a hub id or folder in Medusa's layout), with the training tables
     tau_table            replayed tau by shape and budget for Medusa trees and for the draft model's
@@ -23,17 +25,34 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..analysis.collection import Collection
-from ..analysis.medusa_training import TrainConfig, TrainedHeads, shape_trees, train_or_load
+from ..analysis.medusa_training import TrainConfig, TrainedHeads, shape_trees, split_prompts, train_or_load
 from ..analysis.quality import perplexity
 from ..analysis.replay import replay
 from ..core.acceptance import TypicalAcceptance
 from ..core.generation import autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
+from ..io.models import prompt_ids
+from ..io.prompts import load_prompts
+from .checks import medusa_split
 
 LOSSY = TypicalAcceptance().name  # "typical_lossy"
+
+
+def study_prompts(tokenizer: PreTrainedTokenizerBase, source: str, max_prompt_tokens: int, train_prompts: int,
+                  test_prompts: int, training: bool) -> tuple[list, list]:
+    """(train, test): prompts (id, category, ids [T]) of `source` with at most `max_prompt_tokens`
+    tokens (chat template included), split by `split_prompts` (disjoint; each part takes the
+    categories in turn) and cut to the counts asked for. Refused (`checks.ParameterError`, before
+    any model loads) where a split holds fewer than asked, the training one only when `training`."""
+    prompts = [(p.id, p.category, prompt_ids(tokenizer, p.text)[0]) for p in load_prompts(source)]
+    eligible = [p for p in prompts if len(p[2]) <= max_prompt_tokens]
+    train, test = split_prompts(eligible)
+    medusa_split(train, test, train_prompts, test_prompts, training, max_prompt_tokens, len(eligible), source)
+    return (train[:train_prompts] if training else []), test[:test_prompts]
 
 
 def heads_for(target: torch.nn.Module, target_name: str, source: str, prompts: Sequence[torch.Tensor],

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from ..analysis.spread import MIN_PROMPTS
 from ..core.trees import Tree
 from .legibility import problems
 
@@ -128,7 +129,7 @@ def speed_bars(table: pd.DataFrame, path=None) -> plt.Figure:
     return save(fig, path)
 
 
-def category_bars(table: pd.DataFrame, metric: str = "tau", min_prompts: int = 3, path=None) -> plt.Figure:
+def category_bars(table: pd.DataFrame, metric: str = "tau", min_prompts: int = MIN_PROMPTS, path=None) -> plt.Figure:
     """A pooled metric per prompt category, per pair and method, from a table of
     `experiments.shape_table(units, by=(pair, shape, budget, category))`, with its 95% interval
     across prompts (`<metric>_ci_low/high`) as error bars; only categories with at least

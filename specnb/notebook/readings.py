@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ..analysis.spread import MIN_PROMPTS
 from ..bench.verify_curve import curve_shape
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def _interval(row: pd.Series, metric: str) -> str:
     return f" [{low:.2f}, {high:.2f}]" if low is not None and pd.notna(low) else ""
 
 
-def categories_note(table: pd.DataFrame, min_prompts: int = 3) -> str:
+def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:
     """Which categories of a per-category table (column `prompts`) are plotted, and which are only
     pooled into the overall tables because they have fewer than `min_prompts` prompts."""
     counts = table.groupby("category")["prompts"].max()

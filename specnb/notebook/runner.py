@@ -279,6 +279,7 @@ def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, An
             failures.append(f"{nb.stem}: {record['error']}")
             print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
         record["duration_s"] = round(time.perf_counter() - start, 1)
+        record = _notebook_records(folder) | record  # what the notebook recorded (`session.record`) is kept
         if executed.exists():
             export(executed, record)
         write_json(folder / "params.json", record)
@@ -344,6 +345,14 @@ def _read_yaml(path: Path, profile: bool = False) -> dict[str, Any]:
     if not all(isinstance(v, (dict, type(None))) for k, v in data.items() if k != "extends"):
         raise RunnerError(f"{path}: expected sections ('all:' or a notebook name) holding name: value pairs")
     return data
+
+
+def _notebook_records(folder: Path) -> dict[str, Any]:
+    """The keys a notebook added to its params.json while it ran (`session.record`)."""
+    try:
+        return json.loads((folder / "params.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _status(folder: Path) -> str | None:

@@ -12,6 +12,10 @@
   params.json was written by the runner.
 - torch's global seed is set from `seed` when the notebook declares one.
 
+`record(run, key, value)` adds what the notebook learns while it runs to params.json (the runner
+keeps it when it writes the run's status); `show_prompts(run, summary)` prints a prompt set's
+summary (source, count, prompts per category) and records it under "prompts".
+
 `interact(**options)` decorates a figure function: a widget (ipywidgets.interact) in Jupyter or
 Colab; under the runner (headless: $SPECNB_HEADLESS, set by `run_notebooks.sh`) one call with the
 function's defaults, no widget: nobody can move the slider, and a widget's comm messages are one
@@ -21,6 +25,7 @@ more thing a headless kernel can stall on.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import time
 from pathlib import Path
@@ -28,6 +33,7 @@ from typing import Any, Callable, MutableMapping
 
 import torch
 
+from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
 from .runner import NOTEBOOKS, declared_parameters, default_outputs, resolve
 
@@ -95,6 +101,19 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
     })
     namespace["run_dir"] = str(folder)
     return folder
+
+
+def record(run: str | Path, key: str, value: Any) -> None:
+    """Add `key: value` to the run's params.json (read, updated, written back atomically)."""
+    path = Path(run) / "params.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    write_json(path, {**data, key: value})
+
+
+def show_prompts(run: str | Path, summary: PromptSummary, key: str = "prompts") -> None:
+    """Print which prompts a notebook runs on and record them in params.json under `key`."""
+    print(summary.line(key.replace("_", " ")))
+    record(run, key, summary.record())
 
 
 def interact(**options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

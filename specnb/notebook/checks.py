@@ -1,0 +1,54 @@
+"""What a notebook refuses before any model loads: parameters that cannot give what the notebook
+promises (an empty training split, a per-category figure with too few prompts per category), each
+refused with a `ParameterError` whose message names the parameters to change and to what.
+
+    per_category_figure   02: every category the run measures has enough prompts for its interval
+    medusa_split          05: the training and test splits hold the prompts asked for
+
+Prompt requests a source cannot fill at all (a category it lacks, a max_prompts the filters leave
+too few prompts for) are refused earlier, by `io.prompts.load_prompts` (`PromptRequestError`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..analysis.spread import MIN_PROMPTS
+from ..io.prompts import PromptSummary
+
+
+class ParameterError(ValueError):
+    """Notebook parameters that cannot give what the notebook promises; nothing was loaded."""
+
+
+def per_category_figure(summary: PromptSummary, minimum: int = MIN_PROMPTS) -> None:
+    """Refuse a per-category figure where a category has fewer than `minimum` prompts (below it a
+    category's value is one or two prompts' value and has no interval: `analysis.spread`)."""
+    short = [(c, n) for c, n in summary.per_category if n < minimum]
+    if not short:
+        return
+    categories = [c for c, _ in summary.per_category]
+    raise ParameterError(
+        f"the per-category figure needs at least {minimum} prompts in each category, but "
+        + ", ".join(f"{c} has {n}" for c, n in short)
+        + f" ({summary.line()}). Set per_category={minimum} and max_prompts={minimum * len(categories)} "
+        f"(or categories to fewer of {categories}), or category_figure=False to pool every prompt into the "
+        "overall tables only")
+
+
+def medusa_split(train: Sequence, test: Sequence, train_prompts: int, test_prompts: int, training: bool,
+                 max_prompt_tokens: int, eligible: int, source: str) -> None:
+    """Refuse splits that cannot hold what 05 asks for: `eligible` prompts of at most
+    `max_prompt_tokens` tokens were split into `train` and `test` (before the counts were cut)."""
+    problems = []
+    if test_prompts < 1 or len(test) < test_prompts:
+        problems.append(f"test_prompts={test_prompts} but the test split holds {len(test)}")
+    if training and (train_prompts < 1 or len(train) < train_prompts):
+        problems.append(f"train_prompts={train_prompts} (heads='train') but the training split holds {len(train)}")
+    if not problems:
+        return
+    raise ParameterError(
+        "; ".join(problems) + f": {eligible} prompts of {source!r} have at most max_prompt_tokens={max_prompt_tokens} "
+        f"tokens, split into {len(train)} training and {len(test)} test prompts (each category's 1st, 5th, 9th, ... prompt held out for testing). "
+        "Lower train_prompts or test_prompts, raise max_prompt_tokens, or use a larger prompt source "
+        "(prompts='spec_bench': 480 prompts)")
