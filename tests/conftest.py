@@ -5,11 +5,16 @@ distinguishable next-token distributions instead of near-uniform ones."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # notebook runs in the tests: a cell that runs past this fails its run with a clear error
 # (specnb.notebook.runner.cell_timeout) instead of waiting on a kernel that stopped answering
@@ -72,3 +77,30 @@ def smollm2():
     from specnb.io.models import load_model
 
     return load_model("smollm2-135m")
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
+
+
+def user_clone(dest: Path) -> Path:
+    """`git clone` of this checkout into `dest`, with the working tree's uncommitted changes laid
+    over it (modified, new and deleted files) and committed there, so that the clone is what
+    committing would land."""
+    try:
+        git("rev-parse", "--git-dir")
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"not a git checkout, nothing to clone: {e}")
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(dest)], check=True)
+    for name in git("ls-files", "-z", "--modified", "--others", "--exclude-standard").split("\0"):
+        if name and (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    for name in git("ls-files", "-z", "--deleted").split("\0"):
+        if name:
+            (dest / name).unlink(missing_ok=True)
+    if git("status", "--porcelain", cwd=dest):  # committed there, so a clone of the clone has them too
+        git("add", "-A", cwd=dest)
+        git("-c", "user.name=specnb tests", "-c", "user.email=tests@specnb.invalid", "commit", "-q", "-m",
+            "the working tree's uncommitted changes", cwd=dest)
+    return dest

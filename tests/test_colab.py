@@ -15,6 +15,8 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
+from conftest import user_clone
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,8 +43,7 @@ def bare(tmp_path_factory):
     stub = tmp / "stub" / "google" / "colab"  # a namespace package: google.protobuf stays importable
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text('"""A stand-in for Colab\'s module."""\n')
-    clone = tmp / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    clone = user_clone(tmp / "clone")  # the working tree as committing would land it
     return {"tmp": tmp, "clone": clone, "jupyter": tmp / "jupyter", "stub": tmp / "stub"}
 
 
@@ -78,3 +79,51 @@ def test_a_fresh_colab_kernel_finds_installs_and_imports_specnb(bare, how, tmp_p
     assert str(tmp_path / "outputs") in printed  # the run folder went where SPECNB_OUTPUTS says
     setup = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.get("output_type") == "stream")
     assert "installing the runtime requirements" in setup and "torch==" in setup  # the installed torch pinned
+
+
+def test_a_restarted_colab_kernel_in_the_clones_parent_still_imports_specnb(bare, tmp_path):
+    """Colab's kernel runs in /content, which is on sys.path, and the clone lands in /content/specnb
+    (no __init__.py at its top). After a runtime restart (the README's "rerun to resume", and the
+    automatic restart after a RAM crash) `find_spec("specnb")` finds that folder as a namespace
+    package, not None: the set-up cell must still put the real package on sys.path. A fresh kernel
+    in the clone's parent clones and imports; a second fresh kernel there (the restart, with
+    SPECNB_REPO no longer set) finds the namespace, then the clone, and imports from it."""
+    content = tmp_path / "content"
+    content.mkdir()
+    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path), "PYTHONPATH": str(bare["stub"]),
+           "SPECNB_OUTPUTS": str(tmp_path / "outputs"), "OMP_NUM_THREADS": "1", "SPECNB_HOME": str(content / "specnb")}
+    seen = []
+    for repo in (f"file://{bare['clone']}", None):
+        nb = first_cells("01_tree_shapes")
+        nb.cells.insert(1, nbformat.v4.new_code_cell(
+            "import importlib.util\nfound = importlib.util.find_spec('specnb')\n"
+            "print('FOUND', found if found is None else (found.origin, list(found.submodule_search_locations or [])))"))
+        kernel = KernelManager(kernel_name="bare", kernel_spec_manager=KernelSpecManager(
+            kernel_dirs=[str(bare["jupyter"] / "kernels")]))
+        run_env = dict(env, SPECNB_REPO=repo) if repo else env
+        NotebookClient(nb, km=kernel, timeout=600, resources={"metadata": {"path": str(content)}}).execute(env=run_env)
+        printed = "".join(o.get("text", "") for c in nb.cells for o in c.outputs if o.get("output_type") == "stream")
+        seen.append(printed)
+        assert f"SPECNB {content / 'specnb' / 'specnb' / '__init__.py'}" in printed, printed
+    assert "FOUND None" in seen[0].splitlines()  # nothing yet: the first run clones
+    namespace = f"FOUND (None, [{str(content / 'specnb')!r}])"
+    assert namespace in seen[1].splitlines(), f"the restart should see only the folder, as a namespace: {seen[1]}"
+    assert (content / "specnb" / ".git").is_dir() and sorted(p.name for p in content.iterdir()) == ["specnb"]
+
+
+def test_colab_set_up_installs_the_runtime_and_the_headless_runner_only():
+    """`./run_notebooks.sh` on Colab installs into Colab's own Python: requirements.txt plus papermill,
+    nbconvert and nbformat (their lines of requirements-dev.txt), never jupyterlab, ray or pytest,
+    which take minutes and can upgrade the Jupyter server and tornado Colab's kernel pins."""
+    import os
+
+    env = {**os.environ, "COLAB_RELEASE_TAG": "release-colab-test"}
+    plan = subprocess.run(["bash", "scripts/setup_env.sh", "--plan"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=True).stdout
+    installs = next(line for line in plan.splitlines() if line.startswith("installs: ")).split()[1:]
+    assert installs[:2] == ["-r", str(ROOT / "requirements.txt")]
+    assert sorted(installs[2:]) == ["nbconvert", "nbformat", "papermill"]
+    assert not any(word in plan for word in ("requirements-dev", "jupyterlab", "ray", "pytest"))
+    here = subprocess.run(["bash", "scripts/setup_env.sh", "--plan"], cwd=ROOT, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "COLAB_RELEASE_TAG"}, check=True).stdout
+    assert f"installs: -r {ROOT / 'requirements-dev.txt'}" in here  # elsewhere: everything, tests included

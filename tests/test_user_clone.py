@@ -6,35 +6,11 @@ cache is the machine's), the embedded model installed and de-quantized into the 
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
-
-
-def user_clone(dest: Path) -> Path:
-    """`git clone` of this checkout into `dest`, with the working tree's uncommitted changes laid
-    over it (modified, new and deleted files), so that the clone is what committing would land."""
-    try:
-        git("rev-parse", "--git-dir")
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"not a git checkout, nothing to clone: {e}")
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(dest)], check=True)
-    for name in git("ls-files", "-z", "--modified", "--others", "--exclude-standard").split("\0"):
-        if name and (ROOT / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
-    for name in git("ls-files", "-z", "--deleted").split("\0"):
-        if name:
-            (dest / name).unlink(missing_ok=True)
-    return dest
+from conftest import user_clone
 
 
 @pytest.mark.slow
