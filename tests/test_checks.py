@@ -3,6 +3,7 @@ to change (`specnb.notebook.checks`), and what a notebook records about its prom
 run's params.json."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,18 +29,18 @@ def test_per_category_figure_needs_three_prompts_in_each_category():
 
 
 def test_study_prompts_refuses_a_short_split_and_keeps_them_disjoint():
-    from specnb.io.models import load_tokenizer
     from specnb.notebook.medusa_study import study_prompts
 
-    tokenizer = load_tokenizer("smollm2-135m")
+    tokenizer = "smollm2-135m"  # only its tokenizer loads
     with pytest.raises(checks.ParameterError, match=r"train_prompts=120 \(heads='train'\) but the training split holds 0: 13 prompts"):
         study_prompts(tokenizer, "builtin", 128, 120, 2, training=True)  # one prompt per category: all held out
     with pytest.raises(checks.ParameterError, match="test_prompts=24 but the test split holds"):
         study_prompts(tokenizer, "spec_bench", 16, 4, 24, training=True)
-    train, test = study_prompts(tokenizer, "spec_bench", 128, 40, 6, training=True)
+    train, test, encoded = study_prompts(tokenizer, "spec_bench", 128, 40, 6, training=True)
+    assert encoded == "the tokenizer's chat template"  # SmolLM2-Instruct's own
     assert len(train) == 40 and len(test) == 6 and not {p[0] for p in train} & {p[0] for p in test}
     assert len({p[1] for p in test}) == 6 and all(len(p[2]) <= 128 for p in train + test)
-    loaded, test = study_prompts(tokenizer, "spec_bench", 512, 10_000, 6, training=False)  # published heads: no training split
+    loaded, test, _ = study_prompts(tokenizer, "spec_bench", 512, 10_000, 6, training=False)  # published heads: no training split
     assert loaded == [] and len(test) == 6
 
 
@@ -58,14 +59,20 @@ def test_record_adds_to_params_json(tmp_path, capsys):
     ("02_model_pairs", ["-p", "per_category", "1", "-p", "max_prompts", "2"], "the per-category figure needs at least 3"),
     ("02_model_pairs", ["-p", "max_prompts", "9"], "max_prompts=9, but prompts 'spec_bench' with categories=['coding', 'writing']"),
     ("05_medusa_heads", ["-p", "prompts", "builtin"], "train_prompts=16 (heads='train') but the training split holds"),
+    # every model a run names is resolved in its set-up cell: 03's target (once checked only after its
+    # attention grid) and 05's heads repository (once resolved only after the 7B target had loaded)
+    ("03_tree_attention_timing", ["-p", "target", "nobody/no-such-target"], "model 'nobody/no-such-target' cannot be loaded"),
+    ("05_medusa_heads", ["-p", "heads", "nobody/no-such-heads"], "model 'nobody/no-such-heads' cannot be loaded"),
 ])
 def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(tmp_path, notebook, args, message):
     """The smoke profile with one parameter made impossible: the run fails in the set-up cell (cell 2,
     the one after the parameters) with the message, before the cell that loads models."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf-home")}  # no hub here
     proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "smoke", "--notebook", notebook, *args,
-                           "--outputs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "--outputs", str(tmp_path / "outputs")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 1
-    params = json.loads(next((tmp_path / notebook).iterdir()).joinpath("params.json").read_text())
+    params = json.loads(next((tmp_path / "outputs" / notebook).iterdir()).joinpath("params.json").read_text())
     assert params["status"] == "failed" and message in params["error"], params.get("error")
     injected = 1  # papermill inserts the injected-parameters cell after the parameters cell
     assert params["error"].startswith(f"cell {2 + injected} "), params["error"]

@@ -159,6 +159,38 @@ def test_save_load_round_trip_in_published_layout(tiny_target, tmp_path, share):
     assert torch.equal(loaded(x), heads(x))
 
 
+def test_loaded_heads_take_the_targets_dtype_and_hold_the_checkpoints_tensors(tiny_target, tmp_path):
+    """Published heads (their own projections; float32 on disk here) for a float16 target: every
+    parameter float16 (on a T4 the published heads would otherwise take 2.96 GB instead of 1.48),
+    and no random float32 initialisation first: the heads hold the checkpoint's tensors."""
+    heads = random_heads(tiny_target, share=False)
+    with torch.no_grad():
+        heads[1][-1].weight.add_(0.01)  # trained projections: not the target's LM head
+    heads.save(tmp_path / "h", "tiny")
+    half = copy.deepcopy(tiny_target).half()
+    loaded = MedusaHeads.load(tmp_path / "h", half)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float16} and not loaded.shares_lm_head
+    state = {k: v.half() for k, v in heads.published_state_dict().items()}
+    direct = MedusaHeads.from_state_dict(state)
+    assert all(t.data_ptr() == state[k].data_ptr() for k, t in direct.state_dict().items())
+    x = torch.randn(4, heads.hidden_size)
+    torch.testing.assert_close(loaded(x.half()).float(), heads(x), atol=0.5, rtol=0.02)  # float16 rounding
+
+
+def test_heads_for_a_float16_target_train_in_float32(tiny_target, tmp_path):
+    """A T4 user training heads: the target is float16, the trainable parameters stay float32 (AdamW
+    on float16 parameters tends to NaN), the shared projection stays the target's own float16 one."""
+    half = copy.deepcopy(tiny_target).half()
+    for share in (True, False):
+        heads = MedusaHeads.from_target(half, K, share_lm_head=share)
+        assert {p.dtype for p in heads.trainable()} == {torch.float32}
+        assert heads.shares_lm_head == share and (heads[0][-1].weight.dtype == torch.float16) == share
+    cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=20, batch_size=64, lr=1e-2, heldout=0.0)
+    out = train_or_load(half, "tiny-float16", [p for _, _, p in PROMPTS], cfg, folder=tmp_path, progress=False)
+    assert math.isfinite(out.log["loss_last"]) and out.log["loss_last"] < out.log["loss_first"]
+    assert {p.dtype for p in out.heads.trainable()} == {torch.float32}
+
+
 def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
     """The published config says 2 heads while the weights hold more: the keys win."""
     heads = random_heads(tiny_target)
@@ -176,7 +208,7 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 from specnb.analysis import medusa_training  # noqa: E402
 from specnb.analysis.collection import CollectConfig  # noqa: E402
 from specnb.analysis.medusa_training import (  # noqa: E402
-    TrainConfig, accuracy_by_depth, collect_heads, distill, distill_cached, heads_loss, heldout_prompts, rank_accuracy,
+    TrainConfig, accuracy_by_depth, collect_heads, distill, distill_cached, heads_loss, heldout_prompts, heldout_rank_accuracy, rank_accuracy,
     split_prompts, train_or_load,
 )
 from specnb.analysis.replay import replay, replay_steps  # noqa: E402
@@ -461,3 +493,22 @@ def test_method_specs(tiny_target):
     assert isinstance(build_drafter(exact, tiny_target, None, medusa_heads=heads), MedusaDrafter)
     with pytest.raises(ValueError, match="Medusa heads"):
         build_drafter(exact, tiny_target, None)
+
+
+def test_trees_are_designed_on_other_prompts_than_they_are_scored_on(head_collection, trained):
+    """Loaded heads have no training split: Medusa's and Sequoia's trees are designed from the first
+    half of the test prompts and scored on the other half; trained heads are designed from the
+    training split's held-out rows and scored on every test prompt."""
+    from dataclasses import replace
+
+    from specnb.notebook.medusa_study import tree_design
+
+    loaded = tree_design(head_collection, None)
+    ids = [p.prompt_id for p in head_collection.prompts]
+    assert [p.prompt_id for p in loaded.measured.prompts] == ids[1:]
+    assert loaded.accuracy == rank_accuracy(replace(head_collection, prompts=head_collection.prompts[:1]))
+    assert "designed from 1 test prompts (p0)" in loaded.note and "the other 2 (p1, p2)" in loaded.note
+    own = tree_design(head_collection, trained)
+    assert own.measured is head_collection and own.accuracy == heldout_rank_accuracy(trained.accuracy)
+    with pytest.raises(ValueError, match="need >= 2 test prompts"):
+        tree_design(replace(head_collection, prompts=head_collection.prompts[:1]), None)

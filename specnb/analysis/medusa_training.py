@@ -371,10 +371,10 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
     mixed = config.bfloat16 and fast_bfloat16(device)
     low = torch.bfloat16 if mixed else None
     teacher = teacher.to(low) if teacher is not None and low else teacher
-    shared = None  # the frozen shared projection, gathered (and cast) once instead of every step
+    shared = None  # the frozen shared projection, gathered (and cast to the blocks' dtype) once, not every step
     if heads.shares_lm_head:
         shared = heads[0][-1].weight.detach()
-        shared = (shared if vocab is None else shared[vocab]).to(low or shared.dtype)
+        shared = (shared if vocab is None else shared[vocab]).to(low or heads[0][0].linear.weight.dtype)
     hidden = data.hidden[train]
     soft_row = data.soft_row[train]
     order = torch.cat([torch.randperm(len(train), generator=gen) for _ in range(math.ceil(config.epochs) + 1)])

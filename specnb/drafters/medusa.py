@@ -45,9 +45,9 @@ class ResBlock(torch.nn.Module):
     """x + SiLU(linear(x)); zero weight and bias at init, so the block starts as the identity
     (Medusa zeroes the weight only: its bias keeps PyTorch's default init)."""
 
-    def __init__(self, hidden_size: int) -> None:
+    def __init__(self, hidden_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.linear = torch.nn.Linear(hidden_size, hidden_size)
+        self.linear = torch.nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
         torch.nn.init.zeros_(self.linear.weight)
         torch.nn.init.zeros_(self.linear.bias)
         self.act = torch.nn.SiLU()
@@ -59,17 +59,22 @@ class ResBlock(torch.nn.Module):
 class MedusaHeads(torch.nn.ModuleList):
     """K Medusa-1 heads: head h = Sequential(ResBlock x layers, Linear(H, V, bias=False)).
 
-    forward(h: [..., H]) -> logits [K, ..., V]: head d (index d - 1) predicts the token d + 1
-    positions after the one h belongs to (the module docstring)."""
+    The residual blocks are made on `device` in `dtype`; the projections (V x H each, the bulk of
+    the weights) are made on the meta device, holding no memory, until `share_lm_head`,
+    `copy_lm_head` (or the `lm_head` argument) or a checkpoint (`from_state_dict`) gives them their
+    weights. forward(h: [..., H]) -> logits [K, ..., V]: head d (index d - 1) predicts the token
+    d + 1 positions after the one h belongs to (the module docstring); the blocks and the
+    projections may differ in dtype (float32 trainable blocks on a float16 target's LM head)."""
 
     def __init__(self, num_heads: int, hidden_size: int, vocab_size: int, num_layers: int = 1,
-                 lm_head: torch.Tensor | None = None) -> None:
+                 lm_head: torch.Tensor | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         if num_heads < 1 or num_layers < 1:
             raise ValueError(f"need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
         heads = []
         for _ in range(num_heads):
-            blocks = [ResBlock(hidden_size) for _ in range(num_layers)]  # independent (Medusa repeats one)
-            proj = torch.nn.Linear(hidden_size, vocab_size, bias=False)
+            blocks = [ResBlock(hidden_size, device, dtype) for _ in range(num_layers)]  # independent (Medusa repeats one)
+            proj = torch.nn.Linear(hidden_size, vocab_size, bias=False, device="meta")
             heads.append(torch.nn.Sequential(*blocks, proj))
         super().__init__(heads)
         self.hidden_size, self.vocab_size, self.num_layers = hidden_size, vocab_size, num_layers
@@ -88,11 +93,13 @@ class MedusaHeads(torch.nn.ModuleList):
 
     @classmethod
     def from_target(cls, target: torch.nn.Module, num_heads: int, num_layers: int = 1,
-                    share_lm_head: bool = True) -> MedusaHeads:
-        """Heads for `target`, on its device and dtype: W2 = its LM head (shared and frozen, or one
-        trainable copy per head as Medusa-1 does), the residual blocks the identity."""
+                    share_lm_head: bool = True, dtype: torch.dtype = torch.float32) -> MedusaHeads:
+        """Heads for `target`, on its device: W2 = its LM head (shared and frozen, in the target's
+        dtype, or one trainable copy per head in `dtype`, as Medusa-1 does), the residual blocks the
+        identity, in `dtype`. float32 by default whatever the target's dtype: trainable parameters
+        stay float32 (AdamW on float16 parameters, a T4 target's, tends to NaN)."""
         weight = target.get_output_embeddings().weight
-        heads = cls(num_heads, weight.shape[1], weight.shape[0], num_layers).to(weight.device, weight.dtype)
+        heads = cls(num_heads, weight.shape[1], weight.shape[0], num_layers, device=weight.device, dtype=dtype)
         if share_lm_head:
             heads.share_lm_head(weight)
         else:
@@ -107,10 +114,11 @@ class MedusaHeads(torch.nn.ModuleList):
             h[-1].weight = shared
 
     def copy_lm_head(self, weight: torch.Tensor) -> None:
-        """Give every head its own trainable copy of `weight` [V, H] (Medusa-1's initialisation)."""
+        """Give every head its own trainable copy of `weight` [V, H] (Medusa-1's initialisation), in
+        the blocks' dtype and device."""
         self._check_projection(weight)
         for h in self:
-            h[-1].weight = torch.nn.Parameter(weight.detach().clone().to(h[0].linear.weight))
+            h[-1].weight = torch.nn.Parameter(weight.detach().to(h[0].linear.weight, copy=True))
 
     def _check_projection(self, weight: torch.Tensor) -> None:
         if tuple(weight.shape) != (self.vocab_size, self.hidden_size):
@@ -118,7 +126,11 @@ class MedusaHeads(torch.nn.ModuleList):
                              f"({self.vocab_size}, {self.hidden_size})")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.stack([h(hidden) for h in self])
+        out = []
+        for h in self:
+            z = h[:-1](hidden.to(h[0].linear.weight.dtype))
+            out.append(h[-1](z.to(h[-1].weight.dtype)))
+        return torch.stack(out)
 
     def trainable(self) -> list[torch.nn.Parameter]:
         """The parameters a training step updates (W2 only when not shared)."""
@@ -133,19 +145,20 @@ class MedusaHeads(torch.nn.ModuleList):
     @classmethod
     def from_state_dict(cls, state: Mapping[str, torch.Tensor], lm_head: torch.Tensor | None = None) -> MedusaHeads:
         """Heads from a state dict in the published layout (K and layers read from the keys, shapes
-        checked). lm_head: the target's LM-head weight; when every head's saved projection equals
-        it, the heads share it instead of holding K copies."""
+        checked), holding its tensors (their dtype and device: nothing allocated or copied here).
+        lm_head: the target's LM-head weight; when every head's saved projection equals it, the heads
+        share it instead of holding K copies."""
         num_heads, layers = check_layout(state)
         proj = state[f"0.{layers}.weight"]
-        heads = cls(num_heads, proj.shape[1], proj.shape[0], layers)
+        heads = cls(num_heads, proj.shape[1], proj.shape[0], layers, device="meta")  # no memory, no random init
         shared = lm_head is not None and all(
             torch.equal(state[f"{h}.{layers}.weight"].to(lm_head.device, lm_head.dtype), lm_head) for h in range(num_heads))
         if shared:
             state = {k: v for k, v in state.items() if not k.endswith(f".{layers}.weight")}
-        heads.load_state_dict(dict(state), strict=not shared)  # shapes checked by torch
+        heads.load_state_dict(dict(state), strict=not shared, assign=True)  # the tensors themselves: their dtype and device
         if shared:
             heads.share_lm_head(lm_head)
-        return heads.to(proj.device)
+        return heads
 
     def save(self, folder: str, base_model: str, dtype: torch.dtype | None = None) -> None:
         """Write the published layout (`io.medusa_checkpoint`), one projection per head."""

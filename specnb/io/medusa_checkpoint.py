@@ -10,7 +10,8 @@ A checkpoint folder holds
 published config's `medusa_num_heads` is wrong (2, while its .pt holds 5 heads; Medusa forces 5 and
 loads with strict=False): K and L are read from the keys, and a disagreeing config is reported in
 the returned config under "config_disagrees". A hub id (not a local folder) is downloaded with
-huggingface_hub (the t4 profile).
+huggingface_hub (the t4 profile). `PUBLISHED` lists the published checkpoints specnb plans for
+(sizes for download estimates, and the dry run's stand-in in the same layout and dtype).
 """
 
 from __future__ import annotations
@@ -18,10 +19,28 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+
+@dataclass(frozen=True)
+class PublishedHeads:
+    """A published Medusa checkpoint, as far as specnb plans for it (download size, the dry run's
+    stand-in): its base model, heads and blocks per head as its weights hold them, and their dtype."""
+
+    repo_id: str
+    base_model: str  # a hub id with a committed config (`io.model_configs`)
+    num_heads: int
+    num_layers: int
+    dtype: str  # of the published tensors
+
+
+# Medusa-1 for Vicuna-7B v1.3 (Cai et al. 2024): 5 heads of one block (its config says 2 heads: see above)
+PUBLISHED = {h.repo_id: h for h in (
+    PublishedHeads("FasterDecoding/medusa-vicuna-7b-v1.3", "lmsys/vicuna-7b-v1.3", 5, 1, "float16"),
+)}
 
 WEIGHTS = "medusa_lm_head.pt"
 WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"

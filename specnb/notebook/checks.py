@@ -45,6 +45,9 @@ def medusa_split(train: Sequence, test: Sequence, train_prompts: int, test_promp
         problems.append(f"test_prompts={test_prompts} but the test split holds {len(test)}")
     if training and (train_prompts < 1 or len(train) < train_prompts):
         problems.append(f"train_prompts={train_prompts} (heads='train') but the training split holds {len(train)}")
+    if not training and test_prompts < 2:
+        problems.append(f"test_prompts={test_prompts}, but loaded heads' trees are designed on half the test prompts "
+                        "and measured on the other half: at least 2")
     if not problems:
         return
     raise ParameterError(

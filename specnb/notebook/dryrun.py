@@ -48,14 +48,16 @@ import sys
 import tempfile
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
 
+from ..io.medusa_checkpoint import PUBLISHED as PUBLISHED_HEADS, PublishedHeads, save_checkpoint
 from ..io.model_configs import FAMILIES, HubModel, config_of, hub_model, known_models
 from ..io.prompts import BUILTIN
 
@@ -227,7 +229,7 @@ def standin_digest(hub_ids: Iterable[str]) -> str:
     """What the stand-ins are built from: this module, the committed configs, the library versions."""
     h = hashlib.sha256(Path(__file__).read_bytes())
     for hub_id in sorted(hub_ids):
-        h.update(repr(hub_model(hub_id)).encode())
+        h.update(repr(PUBLISHED_HEADS.get(hub_id) or hub_model(hub_id)).encode())
     for package in ("torch", "transformers", "tokenizers", "safetensors"):
         h.update(f"{package}=={metadata.version(package)}".encode())
     return h.hexdigest()
@@ -235,15 +237,18 @@ def standin_digest(hub_ids: Iterable[str]) -> str:
 
 def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> dict[str, Path]:
     """Stand-ins of `hub_ids` (default: every committed model) in `<home>/hub`; hub id -> snapshot.
+    A hub id may also name published Medusa heads (`io.medusa_checkpoint.PUBLISHED`): their stand-in
+    is a checkpoint in the published layout and dtype, sized for their base model's stand-in.
 
     Idempotent: a stamp in <home>/hub records the digest it was built from; an unchanged digest
     returns at once. A folder of the cache that is not a stand-in (no MARKER) is never touched: then
     this raises, since that cache holds real downloads and is not the place for stand-ins."""
     home = Path(home).expanduser()
     hub_ids = sorted(set(hub_ids if hub_ids is not None else known_models()))
-    unknown = [h for h in hub_ids if h not in known_models()]
+    unknown = [h for h in hub_ids if h not in known_models() and h not in PUBLISHED_HEADS]
     if unknown:
-        raise KeyError(f"no committed config for {unknown}; stand-ins exist for {known_models()}")
+        raise KeyError(f"no committed config for {unknown}; stand-ins exist for {known_models()} "
+                       f"and the published heads {sorted(PUBLISHED_HEADS)}")
     digest = standin_digest(hub_ids)
     commit = digest[:40]  # the snapshot's "commit hash"
     hub = home / "hub"
@@ -256,41 +261,29 @@ def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> 
         for h in hub_ids:
             _refuse_real_model(repo_folder(home, h))
         tokenizers = {}
-        for h in hub_ids:
+        for h in [h for h in hub_ids if h in PUBLISHED_HEADS]:
+            _install_repo(home, h, commit, partial(_fill_heads, PUBLISHED_HEADS[h]))
+        for h in [h for h in hub_ids if h not in PUBLISHED_HEADS]:
             model = hub_model(h)
             family = model.tokenizer.family
             if family not in tokenizers:
                 tokenizers[family] = family_tokenizer(family, model.vocab_size)
-            _install_one(home, model, tokenizers[family], commit)
+            _install_repo(home, h, commit, partial(_fill_model, model, tokenizers[family]))
         _write_json(hub / STAMP, {"digest": digest, "models": hub_ids})
     return snapshots
 
 
-def _install_one(home: Path, model: HubModel, tokenizer: PreTrainedTokenizerFast, commit: str) -> None:
-    """One repository: refs/main -> commit, snapshots/<commit>/ with the model, its tokenizer, the
-    generation config where the real one is recorded, and the marker. Written beside, then renamed."""
-    repo = repo_folder(home, model.hub_id)
+def _install_repo(home: Path, hub_id: str, commit: str, fill: Callable[[Path], str]) -> None:
+    """One repository: refs/main -> commit, snapshots/<commit>/ written by `fill` (which returns what
+    the stand-in is), and the marker. Written beside, then renamed."""
+    repo = repo_folder(home, hub_id)
     repo.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=repo.parent, prefix=f".{repo.name}.", suffix=".tmp"))
     try:
         snapshot = tmp / "snapshots" / commit
-        config = standin_config(model)
-        dtype = getattr(torch, str(model.config.get("torch_dtype", "float32")))
-        net = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        standin_weights(net, model.hub_id, model.tokenizer.family)
-        net.to(dtype).save_pretrained(snapshot)
-        (snapshot / "generation_config.json").unlink(missing_ok=True)  # only the real one, where recorded
-        if model.generation_config is not None:
-            _write_json(snapshot / "generation_config.json", model.generation_config)
-        facts = model.tokenizer
-        tokenizer.chat_template = facts.chat_template
-        if facts.pad_token is not None:
-            tokenizer.pad_token = facts.pad_token
-        tokenizer.save_pretrained(snapshot)
-        settings = _read_json(snapshot / "tokenizer_config.json")
-        settings.update(tokenizer_class=facts.tokenizer_class, add_bos_token=facts.add_bos_token)
-        _write_json(snapshot / "tokenizer_config.json", settings)
-        _write_json(snapshot / MARKER, {"hub_id": model.hub_id, "what": config.specnb_standin, "commit": commit})
+        snapshot.mkdir(parents=True)
+        what = fill(snapshot)
+        _write_json(snapshot / MARKER, {"hub_id": hub_id, "what": what, "commit": commit})
         (tmp / "refs").mkdir()
         (tmp / "refs" / "main").write_text(commit)
         if repo.exists():
@@ -298,6 +291,45 @@ def _install_one(home: Path, model: HubModel, tokenizer: PreTrainedTokenizerFast
         os.replace(tmp, repo)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fill_model(model: HubModel, tokenizer: PreTrainedTokenizerFast, snapshot: Path) -> str:
+    """The model, its tokenizer and the generation config where the real one is recorded."""
+    config = standin_config(model)
+    dtype = getattr(torch, str(model.config.get("torch_dtype", "float32")))
+    net = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    standin_weights(net, model.hub_id, model.tokenizer.family)
+    net.to(dtype).save_pretrained(snapshot)
+    (snapshot / "generation_config.json").unlink(missing_ok=True)  # only the real one, where recorded
+    if model.generation_config is not None:
+        _write_json(snapshot / "generation_config.json", model.generation_config)
+    facts = model.tokenizer
+    tokenizer.chat_template = facts.chat_template
+    if facts.pad_token is not None:
+        tokenizer.pad_token = facts.pad_token
+    tokenizer.save_pretrained(snapshot)
+    settings = _read_json(snapshot / "tokenizer_config.json")
+    settings.update(tokenizer_class=facts.tokenizer_class, add_bos_token=facts.add_bos_token)
+    _write_json(snapshot / "tokenizer_config.json", settings)
+    return config.specnb_standin
+
+
+def _fill_heads(heads: PublishedHeads, snapshot: Path) -> str:
+    """Published Medusa heads at the size of their base model's stand-in, in their layout and dtype:
+    weak seeded residual blocks, and projections near the family's LM head (so the heads' logits
+    are those of a language model, not noise)."""
+    base = hub_model(heads.base_model)
+    config = standin_config(base)
+    h, v = config.hidden_size, config.vocab_size
+    lm_head = _normal(f"{base.tokenizer.family}/lm_head.weight/{v}x{h}", torch.Size((v, h)))
+    state = {}
+    for k in range(heads.num_heads):
+        for layer in range(heads.num_layers):
+            state[f"{k}.{layer}.linear.weight"] = _normal(f"{heads.repo_id}/{k}.{layer}", torch.Size((h, h))) * 0.1 / math.sqrt(h)
+            state[f"{k}.{layer}.linear.bias"] = torch.zeros(h)  # host: stand-in weights, saved to disk
+        state[f"{k}.{heads.num_layers}.weight"] = lm_head + MEMBER_NOISE * _normal(f"{heads.repo_id}/{k}", torch.Size((v, h)))
+    save_checkpoint(snapshot, state, heads.base_model, dtype=getattr(torch, heads.dtype))
+    return f"tiny random stand-in for {heads.repo_id} ({heads.num_heads} heads, {heads.dtype}; specnb.notebook.dryrun)"
 
 
 def _refuse_real_model(repo: Path) -> None:

@@ -1,8 +1,11 @@
 """Notebook 05's steps: Medusa heads trained here (or loaded) against draft-model trees, and typical
 acceptance (LOSSY) against lossless sampling.
 
+    check_models         every model and the heads' checkpoint resolved before anything loads
     study_prompts        the training and test prompts (id, category, ids), refused before any model
                          loads where a split cannot hold the counts asked for
+    tree_design          what Medusa's own and Sequoia's trees are designed from, apart from the prompts
+                         their tau is measured on
     heads_for            train (or load from the cache) heads for the target, or load published
                          heads (a hub id or folder in Medusa's layout), with the training tables
     tau_table            replayed tau by shape and budget for Medusa trees and for the draft model's
@@ -20,39 +23,53 @@ tokens per step, bonus EXCLUDED; the typical rule is named `typical_lossy` in ev
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from ..analysis.collection import Collection
-from ..analysis.medusa_training import TrainConfig, TrainedHeads, shape_trees, split_prompts, train_or_load
+from ..analysis.medusa_training import (TrainConfig, TrainedHeads, heldout_rank_accuracy, rank_accuracy, shape_trees,
+                                        split_prompts, train_or_load)
 from ..analysis.quality import perplexity
 from ..analysis.replay import replay
 from ..core.acceptance import TypicalAcceptance
 from ..core.generation import autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
-from ..io.models import prompt_ids
+from ..io.models import load_tokenizer, prompt_format, prompt_ids
 from ..io.prompts import load_prompts
+from ..io.sources import check_sources
 from .checks import medusa_split
 
 LOSSY = TypicalAcceptance().name  # "typical_lossy"
 
 
-def study_prompts(tokenizer: PreTrainedTokenizerBase, source: str, max_prompt_tokens: int, train_prompts: int,
-                  test_prompts: int, training: bool) -> tuple[list, list]:
-    """(train, test): prompts (id, category, ids [T]) of `source` with at most `max_prompt_tokens`
-    tokens (chat template included), split by `split_prompts` (disjoint; each part takes the
-    categories in turn) and cut to the counts asked for. Refused (`checks.ParameterError`, before
-    any model loads) where a split holds fewer than asked, the training one only when `training`."""
+HEAD_SOURCES = ("train", "standin")  # `heads` values that name no checkpoint
+
+
+def check_models(target: str, draft: str, heads: str) -> None:
+    """Resolve every model notebook 05 names, the heads' checkpoint (folder or hub id) included, at
+    once (`io.sources.check_sources`): a gated, mistyped or unreachable one fails before any loads."""
+    check_sources([name for name in (target, draft, heads) if name and name not in HEAD_SOURCES])
+
+
+def study_prompts(target: str, source: str, max_prompt_tokens: int, train_prompts: int, test_prompts: int,
+                  training: bool) -> tuple[list, list, str]:
+    """(train, test, prompt format): prompts (id, category, ids [T]) of `source` in the tokens of
+    `target` (a model name: only its tokenizer loads) with at most `max_prompt_tokens` tokens (chat
+    template included), split by `split_prompts` (disjoint; each part takes the categories in turn)
+    and cut to the counts asked for, and how they were encoded (`io.models.prompt_format`). Refused
+    (`checks.ParameterError`, before any model loads) where a split holds fewer than asked, the
+    training one only when `training`."""
+    tokenizer = load_tokenizer(target)
     prompts = [(p.id, p.category, prompt_ids(tokenizer, p.text)[0]) for p in load_prompts(source)]
     eligible = [p for p in prompts if len(p[2]) <= max_prompt_tokens]
     train, test = split_prompts(eligible)
     medusa_split(train, test, train_prompts, test_prompts, training, max_prompt_tokens, len(eligible), source)
-    return (train[:train_prompts] if training else []), test[:test_prompts]
+    return (train[:train_prompts] if training else []), test[:test_prompts], prompt_format(target, tokenizer)
 
 
 def heads_for(target: torch.nn.Module, target_name: str, source: str, prompts: Sequence[torch.Tensor],
@@ -61,6 +78,33 @@ def heads_for(target: torch.nn.Module, target_name: str, source: str, prompts: S
     if source == "train":
         return train_or_load(target, target_name, prompts, config, progress=progress)
     return MedusaHeads.load(source, target)
+
+
+@dataclass(frozen=True)
+class TreeDesign:
+    """Where Medusa's own tree and Sequoia's per-depth tree come from, kept apart from where their
+    tau is measured: a tree designed on the very prompts it is scored on is biased upward."""
+
+    accuracy: list[list[float]]  # acc[d][r]: per depth, per rank (Medusa's table), the trees' input
+    measured: Collection  # the head collection of the prompts tau is measured on
+    note: str  # what each side holds, for the notebook to print
+
+
+def tree_design(collection: Collection, trained: TrainedHeads | None) -> TreeDesign:
+    """Heads trained here: accuracies of the training split's held-out rows, tau on every test
+    prompt. Loaded heads (no training split): accuracies of the first half of the test prompts,
+    tau on the other half."""
+    n = len(collection.prompts)
+    if trained is not None:
+        return TreeDesign(heldout_rank_accuracy(trained.accuracy), collection,
+                          f"trees designed from the training split's held-out rows; tau measured on all {n} test prompts")
+    half = n // 2
+    if half < 1:
+        raise ValueError(f"loaded heads need >= 2 test prompts: trees are designed on half and measured on the other half (got {n})")
+    design, measured = collection.prompts[:half], collection.prompts[half:]
+    return TreeDesign(rank_accuracy(replace(collection, prompts=design)), replace(collection, prompts=measured),
+                      f"trees designed from {half} test prompts ({', '.join(p.prompt_id for p in design)}); tau measured on "
+                      f"the other {n - half} ({', '.join(p.prompt_id for p in measured)})")
 
 
 def budget_trees(budgets: Sequence[int], depth: int, accuracy: Sequence[Sequence[float]]) -> dict[tuple[str, int], Tree]:
