@@ -3,6 +3,7 @@ logits are closer than the dtype's tie margin is a numerical tie, any other is a
 a half-precision tiny model with a near-tie injected into its LM head, and against a random
 divergence without one."""
 
+import copy
 import math
 
 import pytest
@@ -74,3 +75,23 @@ def test_score_gives_perplexity_and_margins(tiny_target):
     assert len(s.margins) == 6 and all(m >= 0 for m in s.margins)
     assert s.perplexity >= 1.0 and math.isfinite(s.perplexity)
     assert math.isnan(score(tiny_target, prompt, []).perplexity)
+
+
+def test_the_tie_margin_takes_the_measured_logit_gap(tiny_target):
+    """A 4-bit target on a GPU decodes with one kernel and verifies with another: the margin below
+    which a flip is a tie comes from the gap measured between them, when that exceeds the dtype's
+    convention (float16: 0.1)."""
+    from specnb.analysis.quality import logit_gap, tie_margin
+
+    ids = random_prompt(7, length=9)
+    tokens = autoregressive_generate(tiny_target, ids, max_new_tokens=6, eos_token_id=()).tokens
+    exact = logit_gap(tiny_target, ids, tokens)
+    assert 0.0 <= exact < 1e-3, "float32 on CPU: the two paths agree to rounding"
+    skewed = copy.deepcopy(tiny_target)  # a verify kernel that rounds differently: several rows come out 0.25 higher
+    skewed.lm_head.register_forward_hook(lambda m, a, out: out + 0.25 if out.shape[1] > 1 else out)
+    assert logit_gap(skewed, ids, tokens) == pytest.approx(0.25, abs=1e-3)
+    assert tie_margin(torch.float16) == 0.1 and tie_margin(torch.float16, 0.3) == 0.6
+    a, b = [5, 6, 7], [5, 9, 7]
+    assert compare_greedy(a, b, [1.0, 0.4, 1.0], torch.float16).verdict == "mismatch"
+    wide = compare_greedy(a, b, [1.0, 0.4, 1.0], torch.float16, gap=0.3)
+    assert wide.verdict == "tie" and wide.threshold == 0.6 and wide.margin == 0.4

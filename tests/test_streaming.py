@@ -129,3 +129,35 @@ def test_sampled_streaming_follows_the_streaming_distribution():
     assert chi_square_pvalue(samples, exact) > ALPHA
     # the test's power: the same samples against the full-cache model's distribution are rejected
     assert chi_square_pvalue(samples, full) < ALPHA
+
+
+def test_long_generations_run_past_eos_and_the_reading_warns_of_a_window_that_never_evicted(monkeypatch, tmp_path):
+    """Notebook 04: a model whose EOS comes first would end every generation at once and no window
+    would ever evict, silently. By default each generation runs its length; with stop_at_eos it
+    stops, and the reading says the window never evicted."""
+    import copy
+
+    from conftest import random_prompt, tiny_model
+    from specnb import autoregressive_generate
+    from specnb.io.prompts import Prompt
+    from specnb.io.storage import Sweep
+    from specnb.notebook import long_generation as lg
+    from specnb.notebook.readings import long_reading
+
+    model = copy.deepcopy(tiny_model(0, scale=30.0))
+    ids = random_prompt(4, length=6)
+    first = int(autoregressive_generate(model, ids, max_new_tokens=1, eos_token_id=()).tokens[0])
+    model.generation_config.eos_token_id = first  # the model's EOS is its first greedy token
+    monkeypatch.setattr(lg, "prompt_ids", lambda tokenizer, text: ids)
+    prompt = [Prompt("p", "writing", "unused: prompt_ids is replaced")]
+    tables = {}
+    for stop in (False, True):
+        store = Sweep(tmp_path / f"long-{stop}.jsonl", key=lg.UNIT_KEY)
+        lg.run_long(store, model, None, None, prompt, ["autoregressive", "ngram/chain:2"], [8], 2, "cache", 40,
+                    progress=False, stop_at_eos=stop)
+        tables[stop] = lg.long_table(store.meta_frame())
+    ran, stopped = tables[False], tables[True]
+    assert (ran["tokens"] == 40).all() and (ran.loc[ran["window"] == 8, "evictions"] > 0).all()
+    assert (stopped["tokens"] == 1).all() and (stopped["evictions"] == 0).all()
+    assert "never evicted" not in long_reading(ran)
+    assert "warning: window 8 never evicted** for autoregressive, ngram/chain:2" in long_reading(stopped)

@@ -1,6 +1,8 @@
 """Quality of generated text: its perplexity under the target, and how it compares with the target's
 own greedy output (exact, a numerical tie, or a mismatch).
 
+    logit_gap(target, prompt_ids, tokens) -> float   decode-vs-verify logit difference, measured
+    tie_margin(dtype, gap) -> float                   the tie margin a comparison uses
     score(target, prompt_ids, tokens) -> Score(perplexity, margins)
         one teacher-forced forward over prompt + tokens: the perplexity
         exp(-(1/n) sum_i log p(y_i | prompt, y_<i)) over the n tokens y (p = the target's raw
@@ -18,7 +20,12 @@ reference's context (identical in both outputs up to there) gives a top-2 margin
 
 TIE_MARGIN is in logits: float32 1e-3 (CPU runs are bit-reproducible; we have never seen a flip), and
 for float16 / bfloat16 a few units in the last place of logits of magnitude ~10-30 accumulated over
-a deep model: 0.1 and 0.5. A convention, stated in every table that uses it, not a measurement.
+a deep model: 0.1 and 0.5. A convention, not a measurement; so every run also measures its target's
+own gap (`logit_gap`: the largest difference between the logits of plain one-row decoding and of one
+several-row forward over the same tokens, the two kernels a verify and a decode take; with
+bitsandbytes nf4 on a GPU they are different kernels entirely) and the margin used is
+`tie_margin(dtype, gap)` = max(TIE_MARGIN[dtype], 2 x gap): two logits each off by up to the gap can
+swap when they are closer than twice it. Both are stored beside every comparison.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from ..core.cache import crop, new_cache
 
 # below this gap between the target's two largest logits, a flipped argmax is a numerical tie
 TIE_MARGIN: dict[torch.dtype, float] = {torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.5}
@@ -51,6 +60,32 @@ class Equality:
     def equal(self) -> bool:
         """Equal up to numerical ties: "exact" or "tie"."""
         return self.verdict != "mismatch"
+
+
+def tie_margin(dtype: torch.dtype, gap: float = 0.0) -> float:
+    """The tie margin for logits of `dtype` whose measured decode-vs-verify gap is `gap`."""
+    return max(TIE_MARGIN.get(dtype, TIE_MARGIN[torch.float16]), 2.0 * gap)
+
+
+@torch.inference_mode()
+def logit_gap(target: torch.nn.Module, prompt_ids: torch.Tensor, tokens: torch.Tensor | Sequence[int]) -> float:
+    """The largest |logit difference| between decoding `tokens` one row at a time after the prompt
+    (the kernels of a plain decode) and one forward of all of them as several rows over the same
+    prompt cache (the kernels of a tree verify): how far apart the target's two paths compute the
+    same logits on this device. prompt_ids: long [1, T] or [T], T >= 1; tokens: at least one."""
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=target.device).reshape(1, -1)
+    new = torch.as_tensor(tokens, dtype=torch.long, device=target.device).reshape(1, -1)
+    if new.shape[1] == 0:
+        raise ValueError("logit_gap needs at least one token")
+    cache = new_cache(target)
+    target(input_ids=prompt, past_key_values=cache, use_cache=True)
+    t = prompt.shape[1]
+    rows = []
+    for i in range(new.shape[1]):
+        rows.append(target(input_ids=new[:, i : i + 1], past_key_values=cache, use_cache=True).logits[0, -1].float())
+    crop(cache, t)
+    together = target(input_ids=new, past_key_values=cache, use_cache=True).logits[0].float()  # [n, V]
+    return float((torch.stack(rows) - together).abs().max())
 
 
 @torch.inference_mode()
@@ -86,11 +121,13 @@ def compare_greedy(
     reference: torch.Tensor | Sequence[int] | None,
     margins: Sequence[float] | None = None,
     dtype: torch.dtype = torch.float32,
+    gap: float = 0.0,
 ) -> Equality:
     """`tokens` against the target's own greedy `reference`: "exact", "tie" (the first divergence is
     where the target's top-2 margin, `margins[i]` from `score` of either output, is below
-    TIE_MARGIN[dtype]) or "mismatch". No reference, or no margins for a divergence: "mismatch"."""
-    threshold = TIE_MARGIN.get(dtype, TIE_MARGIN[torch.float16])
+    `tie_margin(dtype, gap)`; gap: the target's measured `logit_gap`) or "mismatch". No reference,
+    or no margins for a divergence: "mismatch"."""
+    threshold = tie_margin(dtype, gap)
     if reference is None:
         return Equality("mismatch", None, None, threshold)
     a, b = _as_list(tokens), _as_list(reference)

@@ -39,7 +39,7 @@ from ..analysis.collection import CollectConfig, Collection
 from ..analysis.executors import Executor, LocalExecutor
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row, summarize
-from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, score
+from ..analysis.quality import TIE_MARGIN, Score, compare_greedy, logit_gap, score
 from ..analysis.redraft import Redrafted, redraft
 from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
@@ -47,7 +47,7 @@ from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
 from ..drafters.retokenize import TokenText
-from ..io.models import ModelPair, check_pair, default_device, default_dtype, describe_model, load_model, load_tokenizer, model_dtype, prompt_ids
+from ..io.models import ModelPair, check_pair, default_device, default_dtype, describe_model, load_model, load_tokenizer, model_dtype, prompt_format, prompt_ids
 from ..io.cpu_linear import effective_path, linear_path
 from ..io.sources import check_sources
 from ..io.prompts import Prompt
@@ -56,6 +56,7 @@ from ..bench.verify_curve import curve_table, missing_points, verify_curve
 from ..io.storage import Sweep
 
 BASELINE = "autoregressive"
+GAP_TOKENS = 8  # tokens of the first prompt's output that `quality.logit_gap` decodes and verifies
 UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
 
 
@@ -120,6 +121,7 @@ def run_sweep(
     references: dict[str, list[int]] = {}
     ids_of = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}  # tokenize each prompt once
     scores: dict[tuple[str, tuple[int, ...]], Score] = {}  # equal outputs are scored once
+    gap: list[float] = []  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
     for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
         ids = ids_of[prompt.id]
         if k is None and baseline_of is not None and _key(baseline_of, None, prompt) in store:
@@ -135,10 +137,12 @@ def run_sweep(
         if k is None:
             references[prompt.id] = result.tokens.tolist()
             reference = references[prompt.id]
+        if not gap:
+            gap.append(logit_gap(target, ids, (reference or result.tokens.tolist())[:GAP_TOKENS] or [0]))
         store.add(
             _key(pair_label, k, prompt),
             _step_rows(result),
-            meta=_unit_summary(result, prompt, reference, trees[k] if k else None, scores[output], target.dtype),
+            meta=_unit_summary(result, prompt, reference, trees[k] if k else None, scores[output], target.dtype, gap[0]),
         )
 
 
@@ -243,6 +247,7 @@ def run_pairs(
         allowed[pair] = {k: t for k, t in own.items() if k not in refused}
         state = "measured" if not refused else "partial" if allowed[pair] else "skipped"
         status[pair] = {"pair": pair.label, "status": state, "vocabulary": vocabulary, "reason": "; ".join(reasons),
+                        "prompt_format": prompt_format(pair.target, load_tokenizer(pair.target)),
                         "target_loaded": "", "draft_loaded": ""}
     runnable = [pair for pair in pairs if allowed[pair]]
     first_of_target: dict[tuple, str] = {}  # target -> the first pair that measured it alone
@@ -306,7 +311,9 @@ def replay_units(
             tokens = torch.tensor(data[prompt.id].tokens[: sum(s.num_tokens for s in mine)])  # host
             result = GenerationResult(tokens, mine, len(data[prompt.id].prompt), math.nan, math.nan, None, "replay")
             quality = score(target, torch.tensor(data[prompt.id].prompt), tokens)  # host: score moves them
-            summary = _unit_summary(result, prompt, _stored_tokens(store, pair_label, prompt), tree, quality, target.dtype)
+            baseline = store.meta(_key(pair_label, None, prompt)) or {}
+            summary = _unit_summary(result, prompt, _stored_tokens(store, pair_label, prompt), tree, quality, target.dtype,
+                                    float(baseline.get("logit_gap") or 0.0))
             store.add(key, [{**r, "source": "replay"} for r in _step_rows(result)], meta={**summary, "source": "replay"})
 
 
@@ -347,6 +354,7 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         greedy_equal=("greedy_equal", "sum"),
         greedy_ties=("greedy", lambda v: int((v == "tie").sum())),
         greedy_mismatches=("greedy", lambda v: int((v == "mismatch").sum())),
+        **({"tie_margin": ("tie_margin", "max"), "logit_gap": ("logit_gap", "max")} if "tie_margin" in spec else {}),
         nodes=("num_nodes", "first"),
         depth=("depth", "first"),
         **({"source": ("source", "first")} if "source" in spec else {}),
@@ -778,11 +786,11 @@ def _step_rows(result: GenerationResult) -> list[dict]:
 
 def _unit_summary(
     result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None, quality: Score,
-    dtype: torch.dtype,
+    dtype: torch.dtype, gap: float = 0.0,
 ) -> dict:
     s = summarize(result)
     tokens = result.tokens.tolist()
-    equality = compare_greedy(tokens, reference, quality.margins, dtype)
+    equality = compare_greedy(tokens, reference, quality.margins, dtype, gap)
     return {
         "category": prompt.category,
         "num_nodes": tree.num_nodes if tree else 0,
@@ -807,6 +815,8 @@ def _unit_summary(
         "greedy_equal": equality.verdict == "exact",
         "first_difference": equality.position,
         "difference_margin": equality.margin,
+        "tie_margin": equality.threshold,  # max(the dtype's convention, 2 x logit_gap)
+        "logit_gap": gap,  # the target's measured decode-vs-verify logit gap on this device
         "perplexity": quality.perplexity,
         "tokens": " ".join(map(str, tokens)),
     }

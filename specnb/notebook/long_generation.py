@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..analysis.metrics import step_row, summarize
-from ..analysis.quality import compare_greedy, score
+from ..analysis.quality import compare_greedy, logit_gap, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.streaming import StreamingCache
 from ..drafters.methods import build_drafter, parse_method
@@ -60,32 +60,40 @@ def run_long(
     max_new_tokens: int,
     draft_policy: bool = True,
     progress: bool = True,
+    stop_at_eos: bool = False,
 ) -> None:
     """Every (prompt, window, method) unit not yet in `store`; per prompt, the full cache's target
     alone first (the reference of first_difference), and per window the target alone before the
-    methods (their streaming reference)."""
+    methods (their streaming reference). stop_at_eos False: every generation runs its
+    `max_new_tokens` whatever the model's EOS (a base model may emit it long before a window
+    fills, and then nothing is evicted); True: each stops at EOS."""
+    eos = None if stop_at_eos else ()  # None: the model's own EOS; (): none
     trees = {m: parse_method(m) for m in methods if m != TARGET_ALONE}
     slack = max([t.tree.depth for t in trees.values()] + [1])
     by_window = policies([FULL] + [w for w in windows if w], sink, slack, positions)
     order = [TARGET_ALONE] + [m for m in methods if m != TARGET_ALONE]
     todo = [(p, w, m) for p in prompts for w in by_window for m in order]
     todo = [u for u in todo if {"prompt_id": u[0].id, "window": u[1], "method": u[2]} not in store]
+    gap: list[float] = []  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
     for prompt, window, method in tqdm(todo, desc="long generations", disable=not progress):
         ids = prompt_ids(tokenizer, prompt.text)
         policy = by_window[window]
         if method == TARGET_ALONE:
-            result = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, cache_policy=policy)
+            result = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, cache_policy=policy,
+                                             eos_token_id=eos)
         else:
             spec = trees[method]
             drafter = build_drafter(spec, target, draft, cache_policy=policy if draft_policy else None)
             result = speculative_generate(target, drafter, ids, tree=spec.tree, max_new_tokens=max_new_tokens,
-                                          cache_policy=policy)
+                                          cache_policy=policy, eos_token_id=eos)
         full_reference = _tokens(store, prompt.id, FULL)
         streaming_reference = result.tokens.tolist() if method == TARGET_ALONE else _tokens(store, prompt.id, window)
         quality = score(target, ids, result.tokens)
+        if not gap:
+            gap.append(logit_gap(target, ids, result.tokens[:8].tolist() or [0]))
         store.add({"prompt_id": prompt.id, "window": window, "method": method},
                   [step_row(s) for s in result.steps],
-                  meta=_summary(result, prompt, policy, quality, full_reference, streaming_reference, target.dtype))
+                  meta=_summary(result, prompt, policy, quality, full_reference, streaming_reference, target.dtype, gap[0]))
 
 
 def long_table(units: pd.DataFrame) -> pd.DataFrame:
@@ -128,10 +136,10 @@ def _tokens(store: Sweep, prompt_id: str, window: int) -> list[int] | None:
 
 
 def _summary(result: GenerationResult, prompt: Prompt, policy: StreamingCache | None, quality, full_reference,
-             streaming_reference, dtype: torch.dtype) -> dict:
+             streaming_reference, dtype: torch.dtype, gap: float = 0.0) -> dict:
     s = summarize(result)
     tokens = result.tokens.tolist()
-    versus_full = compare_greedy(tokens, full_reference, quality.margins, dtype)
+    versus_full = compare_greedy(tokens, full_reference, quality.margins, dtype, gap)
     return {
         "category": prompt.category, "policy": "full cache" if policy is None else policy.describe(),
         "num_steps": s.num_steps, "num_tokens": s.num_tokens, "num_drafted": s.num_drafted,
@@ -140,6 +148,7 @@ def _summary(result: GenerationResult, prompt: Prompt, policy: StreamingCache | 
         "kv_bytes": result.kv_bytes, "kv_peak_bytes": result.kv_peak_bytes, "evictions": result.evictions,
         "perplexity": quality.perplexity,
         "first_difference": versus_full.position if versus_full.verdict != "exact" else None,
-        "streaming_greedy": compare_greedy(tokens, streaming_reference, quality.margins, dtype).verdict,
+        "streaming_greedy": compare_greedy(tokens, streaming_reference, quality.margins, dtype, gap).verdict,
+        "tie_margin": versus_full.threshold, "logit_gap": gap,
         "tokens": " ".join(map(str, tokens)),
     }

@@ -207,6 +207,11 @@ def long_reading(table: pd.DataFrame) -> str:
         first = t["first_difference"].dropna()
         diverge = f"first differs from full-cache greedy at token {int(first.min())}" if len(first) else "never differs from full-cache greedy"
         lines.append(f"- window {window}: " + "; ".join(parts) + f"; output {diverge}, perplexity {t['perplexity'].mean():.2f}")
+        idle = t[t["evictions"] == 0]["method"].tolist()
+        if idle:
+            lines.append(f"  - **warning: window {window} never evicted** for {', '.join(idle)}: the generation ended "
+                         f"before the cache held sink + {window} tokens, so these rows say nothing about streaming "
+                         "(raise max_new_tokens, lower the window, or keep stop_at_eos False)")
     spec = table[table["method"] != "autoregressive"]
     exact, total = int(spec["streaming_exact"].sum()), int(spec["prompts"].sum())
     ties = int(spec["streaming_ties"].sum())
