@@ -44,7 +44,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 legibility (is a figure readable), readings, session, checks (parameters refused
                 before any model loads), runner, report (the executed
                 notebook as HTML appendices and the index), profile_memory (will a profile's pairs
-                fit its GPU), dryrun (stand-in hub models), medusa_study (notebook 05)
+                fit its GPU, what it downloads), t4_estimate (the t4 profile's time on a T4, an
+                estimate from published figures), dryrun (stand-in hub models), medusa_study (notebook 05)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -81,7 +82,8 @@ MODULES = {
                                     "medusa_training")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
-                                    "checks", "runner", "report", "profile_memory", "dryrun", "medusa_study")},
+                                    "checks", "runner", "report", "profile_memory", "t4_estimate", "dryrun",
+                                    "medusa_study")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {

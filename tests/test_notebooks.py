@@ -219,6 +219,32 @@ def test_bad_requests_run_nothing(tmp_path, args, message):
     assert not any(tmp_path.iterdir())
 
 
+def test_gated_models_without_a_visible_token_run_nothing(tmp_path, monkeypatch):
+    """The t4 profile names gated Llama models: with no token visible to the runner (on Colab the
+    notebook's secret reaches only the interactive kernel, and a `!export` line is its own shell),
+    nothing runs and the message says how to pass one; with a token, or offline, it goes on."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["HF_HOME"] = str(tmp_path / "empty-hf-home")  # no stored login token either
+    proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "t4", "--outputs", str(tmp_path / "out")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "nothing was run" in proc.stderr, proc.stderr[-2000:]
+    assert "meta-llama/Llama-2-7b-hf, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.2-3B are gated" in proc.stderr
+    assert 'os.environ["HF_TOKEN"] = userdata.get("HF_TOKEN")' in proc.stderr and "%env HF_TOKEN" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    resolved = runner.resolve("t4", {}, [], NOTEBOOKS)
+    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    with pytest.raises(runner.RunnerError, match="gated"):
+        runner.check_tokens(resolved)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    runner.check_tokens(resolved)  # a token is visible: the notebooks' own checks take over
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    runner.check_tokens(resolved)  # offline (t4-dryrun's stand-ins, a filled cache): none needed
+
+
 def test_failing_notebook_names_its_cell(tmp_path):
     books = tmp_path / "notebooks"
     (books / "profiles").mkdir(parents=True)
@@ -367,10 +393,9 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
     sizes = {"max_prompts", "max_new_tokens", "check_prompts", "verify_prefix", "verify_nodes", "verify_repeats",
              "batches", "prefixes", "nodes", "warmup", "repeats", "windows", "bin_tokens",
              "budgets", "test_prompts", "typical_prompts", "max_prompt_tokens"}
-    # the one declared exception: 05's published Medusa heads have no stand-in (random heads instead)
-    assert dry["05_medusa_heads"]["heads"] == "standin" and t4["05_medusa_heads"]["heads"].startswith("FasterDecoding/")
+    assert dry["05_medusa_heads"]["heads"] == t4["05_medusa_heads"]["heads"] == "FasterDecoding/medusa-vicuna-7b-v1.3"
     for stem in t4:
-        changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"} - ({"heads"} if stem == "05_medusa_heads" else set())
+        changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}
         assert changed <= sizes, f"{stem}: t4-dryrun changes {sorted(changed - sizes)}"
     assert dry["02_model_pairs"]["pairs"] == t4["02_model_pairs"]["pairs"]
     assert all(p["model_dtype"] == "float16" for p in dry.values())
@@ -416,21 +441,22 @@ def t4_dryrun(tmp_path_factory):
     """`run t4-dryrun` as run_notebooks.sh runs it, with specnb's cache (where the runner builds the
     stand-ins, `{cache}/hf-standins`) in a folder of the test's own: a cold build every time."""
     outputs = tmp_path_factory.mktemp("dryrun-outputs")
-    env = {**os.environ, "SPECNB_CACHE": str(tmp_path_factory.mktemp("specnb-cache"))}
+    cache = tmp_path_factory.mktemp("specnb-cache")
+    env = {**os.environ, "SPECNB_CACHE": str(cache)}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "t4-dryrun", "--outputs", str(outputs)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return outputs, time.perf_counter() - start, proc.stdout
+    return outputs, time.perf_counter() - start, proc.stdout, cache
 
 
 def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     from specnb.io.model_configs import hub_model
     from specnb.notebook.experiments import Pair
 
-    outputs, seconds, log = t4_dryrun
+    outputs, seconds, log, _ = t4_dryrun
     print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
-    assert "stand-ins of 6 hub models" in log
+    assert "stand-ins of 6 hub models and 1 published Medusa heads" in log
     folders = {}
     for nb in NOTEBOOKS:
         folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())
@@ -476,6 +502,31 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     assert all(ok == "True" or (ok == "" and note) for ok, note in zip(check["ok"].astype(str), check["note"]))
     grid = pd.read_csv(folders["03_tree_attention_timing"] / "attention_grid.csv")
     assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
+
+
+def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun, monkeypatch):
+    """Colab's "rerun to resume": each t4-dryrun notebook executed again into its finished run folder
+    (as an interactive rerun with that run_dir does) recomputes nothing and duplicates nothing:
+    every table keeps its rows and every resumable store its lines. Then notebook 05's published
+    heads came from their stand-in checkpoint (5 heads, float16, the published layout)."""
+    outputs, _, _, cache = t4_dryrun
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(cache / "hf-standins"))
+    monkeypatch.setenv("SPECNB_CACHE", str(cache))
+    monkeypatch.setenv("SPECNB_HEADLESS", "1")
+    for nb in NOTEBOOKS:
+        folder = next((outputs / nb.stem).iterdir())
+        params = json.loads((folder / "params.json").read_text())["parameters"]
+        tables = {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")}
+        stores = {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")}
+        papermill.execute_notebook(str(nb), str(folder / "rerun.ipynb"), parameters={**params, "run_dir": str(folder)},
+                                   cwd=str(nb.parent), progress_bar=False, kernel_name="python3", execution_timeout=600)
+        assert {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")} == tables, nb.stem
+        assert {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")} == stores, nb.stem
+    medusa = next((outputs / "05_medusa_heads").iterdir())
+    assert set(pd.read_csv(medusa / "head_accuracy.csv")["head"]) == {1, 2, 3, 4, 5}
+    said = json.loads((medusa / "params.json").read_text())["test_prompts"]
+    assert said["source"] == "spec_bench" and "lmsys/vicuna-7b-v1.3's conversation format" in said["prompt_format"]
 
 
 def test_interact_is_one_call_headless_and_a_widget_otherwise(monkeypatch):

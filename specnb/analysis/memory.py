@@ -6,6 +6,8 @@ What it holds:
     weight_bytes      the bytes of a config's weights in float16 (quantization None) or bitsandbytes nf4
     nf4_linear_bytes  one nf4 Linear weight: 4 bits per value + one float32 absmax per block
     kv_cache_bytes    the KV cache of a number of tokens
+    parameter_count, download_bytes, medusa_heads_bytes
+                      what a model's (or Medusa checkpoint's) download costs, from its config
     TokenBudget       the longest sequence a run holds: prompt + generated tokens + the largest tree
     PairMemory        one pair's estimate, row by row; pair_memory computes it
     memory_table      PairMemory rows as a tidy table (GB = 10^9 bytes)
@@ -87,6 +89,29 @@ def weight_bytes(config: PretrainedConfig, quantization: str | None = None) -> W
         if name.rsplit(".", 1)[0] not in converted:
             unquantized += param.numel() * FLOAT16_BYTES
     return WeightBytes("4bit", quantized, unquantized, len(converted), tuple(sorted(quantizer.modules_to_not_convert)))
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def parameter_count(config: PretrainedConfig) -> int:
+    """Parameters of a causal LM built from `config` (on the meta device; tied weights counted once)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
+    return sum(p.numel() for p in model.parameters())
+
+
+def download_bytes(config: PretrainedConfig, weights_dtype: str) -> int:
+    """What downloading the model's weights costs: its parameters in the dtype of the files the hub
+    serves (`io.model_configs.HubModel.weights_dtype`; transformers fetches the safetensors files of
+    a repository that also holds .bin copies, so each parameter is downloaded once)."""
+    return parameter_count(config) * DTYPE_BYTES[weights_dtype]
+
+
+def medusa_heads_bytes(hidden_size: int, vocab_size: int, heads: int, layers: int = 1, dtype_bytes: int = FLOAT16_BYTES) -> int:
+    """A Medusa-1 checkpoint of `heads` heads (each `layers` residual blocks H x H + bias, then its
+    own V x H projection), as published in float16."""
+    return heads * (layers * (hidden_size * hidden_size + hidden_size) + vocab_size * hidden_size) * dtype_bytes
 
 
 def kv_cache_bytes(config: PretrainedConfig, tokens: int, dtype_bytes: int = FLOAT16_BYTES) -> int:

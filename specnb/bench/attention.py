@@ -207,13 +207,15 @@ def random_inputs(
     device: torch.device | str = "cpu",
     seed: int = 0,
 ) -> AttentionInputs:
-    """Standard-normal q, k, v in the layout of `batch` (padding slots hold random values too)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    """Standard-normal q, k, v in the layout of `batch` (padding slots hold random values too), drawn
+    on `device` in `dtype` (the t4 grid's largest point is ~1.6 billion values: no host draw, no copy)."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
     kv_heads = heads if kv_heads is None else kv_heads
     B, M, S = batch.batch_size, batch.tree_capacity, batch.kv_len
 
     def draw(h: int, n: int) -> torch.Tensor:
-        return torch.randn(B, h, n, head_dim, generator=g).to(device=device, dtype=dtype)
+        return torch.randn(B, h, n, head_dim, generator=g, device=device, dtype=dtype)
 
     return AttentionInputs(draw(heads, M), draw(kv_heads, S), draw(kv_heads, S), batch)
 

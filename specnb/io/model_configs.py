@@ -11,7 +11,10 @@ What it holds:
     config_of        a transformers config of the real model (nothing downloaded)
 
 The files are `specnb/io/configs/<org>--<name>.json` (the hub cache's spelling of a repository),
-each `{"hub_id", "source", "config", "generation_config", "tokenizer"}`. They describe the models
+each `{"hub_id", "source", "weights_dtype", "gated", "config", "generation_config", "tokenizer"}`
+(`weights_dtype`: the dtype of the weight files the hub serves, float32 for the 160M models, float16
+for Llama-2 and Vicuna, bfloat16 for Llama-3.2: the basis of `analysis.memory`'s download
+estimate, parameters x its bytes). They describe the models
 the `t4` profile names (Llama-2-7B and its 160M drafts, Llama-3.2-1B and -3B) and Vicuna-7B v1.3;
 `analysis.memory` sizes them and `notebook.dryrun` builds tiny stand-ins with their vocabularies.
 """
@@ -40,6 +43,9 @@ class TokenizerFacts:
     pad_token: str | None  # None: the real tokenizer has no pad token
     add_bos_token: bool  # BOS is prepended when encoding
     chat_template: str | None  # None: a base model without one (prompts are encoded as plain text)
+    # the conversation format the model was trained in where its tokenizer carries no chat template
+    # (a Jinja chat template; Vicuna's from FastChat): `io.models.load_tokenizer` sets it
+    conversation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class HubModel:
     config: dict[str, Any]  # config.json as the hub serves it (read-only by convention; config_of copies)
     generation_config: dict[str, Any] | None  # generation_config.json, None where not recorded
     tokenizer: TokenizerFacts
+    weights_dtype: str  # dtype of the weight files the hub serves: a download's bytes per parameter
+    gated: bool  # the hub asks for a licence and a token (Llama-2, Llama-3.2)
 
     @property
     def vocab_size(self) -> int:
@@ -77,7 +85,8 @@ def hub_model(hub_id: str) -> HubModel:
     facts = TokenizerFacts(**record["tokenizer"])
     if facts.family not in FAMILIES:
         raise ValueError(f"{path.name}: tokenizer family {facts.family!r} is not one of {FAMILIES}")
-    return HubModel(hub_id, record["source"], record["config"], record["generation_config"], facts)
+    return HubModel(hub_id, record["source"], record["config"], record["generation_config"], facts,
+                    record["weights_dtype"], record["gated"])
 
 
 def config_of(hub_id: str) -> PretrainedConfig:

@@ -12,7 +12,9 @@ What it holds:
     truncate_layers               keep a model's first layers (a separate early-exit copy)
     describe_model                what was loaded, in one line: class, layers, dtype, 4-bit Linears,
                                   and whether it is a dry run's stand-in (`notebook.dryrun`)
-    prompt_ids                    a user prompt as input ids [1, T], through the chat template if any
+    prompt_ids / prompt_format    a user prompt as input ids [1, T], through the chat template if any
+                                  (a known model's conversation format where its tokenizer has none);
+                                  which of these a model's prompts get, in words
 
 Embedded models load from their de-quantized float32 folder (`embedded.float_folder`), hub models
 from the hub or its local cache, local folders as they are.
@@ -35,6 +37,7 @@ from transformers import (
 
 from . import embedded
 from .cpu_linear import PackedLinear, check_linear_path, pack_linears
+from .model_configs import hub_model, known_models
 from .sources import Source, check_sources, resolve_source
 
 QUANTIZATIONS: tuple[str | None, ...] = (None, "4bit")
@@ -76,11 +79,32 @@ def model_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 
 def load_tokenizer(name_or_path: str, source: Source | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer of an embedded model (short name), a hub id or a local folder. No weights load.
-    source: `resolve_source(name_or_path)`, resolved here when not given."""
+    source: `resolve_source(name_or_path)`, resolved here when not given. A hub model trained in a
+    conversation format its tokenizer lacks (Vicuna: `model_configs.TokenizerFacts.conversation`)
+    gets that format as its chat template, so `prompt_ids` encodes prompts as the model saw them."""
     source = source or resolve_source(name_or_path)
     if source.kind == "embedded":
         return embedded.tokenizer_of(embedded.EMBEDDED_MODELS[name_or_path])
-    return AutoTokenizer.from_pretrained(name_or_path, local_files_only=source.local_files_only)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=source.local_files_only)
+    conversation = _conversation(name_or_path)
+    if conversation and not tokenizer.chat_template:
+        tokenizer.chat_template = conversation
+    return tokenizer
+
+
+def prompt_format(name_or_path: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    """How `prompt_ids` encodes prompts for this model, in words: its tokenizer's chat template, the
+    conversation format specnb supplies (Vicuna's), or plain text."""
+    if not tokenizer.chat_template:
+        return "plain text (the tokenizer has no chat template)"
+    if tokenizer.chat_template == _conversation(name_or_path):
+        return f"{name_or_path}'s conversation format, supplied by specnb (its tokenizer has none: io/configs)"
+    return "the tokenizer's chat template"
+
+
+def _conversation(name_or_path: str) -> str | None:
+    """The committed conversation format of a hub id, None for anything else."""
+    return hub_model(name_or_path).tokenizer.conversation if name_or_path in known_models() else None
 
 
 def _check_quantization(quantization: str | None) -> None:

@@ -172,18 +172,21 @@ class PromptSummary:
     source: str  # "spec_bench", "builtin", or the JSONL path as given
     count: int
     per_category: tuple[tuple[str, int], ...]
+    prompt_format: str = ""  # how the target encodes them (`io.models.prompt_format`); "" not said
 
     def line(self, label: str = "prompts") -> str:
         names = {"spec_bench": "Spec-Bench (shipped with specnb)", "builtin": "specnb's built-in prompts"}
         counts = ", ".join(f"{c} {n}" for c, n in self.per_category)
-        return f"{label}: {names.get(self.source, self.source)}, {self.count} prompts ({counts})"
+        encoded = f"; encoded as {self.prompt_format}" if self.prompt_format else ""
+        return f"{label}: {names.get(self.source, self.source)}, {self.count} prompts ({counts}){encoded}"
 
     def record(self) -> dict:
         """The JSON form params.json keeps."""
-        return {"source": self.source, "count": self.count, "per_category": dict(self.per_category)}
+        return {"source": self.source, "count": self.count, "per_category": dict(self.per_category),
+                **({"prompt_format": self.prompt_format} if self.prompt_format else {})}
 
 
-def describe(prompts: Sequence, source: str | Path) -> PromptSummary:
+def describe(prompts: Sequence, source: str | Path, prompt_format: str = "") -> PromptSummary:
     """The summary of a prompt set: `Prompt`s, or (id, category, ...) tuples."""
     categories = [p.category if isinstance(p, Prompt) else str(p[1]) for p in prompts]
-    return PromptSummary(str(source), len(categories), tuple(Counter(categories).items()))
+    return PromptSummary(str(source), len(categories), tuple(Counter(categories).items()), prompt_format)

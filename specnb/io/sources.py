@@ -15,8 +15,10 @@ specnb accepts, what the hub said and what to do. `check_sources` checks every n
 once, so a missing licence is reported before the first model loads, not an hour into a sweep.
 
 Tokens: huggingface_hub finds one in HF_TOKEN, in a `huggingface_hub.login()` stored token, or on
-Colab in the notebook's secret named HF_TOKEN. Papermill kernels inherit the environment of
-`./run_notebooks.sh`, so `export HF_TOKEN=...` before it reaches them.
+Colab in the notebook's secret named HF_TOKEN, which only the interactive kernel can read.
+Papermill kernels inherit the environment of `./run_notebooks.sh`, so on Colab the secret must be
+copied into os.environ in a cell before `!./run_notebooks.sh` (`TOKEN_HELP` says how); the runner
+refuses a profile that names gated models when no token is visible (`token_visible`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ from . import embedded
 
 KINDS = ("embedded", "folder", "hub")
 TOKEN_HELP = (
-    "Pass a Hugging Face token: set HF_TOKEN (on Colab: the key icon, a secret named HF_TOKEN with "
-    "notebook access), or run `huggingface_hub.login()` once; papermill kernels inherit HF_TOKEN "
-    "from the shell that runs ./run_notebooks.sh."
+    "Pass a Hugging Face token. In a notebook: a Colab secret named HF_TOKEN (the key icon, notebook "
+    "access on), or `huggingface_hub.login()`. For ./run_notebooks.sh, whose papermill kernels see no "
+    "Colab secret, put it in the environment first: on Colab, in a cell, `import os; from google.colab "
+    "import userdata; os.environ[\"HF_TOKEN\"] = userdata.get(\"HF_TOKEN\")` (or `%env HF_TOKEN=hf_...`), "
+    "then `!./run_notebooks.sh t4` (a `!export HF_TOKEN=...` line does not carry over: each ! line is a "
+    "shell of its own); elsewhere `export HF_TOKEN=...` or `huggingface-cli login`."
 )
 
 
@@ -56,6 +61,14 @@ def offline() -> bool:
     """HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to a true value."""
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
                for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def token_visible() -> bool:
+    """A Hugging Face token is visible to this process (HF_TOKEN, or a `login()` stored token): what
+    papermill's kernels, which inherit its environment, will see too."""
+    from huggingface_hub import get_token
+
+    return bool(get_token())
 
 
 def in_hub_cache(repo_id: str) -> bool:

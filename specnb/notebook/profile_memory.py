@@ -1,4 +1,4 @@
-"""Will a profile's pairs fit on its GPU? An estimate from the committed configs (`io.model_configs`)
+"""Will a profile's pairs fit on its GPU, and how much does it download? An estimate from the committed configs (`io.model_configs`)
 and the arithmetic of `analysis.memory`, for the pairs and sizes the profile's notebooks use.
 
     python -m specnb.notebook.profile_memory [PROFILE] [--prompt TOKENS] [--usable-gb GB]
@@ -11,9 +11,11 @@ What it holds:
     profile_memory              one `PairMemory` per pair that shares a vocabulary
     grid_bytes                  notebook 03's largest attention-grid point (no model loaded then)
     memory_markdown             the README's table
+    profile_downloads           what the profile downloads (models and Medusa heads), from the configs
+    download_markdown           the README's download table; drive_warning: the cache on a free Drive
 
-Assumptions, printed with the table: prompts are at most LONGEST_PROMPT tokens (the built-in prompts
-are far shorter, under 100 tokens; Spec-Bench's longest run to several hundred); one budget is used
+Assumptions, printed with the table: prompts are at most LONGEST_PROMPT tokens (the Spec-Bench prompts
+the t4 profile selects: its longest, a RAG prompt, ~940 Llama-2 tokens, an estimate); one budget is used
 for every pair (the largest max_new_tokens and tree of any notebook: an upper bound); the draft is
 float16 unless the profile quantizes it; 01's super-trees (draft-only feeds of off-path nodes) and
 activations other than the logits are not counted; the CUDA context (a few hundred MB) is what the
@@ -26,14 +28,17 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from ..analysis.memory import GB, PairMemory, TokenBudget, memory_table, pair_memory
+from ..analysis.memory import (DTYPE_BYTES, GB, PairMemory, TokenBudget, download_bytes, medusa_heads_bytes,
+                               memory_table, pair_memory, parameter_count)
 from ..bench.attention_grid import head_shape
 from ..drafters.methods import parse_method
 from .long_generation import TARGET_ALONE
+from ..io.medusa_checkpoint import PUBLISHED as PUBLISHED_HEADS
 from ..io.model_configs import config_of, hub_model
-from .runner import RunnerError, notebooks, resolve
+from .runner import RunnerError, hub_models, notebooks, published_heads, resolve
 
-LONGEST_PROMPT = 1024  # tokens: an assumption (the t4 profile's prompts are the built-in ones, < 100 tokens)
+LONGEST_PROMPT = 1024  # tokens, an assumption: the longest Spec-Bench prompt t4's 01 and 02 select (rag's first,
+# 3381 characters) is ~940 Llama-2 tokens at ~3.6 characters a token; 05 keeps prompts of <= 512 tokens
 T4_USABLE = int(14 * GB)  # of the T4's 15 GB, what the models, caches and activations may take
 
 
@@ -99,6 +104,68 @@ def grid_bytes(profile: str) -> int:
     return qo + kv + b * heads.heads * m * (prefix + m) * 4
 
 
+FREE_DRIVE = int(15 * GB)  # a free Google Drive (shared with Gmail and Photos)
+
+
+@dataclass(frozen=True)
+class Download:
+    name: str  # hub id
+    what: str  # "model" or "Medusa heads"
+    dtype: str  # of the files
+    parameters: int
+    bytes: int
+
+
+def profile_downloads(profile: str) -> list[Download]:
+    """What the profile's notebooks download from the hub: every hub model they name (committed
+    configs, parameters x the dtype of the hub's files) and the published Medusa heads they load."""
+    resolved = resolve(profile, {}, [], notebooks())
+    out = []
+    for hub_id in hub_models(resolved):
+        model = hub_model(hub_id)
+        config = config_of(hub_id)
+        n = parameter_count(config)
+        out.append(Download(hub_id, "model", model.weights_dtype, n, download_bytes(config, model.weights_dtype)))
+    for repo in published_heads(resolved):
+        h = PUBLISHED_HEADS[repo]
+        base = config_of(h.base_model)
+        size = medusa_heads_bytes(base.hidden_size, base.vocab_size, h.num_heads, h.num_layers, DTYPE_BYTES[h.dtype])
+        out.append(Download(repo, "Medusa heads", h.dtype, size // DTYPE_BYTES[h.dtype], size))
+    return out
+
+
+def download_markdown(profile: str = "t4") -> str:
+    """The README's download table: one row per repository, the total, and where to keep it."""
+    rows = profile_downloads(profile)
+    total = sum(r.bytes for r in rows)
+    lines = ["| repository | what | parameters | files | download |", "|---|---|---|---|---|"]
+    lines += [f"| {r.name} | {r.what} | {r.parameters / 1e9:.2f} B | {r.dtype} | {r.bytes / GB:.2f} GB |" for r in rows]
+    lines += [f"| **total** | | | | **{total / GB:.1f} GB** |", "",
+              f"GB = 10^9 bytes; parameters counted from the committed configs, times the bytes of the dtype the hub's "
+              f"files hold (an estimate: tokenizers and configs add a few MB). {drive_note(total)}"]
+    return "\n".join(lines)
+
+
+def drive_note(total: int) -> str:
+    return (f"More than a free Google Drive's {FREE_DRIVE / GB:.0f} GB: keep the Hugging Face cache on the Colab VM's "
+            "own disk (the default, ~/.cache/huggingface: re-downloaded after a disconnect, a few minutes) and put only "
+            "outputs/ on Drive (SPECNB_OUTPUTS)." if total > FREE_DRIVE else
+            f"Within a free Google Drive's {FREE_DRIVE / GB:.0f} GB.")
+
+
+def drive_warning(profile: str, environ: dict[str, str]) -> str | None:
+    """A warning when the Hugging Face cache (HF_HUB_CACHE or HF_HOME) is on Google Drive and the
+    profile's downloads exceed a free Drive: the download would fail partway."""
+    cache = environ.get("HF_HUB_CACHE") or environ.get("HF_HOME") or ""
+    if not cache.startswith("/content/drive"):
+        return None
+    total = sum(r.bytes for r in profile_downloads(profile))
+    if total <= FREE_DRIVE:
+        return None
+    return (f"warning: the Hugging Face cache is on Google Drive ({cache}) and profile {profile} downloads "
+            f"~{total / GB:.0f} GB. {drive_note(total)}")
+
+
 def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> str:
     """The README's table: one row per pair, then the assumptions and the refused pairs."""
     budget = profile_budget(profile, longest_prompt)
@@ -134,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         print(memory_markdown(args.profile, args.prompt, int(args.usable_gb * GB)))
+        print("\nDownloads:\n\n" + download_markdown(args.profile))
     except (RunnerError, KeyError) as e:
         print(f"profile_memory: {e}", file=sys.stderr)
         return 2

@@ -229,12 +229,19 @@ def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: 
     if settings.standins and not env.get("HF_HOME"):
         raise RunnerError(f"profile {profile}: runner: standins needs env: HF_HOME (a folder of its own)")
     with applied_environment(env):
+        check_tokens(resolved)
+        from .profile_memory import drive_warning
+
+        warning = drive_warning(profile, dict(os.environ)) if hub_models(resolved) else None
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         if settings.standins:
             from .dryrun import install_standins
 
-            names = hub_models(resolved)
-            print(f"== stand-ins of {len(names)} hub models in {env['HF_HOME']}", flush=True)
-            install_standins(env["HF_HOME"], names)
+            names, heads = hub_models(resolved), published_heads(resolved)
+            print(f"== stand-ins of {len(names)} hub models and {len(heads)} published Medusa heads in {env['HF_HOME']}",
+                  flush=True)
+            install_standins(env["HF_HOME"], names + heads)
         return _run_books(profile, books, resolved, settings, outputs)
 
 
@@ -299,12 +306,33 @@ def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
     return sorted({s for s in _strings(resolved) if s in EMBEDDED_MODELS})
 
 
+def check_tokens(resolved: dict[str, dict[str, Any]]) -> None:
+    """RunnerError, before anything runs, when the notebooks name gated hub models (Llama-2,
+    Llama-3.2) and no Hugging Face token is visible to this process, hence none to papermill's
+    kernels (on Colab the notebook's secret is visible to the interactive kernel only); offline runs
+    (stand-ins, a filled cache) need none."""
+    from ..io.model_configs import hub_model
+    from ..io.sources import TOKEN_HELP, offline, token_visible
+
+    gated = [h for h in hub_models(resolved) if hub_model(h).gated]
+    if gated and not offline() and not token_visible():
+        raise RunnerError(f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated on the Hugging Face hub, and "
+                          f"no token is visible to this process or to the notebooks it starts. {TOKEN_HELP}")
+
+
 def hub_models(resolved: dict[str, dict[str, Any]]) -> list[str]:
     """Hub ids with a committed config (`io.model_configs`) that resolved parameters name."""
     from ..io.model_configs import known_models
 
     known = set(known_models())
     return sorted({s for s in _strings(resolved) if s in known})
+
+
+def published_heads(resolved: dict[str, dict[str, Any]]) -> list[str]:
+    """Published Medusa checkpoints (`io.medusa_checkpoint.PUBLISHED`) that resolved parameters name."""
+    from ..io.medusa_checkpoint import PUBLISHED
+
+    return sorted({s for s in _strings(resolved) if s in PUBLISHED})
 
 
 def _strings(value: Any) -> Iterator[str]:

@@ -1,0 +1,238 @@
+"""How long the `t4` profile takes on a Colab T4: an ESTIMATE, computed from published figures and the
+profile's own sizes, never a measurement (no GPU reaches this project's machines). The README's
+figure is this module's output, so it cannot drift from the profile (a test checks that it is the
+README's).
+
+    python -m specnb.notebook.t4_estimate [PROFILE]      the table by notebook and part, and the total
+
+Inputs, `T4Figures` (each with its source or marked as an assumption), and how they combine:
+    decode step      a 4-bit target's single-row step: bitsandbytes' published T4 step for Qwen2.5-3B
+                     in nf4 (60.8 ms, batch 1), scaled by the target's nf4 weight bytes over
+                     Qwen2.5-3B's (`analysis.memory.weight_bytes` of both configs): decoding reads
+                     every weight once, so its time follows the bytes
+    verify of r rows the same benchmark's 8 rows at 1.6 single-row steps, extended as a power law
+                     through that point: step x r ** (log 1.6 / log 8) (an assumption beyond 8 rows)
+    draft forward    a float16 draft at batch 1: the larger of its layers' kernel launches
+                     (`launch_per_layer_s`, an assumption) and its weight bytes over the T4's memory
+                     bandwidth
+    a speculative run of n tokens with a tree of N nodes and depth d: n / tau steps of one verify of
+                     N + 1 rows and d draft forwards (tau an assumption, `tau`); the target alone: n
+                     steps; every generation also pays a prefill (a verify of the prompt's rows) and a
+                     perplexity pass (a verify of prompt + output rows)
+    loads            every model a notebook loads, its hub files read at `load_bytes_per_s` (4-bit
+                     quantization on load included); downloads once at `download_bytes_per_s`
+What each notebook runs is counted from the profile's parameters (prompts, tokens, methods, trees,
+curves, grid), as the notebooks run them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+
+import pandas as pd
+from transformers import Qwen2Config
+
+from ..analysis.memory import FLOAT16_BYTES, download_bytes, medusa_heads_bytes, weight_bytes
+from ..bench.attention_grid import head_shape
+from ..core.trees import Tree
+from ..drafters.methods import parse_method
+from ..io.medusa_checkpoint import PUBLISHED as PUBLISHED_HEADS
+from ..io.model_configs import config_of, hub_model
+from .long_generation import TARGET_ALONE
+from .profile_memory import LONGEST_PROMPT, profile_downloads
+from .runner import RunnerError, notebooks, resolve
+
+
+@dataclass(frozen=True)
+class T4Figures:
+    """The inputs. Published figures name their source; the others are assumptions."""
+
+    nf4_step_3b_s: float = 0.0608  # bitsandbytes' benchmark (v0.45): Qwen2.5-3B nf4, T4, batch 1, one step
+    nf4_rows8_over_1: float = 1.6  # the same benchmark: 8 rows 96.0 ms against 60.8 ms for one
+    launch_per_layer_s: float = 0.0008  # assumption: a float16 decoder layer's kernel launches at batch 1
+    bandwidth_bytes_per_s: float = 300e9  # the T4's 320 GB/s peak, ~300 reachable
+    attention_call_floor_s: float = 30e-6  # assumption: one attention call's launch and sync
+    tau: float = 2.5  # assumption: tokens per target call of every speculative method here (Spec-Bench's
+    # SpS with a 68M draft on Vicuna-7B: 2.28; Medusa-1: 2.32)
+    download_bytes_per_s: float = 150e6  # Colab's hub downloads, 100-200 MB/s reported
+    load_bytes_per_s: float = 150e6  # assumption: hub files read and quantized to 4 bit on load (~1.5 min a 7B)
+    setup_s: float = 120.0  # assumption: pip installing requirements.txt and the runner into Colab's Python
+    flex_compile_s: float = 60.0  # assumption: FlexAttention's Triton kernels compiled once (dynamic shapes)
+    prompt_tokens: int = 300  # assumption: a mean Spec-Bench prompt the profile selects, in Llama-2 tokens
+
+
+def qwen25_3b_nf4_bytes() -> int:
+    """The nf4 weight bytes of Qwen2.5-3B, the model of bitsandbytes' published T4 figures (its
+    config.json sizes: hidden 2048, intermediate 11008, 36 layers, 16 heads, 2 key-value heads,
+    vocabulary 151936, tied embeddings)."""
+    config = Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    return weight_bytes(config, "4bit").total
+
+
+class Costs:
+    """Seconds of the T4's basic operations for one profile's models."""
+
+    def __init__(self, figures: T4Figures) -> None:
+        self.f = figures
+        self.reference = qwen25_3b_nf4_bytes()
+        self.exponent = math.log(figures.nf4_rows8_over_1) / math.log(8)
+
+    def step(self, target: str, quantization: str | None) -> float:
+        """One single-row decoding step of the target."""
+        return self.f.nf4_step_3b_s * weight_bytes(config_of(target), quantization).total / self.reference
+
+    def verify(self, target: str, quantization: str | None, rows: int) -> float:
+        return self.step(target, quantization) * max(rows, 1) ** self.exponent
+
+    def draft(self, draft: str) -> float:
+        """One float16 forward of the draft at batch 1."""
+        config = config_of(draft)
+        return max(config.num_hidden_layers * self.f.launch_per_layer_s,
+                   weight_bytes(config, None).total / self.f.bandwidth_bytes_per_s)
+
+    def generation(self, target: str, quantization: str | None, draft: str | None, tree: Tree | None, tokens: int,
+                   prompt: int) -> float:
+        """One generation with its prefill and its perplexity pass: the target alone (tree None), a
+        speculative run with a draft model, or with heads (draft None: drafting costs nothing)."""
+        fixed = self.verify(target, quantization, prompt) + self.verify(target, quantization, prompt + tokens)
+        if tree is None:
+            return fixed + tokens * self.step(target, quantization)
+        per_step = self.verify(target, quantization, tree.num_nodes + 1) + (tree.depth * self.draft(draft) if draft else 0.0)
+        return fixed + tokens / self.f.tau * per_step
+
+    def load(self, name: str) -> float:
+        """Reading (and quantizing) a model's hub files."""
+        if name in PUBLISHED_HEADS:
+            h = PUBLISHED_HEADS[name]
+            base = config_of(h.base_model)
+            size = medusa_heads_bytes(base.hidden_size, base.vocab_size, h.num_heads, h.num_layers, FLOAT16_BYTES)
+        else:
+            size = download_bytes(config_of(name), hub_model(name).weights_dtype)
+        return size / self.f.load_bytes_per_s
+
+
+def _row(notebook: str, part: str, count: float, each: float) -> dict:
+    return {"notebook": notebook, "part": part, "count": count, "each_s": each, "seconds": count * each}
+
+
+def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFrame:
+    """One row per (notebook, part): how many of it, seconds each, seconds in all (an estimate)."""
+    p = resolve(profile, {}, [], notebooks())
+    c, f = Costs(figures), figures
+    rows = [_row("set-up", "pip install (assumption)", 1, f.setup_s),
+            _row("set-up", "downloads", sum(d.bytes for d in profile_downloads(profile)) / f.download_bytes_per_s, 1.0)]
+    prompt = f.prompt_tokens
+
+    a = p["01_tree_shapes"]
+    t, tq, d = a["target"], a["target_quantization"], a["draft"]
+    n, prompts = a["max_new_tokens"], a["max_prompts"]
+    rows += [_row("01", "load target and draft", 1, c.load(t) + c.load(d)),
+             _row("01", "collection: chain:4 run + teacher-forced draft pass", prompts,
+                  c.generation(t, tq, d, Tree.chain(4), n, prompt) + c.draft(d)),
+             _row("01", f"super-trees (depth {a['super_depth']}, chunks of 8 positions)", min(a["super_prompts"] or prompts, prompts),
+                  math.ceil(n / 8) * a["super_depth"] * c.draft(d)),
+             _row("01", "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, n, prompt)),
+             _row("01", "check runs: methods", a["check_prompts"] * len(a["check_methods"]),
+                  c.generation(t, tq, d, Tree.sparse(16), n, prompt)),
+             _row("01", "verify-cost curve", (a["verify_repeats"] + 1),
+                  sum(c.verify(t, tq, k + 1) for k in a["verify_nodes"]) + len(a["verify_nodes"]) * c.draft(d))]
+
+    b = p["02_model_pairs"]
+    n2, prompts2 = b["max_new_tokens"], b["max_prompts"]
+    targets_seen: set[str] = set()
+    loaded: set[str] = set()  # run_pairs keeps a model loaded while a later pair still uses it
+    for i, pair in enumerate(b["pairs"]):
+        t, tq, d = pair["target"], pair.get("target_quantization"), pair["draft"]
+        methods = [parse_method(m) for m in (pair.get("methods") or b["methods"])]
+        shared = hub_model(t).tokenizer.family == hub_model(d).tokenizer.family
+        label = f"{d} -> {t}"
+        loaded &= {x for later in b["pairs"][i:] for x in (later["target"], later["draft"])}
+        rows.append(_row("02", f"{label}: load", 1, sum(c.load(x) for x in {t, d} - loaded)))
+        loaded |= {t, d}
+        if t not in targets_seen:
+            targets_seen.add(t)
+            rows.append(_row("02", f"{label}: target alone", prompts2, c.generation(t, tq, None, None, n2, prompt)))
+        run = [m for m in methods if (m.shared_vocabulary <= shared) and not (b["replay"] and m.replayable and m.spec not in b["measure"])]
+        replayed = [m for m in methods if shared and b["replay"] and m.replayable and m.spec not in b["measure"]]
+        rows.append(_row("02", f"{label}: {len(run)} methods end to end", prompts2 * len(run),
+                         sum(c.generation(t, tq, d, m.tree, n2, prompt) for m in run) / max(len(run), 1)))
+        if replayed:
+            rows.append(_row("02", f"{label}: one collection for {len(replayed)} replayed trees", prompts2,
+                             c.generation(t, tq, d, Tree.chain(4), n2, prompt) + c.draft(d) * (1 + math.ceil(n2 / 8) * 6)))
+
+    g = p["03_tree_attention_timing"]
+    heads = head_shape(g["attention_shape"])
+    calls = 0.0
+    for batch in g["batches"]:
+        for prefix in g["prefixes"]:
+            for nodes in g["nodes"]:
+                kv = 2 * batch * heads.kv_heads * (prefix + nodes) * heads.head_dim * FLOAT16_BYTES
+                one = max(f.attention_call_floor_s, kv / f.bandwidth_bytes_per_s)
+                leaves = len(Tree.sparse(nodes).leaves)
+                per_impl = {"per_sequence": leaves * one, "eager": 3 * one}
+                calls += sum(per_impl.get(i, one) for i in g["impls"]) * (g["warmup"] + g["repeats"])
+    t, tq, d = g["target"], g["target_quantization"], g["draft"]
+    rows += [_row("03", "attention grid (every implementation, warm-up and repeats)", 1, calls),
+             _row("03", "FlexAttention compile (assumption)", int("flex" in g["impls"]), f.flex_compile_s),
+             _row("03", "load target and draft", 1, c.load(t) + c.load(d)),
+             _row("03", "verify-cost curve", g["verify_repeats"] + 1,
+                  sum(c.verify(t, tq, k + 1) for k in g["verify_nodes"]) + len(g["verify_nodes"]) * c.draft(d))]
+
+    h = p["04_long_generation"]
+    t, tq, d = h["target"], h["target_quantization"], h["draft"]
+    windows = len({0, *h["windows"]})
+    for m in h["methods"]:
+        tree = None if m == TARGET_ALONE else parse_method(m).tree
+        rows.append(_row("04", f"{m}: {h['max_new_tokens']} tokens x {windows} caches", h["max_prompts"] * windows,
+                         c.generation(t, tq, d if tree is not None else None, tree, h["max_new_tokens"], prompt)))
+    rows.append(_row("04", "load target and draft", 1, c.load(t) + c.load(d)))
+
+    m = p["05_medusa_heads"]
+    t, tq, d, n5 = m["target"], m["target_quantization"], m["draft"], m["max_new_tokens"]
+    tree = Tree.sparse(max(m["budgets"])).truncated(5)
+    rows += [_row("05", "load target, heads and draft", 1, c.load(t) + c.load(m["heads"]) + (c.load(d) if d else 0.0)),
+             _row("05", "head collection (a Medusa run per test prompt)", m["test_prompts"],
+                  c.generation(t, tq, None, tree, n5, prompt)),
+             _row("05", "draft-model collection (half the test prompts)", m["test_prompts"] // 2 if d else 0,
+                  c.generation(t, tq, d, Tree.chain(4), n5, prompt) + c.draft(d or t)),
+             _row("05", "typical vs lossless: target sample + 2 runs", m["typical_prompts"],
+                  c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt))]
+    return pd.DataFrame(rows)
+
+
+def total_minutes(profile: str = "t4", figures: T4Figures = T4Figures()) -> float:
+    return float(estimate(profile, figures)["seconds"].sum()) / 60
+
+
+def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures()) -> str:
+    """The README's summary: minutes per notebook and in all, with the inputs named."""
+    table = estimate(profile, figures)
+    by = table.groupby("notebook", sort=False)["seconds"].sum() / 60
+    parts = ", ".join(f"{name} {minutes:.0f} min" for name, minutes in by.items())
+    return (f"**About {table['seconds'].sum() / 60:.0f} min for `./run_notebooks.sh {profile}`** (an estimate: {parts}; "
+            f"`python -m specnb.notebook.t4_estimate {profile}` prints every part and its inputs)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.t4_estimate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("profile", nargs="?", default="t4")
+    args = ap.parse_args(argv)
+    try:
+        table = estimate(args.profile)
+    except (RunnerError, KeyError) as e:
+        print(f"t4_estimate: {e}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.max_rows", 200):
+        print(table.round(2).to_string(index=False))
+    print(f"\ninputs: {T4Figures()}\nlongest prompt assumed by the memory table: {LONGEST_PROMPT} tokens")
+    print(estimate_markdown(args.profile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
