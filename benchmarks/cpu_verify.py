@@ -118,7 +118,7 @@ def forward_curve(model: torch.nn.Module, prefix: int, rows: tuple[int, ...], re
     def forward(n: int):
         @torch.inference_mode()
         def run() -> None:
-            model(input_ids=ids[n], past_key_values=cache, use_cache=True)
+            model(input_ids=ids[n], cache=cache, use_cache=True)
         return run
 
     reset = lambda: crop(cache, prefix)  # noqa: E731

@@ -4,6 +4,7 @@ distinguishable next-token distributions instead of near-uniform ones."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -57,6 +58,34 @@ def tiny_model(
 def random_prompt(seed: int, length: int = 7, vocab: int = 61) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (1, length), generator=g)  # ids 0-2 are pad/bos/eos
+
+
+# transformers' deprecations that go through its logger, not `warnings` (pytest.ini makes the others
+# errors): each one a test triggers through specnb's calls fails that test
+LOGGED_DEPRECATIONS = ("is deprecated", "Ignoring clean_up_tokenization_spaces")
+
+
+class _Deprecations(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if any(p in message for p in LOGGED_DEPRECATIONS):
+            self.seen.append(message)
+
+
+@pytest.fixture(autouse=True)
+def no_logged_deprecations():
+    handler = _Deprecations()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    assert not handler.seen, f"transformers logged a deprecation for specnb's call: {handler.seen[0][:300]}"
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,7 @@ def test_the_cut_keeps_sinks_and_window_and_rerotates_keys(tiny_target):
     fresh = new_cache(tiny_target)
     kept = torch.cat([ids[:, :3], ids[:, -5:]], dim=1)
     with torch.inference_mode():
-        tiny_target(input_ids=kept, position_ids=torch.arange(8)[None], past_key_values=fresh, use_cache=True)
+        tiny_target(input_ids=kept, position_ids=torch.arange(8)[None], cache=fresh, use_cache=True)
     torch.testing.assert_close(cache.layers[0].keys, fresh.layers[0].keys, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cache.layers[0].values, fresh.layers[0].values, atol=0, rtol=0)
     assert policy.cut(tiny_target, cache) == 0  # below the limit: nothing to cut

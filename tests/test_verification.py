@@ -66,7 +66,7 @@ def test_boolean_mask_on_eager_would_be_wrong():
         cache = new_cache(model)
         prefill(model, cache, prompt[:, :-1])
         with torch.inference_mode():
-            return model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache).logits[0]
+            return model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache).logits[0]
 
     good = run(model_mask(bool_mask, model, model.dtype))
     bad = run(bool_mask)
@@ -136,7 +136,7 @@ def test_commit_equals_plain_prefill_of_accepted_sequence(attn, path_leaf):
     # and the next step continues from it: logits of one more token match a plain run
     nxt = torch.tensor([[30]])
     with torch.inference_mode():
-        ours = model(input_ids=nxt, past_key_values=cache).logits[0, -1]
+        ours = model(input_ids=nxt, cache=cache).logits[0, -1]
     reference = plain_logits(model, torch.cat([accepted, nxt], 1))[-1]
     torch.testing.assert_close(ours, reference, atol=ATOL, rtol=0)
 

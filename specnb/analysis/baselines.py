@@ -60,6 +60,7 @@ Prompt lookup's per-step time is all "verify" except the n-gram search, recorded
 from __future__ import annotations
 
 import copy
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -67,8 +68,9 @@ from typing import Any, Iterator, Sequence
 import torch
 from transformers import GenerationConfig
 
+from ..core.batch import BatchResult, check_prompts
 from ..core.generation import GenerationResult, Step
-from ..core.runtime import Clock, check_input, eos_ids, peak_memory, reset_peak_memory
+from ..core.runtime import Clock, check_input, cut_at_eos, eos_ids, peak_memory, reset_peak_memory
 
 # generation-config fields that add logits processors specnb does not apply; a target whose
 # generation config sets any of them is refused rather than compared unfairly
@@ -120,6 +122,53 @@ def hf_generate(
         peak_memory_bytes=peak_memory(target.device),
         method="hf_generate",
     )
+
+
+def hf_generate_batch(target: torch.nn.Module, prompts: Sequence[torch.Tensor], pad_token_id: int,
+                      max_new_tokens: int = 64, eos_token_id: int | Sequence[int] | None = None) -> BatchResult:
+    """transformers' own batching: `generate` on the prompts left-padded with `pad_token_id` under an
+    attention mask, greedy. Each row: its new tokens, cut after its first stop token (transformers
+    pads finished rows), no per-step records; the batch's wall clock."""
+    sequences = check_prompts(prompts, max_new_tokens)
+    width = max(map(len, sequences))
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # host: moved below
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)  # host
+    for b, seq in enumerate(sequences):
+        ids[b, width - len(seq):] = torch.tensor(seq)  # host
+        mask[b, width - len(seq):] = 1
+    kwargs = _generate_kwargs(target, max_new_tokens, 0.0, 0, 1.0, eos_token_id)
+    eos = eos_ids(target, eos_token_id)
+    clock = Clock(target.device)
+    start = clock.now()
+    out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), pad_token_id=pad_token_id, **kwargs)
+    total = clock.now() - start
+    rows = []
+    for b, seq in enumerate(sequences):
+        new, _ = cut_at_eos(out[b, width:].tolist(), eos)
+        rows.append(GenerationResult(torch.tensor(new, dtype=torch.long), (), len(seq), 0.0, total, None,  # host: results
+                                     "hf_generate_batch", {"batch_size": len(sequences)}))
+    return BatchResult(tuple(rows), total, 0.0)
+
+
+def hf_assisted_refusal(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[torch.Tensor],
+                        pad_token_id: int, num_assistant_tokens: int = 4) -> str | None:
+    """What transformers says when asked for assisted generation on more than one row at once (its
+    issues #32165, #29769): the error message, or None if it ran."""
+    sequences = check_prompts(prompts, 1)
+    width = max(map(len, sequences))
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # host: moved below
+    for b, seq in enumerate(sequences):
+        ids[b, width - len(seq):] = torch.tensor(seq)  # host
+    kwargs = _generate_kwargs(target, 2, 0.0, 0, 1.0, None)
+    fixed = {"num_assistant_tokens": num_assistant_tokens, "num_assistant_tokens_schedule": "constant",
+             "assistant_confidence_threshold": 0.0}
+    try:
+        with _generation_config_set(draft, fixed), _without(INTERNAL_WARNINGS):
+            target.generate(ids.to(target.device), attention_mask=(ids != pad_token_id).long().to(target.device),
+                            assistant_model=draft, pad_token_id=pad_token_id, **kwargs)
+    except ValueError as e:
+        return str(e).splitlines()[0]
+    return None
 
 
 def hf_assisted_generate(
@@ -317,7 +366,7 @@ def _recorded_generate(
 ) -> GenerationResult:
     clock = Clock(target.device)
     reset_peak_memory(target.device)
-    with _seeded(seed, target.device), _recording(target, clock) as made:
+    with _seeded(seed, target.device), _recording(target, clock) as made, _without(INTERNAL_WARNINGS):
         start = clock.now()
         out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         total = clock.now() - start
@@ -421,6 +470,35 @@ def _generation_config_set(model: torch.nn.Module, values: dict) -> Iterator[Non
 
 
 # ---- helpers --------------------------------------------------------------------------------
+
+
+# What transformers' own assisted generation logs about its own calls, at every run: it calls the
+# assistant's `generate` with a generation config and min/max_new_tokens (candidate_generator.py,
+# `_prepare_generation_args`), which its `generate` logs as deprecated; universal assisted generation
+# decodes with clean_up_tokenization_spaces=True (candidate_generator.py), which its BPE tokenizers
+# log as ignored. Not calls specnb makes, nothing a user can act on: dropped from the log for
+# specnb's baseline calls only (the test suite fails on what specnb's own calls log, tests/conftest.py).
+INTERNAL_WARNINGS = (
+    ("transformers.generation.utils", "Passing `generation_config` together with generation-related"),
+    ("transformers.tokenization_utils_tokenizers", "Ignoring clean_up_tokenization_spaces=True for BPE"),
+)
+
+
+@contextmanager
+def _without(logged: Sequence[tuple[str, str]]) -> Iterator[None]:
+    """Drop the records of `logged` = (logger, message start) pairs for the block."""
+    filters = []
+    for name, start in logged:
+        def keep(record: logging.LogRecord, start: str = start) -> bool:
+            return not record.getMessage().startswith(start)
+
+        logging.getLogger(name).addFilter(keep)
+        filters.append((name, keep))
+    try:
+        yield
+    finally:
+        for name, keep in filters:
+            logging.getLogger(name).removeFilter(keep)
 
 
 @contextmanager

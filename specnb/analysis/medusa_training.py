@@ -270,7 +270,7 @@ def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
     prefill = DynamicCache(config=model.config)
     captured.clear()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=prefill, use_cache=True,
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=prefill, use_cache=True,
                 logits_to_keep=1)
     prompt_hidden = captured[0]  # [B, W, H]
     length = width + width_c * max_new_tokens
@@ -303,7 +303,7 @@ def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
             position = position + 1
             captured.clear()
             logits = model(input_ids=feed, attention_mask=visible[..., : slot + width_c], position_ids=position,
-                           past_key_values=cache, use_cache=True, cache_position=slot + lanes).logits
+                           cache=cache, use_cache=True, cache_position=slot + lanes).logits
             logits = logits[row_prompt, row_branch]  # [R, V]
             steps.append(captured[0][host_prompt, host_branch][:, None])  # [R, 1, H]
     return torch.stack(tokens, 1), torch.cat([prompt_hidden[host_prompt], *steps], 1)

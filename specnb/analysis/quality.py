@@ -78,13 +78,13 @@ def logit_gap(target: torch.nn.Module, prompt_ids: torch.Tensor, tokens: torch.T
     if new.shape[1] == 0:
         raise ValueError("logit_gap needs at least one token")
     cache = new_cache(target)
-    target(input_ids=prompt, past_key_values=cache, use_cache=True)
+    target(input_ids=prompt, cache=cache, use_cache=True)
     t = prompt.shape[1]
     rows = []
     for i in range(new.shape[1]):
-        rows.append(target(input_ids=new[:, i : i + 1], past_key_values=cache, use_cache=True).logits[0, -1].float())
+        rows.append(target(input_ids=new[:, i : i + 1], cache=cache, use_cache=True).logits[0, -1].float())
     crop(cache, t)
-    together = target(input_ids=new, past_key_values=cache, use_cache=True).logits[0].float()  # [n, V]
+    together = target(input_ids=new, cache=cache, use_cache=True).logits[0].float()  # [n, V]
     return float((torch.stack(rows) - together).abs().max())
 
 

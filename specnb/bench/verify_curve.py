@@ -68,7 +68,7 @@ def verify_and_forward(
 
     @torch.inference_mode()
     def plain() -> None:
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, cache=cache, use_cache=True)
 
     fns["plain"] = plain
     reset = lambda: crop(cache, prefix_len)  # noqa: E731

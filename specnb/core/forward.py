@@ -45,7 +45,7 @@ def forward(
         input_ids=input_ids.reshape(1, n).to(device),
         position_ids=None if positions is None else positions.reshape(1, n).to(device),
         attention_mask=mask,
-        past_key_values=cache,
+        cache=cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,
     )
