@@ -426,7 +426,7 @@ def test_sweep_of_a_mismatched_pair_refuses_shared_vocabulary_methods(saved_pair
     table = ex.shape_table(units)
     xtok = table[table["shape"] == "xtok/chain"].iloc[0]
     assert xtok["accepted"] > 0 and xtok["draft_tokens_per_accepted"] > 0
-    versus = ex.head_to_head(table)
+    versus = ex.head_to_head(table, units)
     assert list(versus["ours"]) == ["xtok/chain:3"] and list(versus["theirs"]) == ["hf_uag:3"]
     only_shared = [ex.Pair(target, draft, methods=["chain:2"])]
     assert ex.run_pairs(store, only_shared, prompts, {}, 12, progress=False)["status"].tolist() == ["skipped"]
@@ -536,3 +536,20 @@ def test_xtok_methods_are_refused_for_a_tokenizer_without_a_byte_rule(tmp_path):
     row = status.iloc[0]
     assert row["status"] == "partial" and row["reason"].startswith("refused xtok/chain:2:") and "as bytes" in row["reason"]
     assert set(ex.unit_table(store)["shape"]) == {"autoregressive", "hf_uag"}
+
+
+def test_results_report_the_wrapped_drafters_cache_and_its_evictions(vocabs):
+    """A cross-tokenizer drafter holds its wrapped drafter's KV cache: every step and the result
+    report its bytes (once 0: the wrapper did not forward them), and a bounded draft cache's cuts."""
+    from specnb.core.streaming import StreamingCache
+
+    t, d, tt, dt = vocabs
+    target, draft = pair("bigram_other_word", t, d)
+    ids = torch.tensor([ids_of(t, " hello the cat")])
+    drafter = CrossTokenizerDrafter(ModelDrafter(draft), dt, tt)
+    result = speculative_generate(target, drafter, ids, tree=Tree.chain(4), max_new_tokens=40, eos_token_id=())
+    assert all(s.draft_kv_bytes > 0 for s in result.steps)
+    assert result.steps[-1].draft_kv_bytes == drafter.inner.kv_bytes() == drafter.kv_bytes()
+    bounded = CrossTokenizerDrafter(ModelDrafter(draft, cache_policy=StreamingCache(2, 8, 6)), dt, tt)
+    speculative_generate(target, bounded, ids, tree=Tree.chain(4), max_new_tokens=40, eos_token_id=())
+    assert bounded.evictions == bounded.inner.evictions > 0

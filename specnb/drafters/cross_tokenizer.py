@@ -93,6 +93,18 @@ class CrossTokenizerDrafter(Drafter):
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         self.inner.check_request(tree, GREEDY)
 
+    @property
+    def evictions(self) -> int:
+        """The wrapped drafter's cache cuts (its own bounded cache, if any)."""
+        return self.inner.evictions
+
+    def kv_bytes(self) -> int:
+        """The wrapped drafter's KV cache: what this drafter holds."""
+        return self.inner.kv_bytes()
+
+    def release(self) -> None:
+        self.inner.release()
+
     def observe(self, draft: Draft, acceptance: Acceptance) -> None:
         """Nothing until the next draft: the draft nodes to keep are known once the accepted text is
         in draft tokens (`_follow`)."""

@@ -105,6 +105,9 @@ class AdaptiveLength(Drafter):
     def kv_bytes(self) -> int:
         return self.drafter.kv_bytes()
 
+    def release(self) -> None:
+        self.drafter.release()
+
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         self.drafter.check_request(tree, sampling)
 

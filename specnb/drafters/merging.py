@@ -71,6 +71,10 @@ class MergedDrafter(Drafter):
     def kv_bytes(self) -> int:
         return sum(drafter.kv_bytes() for drafter, _ in self.components)
 
+    def release(self) -> None:
+        for drafter, _ in self.components:
+            drafter.release()
+
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         for drafter, own in self.components:
             drafter.check_request(own.truncated(tree.depth), sampling)

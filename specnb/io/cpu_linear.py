@@ -17,8 +17,9 @@ measures both per layer shape and per model forward.
 Exactness: the same products and sums in another order, so outputs differ from the stock path by
 float32 rounding (relative ~1e-6 per layer; `tests/test_cpu_linear.py` states the bound); greedy
 outputs are compared against the stock model's in the tests and the benchmark, ties reported. The
-prepacked weight replaces the dense one (memory unchanged); `PackedLinear.weight` returns a dense
-copy for code that reads it. Not for CUDA, 4-bit or half-precision layers: those are left as they are.
+prepacked weight replaces the dense one, so memory is unchanged: a weight that another module also
+holds (a tied LM head) is not packed; `PackedLinear.weight` returns a dense copy for code that
+reads it (a copy at every read: hold on to it). Not for CUDA, 4-bit or half-precision layers: those are left as they are.
 """
 
 from __future__ import annotations
@@ -56,14 +57,19 @@ def pack_linears(model: torch.nn.Module, path: str = "onednn") -> int:
     """Put `model`'s linear layers on `path` ("stock": nothing to do; "onednn": every plain float32
     nn.Linear on the CPU becomes a PackedLinear, in place). Returns how many layers were packed; 0
     for a model on CUDA, in half precision or 4-bit (those keep the stock path: the option is for
-    CPU float32 models only)."""
+    CPU float32 models only). A Linear whose weight another module also holds (a tied LM head: the
+    token embedding reads it too) keeps the stock path: a packed copy beside the dense weight the
+    embedding needs would hold it twice (0.93 GB more for Qwen2.5-Coder-1.5B)."""
     check_linear_path(path)
     if path == "stock":
         return 0
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("linear path 'onednn' needs a torch build with oneDNN (mkldnn); use 'stock'")
+    shared = {id(p) for name, m in model.named_modules() if type(m) is not torch.nn.Linear
+              for p in m.parameters(recurse=False)}  # e.g. a tied LM head's weight is the embedding's
     targets = [(name, module) for name, module in model.named_modules()
-               if type(module) is torch.nn.Linear and effective_path(path, module.weight.device, module.weight.dtype) == path]
+               if type(module) is torch.nn.Linear and effective_path(path, module.weight.device, module.weight.dtype) == path
+               and id(module.weight) not in shared]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(module))
