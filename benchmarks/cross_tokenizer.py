@@ -43,6 +43,7 @@ from specnb.analysis.baselines import hf_uag_generate
 from specnb.analysis.quality import greedy_equal
 from specnb.drafters.methods import build_drafter, parse_method
 from specnb.drafters.retokenize import TokenText
+from specnb.io.cpu_linear import linear_path
 from specnb.io.models import load_pair, load_tokenizer, prompt_ids
 from specnb.io.prompts import load_prompts
 
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default="smollm2-135m")
     ap.add_argument("--target-quantization", choices=["4bit"], default=None)
     ap.add_argument("--draft-quantization", choices=["4bit"], default=None)
+    ap.add_argument("--cpu-linear", choices=("stock", "onednn"), default="onednn",
+                    help="a CPU float32 model's linear layers (specnb.io.cpu_linear): torch's stock path or oneDNN "
+                         "prepacked (the notebooks' default)")
     ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
     ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
     ap.add_argument("--per-category", type=int, default=2)
@@ -77,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         raise SystemExit(f"no prompts in categories {args.categories}")
     target, draft, target_tokenizer = load_pair(args.target, args.draft, args.target_quantization,
-                                                args.draft_quantization, cross_tokenizer=True)
+                                                args.draft_quantization, cross_tokenizer=True, cpu_linear=args.cpu_linear)
     draft_tokenizer = load_tokenizer(args.draft)
     print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
-          f"pair={args.draft} -> {args.target} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} "
+          f"cpu_linear={linear_path(target)} pair={args.draft} -> {args.target} prompts={len(prompts)} "
+          f"max_new_tokens={args.max_new_tokens} "
           f"load_s={time.perf_counter() - started:.0f}")
     methods = build_methods(target, draft, target_tokenizer, draft_tokenizer, args)
 

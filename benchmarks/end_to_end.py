@@ -29,18 +29,20 @@ Per category also: the best specnb method against the best transformers method (
 fastest specnb row over the fastest of hf_assisted and hf_prompt_lookup in that category).
 
 The last line is
-    chain_over_hf_assisted=<x> ngram_over_hf_prompt_lookup=<y> greedy_outputs_equal=<n>/<m> best_over_hf_best=<z>
+    chain_over_hf_assisted=<x> ngram_over_hf_prompt_lookup=<y> greedy_outputs_equal=<n>/<m> best_over_hf_best=<z> rss_onednn_over_stock=<r>
 x: tokens/s of specnb's chain over transformers assisted at the same k, all prompts pooled;
 y: specnb's n-gram chain over transformers prompt lookup at the same length, on the
 summarization and rag prompts (nan without an n-gram drafter or such prompts); n/m: greedy runs
 whose output equals the target's own greedy output; z: the smallest, over categories, of the best
-specnb method's tokens/s over the best transformers method's.
+specnb method's tokens/s over the best transformers method's; r: resident memory of a fresh process
+that loaded the pair on the oneDNN path over one that loaded it on the stock path.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -95,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-quantization", choices=["4bit"], default=None,
                     help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)")
     ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
-    ap.add_argument("--cpu-linear", choices=("stock", "onednn"), default="stock",
-                    help="a CPU float32 model's linear layers (specnb.io.cpu_linear): torch's stock path or oneDNN prepacked")
+    ap.add_argument("--cpu-linear", choices=("stock", "onednn"), default="onednn",
+                    help="a CPU float32 model's linear layers (specnb.io.cpu_linear): torch's stock path or oneDNN "
+                         "prepacked (the notebooks' default)")
     ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
     ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
     ap.add_argument("--per-category", type=int, default=2)
@@ -183,9 +186,29 @@ def main(argv: list[str] | None = None) -> int:
         pd.DataFrame(flat).to_csv(args.csv, index=False)
     print(f"elapsed_s={time.perf_counter() - started:.0f}")
     z = best[best["category"] != "all"]["best_over_hf_best"].min()
+    rss = {path: resident_after_load(args.target, args.draft, args.target_quantization, args.draft_quantization, path)
+           for path in ("stock", "onednn")}
+    print(f"resident memory after loading the pair, each in a fresh process: stock {rss['stock'] / 1e9:.2f} GB, "
+          f"onednn {rss['onednn'] / 1e9:.2f} GB")
     print(f"chain_over_hf_assisted={x:.3f} ngram_over_hf_prompt_lookup={y:.3f} greedy_outputs_equal={equal}/{len(greedy)} "
-          f"best_over_hf_best={z:.3f}")
+          f"best_over_hf_best={z:.3f} rss_onednn_over_stock={rss['onednn'] / rss['stock']:.3f}")
     return 0 if equal == len(greedy) else 1
+
+
+def resident_after_load(target: str, draft: str, target_quantization: str | None, draft_quantization: str | None,
+                        cpu_linear: str) -> int:
+    """Bytes resident (VmRSS) in a fresh Python process once it has loaded the pair on `cpu_linear`
+    and collected its garbage: what holding the two models costs on that path."""
+    code = (
+        "import gc, sys\n"
+        "from specnb.io.models import load_pair\n"
+        "models = load_pair(*[a or None for a in sys.argv[1:5]], cpu_linear=sys.argv[5])\n"
+        "gc.collect()\n"
+        "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, target, draft, str(target_quantization or ""),
+                          str(draft_quantization or ""), cpu_linear], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
 
 
 def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argparse.Namespace) -> list[Method]:

@@ -188,6 +188,12 @@ def test_model_pairs_tables(smoke):
     assert ((table["perplexity"] > 1) & table["perplexity"].map(math.isfinite)).all()
     versus = pd.read_csv(folder / "versus_transformers.csv")
     assert list(versus["theirs"]) == ["hf_assisted:2"] and (versus["speed_ratio"] > 0).all()
+    assert (versus["speed_ratio_ci_low"] <= versus["speed_ratio_ci_high"]).all()  # 6 prompts: an interval
+    low, high, said = versus.iloc[0][["speed_ratio_ci_low", "speed_ratio_ci_high", "verdict"]]
+    assert said == ("faster" if low > 1 else "slower" if high < 1 else "within the spread")
+    units = pd.read_csv(folder / "units.csv")
+    measured = units[units["source"] == "measured"]
+    assert (measured["rounds"] == 2).all() and measured["round_times"].astype(str).str.split().str.len().eq(2).all()
     costs = pd.read_csv(folder / "step_costs.csv")
     assert (costs["verify_cost"] > 0).all() and len(costs) == (table["source"] == "measured").sum()
     baseline = pd.read_csv(folder / "baseline.csv")
@@ -392,7 +398,7 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
     dry = runner.resolve("t4-dryrun", {}, [], NOTEBOOKS)
     sizes = {"max_prompts", "max_new_tokens", "check_prompts", "verify_prefix", "verify_nodes", "verify_repeats",
              "batches", "prefixes", "nodes", "warmup", "repeats", "windows", "bin_tokens",
-             "budgets", "test_prompts", "typical_prompts", "max_prompt_tokens"}
+             "budgets", "test_prompts", "typical_prompts", "max_prompt_tokens", "curve_prefix", "curve_repeats"}
     assert dry["05_medusa_heads"]["heads"] == t4["05_medusa_heads"]["heads"] == "FasterDecoding/medusa-vicuna-7b-v1.3"
     for stem in t4:
         changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}

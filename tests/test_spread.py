@@ -43,3 +43,24 @@ def test_coverage_is_near_the_stated_level():
         low, high = ratio_interval(tokens, steps, resamples=500, seed=run)
         covered += low <= truth <= high
     assert 0.89 <= covered / 300 <= 0.99, covered
+
+
+def test_speed_ratio_interval_is_paired_and_the_verdict_needs_it_to_exclude_one():
+    """Two methods on the same prompts: prompt lengths differ a lot (times 1 s to 9 s), one method
+    is 5% faster on every prompt. Paired resampling sees the 5% (the interval excludes 1: "faster");
+    an unpaired view of such spread prompts could not. A 1% edge that flips on some prompts is
+    "within the spread"; below three prompts there is no verdict."""
+    from specnb.analysis.spread import speed_ratio_interval, verdict
+
+    tokens = [24, 24, 24, 24, 24, 24]
+    slow = [1.0, 9.0, 3.0, 5.0, 2.0, 7.0]
+    fast = [t / 1.05 for t in slow]
+    low, high = speed_ratio_interval(tokens, fast, tokens, slow)
+    assert low == pytest.approx(1.05) and high == pytest.approx(1.05) and verdict(low, high) == "faster"
+    assert verdict(*speed_ratio_interval(tokens, slow, tokens, fast)) == "slower"
+    mixed = [t * f for t, f in zip(slow, [0.95, 1.04, 0.97, 1.02, 0.96, 1.03])]
+    low, high = speed_ratio_interval(tokens, mixed, tokens, slow)
+    assert low < 1 < high and verdict(low, high) == "within the spread"
+    assert verdict(*speed_ratio_interval(tokens[:2], fast[:2], tokens[:2], slow[:2])) == "too few prompts"
+    with pytest.raises(ValueError, match="one entry per prompt"):
+        speed_ratio_interval([1, 2, 3], [1, 2, 3], [1, 2], [1, 2])

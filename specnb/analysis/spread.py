@@ -6,6 +6,10 @@ varies between runs (steps of one prompt are not independent), so the interval r
 with replacement and recomputes the pooled ratio (Efron & Tibshirani 1993, percentile bootstrap).
 With fewer than `MIN_PROMPTS` prompts there is no interval (NaN): a band from two prompts would
 look like information and is not. The resampling is seeded, so a table is reproducible.
+
+Speed comparisons (`speed_ratio_interval`) resample prompts paired: both methods ran on the same
+prompts in the same process, interleaved, so a ratio's interval excludes what they share; `verdict`
+names a winner only where the interval excludes 1.
 """
 
 from __future__ import annotations
@@ -36,13 +40,50 @@ def ratio_interval(
     if len(num) < MIN_PROMPTS:
         return float("nan"), float("nan")
     picks = np.random.default_rng(seed).integers(0, len(num), size=(resamples, len(num)))  # [B, P]
-    top, bottom = num[picks].sum(1), den[picks].sum(1)
-    ratios = np.divide(top, bottom, out=np.full(resamples, np.nan), where=bottom > 0)
-    ratios = ratios[~np.isnan(ratios)]
-    if not len(ratios):
+    return _percentiles(_divide(num[picks].sum(1), den[picks].sum(1)), level)
+
+
+def speed_ratio_interval(
+    tokens_a: Sequence[float],
+    seconds_a: Sequence[float],
+    tokens_b: Sequence[float],
+    seconds_b: Sequence[float],
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float]:
+    """(low, high): the percentile-bootstrap interval of one method's pooled tokens/s over
+    another's, (sum tokens_a / sum seconds_a) / (sum tokens_b / sum seconds_b), one entry of each
+    per prompt, the same prompts: resampled together (paired), so what both share (a slow prompt)
+    cancels. (nan, nan) below MIN_PROMPTS prompts."""
+    arrays = [np.asarray(x, dtype=float) for x in (tokens_a, seconds_a, tokens_b, seconds_b)]  # [P] each
+    if len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 1:
+        raise ValueError(f"one entry per prompt for each of the four, got shapes {[a.shape for a in arrays]}")
+    if len(arrays[0]) < MIN_PROMPTS:
+        return float("nan"), float("nan")
+    picks = np.random.default_rng(seed).integers(0, len(arrays[0]), size=(resamples, len(arrays[0])))  # [B, P]
+    ta, sa, tb, sb = (a[picks].sum(1) for a in arrays)
+    return _percentiles(_divide(_divide(ta, sa), _divide(tb, sb)), level)
+
+
+def verdict(low: float, high: float) -> str:
+    """What an interval of a ratio says: "faster" (it lies above 1), "slower" (below 1), "within the
+    spread" (it holds 1), or "too few prompts" (no interval)."""
+    if not (low == low and high == high):
+        return "too few prompts"
+    return "faster" if low > 1 else "slower" if high < 1 else "within the spread"
+
+
+def _divide(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    return np.divide(top, bottom, out=np.full(top.shape, np.nan), where=bottom > 0)
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    values = values[~np.isnan(values)]
+    if not len(values):
         return float("nan"), float("nan")
     tail = (1.0 - level) / 2.0 * 100.0
-    low, high = np.percentile(ratios, [tail, 100.0 - tail])
+    low, high = np.percentile(values, [tail, 100.0 - tail])
     return float(low), float(high)
 
 

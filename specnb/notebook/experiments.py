@@ -56,6 +56,13 @@ from ..bench.verify_curve import curve_table, missing_points, verify_curve
 from ..io.storage import Sweep
 
 BASELINE = "autoregressive"
+# where each notebook's budget recommendation takes its tau and its costs (`readings.recommendation`)
+RECOMMENDATION_01 = ("tau replayed from this notebook's collection of the pair on its prompts (measured); draft and "
+                     "verify costs from the curves measured on this machine")
+RECOMMENDATION_03 = ("tau from the `acceptance` parameter (an assumed per-rank vector, through Sequoia's model of "
+                     "independent ranks: not measured here; notebook 01 measures the pair's); draft and verify costs "
+                     "from the curves measured on this machine")
+WARMUP_TOKENS = 4  # tokens of each method's untimed warm-up run (`run_sweep`)
 GAP_TOKENS = 8  # tokens of the first prompt's output that `quality.logit_gap` decodes and verifies
 UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
 
@@ -107,8 +114,16 @@ def run_sweep(
     draft_tokenizer=None,
     baseline_of: str | None = None,
     texts: tuple[TokenText, TokenText] | None = None,
+    rounds: int = 1,
+    warmup: bool = True,
 ) -> None:
-    """Run every (prompt, tree) unit not yet in `store`, baseline first per prompt. dynamic:
+    """Run every (prompt, tree) unit not yet in `store`. Timing is fair between methods: with
+    `warmup` every method first runs once untimed (a few tokens); then per prompt the methods run
+    interleaved, `rounds` times, in an order rotated from prompt to prompt, and each unit keeps its
+    fastest round (greedy: every round gives the same tokens; a shared CPU's spikes only slow a
+    run down) and records every round's seconds (`round_times`). The target alone is stored first
+    per prompt: the reference of every method's output. A prompt's units are stored when its rounds
+    are done (an interrupted run redoes that prompt only). dynamic:
     (children per node, depth) of dynamic trees (`methods.build_drafter`). `tokenizer` is the
     target's; draft_tokenizer, the draft's, is needed by the cross-tokenizer methods (xtok, hf_uag)
     only. baseline_of: an earlier pair of the same target in `store`, whose target-alone units are
@@ -116,34 +131,47 @@ def run_sweep(
     tokenizers read as bytes (`TokenText`), when already made."""
     drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
     vocabularies = _Vocabularies(tokenizer, draft_tokenizer, texts)
-    todo = [(p, None) for p in prompts] + [(p, k) for p in prompts for k in trees]
-    todo = [(p, k) for p, k in todo if _key(pair_label, k, p) not in store]
+    todo = {p.id: [k for k in [None, *trees] if _key(pair_label, k, p) not in store] for p in prompts}
     references: dict[str, list[int]] = {}
     ids_of = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}  # tokenize each prompt once
     scores: dict[tuple[str, tuple[int, ...]], Score] = {}  # equal outputs are scored once
     gap: list[float] = []  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
-    for prompt, k in tqdm(todo, desc=pair_label, disable=not progress):
-        ids = ids_of[prompt.id]
-        if k is None and baseline_of is not None and _key(baseline_of, None, prompt) in store:
+    if warmup and any(todo.values()):  # every method once, untimed: no timed run pays a first call's costs
+        for k in [None, *trees]:
+            _generate(target, draft, drafters, ids_of[prompts[0].id], k, trees[k] if k else None,
+                      min(WARMUP_TOKENS, max_new_tokens), vocabularies, dynamic)
+    bar = tqdm(total=sum(map(len, todo.values())), desc=pair_label, disable=not progress)
+    for i, prompt in enumerate(prompts):
+        keys, ids = todo[prompt.id], ids_of[prompt.id]
+        if None in keys and baseline_of is not None and _key(baseline_of, None, prompt) in store:
             earlier = _key(baseline_of, None, prompt)
             store.add(_key(pair_label, None, prompt), store.rows(earlier), meta={**store.meta(earlier), "baseline_of": baseline_of})
-            references[prompt.id] = [int(t) for t in str(store.meta(earlier)["tokens"]).split() if t]
-            continue
-        result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, vocabularies, dynamic)
-        output = (prompt.id, tuple(result.tokens.tolist()))
-        if output not in scores:
-            scores[output] = score(target, ids, result.tokens)
-        reference = references.get(prompt.id) or _stored_tokens(store, pair_label, prompt)
-        if k is None:
-            references[prompt.id] = result.tokens.tolist()
-            reference = references[prompt.id]
-        if not gap:
-            gap.append(logit_gap(target, ids, (reference or result.tokens.tolist())[:GAP_TOKENS] or [0]))
-        store.add(
-            _key(pair_label, k, prompt),
-            _step_rows(result),
-            meta=_unit_summary(result, prompt, reference, trees[k] if k else None, scores[output], target.dtype, gap[0]),
-        )
+            keys = [k for k in keys if k is not None]
+            bar.update()
+        best: dict = {}  # per method, its fastest round (greedy: every round gives the same tokens)
+        rounds_s: dict = {k: [] for k in keys}
+        order = keys[i % len(keys):] + keys[: i % len(keys)] if keys else []  # rotated: no method always first
+        for _ in range(rounds):
+            for k in order:
+                result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, vocabularies, dynamic)
+                rounds_s[k].append(result.total_time)
+                if k not in best or result.total_time < best[k].total_time:
+                    best[k] = result
+        for k in sorted(keys, key=lambda k: k is not None):  # the target alone first: the reference
+            result = best[k]
+            output = (prompt.id, tuple(result.tokens.tolist()))
+            if output not in scores:
+                scores[output] = score(target, ids, result.tokens)
+            if k is None:
+                references[prompt.id] = result.tokens.tolist()
+            reference = references.get(prompt.id) or _stored_tokens(store, pair_label, prompt)
+            if not gap:
+                gap.append(logit_gap(target, ids, (reference or result.tokens.tolist())[:GAP_TOKENS] or [0]))
+            summary = _unit_summary(result, prompt, reference, trees[k] if k else None, scores[output], target.dtype, gap[0])
+            store.add(_key(pair_label, k, prompt), _step_rows(result),
+                      meta={**summary, "rounds": rounds, "round_times": " ".join(f"{t:.4f}" for t in rounds_s[k])})
+            bar.update()
+    bar.close()
 
 
 def _generate(
@@ -201,9 +229,11 @@ def run_pairs(
     measure: Sequence[str] = (),
     dtype: str | None = None,
     cpu_linear: str = "stock",
+    rounds: int = 1,
 ) -> pd.DataFrame:
     """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default),
-    a CPU float32 model's linear layers on `cpu_linear` (`io.cpu_linear`).
+    a CPU float32 model's linear layers on `cpu_linear` (`io.cpu_linear`), every measured method
+    warmed up, then run `rounds` times per prompt interleaved with the others (`run_sweep`).
     Before any weights load, every model of every pair is resolved (access, licence, name:
     `io.sources`, one error listing every problem) and every pair's tokenizers are compared: on a
     pair whose vocabularies differ, the methods that need a shared one (`Method.shared_vocabulary`)
@@ -272,7 +302,7 @@ def run_pairs(
         run_sweep(store, pair.label, target, draft, tokenizer, prompts,
                   {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress,
                   draft_tokenizer=load_tokenizer(pair.draft), baseline_of=first_of_target[target_key],
-                  texts=texts.get(pair))
+                  texts=texts.get(pair), rounds=rounds)
         if replayed:
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
             replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
@@ -335,7 +365,8 @@ def steps_frame(store: Sweep) -> pd.DataFrame:
 def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budget")) -> pd.DataFrame:
     """Pooled metrics per group (sums over all steps of all prompts), the spread of per-prompt tau,
     95% intervals of tau and acceptance rate across prompts (`analysis.spread`, bootstrap over
-    prompts; NaN below 3 prompts), and speed against the same pair's baseline in the same run."""
+    prompts; NaN below 3 prompts), and speed against the same pair's baseline in the same run, with
+    its 95% interval (`speedup_ci_low/high`: paired bootstrap over the prompts both ran)."""
     by = list(by)
     spec = units[units["shape"] != BASELINE]
     base = units[units["shape"] == BASELINE]
@@ -365,12 +396,21 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         out["draft_tokens_per_accepted"] = out["draft_tokens"] / out["accepted"]
     out["acceptance_length"] = out["accepted"] / out["steps"]
     out["tau"] = out["tokens"] / out["steps"]
+    base_by = [c for c in by if c not in ("shape", "budget")]
+    base_units = base[[*base_by, "prompt_id", "num_tokens", "total_time"]]
+
+    def speedup_span(u: pd.DataFrame) -> dict[str, float]:  # against the target alone, on the same prompts
+        both = u.merge(base_units, on=[*base_by, "prompt_id"], suffixes=("", "_base"))
+        low, high = spread.speed_ratio_interval(both["num_tokens"], both["total_time"], both["num_tokens_base"],
+                                                both["total_time_base"])
+        return {"speedup_ci_low": low, "speedup_ci_high": high}
+
     spans = pd.DataFrame([{**spread.interval_columns("tau", u["num_tokens"], u["num_steps"]),
-                           **spread.interval_columns("acceptance_rate", u["num_accepted"], u["num_drafted"])}
+                           **spread.interval_columns("acceptance_rate", u["num_accepted"], u["num_drafted"]),
+                           **speedup_span(u)}
                           for _, u in g], index=out.index)
     out = pd.concat([out, spans], axis=1)
     out["tokens_per_s"] = out["tokens"] / out["time_s"]
-    base_by = [c for c in by if c not in ("shape", "budget")]
     base_speed = base.groupby(base_by)[["num_tokens", "total_time"]].sum()
     base_speed = (base_speed["num_tokens"] / base_speed["total_time"]).rename("baseline_tokens_per_s").reset_index()
     out = out.merge(base_speed, on=base_by, how="left")
@@ -421,26 +461,35 @@ def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], flo
 COUNTERPARTS = (("chain", "hf_assisted"), ("xtok/chain", "hf_uag"), ("ngram/chain", "hf_prompt_lookup"))
 
 
-def head_to_head(table: pd.DataFrame, matchups: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
-    """specnb method against another method of the same pair, same prompts, same run: one row per
-    (pair, ours, theirs) found in a shape table, with tau and tokens/s of both and their ratio.
-    matchups: spec pairs, e.g. [("chain:4", "hf_assisted:4")]; default: every budget of each
-    `COUNTERPARTS` pair present in the table."""
+def head_to_head(table: pd.DataFrame, units: pd.DataFrame, matchups: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """specnb method against another method of the same pair, same prompts, same run (interleaved,
+    `run_sweep`): one row per (pair, ours, theirs) found in a shape table, with tau and tokens/s of
+    both, their ratio, its 95% interval over prompts (paired bootstrap, `spread.speed_ratio_interval`)
+    and the verdict it allows ("faster", "slower", "within the spread": a winner is named only
+    where the interval excludes 1). units: the unit table the shape table pooled (per-prompt tokens
+    and seconds). matchups: spec pairs, e.g. [("chain:4", "hf_assisted:4")]; default: every budget
+    of each `COUNTERPARTS` pair present in the table."""
     if matchups is None:
         budgets = sorted(table["budget"].unique())
         matchups = [(f"{a}:{k}", f"{b}:{k}") for a, b in COUNTERPARTS for k in budgets]
     spec = table.assign(spec=table["shape"] + ":" + table["budget"].astype(str)).set_index(["pair", "spec"])
+    per_prompt = units.assign(spec=units["shape"] + ":" + units["budget"].astype(str))
     rows = []
     for pair in table["pair"].unique():
         for ours, theirs in matchups:
             if (pair, ours) not in spec.index or (pair, theirs) not in spec.index:
                 continue
             a, b = spec.loc[(pair, ours)], spec.loc[(pair, theirs)]
+            mine = per_prompt[per_prompt["pair"] == pair]
+            both = mine[mine["spec"] == ours].merge(mine[mine["spec"] == theirs], on="prompt_id", suffixes=("_a", "_b"))
+            low, high = spread.speed_ratio_interval(both["num_tokens_a"], both["total_time_a"], both["num_tokens_b"],
+                                                    both["total_time_b"])
             rows.append({
                 "pair": pair, "ours": ours, "theirs": theirs,
                 "tau_ours": a["tau"], "tau_theirs": b["tau"],
                 "tokens_per_s_ours": a["tokens_per_s"], "tokens_per_s_theirs": b["tokens_per_s"],
-                "speed_ratio": a["tokens_per_s"] / b["tokens_per_s"],
+                "speed_ratio": a["tokens_per_s"] / b["tokens_per_s"], "speed_ratio_ci_low": low, "speed_ratio_ci_high": high,
+                "verdict": spread.verdict(low, high), "prompts": len(both),
                 "greedy_equal_ours": f"{int(a['greedy_equal'])}/{int(a['prompts'])}",
                 "greedy_equal_theirs": f"{int(b['greedy_equal'])}/{int(b['prompts'])}",
             })

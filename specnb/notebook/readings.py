@@ -82,8 +82,10 @@ def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:
     return "\n".join(lines)
 
 
-def pairs_reading(table: pd.DataFrame) -> str:
-    """A short markdown reading of a shape table, computed from it (no fixed conclusions)."""
+def pairs_reading(table: pd.DataFrame, versus: pd.DataFrame | None = None) -> str:
+    """A short markdown reading of a shape table, computed from it (no fixed conclusions); with the
+    head-to-head table (`experiments.head_to_head`), each matchup's verdict: a winner only where the
+    interval of the speed ratio excludes 1."""
     lines = []
     for pair, t in table.groupby("pair", sort=False):
         lines.append(f"**{pair}** (tau = tokens per target call, bonus included):")
@@ -95,12 +97,16 @@ def pairs_reading(table: pd.DataFrame) -> str:
                 f"{best['acceptance_rate']:.2f}), worst {worst['shape']} (tau {worst['tau']:.2f})"
             )
         best = t.loc[t["tau"].idxmax()]
-        fastest = t.loc[t["tokens_per_s"].idxmax()]
-        lines.append(
-            f"- highest tau overall: {best['shape']} with {best['budget']} tokens ({best['tau']:.2f}); "
-            f"fastest: {fastest['shape']} with {fastest['budget']} tokens, "
-            f"{fastest['speedup']:.2f}x the target alone"
-        )
+        line = f"- highest tau overall: {best['shape']} with {best['budget']} tokens ({best['tau']:.2f})"
+        if t["tokens_per_s"].notna().any():
+            fastest = t.loc[t["tokens_per_s"].idxmax()]
+            line += (f"; highest tokens/s measured: {fastest['shape']} with {fastest['budget']} tokens, "
+                     f"{fastest['speedup']:.2f}x the target alone{_interval(fastest, 'speedup')}")
+        lines.append(line)
+        if versus is not None and len(versus):
+            for r in versus[versus["pair"] == pair].itertuples():
+                lines.append(f"- {r.ours} against {r.theirs}: {r.speed_ratio:.2f}x the tokens/s (95% interval over "
+                             f"{r.prompts} prompts {r.speed_ratio_ci_low:.2f}-{r.speed_ratio_ci_high:.2f}): **{r.verdict}**")
         rate_trend = t.groupby("budget")["acceptance_rate"].mean()
         if len(rate_trend) > 1:
             direction = "falls" if rate_trend.iloc[-1] < rate_trend.iloc[0] else "rises"
@@ -122,6 +128,12 @@ def pairs_reading(table: pd.DataFrame) -> str:
         lines.append("- " + greedy_summary(t))
     lines += _fastest_per_target(table)
     return "\n".join(lines)
+
+
+def _interval(row: pd.Series, metric: str) -> str:
+    """" (95% interval a-b)" from a row's `<metric>_ci_low/high`, or "" where there is none."""
+    low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
+    return f" (95% interval {low:.2f}-{high:.2f})" if low == low and high == high and low is not None else ""
 
 
 def _fastest_per_target(table: pd.DataFrame) -> list[str]:
@@ -158,8 +170,9 @@ def greedy_summary(table: pd.DataFrame) -> str:
     return out
 
 
-def recommendation(cost: pd.DataFrame) -> str:
-    """The budget the cost model picks on this device, in one markdown paragraph."""
+def recommendation(cost: pd.DataFrame, source: str = "") -> str:
+    """The budget the cost model picks on this device, in one markdown paragraph; `source` says where
+    its tau and its costs come from (two notebooks may price one pair from different inputs)."""
     best = cost.loc[cost["tokens_per_s"].idxmax()]
     per_shape = cost.loc[cost.groupby("shape")["tokens_per_s"].idxmax()]
     others = ", ".join(f"{r.shape} {int(r.nodes)} ({r.speedup:.2f}x)" for r in per_shape.itertuples())
@@ -168,6 +181,7 @@ def recommendation(cost: pd.DataFrame) -> str:
         f"Best on this device: **{best['shape']} with {int(best['nodes'])} draft tokens**, expected tau "
         f"{best['expected_tau']:.2f} (bonus included), {best['tokens_per_s']:.2f} tokens/s = "
         f"{best['speedup']:.2f}x the target alone; speculation {verdict}. Best budget per shape: {others}."
+        + (f" Inputs: {source}." if source else "")
     )
 
 
