@@ -23,6 +23,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         runtime       clock, stop tokens, input checks, generators: what every loop shares
         generation    speculative_generate, autoregressive_generate, Step, GenerationResult
         streaming     StreamingCache: attention sinks + a window (StreamingLLM), bounded caches
+        ragged        ragged batches on one KV cache: per-row masks, positions and commits
+        batch         batched speculative generation and the target alone batched
     io/         embedded models, model sources (checked before loading), model loading (4-bit),
                 cpu_linear (a CPU model's linear layers on oneDNN prepacked weights),
                 the committed configs of hub models (model_configs), prompts (Spec-Bench's shipped
@@ -39,12 +41,13 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 Ray actors), tree_design (Sequoia, hindsight), cost_model, memory (weights in
                 float16 / nf4 and KV cache bytes from a config), spread (bootstrap intervals across
                 prompts), medusa_training (Medusa heads by self-distillation, cached)
-    bench/      timing harness, tree-attention kernels and grid, the verify-cost curve
+    bench/      timing harness, tree-attention kernels and grid, the verify-cost curve, the batched
+                cost curves (batch_curve)
     notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
                 legibility (is a figure readable), readings, session, checks (parameters refused
                 before any model loads), runner, report (the executed
                 notebook as HTML appendices and the index), profile_memory (will a profile's pairs
-                fit its GPU, what it downloads), t4_estimate (the t4 profile's time on a T4, an
+                fit its GPU, what it downloads), batch_study (notebook 06), t4_estimate (the t4 profile's time on a T4, an
                 estimate from published figures), dryrun (stand-in hub models), medusa_study (notebook 05)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
@@ -72,7 +75,8 @@ from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_s
 # module short name -> its place in the layers (loaded on first access, see __getattr__)
 MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
-                                "acceptance", "drafting", "runtime", "generation", "streaming")},
+                                "acceptance", "drafting", "runtime", "generation", "streaming", "ragged",
+                                "batch")},
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage",
                               "medusa_checkpoint")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
@@ -80,10 +84,10 @@ MODULES = {
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "redraft", "executors", "tree_design", "cost_model", "memory", "spread",
                                     "medusa_training")},
-    **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve")},
+    **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve", "batch_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
                                     "checks", "runner", "report", "profile_memory", "t4_estimate", "dryrun",
-                                    "medusa_study")},
+                                    "medusa_study", "batch_study")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {

@@ -38,7 +38,8 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
         assert records[stem]["status"] == "finished", (stem, records[stem].get("error"))
     # every notebook that runs prompts says which, how many, and how many per category
     assert records["01_tree_shapes"]["prompts"] == {"source": "builtin", "count": 2,
-                                                    "per_category": {"writing": 1, "roleplay": 1}}
+                                                    "per_category": {"writing": 1, "roleplay": 1},
+                                                    "prompt_format": "the tokenizer's chat template"}
     assert records["02_model_pairs"]["prompts"] == {"source": "spec_bench", "count": 6,
                                                     "per_category": {"coding": 3, "writing": 3}}
     assert records["04_long_generation"]["prompts"]["count"] == 1

@@ -7,6 +7,9 @@ tree on the device where the verify-cost curves were measured (`bench.verify_cur
     draft_widths       the level widths to time for a set of trees
     StepCost, step_cost   seconds of one step from the measured curves: t_draft(tree) + t_verify(n)
     cost_table         expected tokens/s = tau / (t_draft + t_verify) per shape and budget
+    batch_cost_table   the same at every batch size B of the batched curves (`bench.batch_curve`):
+                       tokens/s per row and in all, against the target alone at the same B
+    best_budgets       per batch size (and shape), the budget of the highest expected tokens/s
 
 Pure: tables in, tables out; no model, no disk.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -118,3 +121,44 @@ def cost_table(
 
 _COST_COLUMNS = ["target", "draft", "shape", "nodes", "depth", "leaves", "expected_tau", "t_draft_s",
                  "t_draft_chain_s", "t_verify_s", "t_step_s", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
+
+
+def batch_cost_table(curve: pd.DataFrame, trees: Mapping[tuple[str, int], Tree], taus: Mapping[tuple[str, int], float],
+                     target: str, draft: str) -> pd.DataFrame:
+    """Expected tokens/s of each (shape, budget) tree at every batch size B of `curve` (rows of
+    `bench.batch_curve`), with tau per row from `taus` (replayed: under greedy decoding a row's
+    acceptance does not depend on the rows beside it, so one tau holds at every B).
+
+    A batched step (`core.batch`) costs t_draft(B) + t_verify(B, n): the target verifies B x (n + 1)
+    tokens (interpolated in n at each B); the draft first feeds each row what it lacks (a block of
+    ceil(tau) tokens per row, an approximation: the block is as wide as the row that accepted most),
+    then one forward per fed level (B x its width). Per row: tau / t_step; in all: B x that;
+    speedup: over the target alone at the same B (B rows decoding one token each: B / t_verify(B, 0))."""
+    rows = []
+    for b in sorted(int(x) for x in curve["batch"].unique()):
+        at = curve[curve["batch"] == b]
+        verify = at[(at["model"] == target) & (at["role"] == "target")].groupby("nodes")["median_s"].median().sort_index()
+        widths = at[(at["model"] == draft) & (at["role"] == "draft")].groupby("nodes")["median_s"].median().sort_index()
+        if verify.empty or widths.empty or 0 not in verify.index:
+            raise ValueError(f"batch {b}: the curve needs the target's verify rows (n = 0 included) and the draft's")
+
+        def width_s(w: float) -> float:
+            return float(np.interp(w, widths.index.to_numpy(), widths.to_numpy()))
+
+        base = float(verify.loc[0])
+        for (shape, budget), tree in trees.items():
+            tau = float(taus[(shape, budget)])
+            t_draft = width_s(math.ceil(tau)) + sum(width_s(len(level.fed)) for level in tree.levels if level.fed)
+            t_verify = float(np.interp(tree.num_nodes, verify.index.to_numpy(), verify.to_numpy()))
+            t_step = t_draft + t_verify
+            rows.append({"target": target, "draft": draft, "batch": b, "shape": shape, "budget": budget,
+                         "nodes": tree.num_nodes, "depth": tree.depth, "tau": tau, "t_draft_s": t_draft,
+                         "t_verify_s": t_verify, "t_step_s": t_step, "tokens_per_s_row": tau / t_step,
+                         "tokens_per_s": b * tau / t_step, "baseline_tokens_per_s": b / base,
+                         "speedup": tau / t_step * base})
+    return pd.DataFrame(rows)
+
+
+def best_budgets(table: pd.DataFrame, by: Sequence[str] = ("batch",)) -> pd.DataFrame:
+    """Per group of `by` (default: each batch size), the row of the highest expected tokens/s."""
+    return table.loc[table.groupby(list(by), sort=True)["tokens_per_s"].idxmax()].reset_index(drop=True)

@@ -149,7 +149,7 @@ def speculative_generate(
         drafter.observe(draft, result)
 
         added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
-        steps.append(replace(_step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1, draft.draft_tokens),
+        steps.append(replace(step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1, draft.draft_tokens),
                              target_kv_bytes=kv_bytes(cache), draft_kv_bytes=drafter.kv_bytes()))
         new.extend(added)
         seq.extend(added)
@@ -246,10 +246,12 @@ def _drafted_tree(draft: Draft, requested: Tree) -> Tree:
     return tree
 
 
-def _step_record(
+def step_record(
     position: int, tree: Tree, result: Acceptance, added: list[int], draft_time: float, verify_time: float,
     draft_tokens: int | None = None,
 ) -> Step:
+    """The record of one target call: the verified `tree`, its acceptance, the tokens it `added`
+    (an EOS may cut them short), and the seconds its draft and its verification took."""
     path = result.path[: len(added)]  # an EOS inside the path cuts the rest of it
     rows = (0,) + tuple(i + 1 for i in path)
     return Step(

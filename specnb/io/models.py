@@ -84,8 +84,9 @@ def load_tokenizer(name_or_path: str, source: Source | None = None) -> PreTraine
     gets that format as its chat template, so `prompt_ids` encodes prompts as the model saw them."""
     source = source or resolve_source(name_or_path)
     if source.kind == "embedded":
-        return embedded.tokenizer_of(embedded.EMBEDDED_MODELS[name_or_path])
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=source.local_files_only)
+        tokenizer = embedded.tokenizer_of(embedded.EMBEDDED_MODELS[name_or_path])
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=source.local_files_only)
     conversation = _conversation(name_or_path)
     if conversation and not tokenizer.chat_template:
         tokenizer.chat_template = conversation

@@ -455,3 +455,74 @@ def typical_vs_lossless(quality: pd.DataFrame, path=None) -> plt.Figure:
     fig.suptitle(f"typical acceptance (lossy) vs lossless sampling at T={quality['temperature'].iloc[0]:g} "
                  "(bars: mean over prompts, 95% interval)", fontsize=10)
     return save(fig, path)
+
+
+# ---- batch size (notebook 06): tables from `batch_study` -----------------------------------------
+
+
+def batch_speed(measured: pd.DataFrame, versus: pd.DataFrame | None = None, path=None) -> plt.Figure:
+    """Left: tokens/s of the whole batch against batch size, one line per method (transformers'
+    assisted generation at batch 1 only: it refuses more). Middle: the same per row. Right:
+    speedup over the target alone batched, measured (solid) and, dashed, the cost model's
+    prediction for the same tree (`versus`)."""
+    data = measured[measured["status"] == "measured"]
+    style = styles(list(dict.fromkeys(data["method"])))
+    fig, axes = plt.subplots(1, 3, figsize=(15.5, 4.2))
+    for method, d in data.groupby("method", sort=False):
+        d = d.sort_values("batch")
+        for ax, column in zip(axes[:2], ("tokens_per_s", "tokens_per_s_row")):
+            ax.plot(d["batch"], d[column], label=method, lw=1.4, ms=5, **style[method])
+        axes[2].plot(d["batch"], d["speedup"], label=method, lw=1.4, ms=5, **style[method])
+    if versus is not None and len(versus):
+        alone = data[data["method"] == "autoregressive"].set_index("batch")["tokens_per_s"]
+        for method, d in versus.groupby("method", sort=False):
+            d = d.sort_values("batch")
+            axes[2].plot(d["batch"], d["predicted_tokens_per_s"] / d["batch"].map(alone), color=style[method]["color"],
+                         ls="--", lw=1.0, marker="x", label=f"{method}, predicted")
+    axes[2].axhline(1.0, color="black", lw=0.8, ls=":")
+    titles = ("tokens/s of the whole batch", "tokens/s per row", "speedup over the target alone at the same batch")
+    for ax, title, label in zip(axes, titles, ("tokens/s (all rows)", "tokens/s per row", "speedup (x)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(data["batch"].unique()), [str(b) for b in sorted(data["batch"].unique())])
+        ax.set_xlabel("batch size (rows)")
+        ax.set_ylabel(label)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(bottom=0)
+    legend_outside(axes[2], "method")
+    fig.suptitle("greedy; every row a different prompt; interleaved runs in one process", fontsize=10)
+    return save(fig, path)
+
+
+def best_budget_vs_batch(cost: pd.DataFrame, path=None) -> plt.Figure:
+    """Left: the cost model's best budget per tree shape against batch size. Right: expected total
+    tokens/s against the budget, one line per batch size, each relative to the target alone at
+    that batch (the speedup): where a larger batch moves the peak."""
+    best = cost.loc[cost.groupby(["batch", "shape"])["tokens_per_s"].idxmax()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.2))
+    style = styles(sorted(cost["shape"].unique()))
+    for shape, d in best.groupby("shape"):
+        d = d.sort_values("batch")
+        left.plot(d["batch"], d["budget"], label=shape, lw=1.4, ms=5, **style[shape])
+    left.set_xscale("log", base=2)
+    left.set_yscale("log", base=2)
+    left.set_xticks(sorted(cost["batch"].unique()), [str(b) for b in sorted(cost["batch"].unique())])
+    left.set_yticks(sorted(cost["budget"].unique()), [str(b) for b in sorted(cost["budget"].unique())])
+    left.set_xlabel("batch size (rows)")
+    left.set_ylabel("best budget (draft tokens per row)")
+    left.set_title("the budget of the highest expected tokens/s", fontsize=9)
+    legend_outside(left, "shape")
+    batches = sorted(cost["batch"].unique())
+    bstyle = styles([f"batch {b}" for b in batches])
+    top = cost.loc[cost.groupby(["batch", "budget"])["speedup"].idxmax()]
+    for b, d in top.groupby("batch"):
+        d = d.sort_values("budget")
+        right.plot(d["budget"], d["speedup"], label=f"batch {b}", lw=1.4, ms=5, **bstyle[f"batch {b}"])
+    right.axhline(1.0, color="black", lw=0.8, ls=":")
+    right.set_xscale("log", base=2)
+    right.set_xticks(sorted(cost["budget"].unique()), [str(b) for b in sorted(cost["budget"].unique())])
+    right.set_xlabel("draft tokens per row (the best shape at each budget)")
+    right.set_ylabel("expected speedup (x)")
+    right.set_title("expected speedup over the target alone at the same batch;\n"
+                    "tau per row replayed (bonus included), costs measured at each batch", fontsize=9)
+    legend_outside(right, "batch")
+    return save(fig, path)

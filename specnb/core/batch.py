@@ -1,0 +1,357 @@
+"""Batched speculative generation: B prompts of different lengths, one target forward per step
+verifying B x (N + 1) tokens, each row under its own tree mask and positions (`core.ragged`).
+
+    speculative_generate_batch      draft -> verify -> accept -> commit for every row at once; rows
+                                    accept different lengths (a per-row commit) and leave the batch
+                                    when they reach EOS or their length
+    autoregressive_generate_batch   the target alone on the same batch: one forward per token for
+                                    every row (the baseline a batched speculative run must beat)
+    BatchModelDrafter               a draft model drafting every row's tree together: one draft
+                                    forward per depth for the whole batch, on its own ragged cache
+    BatchResult                     per-row `GenerationResult`s (their steps carry the batch step's
+                                    seconds) and the batch's own wall clock
+
+One tree shape per step for every row. A model draft fills it for all rows; drafters of their own
+(n-gram and other host-side drafters, one per row) may build smaller trees of their own, padded to
+the largest for the verify block. Near a row's length its tree is cut per row (canonical order puts
+a depth's nodes after every shallower one, so the cut tree is the first K nodes: the rest of the
+block is padding for that row).
+
+Exactness. A row's verify sees exactly its own committed tokens at its own positions, so under
+greedy decoding each row's output equals that prompt's own batch-1 greedy output (up to float
+rounding of kernels over another batch shape: `analysis.quality.compare_greedy` tells a tie from a
+mismatch); acceptance runs per row with the single-row rules (greedy, lossless sampling with the
+row's own generator, typical acceptance, LOSSY), so sampled rows follow the target's distribution.
+Padding is never realigned: a row's tokens keep the slots their positions name (`core.ragged`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .acceptance import Acceptance, TypicalAcceptance, greedy_accept, speculative_accept, typical_accept
+from .drafting import Drafter
+from .generation import GenerationResult, Step, step_record
+from .masks import attention_implementation, rooted_ancestor_mask
+from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows
+from .runtime import Clock, cut_at_eos, eos_ids, make_generator, match_vocab, peak_memory, reset_peak_memory
+from .sampling import SamplingConfig, probabilities, sample, sample_without_replacement, top_tokens
+from .streaming import kv_bytes
+from .trees import Tree
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """A batch's rows, in prompt order, and its wall clock. Each row's steps carry the seconds of
+    the batch step they were part of (a step drafts and verifies every active row at once)."""
+
+    rows: tuple[GenerationResult, ...]
+    total_time: float  # seconds, the whole call
+    prefill_time: float  # seconds before the first step (the prompts' ragged prefill)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.rows)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """All rows' new tokens over the call's wall clock: the batch's throughput."""
+        return self.tokens / self.total_time if self.total_time > 0 else float("nan")
+
+
+def check_prompts(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[list[int]]:
+    """Each prompt as a host list of ids; ValueError for an empty batch, an empty prompt or a bad length."""
+    if not prompts:
+        raise ValueError("a batch needs at least one prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    out = [torch.as_tensor(p).reshape(-1).tolist() for p in prompts]  # host: lists of ids
+    if any(not p for p in out):
+        raise ValueError("every prompt needs at least one token")
+    return out
+
+
+def prefill_batch(model: torch.nn.Module, ragged: RaggedCache, sequences: Sequence[Sequence[int]]) -> None:
+    """Append each row's tokens (any lengths, >= 0) as committed tokens, causally, in one forward."""
+    if not max(map(len, sequences)):
+        return
+    block, columns = causal_block(ragged, [list(seq) for seq in sequences])
+    block_forward(model, ragged, *block, logits_to_keep=1)
+    commit(ragged, columns)
+
+
+class BatchModelDrafter:
+    """A draft model drafting one tree shape for every row at once (greedy: each node the rank-r
+    token of its parent's draft distribution; sampling: draws without replacement, q returned, as
+    `drafting.ModelDrafter`). Its cache is ragged like the target's: each step first feeds every
+    row's tokens it lacks (the accepted ones and the next root), then one forward per depth feeds
+    the batch's nodes of that depth; the nodes are discarded afterwards."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.ragged: RaggedCache | None = None
+        self.committed: list[list[int]] = []
+
+    def start(self, sequences: Sequence[Sequence[int]]) -> None:
+        """A new batch: the prompts but their last token go into the draft's cache."""
+        self.ragged = RaggedCache.empty(self.model, len(sequences))
+        prefill_batch(self.model, self.ragged, [seq[:-1] for seq in sequences])
+        self.committed = [list(seq[:-1]) for seq in sequences]
+
+    def select_rows(self, rows: list[int]) -> None:
+        select_rows(self.ragged, rows)
+        self.committed = [self.committed[b] for b in rows]
+
+    def kv_bytes(self) -> int:
+        return kv_bytes(None if self.ragged is None else self.ragged.cache)
+
+    @torch.inference_mode()
+    def draft(self, sequences: Sequence[Sequence[int]], tree: Tree, sampling: SamplingConfig,
+              generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tokens long [B, N], q float32 [B, N + 1, V] or None when greedy) for the rows'
+        sequences (each ending with its root)."""
+        if not sampling.greedy and tree.has_rank_gaps:
+            raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
+        logits = self._advance(sequences)  # [B, V]
+        b, n = len(sequences), tree.num_nodes
+        out = torch.zeros(b, n, dtype=torch.long, device=logits.device)
+        q = None if sampling.greedy else torch.zeros(b, n + 1, logits.shape[-1], dtype=torch.float32, device=logits.device)
+        parents_logits = logits[:, None]  # [B, P, V]
+        parent_rows = [0]  # their rows in q (0 = the root)
+        fed_nodes: list[int] = []  # nodes fed so far, in scratch-column order
+        roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
+        for level in tree.levels:
+            if sampling.greedy:
+                choices = top_tokens(parents_logits, level.width)  # [B, P, width]
+            else:
+                probs = probabilities(parents_logits, sampling)  # [B, P, V]
+                q[:, parent_rows] = probs
+                choices = torch.stack([sample_without_replacement(probs[i], level.width, g)
+                                       for i, g in enumerate(generators)])
+            out[:, level.nodes.start : level.nodes.stop] = choices[:, list(level.parent_rows), list(level.ranks)]
+            if not level.fed:
+                break
+            fed = list(level.fed)
+            ancestors = tree.ancestors[fed][:, fed_nodes + fed]  # [F, S + F]
+            visible = ancestors[None].expand(b, -1, -1)
+            valid = torch.ones(b, len(fed), dtype=torch.bool)  # host
+            positions = (roots + level.depth)[:, None].expand(b, len(fed))
+            parents_logits = block_forward(self.model, self.ragged, out[:, fed], positions, visible, valid).float()
+            fed_nodes += fed
+            parent_rows = [i + 1 for i in fed]
+        discard(self.ragged)
+        return out, q
+
+    def _advance(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Feed each row what its cache lacks (at least its root); float32 logits [B, V] at each
+        root."""
+        new = []
+        for b, seq in enumerate(sequences):
+            held = self.committed[b]
+            if seq[: len(held)] != held or len(seq) <= len(held):
+                raise ValueError("a row's sequence must extend what its draft cache holds")
+            new.append(list(seq[len(held):]))
+        block, columns = causal_block(self.ragged, new)
+        root_logits = block_forward(self.model, self.ragged, *block, logits_to_keep=1)[:, -1].float()  # [B, V]: each root
+        commit(self.ragged, columns)
+        self.committed = [list(seq) for seq in sequences]
+        return root_logits
+
+
+@torch.inference_mode()
+def speculative_generate_batch(
+    target: torch.nn.Module,
+    drafter: torch.nn.Module | BatchModelDrafter | Sequence[Drafter],
+    prompts: Sequence[torch.Tensor],
+    tree: Tree | None = None,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    typical: TypicalAcceptance | None = None,
+) -> BatchResult:
+    """Speculative decoding of B prompts at once (module docstring).
+
+    drafter: a draft model (or its `BatchModelDrafter`): every row's tree drafted in one forward per
+    depth; or one `Drafter` per prompt (n-gram and other host-side drafters: they draft per row).
+    prompts: B long tensors [T_b] (or [1, T_b]). tree: default `Tree.chain(4)`. seed: row b samples
+    with its own generator seeded seed + b. Returns the rows in prompt order."""
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    attention_implementation(target)
+    tree = tree or Tree.chain(4)
+    sequences = check_prompts(prompts, max_new_tokens)
+    model_draft = isinstance(drafter, (torch.nn.Module, BatchModelDrafter))
+    if model_draft:
+        drafter = drafter if isinstance(drafter, BatchModelDrafter) else BatchModelDrafter(drafter)
+    else:
+        drafter = list(drafter)
+        if len(drafter) != len(sequences):
+            raise ValueError(f"one drafter per prompt: got {len(drafter)} for {len(sequences)} prompts")
+        for d in drafter:
+            d.check_request(tree, sampling)
+            d.reset()
+    device = target.device
+    eos = eos_ids(target, eos_token_id)
+    generators = [make_generator(None if seed is None else seed + b, device) for b in range(len(sequences))]
+    ancestors = rooted_ancestor_mask(tree.ancestors)  # [N + 1, N + 1]
+    depths = torch.tensor((0,) + tree.depths)  # host
+
+    clock = Clock(device)
+    reset_peak_memory(device)
+    start = clock.now()
+    ragged = RaggedCache.empty(target, len(sequences))
+    prefill_batch(target, ragged, [seq[:-1] for seq in sequences])  # the cache holds all but each root
+    if model_draft:
+        drafter.start(sequences)
+    prefill_time = clock.now() - start
+
+    active = list(range(len(sequences)))  # prompt indices of the rows still in the batch, in row order
+    new: list[list[int]] = [[] for _ in sequences]
+    steps: list[list[Step]] = [[] for _ in sequences]
+    while active:
+        rows_seq = [sequences[i] + new[i] for i in active]
+        t0 = clock.now()
+        if model_draft:
+            tokens, q = drafter.draft(rows_seq, tree, sampling, [generators[i] for i in active])
+            trees = [tree] * len(active)
+        else:
+            drafts = [drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i])  # host ids
+                      for i, seq in zip(active, rows_seq)]
+            trees = [d.tree or tree for d in drafts]
+            width = max(t.num_nodes for t in trees)
+            tokens = torch.zeros(len(active), width, dtype=torch.long, device=device)
+            for r, d in enumerate(drafts):
+                tokens[r, : d.tokens.numel()] = d.tokens.to(device)
+            q = None
+        t1 = clock.now()
+        # each row's tree, cut so that no node lies beyond its length (canonical order: a prefix)
+        cut = [t.truncated(max_new_tokens - len(new[i]) - 1) for i, t in zip(active, trees)]
+        logits = _verify_rows(target, ragged, [seq[-1] for seq in rows_seq], cut, tokens).float()  # [B, N + 1, V]
+        t2 = clock.now()
+        keep: list[list[int]] = []
+        finished: list[int] = []
+        for r, i in enumerate(active):
+            t, k = cut[r], cut[r].num_nodes
+            row_tokens, row_logits = tokens[r, :k], logits[r, : k + 1]
+            if sampling.greedy:
+                result = greedy_accept(t, row_tokens, row_logits.argmax(-1))
+            elif typical is not None:
+                result = typical_accept(t, row_tokens, probabilities(row_logits, sampling), row_logits.argmax(-1), typical)
+            else:
+                p = probabilities(row_logits, sampling)
+                row_q = None if q is None else match_vocab(q[r, : k + 1], p)
+                if not model_draft and drafts[r].q is not None:
+                    row_q = match_vocab(drafts[r].q[: k + 1].to(p.device), p)
+                result = speculative_accept(t, row_tokens, p, row_q, generators[i])
+            if len(result.tokens) != result.num_accepted:
+                result = Acceptance(result.path, result.next_token, tuple(row_tokens[list(result.path)].tolist()))
+            added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
+            keep.append([0] + [1 + j for j in result.path])
+            if not model_draft:
+                drafter[i].observe(drafts[r], result)
+            steps[i].append(step_record(len(new[i]), t, result, added, t1 - t0, t2 - t1))
+            new[i].extend(added)
+            if stopped or len(new[i]) >= max_new_tokens:
+                finished.append(r)
+        commit(ragged, keep)
+        if finished:
+            stay = [r for r in range(len(active)) if r not in finished]
+            select_rows(ragged, stay)
+            if model_draft:
+                drafter.select_rows(stay)
+            active = [active[r] for r in stay]
+    total = clock.now() - start
+    if not model_draft:
+        for d in drafter:
+            d.release()
+    method = f"speculative_batch_{typical.name}" if typical is not None and not sampling.greedy else "speculative_batch"
+    rows = tuple(GenerationResult(tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
+                                  steps=tuple(steps[i]), prompt_length=len(sequences[i]), prefill_time=prefill_time,
+                                  total_time=total, peak_memory_bytes=peak_memory(device), method=method,
+                                  meta={"batch_size": len(sequences)})
+                 for i in range(len(sequences)))
+    return BatchResult(rows, total, prefill_time)
+
+
+def _verify_rows(target: torch.nn.Module, ragged: RaggedCache, roots: list[int], trees: list[Tree],
+                 tokens: torch.Tensor) -> torch.Tensor:
+    """Logits [B, N + 1, V] of every row's root and nodes (row r's tree: `trees[r]`, its first
+    nodes of `tokens[r]`; the block is as wide as the largest tree, the rest padding)."""
+    b = len(roots)
+    n = max(t.num_nodes for t in trees)
+    ids = torch.cat([torch.tensor(roots, device=tokens.device)[:, None], tokens[:, :n]], dim=1)  # [B, N + 1]
+    visible = torch.zeros(b, n + 1, n + 1, dtype=torch.bool)  # host: moved by block_forward
+    valid = torch.zeros(b, n + 1, dtype=torch.bool)  # host
+    positions = torch.zeros(b, n + 1, dtype=torch.long)  # host
+    for r, t in enumerate(trees):
+        k = t.num_nodes
+        visible[r, : k + 1, : k + 1] = rooted_ancestor_mask(t.ancestors)
+        valid[r, : k + 1] = True
+        positions[r, : k + 1] = ragged.lengths[r] + torch.tensor((0,) + t.depths)  # host
+    return block_forward(target, ragged, ids, positions, visible, valid)
+
+
+@torch.inference_mode()
+def autoregressive_generate_batch(
+    target: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> BatchResult:
+    """The target alone on a batch: each step one forward of one token per active row (the first
+    after the prompts' ragged prefill). Row b samples with its own generator seeded seed + b."""
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    attention_implementation(target)
+    sequences = check_prompts(prompts, max_new_tokens)
+    device = target.device
+    eos = eos_ids(target, eos_token_id)
+    generators = [make_generator(None if seed is None else seed + b, device) for b in range(len(sequences))]
+    one = Tree.chain(0)
+
+    clock = Clock(device)
+    reset_peak_memory(device)
+    start = clock.now()
+    ragged = RaggedCache.empty(target, len(sequences))
+    prefill_batch(target, ragged, [seq[:-1] for seq in sequences])
+    prefill_time = clock.now() - start
+    active = list(range(len(sequences)))
+    new: list[list[int]] = [[] for _ in sequences]
+    steps: list[list[Step]] = [[] for _ in sequences]
+    while active:
+        t0 = clock.now()
+        roots = [(sequences[i] + new[i])[-1] for i in active]
+        empty = torch.zeros(len(active), 0, dtype=torch.long, device=device)
+        logits = _verify_rows(target, ragged, roots, [one] * len(active), empty)[:, 0].float()  # [B, V]
+        t1 = clock.now()
+        finished = []
+        for r, i in enumerate(active):
+            token = int(logits[r].argmax()) if sampling.greedy else sample(probabilities(logits[r], sampling), generators[i])
+            steps[i].append(Step(len(new[i]), 0, 0, 1, 0.0, t1 - t0, child_counts=(0,)))
+            new[i].append(token)
+            if token in eos or len(new[i]) >= max_new_tokens:
+                finished.append(r)
+        commit(ragged, [[0]] * len(active))
+        if finished:
+            stay = [r for r in range(len(active)) if r not in finished]
+            select_rows(ragged, stay)
+            active = [active[r] for r in stay]
+    total = clock.now() - start
+    rows = tuple(GenerationResult(tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
+                                  steps=tuple(steps[i]), prompt_length=len(sequences[i]), prefill_time=prefill_time,
+                                  total_time=total, peak_memory_bytes=peak_memory(device), method="autoregressive_batch",
+                                  meta={"batch_size": len(sequences)})
+                 for i in range(len(sequences)))
+    return BatchResult(rows, total, prefill_time)

@@ -1,0 +1,155 @@
+"""Ragged batches on one KV cache: B sequences of different lengths in one stock model forward, none
+attending to another row's tokens or to padding.
+
+Layout. One `DynamicCache` of batch B, right-padded: row b holds its committed tokens in columns
+0 .. L_b - 1 (`RaggedCache.lengths`); the columns after them hold stale entries (padding, rejected
+nodes) that no mask ever shows. Columns from `base` on are scratch: blocks appended since the last
+commit (a tree being drafted level by level, a tree being verified).
+
+    causal_block    the inputs of a block of new tokens per row, causal, at each row's positions
+    block_forward   append one block of M columns for every row (ids and position ids [B, M],
+                    each row's own positions) under a 4D mask built per row: its committed
+                    columns, and whatever of the scratch columns `visible` allows; padded entries
+                    of a block (a row with fewer tokens) see only themselves and are never shown to
+                    a real token
+    commit          per row, move chosen scratch columns to the end of its committed tokens (a
+                    gather then a scatter along the sequence axis: rows commit different counts),
+                    then crop the cache to the longest row: the scratch is gone
+    discard         crop the scratch (a drafted tree whose nodes are not kept)
+    select_rows     keep some rows only (finished rows leave the batch)
+
+Why this cannot break exactness: a row's query sees exactly its own committed tokens at its own
+positions (the mask is built from `lengths`, never from the cache's width), so its logits are those
+of the same tokens run alone, up to the summation order of kernels over a different batch shape
+(float rounding: `analysis.quality.compare_greedy` reports a flipped near-tie as a tie). Padding is
+never realigned: a row's tokens are never shifted relative to its positions, only copied to the
+slot its next position already names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from .cache import crop, new_cache
+from .masks import model_mask
+
+
+@dataclass
+class RaggedCache:
+    """A batch cache and each row's committed length; `base`: the width at the last commit."""
+
+    cache: DynamicCache
+    lengths: list[int]
+    base: int = 0
+
+    @classmethod
+    def empty(cls, model: torch.nn.Module, rows: int) -> RaggedCache:
+        return cls(new_cache(model), [0] * rows, 0)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def width(self) -> int:
+        """Columns the cache holds (committed, stale and scratch)."""
+        return self.cache.get_seq_length()
+
+
+@torch.inference_mode()
+def block_forward(model: torch.nn.Module, ragged: RaggedCache, ids: torch.Tensor, positions: torch.Tensor,
+                  visible: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+    """Logits [B, M', V] (model dtype; M' = M, or the last `logits_to_keep` columns) of one block.
+
+    ids, positions: long [B, M]; each row's own position ids. visible: bool [B, M, S + M], which
+    scratch columns (the S = width - base appended since the last commit, then this block) each
+    block entry sees besides its row's committed tokens. valid: bool [B, M], False for padding
+    entries (they see only themselves; nobody sees them). After the call the cache holds the block
+    as scratch."""
+    device = model.device
+    b, m = ids.shape
+    width = ragged.width
+    scratch = width - ragged.base
+    if visible.shape != (b, m, scratch + m) or valid.shape != (b, m) or b != ragged.rows:
+        raise ValueError(f"block of {b} rows x {m}: visible must be [{b}, {m}, {scratch + m}], valid [{b}, {m}]; "
+                         f"got {tuple(visible.shape)}, {tuple(valid.shape)} for a cache of {ragged.rows} rows")
+    lengths = torch.tensor(ragged.lengths, device=device)
+    columns = torch.arange(ragged.base, device=device)
+    committed = (columns[None, :] < lengths[:, None])[:, None, :].expand(b, m, ragged.base)  # [B, M, base]
+    valid = valid.to(device)
+    tail = visible.to(device).clone()  # [B, M, S + M]
+    tail[:, :, scratch:] &= valid[:, None, :]  # a padding entry is never seen
+    tail[:, :, :scratch] &= valid[:, :, None]  # and sees nothing but itself
+    tail[:, :, scratch:] &= valid[:, :, None]
+    tail[:, :, scratch:] |= torch.eye(m, dtype=torch.bool, device=device)[None]  # every entry sees itself
+    mask = torch.cat([committed & valid[:, :, None], tail], dim=2)  # [B, M, width + M]
+    out = model(input_ids=ids.to(device), position_ids=positions.to(device),
+                attention_mask=model_mask(mask[:, None], model, model.dtype),
+                cache=ragged.cache, use_cache=True, logits_to_keep=logits_to_keep)
+    return out.logits
+
+
+def causal_block(ragged: RaggedCache, rows: list[list[int]]) -> tuple[tuple[torch.Tensor, ...], list[list[int]]]:
+    """((ids, positions, visible, valid), columns): `block_forward`'s inputs for a block appending each
+    row's `rows[b]` tokens (any counts) causally at its own next positions, and each row's columns
+    in the block (for `commit`). Rows are aligned right, padding first, so every row's last token
+    is the block's last column: `logits_to_keep=1` gives each row's next-token logits."""
+    b, width = len(rows), max(map(len, rows))
+    ids = torch.zeros(b, width, dtype=torch.long)  # host: moved by block_forward
+    valid = torch.zeros(b, width, dtype=torch.bool)  # host
+    positions = torch.zeros(b, width, dtype=torch.long)  # host
+    columns = []
+    for i, toks in enumerate(rows):
+        start = width - len(toks)
+        ids[i, start:] = torch.tensor(toks, dtype=torch.long)  # host
+        valid[i, start:] = True
+        positions[i, start:] = ragged.lengths[i] + torch.arange(len(toks))  # host: each row's own positions
+        columns.append(list(range(start, width)))
+    causal = torch.ones(width, width, dtype=torch.bool).tril()[None].expand(b, width, width)  # host
+    return (ids, positions, causal, valid), columns
+
+
+@torch.inference_mode()
+def commit(ragged: RaggedCache, keep: list[list[int]]) -> None:
+    """Row b keeps scratch columns base + keep[b][j] (ascending) as its next len(keep[b]) tokens;
+    then the scratch is dropped (the cache is cropped to the longest row)."""
+    if len(keep) != ragged.rows:
+        raise ValueError(f"one list of columns per row: got {len(keep)} for {ragged.rows} rows")
+    rows = [b for b, cols in enumerate(keep) for _ in cols]
+    src = [ragged.base + c for cols in keep for c in cols]
+    dst = [ragged.lengths[b] + j for b, cols in enumerate(keep) for j in range(len(cols))]
+    if rows and src != dst:
+        for layer in ragged.cache.layers:
+            if not layer.is_initialized:
+                continue
+            device = layer.keys.device
+            r, s, d = (torch.tensor(v, dtype=torch.long, device=device) for v in (rows, src, dst))
+            layer.keys[r, :, d] = layer.keys[r, :, s]  # the right side is gathered first: overlaps are safe
+            layer.values[r, :, d] = layer.values[r, :, s]
+    ragged.lengths = [n + len(cols) for n, cols in zip(ragged.lengths, keep)]
+    ragged.base = max(ragged.lengths, default=0)
+    crop(ragged.cache, ragged.base)
+
+
+def discard(ragged: RaggedCache) -> None:
+    """Drop the scratch columns (nodes drafted and not kept)."""
+    crop(ragged.cache, ragged.base)
+
+
+@torch.inference_mode()
+def select_rows(ragged: RaggedCache, rows: list[int]) -> None:
+    """Keep only `rows` (in this order), committed state and all; the scratch must be empty."""
+    if ragged.width != ragged.base:
+        raise ValueError("select rows between steps only (the scratch is not empty)")
+    for layer in ragged.cache.layers:
+        if not layer.is_initialized:
+            continue
+        index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+    ragged.lengths = [ragged.lengths[b] for b in rows]
+    ragged.base = max(ragged.lengths, default=0)
+    crop(ragged.cache, ragged.base)

@@ -1,0 +1,154 @@
+"""Batched speculative generation (`core.batch`, `core.ragged`): rows of very different lengths and
+acceptance in one batch, each row's greedy output equal to its own batch-1 greedy output for every
+preset shape, rows finishing early and leaving the batch, per-row host drafters, the target alone
+batched, and lossless sampling per row (chi-square at batch 3, with a power check against a broken
+rule). Ragged blocks: a row's logits equal that row run alone; commits move exactly the columns asked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specnb.core.batch
+from specnb import NgramDrafter, Tree, autoregressive_generate, speculative_generate
+from specnb.core.batch import (BatchModelDrafter, autoregressive_generate_batch, prefill_batch,
+                               speculative_generate_batch)
+from specnb.core.ragged import RaggedCache, block_forward, commit, select_rows
+
+from conftest import random_prompt, tiny_model
+from stats import ALPHA, chi_square_pvalue
+from test_acceptance import not_zeroing_accept
+
+LENGTHS = (3, 29, 11)  # very different prompt lengths in one batch
+SHAPES = {"chain4": Tree.chain(4), "kary2x6": Tree.kary(2, 6), "sparse12": Tree.sparse(12), "wide5": Tree.wide(5),
+          "beams2x8": Tree.beams(2, 8)}
+
+
+def prompts(lengths=LENGTHS, seed=0):
+    return [random_prompt(seed + i, length=n)[0] for i, n in enumerate(lengths)]
+
+
+def test_a_ragged_block_gives_each_row_its_own_logits(tiny_target):
+    """Rows of 3, 29 and 11 tokens prefilled together, then one block of two tokens per row: every
+    row's logits equal the same tokens run alone (no row sees another's tokens or padding)."""
+    rows = prompts()
+    ragged = RaggedCache.empty(tiny_target, len(rows))
+    prefill_batch(tiny_target, ragged, [r.tolist() for r in rows])
+    assert ragged.lengths == list(LENGTHS) and ragged.width == max(LENGTHS)
+    nxt = torch.tensor([[5, 6], [7, 8], [9, 10]])
+    positions = torch.tensor(ragged.lengths)[:, None] + torch.arange(2)[None]
+    causal = torch.ones(2, 2, dtype=torch.bool).tril()[None].expand(3, 2, 2)
+    logits = block_forward(tiny_target, ragged, nxt, positions, causal, torch.ones(3, 2, dtype=torch.bool))
+    for b, row in enumerate(rows):
+        with torch.inference_mode():
+            alone = tiny_target(torch.cat([row, nxt[b]])[None]).logits[0, -2:]
+        torch.testing.assert_close(logits[b], alone, rtol=1e-4, atol=1e-4)
+    commit(ragged, [[1], [], [0, 1]])  # row 0 keeps the second token only, row 1 nothing, row 2 both
+    assert ragged.lengths == [4, 29, 13] and ragged.width == 29
+    keys = ragged.cache.layers[0].keys
+    assert keys.shape[0] == 3
+    select_rows(ragged, [2, 0])
+    assert ragged.lengths == [13, 4] and ragged.cache.layers[0].keys.shape[0] == 2
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_rows_greedy_output_is_its_own_batch1_greedy_output(tiny_target, tiny_draft, shape):
+    rows = prompts()
+    batch = speculative_generate_batch(tiny_target, tiny_draft, rows, tree=SHAPES[shape], max_new_tokens=21,
+                                       eos_token_id=())
+    assert batch.batch_size == 3 and batch.tokens == 3 * 21
+    for row, result in zip(rows, batch.rows):
+        alone = autoregressive_generate(tiny_target, row[None], max_new_tokens=21, eos_token_id=())
+        assert result.tokens.tolist() == alone.tokens.tolist()
+        assert sum(s.num_tokens for s in result.steps) == 21
+        single = speculative_generate(tiny_target, tiny_draft, row[None], tree=SHAPES[shape], max_new_tokens=21,
+                                      eos_token_id=())
+        assert [s.num_accepted for s in result.steps] == [s.num_accepted for s in single.steps], \
+            "the same drafts are accepted alone and in a batch (greedy)"
+
+
+def test_rows_of_different_acceptance_finish_early_and_leave_the_batch(tiny_target):
+    """The draft is the target for one row's trees and a stranger for the others: acceptance
+    differs per row; one row stops at its EOS long before the others, and the batch goes on."""
+    rows = prompts()
+    alone = [autoregressive_generate(tiny_target, r[None], max_new_tokens=30, eos_token_id=()).tokens.tolist() for r in rows]
+    stop = next(j for j in range(2, 30) if all(alone[1][j] not in a[: j + 4] for a in (alone[0], alone[2])))
+    eos = alone[1][stop]  # row 1 stops there; the others stop later or never
+    batch = speculative_generate_batch(tiny_target, tiny_target, rows, tree=Tree.kary(2, 6), max_new_tokens=30,
+                                       eos_token_id=eos)
+    for want, result in zip(alone, batch.rows):
+        cut = want[: want.index(eos) + 1] if eos in want else want
+        assert result.tokens.tolist() == cut
+    ends = alone[1].index(eos) + 1
+    assert len(batch.rows[1].tokens) == ends and min(len(batch.rows[0].tokens), len(batch.rows[2].tokens)) > ends
+    assert all(s.num_accepted == s.tree_depth for r in batch.rows for s in r.steps[:-1]), "draft = target: all accepted"
+
+
+def test_host_drafters_draft_per_row(tiny_target):
+    rows = prompts((5, 30, 12), seed=3)
+    drafters = [NgramDrafter() for _ in rows]
+    batch = speculative_generate_batch(tiny_target, drafters, rows, tree=Tree.kary(2, 8), max_new_tokens=24,
+                                       eos_token_id=())
+    for row, result in zip(rows, batch.rows):
+        assert result.tokens.tolist() == autoregressive_generate(tiny_target, row[None], max_new_tokens=24,
+                                                                 eos_token_id=()).tokens.tolist()
+    with pytest.raises(ValueError, match="one drafter per prompt"):
+        speculative_generate_batch(tiny_target, drafters[:2], rows)
+
+
+def test_the_target_alone_batched(tiny_target):
+    rows = prompts()
+    batch = autoregressive_generate_batch(tiny_target, rows, max_new_tokens=17, eos_token_id=())
+    for row, result in zip(rows, batch.rows):
+        assert result.tokens.tolist() == autoregressive_generate(tiny_target, row[None], max_new_tokens=17,
+                                                                 eos_token_id=()).tokens.tolist()
+        assert len(result.steps) == 17
+    assert batch.tokens_per_s > 0
+
+
+@pytest.fixture(scope="module")
+def sampled_rows():
+    """Three prompts of different lengths and the exact law of each one's first two tokens at T = 1."""
+    target = tiny_model(11, vocab=13, scale=2.0)  # 169 cells for the first two tokens
+    draft = tiny_model(12, vocab=13, scale=8.0, layers=1)  # peaked and wrong: a broken rule shows
+    rows = [random_prompt(20 + i, length=n, vocab=13)[0] for i, n in enumerate((2, 9, 5))]
+    exact = []
+    with torch.inference_mode():
+        for row in rows:
+            first = torch.softmax(target(row[None]).logits[0, -1].double(), -1)  # [V]
+            extended = torch.cat([row[None].expand(first.numel(), -1), torch.arange(first.numel())[:, None]], 1)
+            second = torch.softmax(target(extended).logits[:, -1].double(), -1)  # [V, V]: after each first token
+            joint = first[:, None] * second
+            exact.append({(a, b): float(joint[a, b]) for a in range(joint.shape[0]) for b in range(joint.shape[1])})
+    return target, draft, rows, exact
+
+
+def first_two_per_row(target, draft, rows, tree, runs):
+    samples = [[] for _ in rows]
+    for seed in range(runs):
+        batch = speculative_generate_batch(target, draft, rows, tree=tree, max_new_tokens=3, temperature=1.0,
+                                           seed=1000 * seed, eos_token_id=())
+        for b, r in enumerate(batch.rows):
+            samples[b].append(tuple(r.tokens[:2].tolist()))
+    return samples
+
+
+@pytest.mark.parametrize("tree", [Tree.chain(3), Tree.kary(2, 6)], ids=["chain", "kary"])
+def test_sampled_rows_follow_the_target(sampled_rows, tree):
+    target, draft, rows, exact = sampled_rows
+    for b, samples in enumerate(first_two_per_row(target, draft, rows, tree, runs=1500)):
+        assert chi_square_pvalue(samples, exact[b]) > ALPHA, f"row {b}"
+
+
+def test_the_batch_sampling_check_detects_a_broken_rule(sampled_rows, monkeypatch):
+    target, draft, rows, exact = sampled_rows
+    monkeypatch.setattr(specnb.core.batch, "speculative_accept", not_zeroing_accept)
+    samples = first_two_per_row(target, draft, rows, Tree.kary(2, 6), runs=1500)
+    assert min(chi_square_pvalue(s, exact[b]) for b, s in enumerate(samples)) < ALPHA
+
+
+def test_the_batch_drafter_refuses_a_sequence_it_did_not_hold(tiny_draft):
+    drafter = BatchModelDrafter(tiny_draft)
+    drafter.start([[3, 4, 5], [6, 7]])
+    with pytest.raises(ValueError, match="must extend"):
+        drafter.draft([[3, 9, 5], [6, 7]], Tree.chain(2), specnb.core.batch.SamplingConfig(), [None, None])
