@@ -7,7 +7,8 @@ tree on the device where the verify-cost curves were measured (`bench.verify_cur
     draft_widths       the level widths to time for a set of trees
     StepCost, step_cost   seconds of one step from the measured curves: t_draft(tree) + t_verify(n)
     cost_table         expected tokens/s = tau / (t_draft + t_verify) per shape and budget
-    batch_cost_table   the same at every batch size B of the batched curves (`bench.batch_curve`):
+    batch_cost_table   the same at batch sizes B from the batched curves (`bench.batch_curve`) and
+                       each prompt's replayed steps (rows leave the batch as they finish):
                        tokens/s per row and in all, against the target alone at the same B
     best_budgets       per batch size (and shape), the budget of the highest expected tokens/s
 
@@ -123,39 +124,60 @@ _COST_COLUMNS = ["target", "draft", "shape", "nodes", "depth", "leaves", "expect
                  "t_draft_chain_s", "t_verify_s", "t_step_s", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
 
 
-def batch_cost_table(curve: pd.DataFrame, trees: Mapping[tuple[str, int], Tree], taus: Mapping[tuple[str, int], float],
+def batch_cost_table(curve: pd.DataFrame, trees: Mapping[tuple[str, int], Tree],
+                     runs: Mapping[tuple[str, int], Sequence[tuple[int, int]]], batches: Sequence[int],
                      target: str, draft: str) -> pd.DataFrame:
-    """Expected tokens/s of each (shape, budget) tree at every batch size B of `curve` (rows of
-    `bench.batch_curve`), with tau per row from `taus` (replayed: under greedy decoding a row's
-    acceptance does not depend on the rows beside it, so one tau holds at every B).
+    """Expected tokens/s of each (shape, budget) tree at each batch size B, from the batched curves
+    (rows of `bench.batch_curve`) and, per prompt in order, the (tokens, steps) a greedy run of that
+    tree makes (`runs`, replayed: under greedy decoding a row's steps do not depend on the rows
+    beside it). A batch of B holds the first B prompts.
 
-    A batched step (`core.batch`) costs t_draft(B) + t_verify(B, n): the target verifies B x (n + 1)
-    tokens (interpolated in n at each B); the draft first feeds each row what it lacks (a block of
-    ceil(tau) tokens per row, an approximation: the block is as wide as the row that accepted most),
-    then one forward per fed level (B x its width). Per row: tau / t_step; in all: B x that;
-    speedup: over the target alone at the same B (B rows decoding one token each: B / t_verify(B, 0))."""
-    rows = []
-    for b in sorted(int(x) for x in curve["batch"].unique()):
+    A batched step (`core.batch`) costs t_step(b) = t_draft(b) + t_verify(b, n) with b the rows
+    still running: the target verifies b x (n + 1) tokens; the draft first feeds each row what it
+    lacks (a block of ceil(tau) tokens per row, an approximation: the block is as wide as the row
+    that accepted most), then one forward per fed level (b x its width). Rows finish after
+    different numbers of steps and leave the batch, so the batch's time is the sum over its steps
+    of t_step(rows still running), t_step interpolated between the measured batch sizes. tau: the
+    B prompts' tokens over their steps (per row, bonus included); tokens/s in all: their tokens
+    over that time, per row: that / B; speedup: over the target alone at the same B (B rows, one
+    decoding step each per token: B / t_verify(B, 0) tokens/s)."""
+    measured = sorted(int(x) for x in curve["batch"].unique())
+    verify_at, width_at = {}, {}
+    for b in measured:
         at = curve[curve["batch"] == b]
-        verify = at[(at["model"] == target) & (at["role"] == "target")].groupby("nodes")["median_s"].median().sort_index()
-        widths = at[(at["model"] == draft) & (at["role"] == "draft")].groupby("nodes")["median_s"].median().sort_index()
-        if verify.empty or widths.empty or 0 not in verify.index:
+        verify_at[b] = at[(at["model"] == target) & (at["role"] == "target")].groupby("nodes")["median_s"].median().sort_index()
+        width_at[b] = at[(at["model"] == draft) & (at["role"] == "draft")].groupby("nodes")["median_s"].median().sort_index()
+        if verify_at[b].empty or width_at[b].empty or 0 not in verify_at[b].index:
             raise ValueError(f"batch {b}: the curve needs the target's verify rows (n = 0 included) and the draft's")
 
-        def width_s(w: float) -> float:
-            return float(np.interp(w, widths.index.to_numpy(), widths.to_numpy()))
+    def at_batch(table: dict[int, pd.Series], b: float, x: float) -> float:
+        """The curve's seconds at x (nodes or width), interpolated in x, then in the batch size."""
+        ys = [float(np.interp(x, table[m].index.to_numpy(), table[m].to_numpy())) for m in measured]
+        return float(np.interp(b, measured, ys))
 
-        base = float(verify.loc[0])
-        for (shape, budget), tree in trees.items():
-            tau = float(taus[(shape, budget)])
-            t_draft = width_s(math.ceil(tau)) + sum(width_s(len(level.fed)) for level in tree.levels if level.fed)
-            t_verify = float(np.interp(tree.num_nodes, verify.index.to_numpy(), verify.to_numpy()))
-            t_step = t_draft + t_verify
+    rows = []
+    for (shape, budget), tree in trees.items():
+        fed = [len(level.fed) for level in tree.levels if level.fed]
+        for b in batches:
+            chosen = list(runs[(shape, budget)])[:b]
+            tokens, steps = sum(t for t, _ in chosen), [s for _, s in chosen]
+            tau = tokens / sum(steps)
+
+            def t_step(active: int) -> tuple[float, float]:
+                t_draft = at_batch(width_at, active, math.ceil(tau)) + sum(at_batch(width_at, active, w) for w in fed)
+                return t_draft, at_batch(verify_at, active, tree.num_nodes)
+
+            seconds = t_draft_b = 0.0
+            for step in range(max(steps)):
+                d, v = t_step(sum(s > step for s in steps))
+                seconds, t_draft_b = seconds + d + v, t_draft_b + d
+            full_draft, full_verify = t_step(b)
+            base = at_batch(verify_at, b, 0)
             rows.append({"target": target, "draft": draft, "batch": b, "shape": shape, "budget": budget,
-                         "nodes": tree.num_nodes, "depth": tree.depth, "tau": tau, "t_draft_s": t_draft,
-                         "t_verify_s": t_verify, "t_step_s": t_step, "tokens_per_s_row": tau / t_step,
-                         "tokens_per_s": b * tau / t_step, "baseline_tokens_per_s": b / base,
-                         "speedup": tau / t_step * base})
+                         "nodes": tree.num_nodes, "depth": tree.depth, "tau": tau, "steps": max(steps),
+                         "t_draft_s": full_draft, "t_verify_s": full_verify, "t_step_s": full_draft + full_verify,
+                         "seconds": seconds, "tokens_per_s": tokens / seconds, "tokens_per_s_row": tokens / seconds / b,
+                         "baseline_tokens_per_s": b / base, "speedup": tokens / seconds * base / b})
     return pd.DataFrame(rows)
 
 

@@ -73,7 +73,22 @@ def pack_linears(model: torch.nn.Module, path: str = "onednn") -> int:
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(module))
+    if targets:
+        _own_memory(model)
     return len(targets)
+
+
+def _own_memory(model: torch.nn.Module) -> None:
+    """Give every remaining parameter and buffer a copy of its own. transformers loads weights as
+    views of the memory-mapped weight file; the packed copies replace the Linear ones, but a single
+    view left (an embedding, a norm, a bias) keeps the whole mapping, and every page the packing read
+    stays resident: 6.2 GB more for Qwen2.5-Coder-1.5B (measured: RSS 12.6 GB against 6.6 GB). Once
+    nothing views the file, it is unmapped."""
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + [b for m in model.modules() for b in m.buffers(recurse=False)
+                                                  if not isinstance(m, PackedLinear)]:
+            if tensor.layout == torch.strided:
+                tensor.data = tensor.data.clone()
 
 
 def check_linear_path(path: str) -> None:

@@ -3,9 +3,9 @@ the speedup for one draft -> target pair.
 
     batch_prompts       the prompts, one per row, refused before any model loads if too few
     measure_curves      the batched cost curves of the pair (`bench.batch_curve`), resumably
-    replayed_taus       tau per row of every (shape, budget), replayed from one collection of the
-                        pair on the prompts (greedy: a row's acceptance does not depend on the rows
-                        beside it, so these hold at every batch size)
+    replayed_runs       each prompt's tokens and steps for every (shape, budget), replayed from one
+                        collection of the pair on the prompts (greedy: a row's steps do not depend
+                        on the rows beside it, so they hold at every batch size)
     measure_batches     real batched runs at every batch size B (the first B prompts): specnb's
                         target alone batched, transformers' `generate` batched (left padding),
                         specnb's chain and the cost model's best tree at that B, transformers'
@@ -30,7 +30,7 @@ import torch
 
 from ..analysis.collect import collect
 from ..analysis.collection import CollectConfig
-from ..analysis.replay import replay
+from ..analysis.replay import replay, replay_steps
 from ..analysis.baselines import hf_assisted_generate, hf_assisted_refusal, hf_generate_batch
 from ..bench.batch_curve import batch_curve, batch_curve_table
 from ..bench.timing import environment_row
@@ -70,13 +70,12 @@ def batch_prompts(tokenizer, source: str, per_category: int, max_prompts: int, m
 
 
 def measure_curves(store: Sweep, target: torch.nn.Module, draft: torch.nn.Module, target_label: str, draft_label: str,
-                   prefix: int, batches: Sequence[int], trees: Sequence[Tree], taus: Sequence[float],
-                   repeats: int) -> pd.DataFrame:
+                   prefix: int, batches: Sequence[int], trees: Sequence[Tree], repeats: int) -> pd.DataFrame:
     """The batched cost curves this machine lacks, then all of them for the pair and prefix: the
     target's verify of every tree size (and 0) and the draft's forward of every width a step uses
-    (its levels, and the ceil(tau) tokens it feeds first), at every batch size."""
+    (its levels, and the up to depth + 1 tokens it feeds first), at every batch size."""
     nodes = sorted({0, *(t.num_nodes for t in trees)})
-    widths = sorted({1, *(math.ceil(x) for x in taus), *(len(level.fed) for t in trees for level in t.levels if level.fed)})
+    widths = sorted({*range(1, max(t.depth for t in trees) + 2), *(len(level.fed) for t in trees for level in t.levels if level.fed)})
     batch_curve(store, target, target_label, "target", prefix, batches, nodes, repeats=repeats)
     batch_curve(store, draft, draft_label, "draft", prefix, batches, widths, repeats=repeats)
     curve = batch_curve_table(store)
@@ -86,23 +85,32 @@ def measure_curves(store: Sweep, target: torch.nn.Module, draft: torch.nn.Module
     return curve[mine]
 
 
-def replayed_taus(folder: Path, target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[tuple[str, str, torch.Tensor]],
-                  trees: dict[tuple[str, int], Tree], max_new_tokens: int) -> tuple[pd.DataFrame, dict[tuple[str, int], float]]:
-    """(replay table, (shape, budget) -> tau) of every tree on the run trajectory (bonus included),
-    from one greedy collection of the pair on `prompts` (resumable in `folder`)."""
+def replayed_runs(folder: Path, target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[tuple[str, str, torch.Tensor]],
+                  trees: dict[tuple[str, int], Tree], max_new_tokens: int
+                  ) -> tuple[pd.DataFrame, dict[tuple[str, int], list[tuple[int, int]]]]:
+    """(replay table, (shape, budget) -> [(tokens, steps) per prompt, in order]) of every tree on the
+    run trajectory, from one greedy collection of the pair on `prompts` (resumable in `folder`),
+    every row generating `max_new_tokens` (EOS ignored, as in `measure_batches`)."""
     top_k = max([16] + [max(t.ranks) + 1 for t in trees.values() if t.num_nodes])
     collection = collect(folder, target, draft, {pid: ids[None] for pid, _, ids in prompts},
                          CollectConfig(max_new_tokens, top_k=top_k, eos_token_id=()))
     table = replay(collection, trees, mode="trajectory")
-    return table, {(r.shape, int(r.budget)): float(r.tau) for r in table.itertuples()}
+    runs = {}
+    for key, tree in trees.items():
+        steps = replay_steps(collection, tree)
+        runs[key] = [(sum(s.num_tokens for s in steps[pid]), len(steps[pid])) for pid, _, _ in prompts]
+    return table, runs
 
 
 def measure_batches(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[torch.Tensor],
                     batches: Sequence[int], specs: dict[int, list[str]], max_new_tokens: int, pad_token_id: int,
                     k: int = 4, rounds: int = 1) -> pd.DataFrame:
-    """One row per (batch, method) on the first B prompts (module docstring). specs[B]: the specnb
-    method specs measured at B besides the target alone (e.g. chain:4 and the best tree there)."""
-    references = [autoregressive_generate(target, p[None], max_new_tokens=max_new_tokens).tokens.tolist() for p in prompts]
+    """One row per (batch, method) on the first B prompts (module docstring), every row generating
+    `max_new_tokens` (EOS ignored: batches compare like with like, and the replayed steps match).
+    specs[B]: the specnb method specs measured at B besides the target alone (e.g. chain:4 and the
+    best tree there)."""
+    references = [autoregressive_generate(target, p[None], max_new_tokens=max_new_tokens, eos_token_id=()).tokens.tolist()
+                  for p in prompts]
     for name in [TARGET_ALONE, HF_BATCH] + sorted({s for v in specs.values() for s in v}):  # warm-up, untimed
         _run(name, target, draft, prompts[:1], WARMUP_TOKENS, pad_token_id, k)
     rows = []
@@ -125,18 +133,20 @@ def measure_batches(target: torch.nn.Module, draft: torch.nn.Module, prompts: Se
 
 def _run(name: str, target, draft, prompts, max_new_tokens: int, pad_token_id: int, k: int) -> BatchResult | str:
     if name == TARGET_ALONE:
-        return autoregressive_generate_batch(target, prompts, max_new_tokens)
+        return autoregressive_generate_batch(target, prompts, max_new_tokens, eos_token_id=())
     if name == HF_BATCH:
-        return hf_generate_batch(target, prompts, pad_token_id, max_new_tokens)
+        return hf_generate_batch(target, prompts, pad_token_id, max_new_tokens, eos_token_id=())
     if name.startswith(HF_ASSISTED):
         if len(prompts) > 1:
             return hf_assisted_refusal(target, draft, prompts, pad_token_id, k) or "ran (no refusal)"
-        r = hf_assisted_generate(target, draft, prompts[0][None], num_assistant_tokens=k, max_new_tokens=max_new_tokens)
+        r = hf_assisted_generate(target, draft, prompts[0][None], num_assistant_tokens=k, max_new_tokens=max_new_tokens,
+                                 eos_token_id=())
         return BatchResult((r,), r.total_time, r.prefill_time)
     method = parse_method(name)
     if method.drafter != "draft":
         raise ValueError(f"{name!r}: notebook 06 batches the draft model's trees (e.g. chain:4, sparse:8)")
-    return speculative_generate_batch(target, draft, prompts, tree=method.tree, max_new_tokens=max_new_tokens)
+    return speculative_generate_batch(target, draft, prompts, tree=method.tree, max_new_tokens=max_new_tokens,
+                                      eos_token_id=())
 
 
 def _row(batch: int, name: str, result: BatchResult | str, target, prompts, references) -> dict:
@@ -151,8 +161,10 @@ def _row(batch: int, name: str, result: BatchResult | str, target, prompts, refe
             margins = score(target, prompt[None], reference).margins
             verdicts.append(compare_greedy(tokens, reference, margins, target.dtype).verdict)
     steps = sum(len(r.steps) for r in result.rows)
+    decode = result.total_time - result.prefill_time
     return {"batch": batch, "method": name, "status": "measured", "note": "", "tokens": result.tokens,
-            "seconds": result.total_time, "tokens_per_s": result.tokens_per_s, "tokens_per_s_row": result.tokens_per_s / batch,
+            "seconds": result.total_time, "prefill_s": result.prefill_time, "tokens_per_s": result.tokens_per_s,
+            "tokens_per_s_row": result.tokens_per_s / batch, "decode_tokens_per_s": result.tokens / decode,
             "tau": result.tokens / steps if steps else math.nan, "greedy_equal": verdicts.count("exact"),
             "greedy_ties": verdicts.count("tie"), "greedy_mismatches": verdicts.count("mismatch"), "rows": batch}
 
@@ -167,7 +179,9 @@ def best_specs(best: pd.DataFrame, k: int = 4) -> dict[int, list[str]]:
 
 
 def predicted_vs_measured(cost: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
-    """Per measured specnb tree method and batch: the cost model's total tokens/s, the measured, their ratio."""
+    """Per measured specnb tree method and batch: the cost model's tokens/s in all, the measured, their
+    ratio; both of the decoding steps, after the prompts' ragged prefill (which the model leaves out:
+    it is the same for every batched method, the draft's own prefill aside)."""
     rows = []
     for r in measured[measured["status"] == "measured"].itertuples():
         if r.method in (TARGET_ALONE, HF_BATCH) or r.method.startswith(HF_ASSISTED):
@@ -178,7 +192,7 @@ def predicted_vs_measured(cost: pd.DataFrame, measured: pd.DataFrame) -> pd.Data
             continue
         predicted = float(hit["tokens_per_s"].iloc[0])
         rows.append({"batch": r.batch, "method": r.method, "predicted_tokens_per_s": predicted,
-                     "measured_tokens_per_s": r.tokens_per_s, "predicted_over_measured": predicted / r.tokens_per_s,
+                     "measured_tokens_per_s": r.decode_tokens_per_s, "predicted_over_measured": predicted / r.decode_tokens_per_s,
                      "predicted_tau": float(hit["tau"].iloc[0]), "measured_tau": r.tau})
     return pd.DataFrame(rows)
 

@@ -463,8 +463,8 @@ def typical_vs_lossless(quality: pd.DataFrame, path=None) -> plt.Figure:
 def batch_speed(measured: pd.DataFrame, versus: pd.DataFrame | None = None, path=None) -> plt.Figure:
     """Left: tokens/s of the whole batch against batch size, one line per method (transformers'
     assisted generation at batch 1 only: it refuses more). Middle: the same per row. Right:
-    speedup over the target alone batched, measured (solid) and, dashed, the cost model's
-    prediction for the same tree (`versus`)."""
+    speedup over the target alone batched, measured (solid, prefill included) and, dashed, the cost
+    model's prediction for the same tree over the target alone's decoding steps (`versus`)."""
     data = measured[measured["status"] == "measured"]
     style = styles(list(dict.fromkeys(data["method"])))
     fig, axes = plt.subplots(1, 3, figsize=(15.5, 4.2))
@@ -473,12 +473,12 @@ def batch_speed(measured: pd.DataFrame, versus: pd.DataFrame | None = None, path
         for ax, column in zip(axes[:2], ("tokens_per_s", "tokens_per_s_row")):
             ax.plot(d["batch"], d[column], label=method, lw=1.4, ms=5, **style[method])
         axes[2].plot(d["batch"], d["speedup"], label=method, lw=1.4, ms=5, **style[method])
-    if versus is not None and len(versus):
-        alone = data[data["method"] == "autoregressive"].set_index("batch")["tokens_per_s"]
+    if versus is not None and len(versus):  # the prediction is of the decoding steps: against the measured ones
+        alone = data[data["method"] == "autoregressive"].set_index("batch")["decode_tokens_per_s"]
         for method, d in versus.groupby("method", sort=False):
             d = d.sort_values("batch")
             axes[2].plot(d["batch"], d["predicted_tokens_per_s"] / d["batch"].map(alone), color=style[method]["color"],
-                         ls="--", lw=1.0, marker="x", label=f"{method}, predicted")
+                         ls="--", lw=1.0, marker="x", label=f"{method}, predicted (decoding steps)")
     axes[2].axhline(1.0, color="black", lw=0.8, ls=":")
     titles = ("tokens/s of the whole batch", "tokens/s per row", "speedup over the target alone at the same batch")
     for ax, title, label in zip(axes, titles, ("tokens/s (all rows)", "tokens/s per row", "speedup (x)")):

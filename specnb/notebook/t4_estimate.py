@@ -201,6 +201,23 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
                   c.generation(t, tq, d, Tree.chain(4), n5, prompt) + c.draft(d or t)),
              _row("05", "typical vs lossless: target sample + 2 runs", m["typical_prompts"],
                   c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt))]
+    z = p.get("06_batch_size")
+    if z is not None:
+        t, tq, d, n6 = z["target"], z["target_quantization"], z["draft"], z["max_new_tokens"]
+        chain = Tree.chain(z["k"])
+        widest = max(Tree.preset(s, b).num_nodes for s in z["shapes"] for b in z["budgets"])
+        rows += [_row("06", "load target and draft", 1, c.load(t) + c.load(d)),
+                 _row("06", "collection for tau (chain:4 run per prompt)", z["max_prompts"],
+                      c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d))]
+        for b in z["batches"]:
+            nodes = sorted({0, *(Tree.preset(s, x).num_nodes for s in z["shapes"] for x in z["budgets"])})
+            rows.append(_row("06", f"batched cost curves at batch {b}", z["curve_repeats"] + 1,
+                             sum(c.verify(t, tq, b * (n + 1)) for n in nodes) + len(nodes) * c.draft(d)))
+            alone = n6 * c.verify(t, tq, b)  # one decoding step of b rows per token
+            spec = sum(n6 / f.tau * (c.verify(t, tq, b * (tree.num_nodes + 1)) + tree.depth * c.draft(d))
+                       for tree in (chain, Tree.sparse(widest)))
+            rows.append(_row("06", f"batch {b}: target alone, transformers' batched generate, chain and the best tree",
+                             1, 2 * alone + spec))
     return pd.DataFrame(rows)
 
 
