@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--max-prompt-tokens", type=int, default=512)
     ap.add_argument("--curve-prefix", type=int, default=128)
-    ap.add_argument("--curve-repeats", type=int, default=2)
+    ap.add_argument("--curve-repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="batches 1 and 4, budgets 2, 4, 8 (< 10 min on 2 idle cores)")
     ap.add_argument("--csv", default=None, help="also write the measured runs here")
