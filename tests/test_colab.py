@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
@@ -48,9 +49,13 @@ def bare(tmp_path_factory):
 
 
 def first_cells(name: str) -> nbformat.NotebookNode:
-    """The notebook's parameters and set-up cells, and a cell that reports where specnb came from."""
+    """The notebook's parameters cell, the smoke profile's values for it (the models the test set-up
+    installs: the set-up cell reads the target's tokenizer to say how prompts are encoded), the
+    set-up cell, and a cell that reports where specnb came from."""
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"][:2]
+    smoke = yaml.safe_load((ROOT / "notebooks" / "profiles" / "smoke.yaml").read_text())[name]
+    code.insert(1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in smoke.items())))
     code.append(nbformat.v4.new_code_cell(
         "import google.colab, specnb, sys\nprint('SPECNB', specnb.__file__)\nprint('RUN', run)"))
     nb.cells = code
@@ -77,7 +82,7 @@ def test_a_fresh_colab_kernel_finds_installs_and_imports_specnb(bare, how, tmp_p
     printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
     assert f"SPECNB {expected / 'specnb' / '__init__.py'}" in printed, printed
     assert str(tmp_path / "outputs") in printed  # the run folder went where SPECNB_OUTPUTS says
-    setup = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.get("output_type") == "stream")
+    setup = "".join(o.get("text", "") for o in nb.cells[2].outputs if o.get("output_type") == "stream")
     assert "installing the runtime requirements" in setup and "torch==" in setup  # the installed torch pinned
 
 

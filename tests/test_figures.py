@@ -108,3 +108,18 @@ def test_a_bad_figure_is_recorded_and_reported(tmp_path, capsys):
     plt.figure().savefig(tmp_path / "foreign.png")
     with pytest.raises(ValueError, match="no legibility record"):
         saved_problems(tmp_path / "foreign.png")
+
+
+@pytest.mark.parametrize("case", ["spread", "one budget", "two budgets"])
+def test_the_best_budget_figure_is_legible_whatever_budgets_win(tmp_path, case):
+    """The left panel's ticks are the budgets chosen; a budget tried but never best (CI's smoke run:
+    best 1 and 2 of 1, 2, 4) or a single best budget on the log axis must not widen it."""
+    rows = []
+    for batch in (1, 2, 4):
+        for shape in ("chain", "kary2"):
+            for budget in (1, 2, 4, 8, 16):
+                peak = {"spread": 3 - np.log2(batch), "one budget": 0, "two budgets": 1 if shape == "chain" else 0}[case]
+                score = -abs(np.log2(budget) - peak)
+                rows.append({"batch": batch, "shape": shape, "budget": budget, "tokens_per_s": 10 + score, "speedup": 1 + score / 10})
+    plots.best_budget_vs_batch(pd.DataFrame(rows), tmp_path / "best.png")
+    assert saved_problems(tmp_path / "best.png") == []

@@ -331,6 +331,26 @@ def test_embedded_single_file_checksum(
     assert not cache.exists()
 
 
+def test_a_single_file_models_tokenizer_loads_on_a_machine_with_no_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, tiny_gguf_bytes: bytes
+) -> None:
+    """A single-file GGUF is used in place, so nothing else creates the cache folder before the
+    tokenizer's copy is written there (CI's fresh Colab kernel: FileNotFoundError)."""
+    model = EmbeddedModel(name="tiny-single", description="test",
+                          parts=(PackagedFile("specnb-fake-single", "1.0", "specnb_fake_single", "tiny.gguf"),),
+                          sha256=hashlib.sha256(tiny_gguf_bytes).hexdigest(), gguf_name="tiny.gguf")
+    register(monkeypatch, model)
+    package = tmp_path / "site" / "specnb_fake_single"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "tiny.gguf").write_bytes(tiny_gguf_bytes)
+    monkeypatch.syspath_prepend(str(package.parent))
+    assert not cache.exists()
+    first = load_tokenizer("tiny-single")
+    assert [p.name.split("-tokenizer-")[0] for p in cache.iterdir()] == ["tiny-single"]  # the copy, nothing half-written
+    assert load_tokenizer("tiny-single").get_vocab() == first.get_vocab()
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading
 

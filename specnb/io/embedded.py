@@ -337,7 +337,8 @@ def tokenizer_of(model: EmbeddedModel) -> PreTrainedTokenizerBase:
     if folder.is_dir():
         return AutoTokenizer.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=cache_dir()))
+    folder.parent.mkdir(parents=True, exist_ok=True)  # a new machine: no cache folder yet
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     try:
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, folder)

@@ -183,6 +183,8 @@ def _axis_beyond_data(ax: Axes) -> list[str]:
                 continue
             lo, hi = np.log(lo), np.log(hi)
         span = max(values.max() - values.min(), 0.5 * max(abs(values).max(), 1e-12))  # one value: half of it
+        if scale == "log":
+            span = max(span, np.log(2))  # one value on a log axis (log 1 = 0): a factor of 2
         baseline = scale != "log" and (lo == 0 and values.min() >= 0 or hi == 0 and values.max() <= 0)  # an axis from 0
         if (values.min() - lo > 2 * SLACK * span and not baseline) or hi - values.max() > 2 * SLACK * span:
             out.append(f"{axis} axis of {_name(ax)} runs past its data: limits {lim[0]:.3g}..{lim[1]:.3g}")

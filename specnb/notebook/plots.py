@@ -506,7 +506,9 @@ def best_budget_vs_batch(cost: pd.DataFrame, path=None) -> plt.Figure:
     left.set_xscale("log", base=2)
     left.set_yscale("log", base=2)
     left.set_xticks(sorted(cost["batch"].unique()), [str(b) for b in sorted(cost["batch"].unique())])
-    left.set_yticks(sorted(cost["budget"].unique()), [str(b) for b in sorted(cost["budget"].unique())])
+    chosen = sorted(best["budget"].unique())  # ticks at the budgets chosen: other ticks would widen the axis
+    left.set_yticks(chosen, [str(b) for b in chosen])
+    left.set_ylim(min(chosen) / 1.3, max(chosen) * 1.3)
     left.set_xlabel("batch size (rows)")
     left.set_ylabel("best budget (draft tokens per row)")
     left.set_title("the budget of the highest expected tokens/s", fontsize=9)
