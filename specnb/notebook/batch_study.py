@@ -43,11 +43,11 @@ from ..io.models import prompt_ids
 from ..io.prompts import load_prompts
 from ..io.storage import Sweep
 from .checks import ParameterError
+from .experiments import WARMUP_TOKENS
 
 TARGET_ALONE = "autoregressive"
 HF_BATCH = "hf_generate"
 HF_ASSISTED = "hf_assisted"
-WARMUP_TOKENS = 4
 
 
 def batch_prompts(tokenizer, source: str, per_category: int, max_prompts: int, max_prompt_tokens: int,

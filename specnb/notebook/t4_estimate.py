@@ -142,7 +142,7 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
                   sum(c.verify(t, tq, k + 1) for k in a["verify_nodes"]) + len(a["verify_nodes"]) * c.draft(d))]
 
     b = p["02_model_pairs"]
-    n2, prompts2 = b["max_new_tokens"], b["max_prompts"]
+    n2, prompts2, rounds2 = b["max_new_tokens"], b["max_prompts"], b["rounds"]  # every timed run, rounds times
     targets_seen: set[str] = set()
     loaded: set[str] = set()  # run_pairs keeps a model loaded while a later pair still uses it
     for i, pair in enumerate(b["pairs"]):
@@ -155,10 +155,10 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
         loaded |= {t, d}
         if t not in targets_seen:
             targets_seen.add(t)
-            rows.append(_row("02", f"{label}: target alone", prompts2, c.generation(t, tq, None, None, n2, prompt)))
+            rows.append(_row("02", f"{label}: target alone", prompts2 * rounds2, c.generation(t, tq, None, None, n2, prompt)))
         run = [m for m in methods if (m.shared_vocabulary <= shared) and not (b["replay"] and m.replayable and m.spec not in b["measure"])]
         replayed = [m for m in methods if shared and b["replay"] and m.replayable and m.spec not in b["measure"]]
-        rows.append(_row("02", f"{label}: {len(run)} methods end to end", prompts2 * len(run),
+        rows.append(_row("02", f"{label}: {len(run)} methods end to end", prompts2 * len(run) * rounds2,
                          sum(c.generation(t, tq, d, m.tree, n2, prompt) for m in run) / max(len(run), 1)))
         if replayed:
             rows.append(_row("02", f"{label}: one collection for {len(replayed)} replayed trees", prompts2,
@@ -208,7 +208,9 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
         widest = max(Tree.preset(s, b).num_nodes for s in z["shapes"] for b in z["budgets"])
         rows += [_row("06", "load target and draft", 1, c.load(t) + c.load(d)),
                  _row("06", "collection for tau (chain:4 run per prompt)", z["max_prompts"],
-                      c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d))]
+                      c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d)),
+                 _row("06", "each row's batch-1 greedy reference (the target alone)", max(z["batches"]),
+                      c.generation(t, tq, None, None, n6, prompt))]
         for b in z["batches"]:
             nodes = sorted({0, *(Tree.preset(s, x).num_nodes for s in z["shapes"] for x in z["budgets"])})
             rows.append(_row("06", f"batched cost curves at batch {b}", z["curve_repeats"] + 1,
@@ -217,7 +219,7 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
             spec = sum(n6 / f.tau * (c.verify(t, tq, b * (tree.num_nodes + 1)) + tree.depth * c.draft(d))
                        for tree in (chain, Tree.sparse(widest)))
             rows.append(_row("06", f"batch {b}: target alone, transformers' batched generate, chain and the best tree",
-                             1, 2 * alone + spec))
+                             z["rounds"], 2 * alone + spec))
     return pd.DataFrame(rows)
 
 
