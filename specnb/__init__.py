@@ -43,7 +43,10 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 prompts), medusa_training (Medusa heads by self-distillation, cached)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve, the batched
                 cost curves (batch_curve)
-    notebook/   experiments (sweeps for the notebooks), long_generation (notebook 04), plots,
+    notebook/   experiments (the sweeps the notebooks run), pair_specs (draft -> target pairs as parameters
+                name them), tables (tidy tables from a sweep), replay_study (collect once, replay
+                many: notebook 01), redraft_study (cross-tokenizer collections re-drafted),
+                long_generation (notebook 04), plots,
                 legibility (is a figure readable), readings, session, checks (parameters refused
                 before any model loads), runner, report (the executed
                 notebook as HTML appendices and the index), profile_memory (will a profile's pairs
@@ -85,7 +88,8 @@ MODULES = {
                                     "redraft", "executors", "tree_design", "cost_model", "memory", "spread",
                                     "medusa_training")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve", "batch_curve")},
-    **{m: f"notebook.{m}" for m in ("experiments", "long_generation", "plots", "legibility", "readings", "session",
+    **{m: f"notebook.{m}" for m in ("experiments", "pair_specs", "tables", "replay_study", "redraft_study",
+                                    "long_generation", "plots", "legibility", "readings", "session",
                                     "checks", "runner", "report", "profile_memory", "t4_estimate", "dryrun",
                                     "medusa_study", "batch_study")},
 }

@@ -251,7 +251,7 @@ class FakeTokenizer:
 
 
 def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, near_target):
-    from specnb import experiments as ex
+    from specnb import experiments as ex, tables
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
@@ -259,7 +259,7 @@ def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, nea
     prompts = [Prompt("a", "cat1", "abcabcabc"), Prompt("b", "cat2", "hello world")]
     trees = method_trees(["chain:3", "hf_assisted:3", "hf_prompt_lookup:4"])
     ex.run_sweep(store, "pair", tiny_target, near_target, FakeTokenizer(), prompts, trees, 12, progress=False)
-    units = ex.unit_table(store)
+    units = tables.unit_table(store)
     assert set(units["shape"]) == {"autoregressive", "chain", "hf_assisted", "hf_prompt_lookup"}
     assert units["greedy_equal"].astype(bool).all()  # 8 units, the baselines equal to themselves
     assert units["perplexity"].notna().all()
@@ -269,6 +269,6 @@ def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, nea
     assisted = units[units["shape"] == "hf_assisted"].set_index("prompt_id")
     for col in ("num_steps", "num_drafted", "num_accepted"):  # same draft, same chain
         assert chain[col].tolist() == assisted[col].tolist()
-    table = ex.shape_table(units)
+    table = tables.shape_table(units)
     assert {"speedup", "perplexity", "tau", "acceptance_rate"} <= set(table.columns)
     assert (table["nodes"] == [3, 3, 4]).all()

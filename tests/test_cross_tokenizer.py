@@ -407,28 +407,29 @@ def test_load_pair_refuses_and_names_the_cross_tokenizer_option(saved_pair):
 
 
 def test_sweep_of_a_mismatched_pair_refuses_shared_vocabulary_methods(saved_pair, tmp_path):
-    from specnb import experiments as ex
+    from specnb import experiments as ex, tables
+    from specnb.notebook.pair_specs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
     target, draft = saved_pair
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     specs = ["chain:2", "xtok/chain:3", "xtok/dynamic:6", "hf_uag:3", "ngram/chain:2"]
-    pairs = [ex.Pair(target, draft, methods=specs)]
+    pairs = [Pair(target, draft, methods=specs)]
     prompts = [Prompt("p", "test", " hello the cat"), Prompt("q", "test", " the mat")]
     status = ex.run_pairs(store, pairs, prompts, method_trees(specs), 12, progress=False)
     row = status.iloc[0]
     assert (row["status"], row["vocabulary"]) == ("partial", "different")  # chain:2 refused, the others run
     assert row["reason"].startswith("refused chain:2:") and "xtok/chain:4" in row["reason"]
-    units = ex.unit_table(store)
+    units = tables.unit_table(store)
     assert set(units["shape"]) == {"autoregressive", "xtok/chain", "xtok/dynamic", "hf_uag", "ngram/chain"}
     assert units["greedy_equal"].astype(bool).all()
-    table = ex.shape_table(units)
+    table = tables.shape_table(units)
     xtok = table[table["shape"] == "xtok/chain"].iloc[0]
     assert xtok["accepted"] > 0 and xtok["draft_tokens_per_accepted"] > 0
-    versus = ex.head_to_head(table, units)
+    versus = tables.head_to_head(table, units)
     assert list(versus["ours"]) == ["xtok/chain:3"] and list(versus["theirs"]) == ["hf_uag:3"]
-    only_shared = [ex.Pair(target, draft, methods=["chain:2"])]
+    only_shared = [Pair(target, draft, methods=["chain:2"])]
     assert ex.run_pairs(store, only_shared, prompts, {}, 12, progress=False)["status"].tolist() == ["skipped"]
 
 
@@ -471,7 +472,7 @@ def test_redraft_of_a_same_vocabulary_drafter_equals_the_replay(tiny_target, tin
 
 
 def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
-    from specnb import experiments as ex
+    from specnb import experiments as ex, redraft_study, replay_study, tables
     from specnb.analysis import replay
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
@@ -480,15 +481,15 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     target, draft = pair("bigram_other_word", t, d)
     prompts = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on the ma")]
     trees = method_trees(["chain:2", "chain:4", "kary2:6"])
-    collection = ex.collect_pair(tmp_path / "collection", target, draft, t, prompts, trees, 16, super_k=0, super_depth=3,
+    collection = replay_study.collect_pair(tmp_path / "collection", target, draft, t, prompts, trees, 16, super_k=0, super_depth=3,
                                  dynamic_budgets=[6], draft_tokenizer=d).collection
     assert collection.config.cross_tokenizer and collection.prompts[0].ranks is None
     with pytest.raises(ValueError, match="re-drafted"):
         replay.replay(collection, trees)
     with pytest.raises(ValueError, match="redraft_with"):
-        ex.replay_table(collection, trees, [2, 4, 6], [6])
-    again = ex.redrafter(draft, t, d)
-    table, every = ex.replay_table(collection, trees, [2, 4, 6], [6], redraft_with=again)
+        replay_study.replay_table(collection, trees, [2, 4, 6], [6])
+    again = redraft_study.redrafter(draft, t, d)
+    table, every = replay_study.replay_table(collection, trees, [2, 4, 6], [6], redraft_with=again)
     assert list(zip(table["shape"], table["budget"])) == [("chain", 2), ("chain", 4), ("kary2", 6), ("dynamic", 6)]
     assert (table["tau"] >= 1).all() and table["acceptance_rate"].between(0, 1).all() and table["tau_all"].isna().all()
     assert (table["draft_tokens_per_accepted"] > 0).all() and set(every) == set(trees)
@@ -496,24 +497,25 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     ex.run_sweep(store, "pair", target, draft, t, prompts, method_trees(["xtok/dynamic:6", "xtok/kary2:6"]), 16,
                  progress=False, draft_tokenizer=d)
-    agreement = ex.replay_agreement(store, "pair", collection, ["xtok/dynamic:6", "xtok/kary2:6"], redraft_with=again)
+    agreement = replay_study.replay_agreement(store, "pair", collection, ["xtok/dynamic:6", "xtok/kary2:6"], redraft_with=again)
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
-    frame = ex.replayed_steps_frame(collection, trees[("kary2", 6)], "kary2", redraft_with=again)
-    frequency = ex.node_frequency(frame, trees[("kary2", 6)])
+    frame = replay_study.replayed_steps_frame(collection, trees[("kary2", 6)], "kary2", redraft_with=again)
+    frequency = tables.node_frequency(frame, trees[("kary2", 6)])
     assert 0 < frequency[(0,)] <= 1
 
 
 def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
     """Two pairs of one target: the second copies the first's target-alone units."""
-    from specnb import experiments as ex
+    from specnb import experiments as ex, tables
+    from specnb.notebook.pair_specs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
     target, draft = saved_pair
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
-    pairs = [ex.Pair(target, draft, methods=["xtok/chain:3"]), ex.Pair(target, target, methods=["chain:2"])]
+    pairs = [Pair(target, draft, methods=["xtok/chain:3"]), Pair(target, target, methods=["chain:2"])]
     ex.run_pairs(store, pairs, [Prompt("p", "test", " hello the cat")], {}, 8, progress=False)
-    units = ex.unit_table(store)
+    units = tables.unit_table(store)
     alone = units[units["shape"] == "autoregressive"].set_index("pair")
     assert alone.loc[pairs[1].label, "baseline_of"] == pairs[0].label
     assert alone.loc[pairs[1].label, "tokens"] == alone.loc[pairs[0].label, "tokens"]
@@ -523,7 +525,8 @@ def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
 def test_xtok_methods_are_refused_for_a_tokenizer_without_a_byte_rule(tmp_path):
     """A WordLevel tokenizer cannot be read as bytes: the pair's xtok methods are refused, with the
     reason, before any weights load; hf_uag (text through decode and encode) still runs."""
-    from specnb import experiments as ex
+    from specnb import experiments as ex, tables
+    from specnb.notebook.pair_specs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
     from test_models import WORDS_A, WORDS_B, save_tiny_model
@@ -531,11 +534,11 @@ def test_xtok_methods_are_refused_for_a_tokenizer_without_a_byte_rule(tmp_path):
     target = save_tiny_model(tmp_path / "a", WORDS_A, seed=0)
     draft = save_tiny_model(tmp_path / "b", WORDS_B, seed=1)
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
-    pairs = [ex.Pair(str(target), str(draft), methods=["xtok/chain:2", "hf_uag:2"])]
+    pairs = [Pair(str(target), str(draft), methods=["xtok/chain:2", "hf_uag:2"])]
     status = ex.run_pairs(store, pairs, [Prompt("p", "test", "the cat sat")], {}, 4, progress=False)
     row = status.iloc[0]
     assert row["status"] == "partial" and row["reason"].startswith("refused xtok/chain:2:") and "as bytes" in row["reason"]
-    assert set(ex.unit_table(store)["shape"]) == {"autoregressive", "hf_uag"}
+    assert set(tables.unit_table(store)["shape"]) == {"autoregressive", "hf_uag"}
 
 
 def test_results_report_the_wrapped_drafters_cache_and_its_evictions(vocabs):

@@ -7,7 +7,7 @@ from specnb.drafters.methods import method_trees
 import torch
 
 from specnb import Tree
-from specnb import experiments as ex
+from specnb import experiments as ex, tables
 from specnb.drafters.methods import parse_method
 from specnb.io.prompts import Prompt
 from specnb.io.storage import Sweep
@@ -40,7 +40,7 @@ def test_every_method_runs_in_a_sweep_and_equals_greedy(tmp_path, tiny_target, t
     store = Sweep(tmp_path / "s.jsonl", key=ex.UNIT_KEY)
     prompts = [Prompt("a", "writing", "abcabcabcab"), Prompt("b", "qa", "xyzzy xyz")]
     ex.run_sweep(store, "tiny", tiny_target, tiny_draft, Tok(), prompts, method_trees(specs), 12, progress=False)
-    units = ex.unit_table(store)
+    units = tables.unit_table(store)
     assert len(units) == len(prompts) * (len(specs) + 1)
     assert units["greedy_equal"].all(), units[~units["greedy_equal"]][["shape", "budget", "prompt_id"]]
-    assert set(units["shape"]) == {ex.BASELINE} | {s.split(":")[0] for s in specs}
+    assert set(units["shape"]) == {tables.BASELINE} | {s.split(":")[0] for s in specs}

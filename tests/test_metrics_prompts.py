@@ -119,7 +119,7 @@ def test_node_frequency_reads_steps_back_from_csv(tmp_path):
     import pandas as pd
 
     from specnb import Tree
-    from specnb.notebook.experiments import node_frequency
+    from specnb.notebook.tables import node_frequency
 
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
     steps = pd.DataFrame({"accepted_ranks": ["", "0", "0/0", "1"]})

@@ -593,15 +593,16 @@ def test_truncate_layers(tiny_dir: Path) -> None:
 def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
     tiny_dir: Path, tiny_dir_same_vocab: Path, tiny_dir_other_vocab: Path, tmp_path: Path
 ) -> None:
-    from specnb import experiments as ex
+    from specnb import experiments as ex, tables
+    from specnb.notebook.pair_specs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
-    pairs = [ex.Pair(str(tiny_dir), str(tiny_dir_other_vocab)), ex.Pair(str(tiny_dir), str(tiny_dir_same_vocab))]
+    pairs = [Pair(str(tiny_dir), str(tiny_dir_other_vocab)), Pair(str(tiny_dir), str(tiny_dir_same_vocab))]
     status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], method_trees(["chain:2"]), 6, progress=False)
     assert status["status"].tolist() == ["skipped", "measured"]
     assert str(len(WORDS_A) + 3) in status["reason"][0] and str(len(WORDS_B) + 3) in status["reason"][0]
     assert status["target_loaded"].tolist() == ["", "LlamaForCausalLM, 2 layers, float32"]
-    units = ex.unit_table(store)
+    units = tables.unit_table(store)
     assert set(units["pair"]) == {pairs[1].label} and units["greedy_equal"].all()

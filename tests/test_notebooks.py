@@ -458,7 +458,7 @@ def t4_dryrun(tmp_path_factory):
 
 def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     from specnb.io.model_configs import hub_model
-    from specnb.notebook.experiments import Pair
+    from specnb.notebook.pair_specs import Pair
 
     outputs, seconds, log, _ = t4_dryrun
     print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)

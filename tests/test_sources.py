@@ -117,10 +117,11 @@ def test_a_notebook_sweep_checks_every_pair_first(hub, no_weights, monkeypatch, 
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
     from specnb.notebook import experiments as ex
+    from specnb.notebook.pair_specs import Pair
 
     monkeypatch.setattr(sources, "in_hub_cache", lambda repo: False)
     hub["meta-llama/Llama-2-7b-hf"] = hub_error(GatedRepoError, "restricted")
-    pairs = [ex.Pair("smollm2-135m", "smollm2-135m"), ex.Pair("meta-llama/Llama-2-7b-hf", "JackFram/llama-160m")]
+    pairs = [Pair("smollm2-135m", "smollm2-135m"), Pair("meta-llama/Llama-2-7b-hf", "JackFram/llama-160m")]
     with pytest.raises(ModelSourceError, match="Llama-2-7b-hf"):
         ex.run_pairs(Sweep(tmp_path / "s.jsonl", ex.UNIT_KEY), pairs, [Prompt("p", "c", "hi")],
                      method_trees(["chain:2"]), 4, progress=False)

@@ -202,8 +202,6 @@ def speculative_generate_batch(
     device = target.device
     eos = eos_ids(target, eos_token_id)
     generators = [make_generator(None if seed is None else seed + b, device) for b in range(len(sequences))]
-    ancestors = rooted_ancestor_mask(tree.ancestors)  # [N + 1, N + 1]
-    depths = torch.tensor((0,) + tree.depths)  # host
 
     clock = Clock(device)
     reset_peak_memory(device)

@@ -1,4 +1,4 @@
-"""Figures: one helper per figure kind, drawn with seaborn from the tidy tables of `experiments`.
+"""Figures: one helper per figure kind, drawn with seaborn from the tidy tables of `tables` and `replay_study`.
 
 Each helper returns the matplotlib Figure and, given `path`, saves it as PNG. Axis labels carry
 units and titles carry the metric convention (tau includes the bonus token; acceptance length
@@ -131,7 +131,7 @@ def speed_bars(table: pd.DataFrame, path=None) -> plt.Figure:
 
 def category_bars(table: pd.DataFrame, metric: str = "tau", min_prompts: int = MIN_PROMPTS, path=None) -> plt.Figure:
     """A pooled metric per prompt category, per pair and method, from a table of
-    `experiments.shape_table(units, by=(pair, shape, budget, category))`, with its 95% interval
+    `tables.shape_table(units, by=(pair, shape, budget, category))`, with its 95% interval
     across prompts (`<metric>_ci_low/high`) as error bars; only categories with at least
     `min_prompts` prompts (fewer make one prompt's value look like a category's: the notebook says
     which were pooled instead)."""
@@ -327,7 +327,7 @@ def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figur
     return save(fig, path)
 
 
-# ---- replay (notebook 01): tables from `experiments.replay_table` ----------------------------
+# ---- replay (notebook 01): tables from `replay_study.replay_table` ----------------------------
 
 DESIGNED = ("sequoia", "hindsight", "dynamic", "oracle")
 

@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from ..analysis.collect import CollectReport
 
 
+# where each notebook's budget recommendation takes its tau and its costs (`recommendation`)
+RECOMMENDATION_01 = ("tau replayed from this notebook's collection of the pair on its prompts (measured); draft and "
+                     "verify costs from the curves measured on this machine")
+RECOMMENDATION_03 = ("tau from the `acceptance` parameter (an assumed per-rank vector, through Sequoia's model of "
+                     "independent ranks: not measured here; notebook 01 measures the pair's); draft and verify costs "
+                     "from the curves measured on this machine")
+
+
 def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataFrame) -> str:
     """Markdown reading of notebook 01's replay, computed from its tables (no fixed conclusions)."""
     lines = ["tau = tokens per target call, bonus included; run-trajectory positions unless noted."]
@@ -62,12 +70,6 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
     return "\n".join(lines)
 
 
-def _interval(row: pd.Series, metric: str) -> str:
-    """" [low, high]" when the row has a 95% interval of `metric` (`analysis.spread`), else ""."""
-    low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
-    return f" [{low:.2f}, {high:.2f}]" if low is not None and pd.notna(low) else ""
-
-
 def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:
     """Which categories of a per-category table (column `prompts`) are plotted, and which are only
     pooled into the overall tables because they have fewer than `min_prompts` prompts."""
@@ -84,7 +86,7 @@ def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:
 
 def pairs_reading(table: pd.DataFrame, versus: pd.DataFrame | None = None) -> str:
     """A short markdown reading of a shape table, computed from it (no fixed conclusions); with the
-    head-to-head table (`experiments.head_to_head`), each matchup's verdict: a winner only where the
+    head-to-head table (`tables.head_to_head`), each matchup's verdict: a winner only where the
     interval of the speed ratio excludes 1."""
     lines = []
     for pair, t in table.groupby("pair", sort=False):

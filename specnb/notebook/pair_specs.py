@@ -1,0 +1,47 @@
+"""Draft -> target pairs as parameter files name them: `Pair` (a `ModelPair` with its own
+methods and the labels tables use) and `pair_keys` (which loaded models two pairs share)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..drafters.methods import method_trees
+from ..io.models import ModelPair
+
+
+@dataclass(frozen=True)
+class Pair(ModelPair):
+    """A draft -> target pair as named in parameter files (`ModelPair`), with its own methods."""
+
+    methods: tuple[str, ...] | None = None  # this pair's method specs; None: the sweep's own
+
+    def __post_init__(self) -> None:
+        if self.methods is not None:
+            object.__setattr__(self, "methods", tuple(self.methods))
+            method_trees(self.methods)  # refuse a bad spec before any model loads
+
+    @property
+    def draft_label(self) -> str:
+        """The draft as tables name it: its name, quantization and kept layers."""
+        out = self.draft + (f"[{self.draft_quantization}]" if self.draft_quantization else "")
+        return out + (f"[:{self.draft_layers} layers]" if self.draft_layers else "")
+
+    @property
+    def target_label(self) -> str:
+        return self.target + (f"[{self.target_quantization}]" if self.target_quantization else "")
+
+    @property
+    def label(self) -> str:
+        return f"{self.draft_label} -> {self.target_label}"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Pair:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown pair fields {sorted(unknown)}; allowed: {sorted(cls.__dataclass_fields__)}")
+        return cls(**d)
+
+
+def pair_keys(pair: Pair) -> tuple[tuple, tuple]:
+    """(target, draft) as (name, quantization, kept layers): equal keys are one loaded model."""
+    return (pair.target, pair.target_quantization, None), (pair.draft, pair.draft_quantization, pair.draft_layers)
