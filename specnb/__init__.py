@@ -34,13 +34,16 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
                 bytes, the look-behind rule), cross_tokenizer (a draft of another vocabulary),
                 methods (method specs), medusa (Medusa-1 heads on the target's hidden states,
-                their drafter)
+                their drafter), eagle (EAGLE-1 heads: one decoder layer over the target's features,
+                their tree drafter)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
                 replay (collect once, replay many), redraft (a cross-tokenizer draft re-drafted
                 over a collected continuation), executors (work units in this process or on
                 Ray actors), tree_design (Sequoia, hindsight), cost_model, memory (weights in
                 float16 / nf4 and KV cache bytes from a config), spread (bootstrap intervals across
-                prompts), medusa_training (Medusa heads by self-distillation, cached)
+                prompts), distillation (the target's continuations and hidden states: the
+                self-distillation data both trainers share), medusa_training (Medusa heads by
+                self-distillation, cached), eagle_training (EAGLE heads by self-distillation, cached)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve, the batched
                 cost curves (batch_curve)
     notebook/   experiments (the sweeps the notebooks run), pair_specs (draft -> target pairs as parameters
@@ -83,10 +86,10 @@ MODULES = {
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage",
                               "medusa_checkpoint")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
-                                    "cross_tokenizer", "methods", "medusa")},
+                                    "cross_tokenizer", "methods", "medusa", "eagle")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "redraft", "executors", "tree_design", "cost_model", "memory", "spread",
-                                    "medusa_training")},
+                                    "distillation", "medusa_training", "eagle_training")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve", "batch_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "pair_specs", "tables", "replay_study", "redraft_study",
                                     "long_generation", "plots", "legibility", "readings", "session",

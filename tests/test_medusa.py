@@ -205,11 +205,12 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 
 # ---- training, collection, replay -----------------------------------------------------------------
 
-from specnb.analysis import medusa_training  # noqa: E402
+from specnb.analysis import distillation  # noqa: E402
 from specnb.analysis.collection import CollectConfig  # noqa: E402
+from specnb.analysis.distillation import distill, distill_cached, heldout_prompts  # noqa: E402
 from specnb.analysis.medusa_training import (  # noqa: E402
-    TrainConfig, accuracy_by_depth, collect_heads, distill, distill_cached, heads_loss, heldout_prompts, heldout_rank_accuracy, rank_accuracy,
-    split_prompts, train_or_load,
+    TrainConfig, accuracy_by_depth, collect_heads, heads_loss, heldout_rank_accuracy, rank_accuracy, split_prompts,
+    train_or_load,
 )
 from specnb.analysis.replay import replay, replay_steps  # noqa: E402
 from specnb.analysis.tree_design import medusa_tree  # noqa: E402
@@ -304,7 +305,7 @@ def test_long_prompts_get_no_sampled_continuations(tiny_target):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_bfloat16_distillation(tiny_target, native, monkeypatch):
-    monkeypatch.setattr(medusa_training, "fast_bfloat16", lambda device: native)
+    monkeypatch.setattr(distillation, "fast_bfloat16", lambda device: native)
     prompts = [random_prompt(39, 5)[0], random_prompt(40, 7)[0]]
     exact = distill(tiny_target, prompts, K, 8, batch=2, eos_token_id=-1, progress=False)
     data = distill(tiny_target, prompts, K, 8, batch=2, eos_token_id=-1, progress=False, bfloat16=True)
@@ -388,7 +389,7 @@ def test_sampled_softmax_pushes_unseen_tokens_down(tiny_target, tmp_path):
         cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=60, batch_size=64, lr=1e-2, heldout=0.0,
                           loss_vocab=vocab, negatives=64)
         out = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, folder=tmp_path / vocab, progress=False)
-        data = distill_cached(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, progress=False)  # its rows
+        data = distill_cached(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg.distill_config(), progress=False)  # its rows
         seen = torch.zeros(out.heads.vocab_size, dtype=torch.bool)
         seen[data.labels[data.labels >= 0]] = True
         with torch.no_grad():

@@ -1,14 +1,10 @@
 """Training Medusa-1 heads by self-distillation on a frozen target, and measuring them.
 
-    TrainConfig      the recipe's parameters (a frozen dataclass: the cache key)
-    distill          the target's own greedy continuations of a prompt set, batched, with the last
-                     hidden state of every fed token captured during that same generation (a hook
-                     on the final norm: no second pass), and sampled ones beside them
-                     (`continuations`: each prompt prefilled once, its greedy and sampled rows
-                     decoded together as the branches of one sequence, over a cache allocated once); labels: head d at row t gets token t+1+d
-                     when it lies in the continuation (Medusa-1 masks non-answer labels the same way),
-                     or anywhere in prompt + continuation with `prompt_rows` (below); `soft_row`: the
-                     row whose LM-head distribution is that label's soft target (row t+d)
+    TrainConfig      the recipe's parameters (a frozen dataclass: the cache key); its data
+                     parameters are a `distillation.DistillConfig` (`distill_config`)
+    (data)           the target's own continuations and hidden states, labelled for the heads (head
+                     d at row t gets token t+1+d), come from `analysis.distillation`, which EAGLE's
+                     trainer shares
     train_heads      AdamW, linear warmup then cosine (Medusa's lr 1e-3, warmup 10%), loss = sum
                      over heads of cross-entropy (lambda_k = 1 as in Medusa's code) against the hard
                      label or, with `soft_labels`, against the target's own distribution at that
@@ -18,7 +14,7 @@
                      `<cache>/medusa-heads/<key>/` in the published checkpoint layout
                      (`io.medusa_checkpoint`), the key a hash of (model, prompts, config)
     head_accuracy    top-k accuracy of each head (by depth) on rows with labels
-    split_prompts, heldout_prompts, heldout_rank_accuracy, shape_trees   the benchmark's and
+    split_prompts, heldout_rank_accuracy, shape_trees   the benchmark's and
                      notebook 05's pieces (splits that span the categories, Medusa's rank table)
     collect_heads    a greedy `Collection` of every head's rank at every step of the target's
                      continuation (one plain forward per prompt), so `analysis.replay` answers
@@ -51,7 +47,6 @@ and every measurement use the target itself.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -64,17 +59,15 @@ import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache, StaticCache
 
 from ..core.generation import speculative_generate
-from ..core.masks import GROUPED_ATTENTION, use_attention
-from ..core.sampling import sample_rows
 from ..core.trees import SPARSE_ACCEPTANCE, Tree
-from ..drafters.medusa import MedusaDrafter, MedusaHeads, final_norm, head_ranks, last_hidden
+from ..drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks, last_hidden
 from ..io.embedded import cache_dir
 from ..io.medusa_checkpoint import WEIGHTS, load_checkpoint, save_checkpoint
 from ..io.prompts import interleave
 from .collection import CollectConfig, Collection, PromptData
+from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
 from .tree_design import medusa_tree, sequoia_trees
 
 
@@ -111,202 +104,17 @@ class TrainConfig:
     def __post_init__(self) -> None:  # 3 and 3.0 are one config (and one cache key)
         for name in ("heldout", "epochs", "lr", "warmup", "sample_temperature"):
             object.__setattr__(self, name, float(getattr(self, name)))
-        if self.max_continued_prompt is not None and not self.prompt_rows:
-            raise ValueError("max_continued_prompt leaves long prompts without a continuation: it needs prompt_rows=True")
+        self.distill_config()  # refuses data parameters that do not fit together
         if self.loss_vocab not in ("full", "seen", "sampled"):
             raise ValueError(f"loss_vocab must be 'full', 'seen' or 'sampled', got {self.loss_vocab!r}")
 
-    def distill_key(self) -> dict:
+    def distill_config(self) -> DistillConfig:
         """The parameters that decide the distilled data (not the training)."""
-        return {"num_heads": self.num_heads, "max_new_tokens": self.max_new_tokens, "gen_batch": self.gen_batch,
-                "prompt_rows": self.prompt_rows, "max_continued_prompt": self.max_continued_prompt,
-                "samples": self.samples, "sample_temperature": self.sample_temperature, "seed": self.seed,
-                **({"distill_bfloat16": True} if self.distill_bfloat16 else {}),  # (keys of older data unchanged)
-                **({"sampler": "sample_rows"} if self.samples else {}),  # (sampled data of older keys drew otherwise)
-                **({"max_sampled_prompt": self.max_sampled_prompt} if self.max_sampled_prompt is not None else {})}
-
-
-@dataclass(frozen=True)
-class DistillData:
-    """Rows (positions) of the target's own continuations, prompts concatenated."""
-
-    hidden: torch.Tensor  # float [R, H]: the target's last hidden state at each row
-    labels: torch.Tensor  # long [R, K]: head d's target token (index d - 1), -100 = none
-    soft_row: torch.Tensor  # long [R, K]: the row whose LM-head output is that label's soft target, -1 = none
-    prompt: torch.Tensor  # long [R]: the row's prompt index
-    sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # per prompt: (prompt ids, greedy continuation)
-    sampled: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (prompt index, sampled continuation)
-    greedy: torch.Tensor | None = None  # bool [R]: the row belongs to a greedy continuation (or prompt); None = all
-
-    def greedy_rows(self) -> torch.Tensor:
-        """Bool [R]: rows of greedy continuations and prompts (not of sampled continuations): what
-        greedy verification meets, so the held-out accuracy table is measured on them only."""
-        return torch.ones(len(self.labels), dtype=torch.bool) if self.greedy is None else self.greedy  # host
-
-
-def sequence_rows(prompt_len: int, seq: Sequence[int], num_heads: int, prompt_rows: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """(first, labels [n, K], soft [n, K]) for the rows t = first .. first + n - 1 of a sequence
-    (prompt + continuation, `seq`): head d at row t gets seq[t + 1 + d] where it exists (and lies in
-    the continuation unless `prompt_rows`); its soft target is row t + d (local index, -1 where that
-    row is not kept). Kept rows: those with at least one label."""
-    last = len(seq) - 3  # the last row with a label (head 1: seq[t + 2])
-    first = 0 if prompt_rows else max(prompt_len - 1 - num_heads, 0)
-    n = max(last - first + 1, 0)
-    labels = torch.full((n, num_heads), -100, dtype=torch.long)  # host: data rows live on the CPU
-    soft = torch.full((n, num_heads), -1, dtype=torch.long)  # host
-    ids = torch.tensor(list(seq), dtype=torch.long)  # host
-    for d in range(1, num_heads + 1):
-        t = torch.arange(first, first + n)  # host
-        ok = t + 1 + d < len(seq)
-        if not prompt_rows:
-            ok &= t + 1 + d >= prompt_len
-        labels[:, d - 1] = torch.where(ok, ids[(t + 1 + d).clamp(max=len(seq) - 1)], -100)
-        soft[:, d - 1] = torch.where(ok & (t + d <= last), t + d - first, -1)
-    return first, labels, soft
-
-
-@torch.no_grad()  # not inference_mode: the captured rows are training inputs
-def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads: int, max_new_tokens: int,
-            batch: int = 16, eos_token_id: int | None = None, progress: bool = True, prompt_rows: bool = False,
-            max_continued_prompt: int | None = None, samples: int = 0, temperature: float = 0.7,
-            seed: int = 0, bfloat16: bool = False, max_sampled_prompt: int | None = None) -> DistillData:
-    """The target's greedy continuations of `prompts` (long [T] each), generated `batch` at a time
-    (left padding), and the hidden state of every fed token captured on the way (module docstring);
-    `samples` more continuations of each prompt sampled at `temperature` (seeded from `seed`; their
-    rows belong to the same prompt; prompts longer than `max_sampled_prompt` get none: after a long
-    prompt each token costs most). Prompts longer than `max_continued_prompt` are not continued:
-    one plain forward gives their prompt rows (`prompt_rows` must be on). bfloat16: a float32 target
-    generates as a bfloat16 copy where that is native (`fast_bfloat16`; otherwise as it is): the rows
-    are then that copy's continuations and hidden states, close to the target's, not equal."""
-    if max_continued_prompt is not None and not prompt_rows:
-        raise ValueError("max_continued_prompt needs prompt_rows=True (long prompts give prompt rows only)")
-    if bfloat16 and target.dtype == torch.float32 and fast_bfloat16(target.device):
-        target = copy.deepcopy(target).to(torch.bfloat16)
-    eos = target.generation_config.eos_token_id if eos_token_id is None else eos_token_id
-    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-    pad = target.config.pad_token_id if target.config.pad_token_id is not None else (eos if eos is not None else 0)
-    captured: list[torch.Tensor] = []
-    hook = final_norm(target).register_forward_hook(lambda m, a, out: captured.append(out.float().cpu()))
-    parts: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {j: [] for j in range(len(prompts))}
-    sequences: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    sampled: list[tuple[int, tuple[int, ...]]] = []
-
-    def keep(j: int, p: torch.Tensor, new: list[int], hidden: torch.Tensor, rows_of_prompt: bool) -> None:
-        """hidden: [>= len(seq) - 1, H], the rows of seq[:-1] from its start."""
-        first, labels, soft = sequence_rows(len(p), p.tolist() + new, num_heads, rows_of_prompt)
-        parts[j].append((hidden[first : first + len(labels)], labels, soft))
-
-    long = [j for j in range(len(prompts)) if max_continued_prompt is not None and prompts[j].numel() > max_continued_prompt]
-    order = sorted(set(range(len(prompts))) - set(long), key=lambda i: prompts[i].numel())  # similar lengths pad less
-    try:
-        for lo in tqdm(range(0, len(order), batch), desc="distill", disable=not progress or not order):
-            members = order[lo : lo + batch]
-            group = [prompts[j].reshape(-1) for j in members]
-            width = max(len(p) for p in group)
-            ids = torch.full((len(group), width), pad, dtype=torch.long, device=target.device)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(group):
-                ids[i, width - len(p):] = p.to(target.device)
-                mask[i, width - len(p):] = 1
-            sampled_too = [i for i, p in enumerate(group) if max_sampled_prompt is None or len(p) <= max_sampled_prompt]
-            source = list(range(len(group))) + [i for i in sampled_too for _ in range(samples)]  # each row's prompt
-            generator = torch.Generator(target.device).manual_seed(seed * 1_000_003 + lo)
-            out, hidden = continuations(target, ids, mask, source, len(group), max_new_tokens, temperature, pad, eos,
-                                        generator, captured)
-            for b, i in enumerate(source):  # rows 0 .. len(group) - 1: the greedy continuations, first
-                p = group[i]
-                new = out[b].tolist()
-                if eos is not None and eos in new:
-                    new = new[: new.index(eos) + 1]
-                greedy_row = b < len(group)
-                keep(members[i], p.cpu(), new, hidden[b, width - len(p):], prompt_rows and greedy_row)
-                if greedy_row:
-                    sequences[members[i]] = (tuple(p.tolist()), tuple(new))
-                else:
-                    sampled.append((members[i], tuple(new)))
-        for j in tqdm(long, desc="prompt rows", disable=not progress or not long):
-            captured.clear()
-            target.model(input_ids=prompts[j].reshape(1, -1).to(target.device))
-            keep(j, prompts[j].reshape(-1).cpu(), [], captured[0][0], True)
-            sequences[j] = (tuple(prompts[j].reshape(-1).tolist()), ())
-    finally:
-        hook.remove()
-    hidden_rows, label_rows, soft_rows, prompt_of, greedy = [], [], [], [], []
-    offset = 0
-    for j in range(len(prompts)):
-        for k, (hidden, labels, soft) in enumerate(parts[j]):  # k = 0: the greedy continuation (or the prompt)
-            hidden_rows.append(hidden)
-            label_rows.append(labels)
-            soft_rows.append(torch.where(soft >= 0, soft + offset, -1))
-            prompt_of.append(torch.full((len(labels),), j, dtype=torch.long))  # host
-            greedy.append(torch.full((len(labels),), k == 0, dtype=torch.bool))  # host
-            offset += len(labels)
-    return DistillData(torch.cat(hidden_rows), torch.cat(label_rows), torch.cat(soft_rows), torch.cat(prompt_of),
-                       tuple(sequences[i] for i in range(len(prompts))), tuple(sampled), torch.cat(greedy))
-
-
-@torch.no_grad()
-def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, source: Sequence[int], greedy: int,
-                  max_new_tokens: int, temperature: float, pad: int, eos: int | None, generator: torch.Generator,
-                  captured: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Continue left-padded prompts ids [B, W] (mask [B, W]): row r continues prompt source[r],
-    greedily for the first `greedy` rows, sampled at `temperature` (`sample_rows`, `generator`, drawn
-    in row order) for the others. Each prompt is prefilled once; its continuations then grow as the
-    branches of one sequence (branch c at cache slot W + step * C + c, C = the most rows of one
-    prompt; a tree mask lets each branch see the prompt and itself), so every step reads a prompt's
-    keys once for all its continuations, not once per continuation, in a cache allocated once
-    (`core.masks.grouped_attention`). A row that ends (eos) is fed `pad` after it. `captured`
-    collects the final norm's outputs (a hook set by the caller). Returns (tokens [R,
-    max_new_tokens], hidden [R, W + steps - 1, H] float32 on the CPU: the last hidden state of every
-    fed token)."""
-    device, (batch, width) = ids.device, ids.shape
-    branch, count = [], [0] * batch  # row r is branch branch[r] of prompt source[r]
-    for i in source:
-        branch.append(count[i])
-        count[i] += 1
-    width_c = max(count)
-    host_prompt, host_branch = torch.tensor(list(source)), torch.tensor(branch)  # host: index the captured rows
-    row_prompt, row_branch = host_prompt.to(device), host_branch.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
-    prefill = DynamicCache(config=model.config)
-    captured.clear()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=prefill, use_cache=True,
-                logits_to_keep=1)
-    prompt_hidden = captured[0]  # [B, W, H]
-    length = width + width_c * max_new_tokens
-    cache = StaticCache(config=model.config, max_cache_len=length)  # a growing cache would copy itself every step
-    for i, layer in enumerate(prefill.layers):
-        cache.update(layer.keys, layer.values, i, {"cache_position": torch.arange(width, device=device)})
-    del prefill
-    visible = torch.zeros(batch, 1, width_c, length, dtype=torch.bool, device=device)
-    visible[:, 0, :, :width] = mask.bool()[:, None]
-    lanes = torch.arange(width_c, device=device)
-    position = positions[:, -1:].expand(batch, width_c)  # [B, C]: a prompt's branches stand at one position
-    feed = torch.full((batch, width_c), pad, dtype=torch.long, device=device)  # branches without a row: pad
-    logits = out.logits[row_prompt, -1]  # [R, V]
-    done = torch.zeros(len(source), dtype=torch.bool, device=device)
-    tokens, steps = [], []
-    with use_attention(model, GROUPED_ATTENTION):
-        for step in range(max_new_tokens):
-            token = logits.argmax(-1)
-            if len(source) > greedy:
-                token[greedy:] = sample_rows(logits[greedy:], temperature, generator)
-            token = token.masked_fill(done, pad)
-            tokens.append(token)
-            if eos is not None:
-                done |= token == eos
-            if step == max_new_tokens - 1 or bool(done.all()):
-                break
-            slot = width + step * width_c
-            feed[row_prompt, row_branch] = token
-            visible[:, 0, lanes, slot + lanes] = True
-            position = position + 1
-            captured.clear()
-            logits = model(input_ids=feed, attention_mask=visible[..., : slot + width_c], position_ids=position,
-                           cache=cache, use_cache=True, cache_position=slot + lanes).logits
-            logits = logits[row_prompt, row_branch]  # [R, V]
-            steps.append(captured[0][host_prompt, host_branch][:, None])  # [R, 1, H]
-    return torch.stack(tokens, 1), torch.cat([prompt_hidden[host_prompt], *steps], 1)
+        return DistillConfig(num_heads=self.num_heads, max_new_tokens=self.max_new_tokens, gen_batch=self.gen_batch,
+                             prompt_rows=self.prompt_rows, max_continued_prompt=self.max_continued_prompt,
+                             samples=self.samples, sample_temperature=self.sample_temperature,
+                             max_sampled_prompt=self.max_sampled_prompt, distill_bfloat16=self.distill_bfloat16,
+                             seed=self.seed)
 
 
 def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K,
@@ -326,14 +134,6 @@ def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor
     return pd.DataFrame([{"head": d + 1, "depth": d + 1, "k": k, "rows": int(counts[d]),
                           "top_k_accuracy": float(hits[d, j] / max(int(counts[d]), 1))}
                          for d in range(heads.num_heads) for j, k in enumerate(ks)])
-
-
-def fast_bfloat16(device: torch.device) -> bool:
-    """bfloat16 matmuls run natively here: a GPU of compute capability >= 8, or a CPU with
-    AVX512-BF16 / AMX (oneDNN says so); elsewhere (a T4 among them) they are emulated and slower."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)  # a T4 (sm75) emulates: False
-    return device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, config: TrainConfig,
@@ -457,41 +257,6 @@ def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainCon
     return h.hexdigest()[:16]
 
 
-def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig,
-                   progress: bool = True) -> DistillData:
-    """`distill`, kept under `<cache>/medusa-distill/<key>.pt` (key: model, prompts and the
-    data parameters, `TrainConfig.distill_key`), so heads trained with other training parameters
-    reuse the data."""
-    key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], config.distill_key()]).encode())
-    path = cache_dir() / "medusa-distill" / f"{key.hexdigest()[:16]}.pt"
-    d = torch.load(path, weights_only=True) if path.exists() else {}
-    if "greedy" in d:  # (files written before the greedy mask are distilled again)
-        return DistillData(d["hidden"], d["labels"], d["soft_row"], d["prompt"],
-                           tuple((tuple(a), tuple(b)) for a, b in d["sequences"]),
-                           tuple((int(j), tuple(b)) for j, b in d["sampled"]), d["greedy"])
-    data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress,
-                   prompt_rows=config.prompt_rows, max_continued_prompt=config.max_continued_prompt,
-                   samples=config.samples, temperature=config.sample_temperature, seed=config.seed,
-                   bfloat16=config.distill_bfloat16, max_sampled_prompt=config.max_sampled_prompt)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"hidden": data.hidden, "labels": data.labels, "soft_row": data.soft_row, "prompt": data.prompt,
-                "greedy": data.greedy_rows(),
-                "sequences": [list(map(list, s)) for s in data.sequences],
-                "sampled": [[j, list(b)] for j, b in data.sampled]}, tmp)
-    tmp.replace(path)
-    return data
-
-
-def heldout_prompts(n: int, share: float) -> tuple[int, ...]:
-    """Indices of the held-out prompts among n: `share` of them, evenly spaced (so every part of an
-    ordered list, e.g. every category, is in both splits)."""
-    if share <= 0 or n == 0:
-        return ()
-    k = min(n, max(1, int(round(share * n))))
-    return tuple(sorted({int(i) for i in np.linspace(0, n - 1, k).round()}))
-
-
 def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig,
                   folder: str | Path | None = None, progress: bool = True) -> TrainedHeads:
     """Heads for `target` trained on `prompts` (the last `heldout` share held out), or loaded from
@@ -506,7 +271,7 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
         return TrainedHeads(heads, pd.DataFrame(train["accuracy"]), {**train["log"], "cached": True}, held, folder)
     torch.manual_seed(config.seed)
     t0 = time.perf_counter()
-    data = distill_cached(target, model_name, prompts, config, progress)
+    data = distill_cached(target, model_name, prompts, config.distill_config(), progress)
     distill_s = time.perf_counter() - t0
     is_held = torch.isin(data.prompt, torch.tensor(held, dtype=torch.long))  # host
     train_rows = torch.nonzero(~is_held)[:, 0]
