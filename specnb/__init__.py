@@ -33,7 +33,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
                 bytes, the look-behind rule), cross_tokenizer (a draft of another vocabulary),
-                methods (method specs), medusa (Medusa-1 heads on the target's hidden states,
+                methods (method specs), hidden_rows (the target's last hidden rows, read by a
+                hook on its final norm), medusa (Medusa-1 heads on the target's hidden states,
                 their drafter), eagle (EAGLE-1 heads: one decoder layer over the target's features,
                 their tree drafter)
     analysis/   metrics, quality, baselines (transformers' decoders), collection / collect /
@@ -86,7 +87,7 @@ MODULES = {
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage",
                               "medusa_checkpoint")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
-                                    "cross_tokenizer", "methods", "medusa", "eagle")},
+                                    "cross_tokenizer", "methods", "hidden_rows", "medusa", "eagle")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "redraft", "executors", "tree_design", "cost_model", "memory", "spread",
                                     "distillation", "medusa_training", "eagle_training")},

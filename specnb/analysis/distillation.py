@@ -42,7 +42,7 @@ from transformers import DynamicCache, StaticCache
 
 from ..core.masks import GROUPED_ATTENTION, use_attention
 from ..core.sampling import sample_rows
-from ..drafters.medusa import final_norm
+from ..drafters.hidden_rows import final_norm
 from ..io.embedded import cache_dir
 
 DISTILL_FOLDER = "medusa-distill"  # under the cache; named for its first user, so data distilled before stay valid

@@ -48,7 +48,7 @@ from ..core.sampling import SamplingConfig, probabilities, sample_without_replac
 from ..core.streaming import kv_bytes
 from ..core.trees import Tree
 from .dynamic import ScoredTree, top_n
-from .medusa import final_norm
+from .hidden_rows import FinalNormRows
 
 WEIGHTS = "eagle_head.pt"  # the head's trained weights (fc and the decoder layer) in a folder
 
@@ -153,30 +153,23 @@ class EagleDrafter(Drafter):
     def __init__(self, target: torch.nn.Module, head: EagleHead, tree: Tree | None = None) -> None:
         self.target, self.head = target, head
         self.default_tree = tree
-        self._norm = final_norm(target)
-        self._hook: torch.utils.hooks.RemovableHandle | None = None
+        self._target_rows = FinalNormRows(target)  # the target's final-norm output of its last forward
         self._indices: dict[tuple[Tree, torch.device], list[tuple[torch.Tensor, ...]]] = {}
         self.reset()
 
     def reset(self) -> None:
         self.release()
-        self._rows: torch.Tensor | None = None  # [n, H]: the target's final-norm output of its last forward
+        self._target_rows.rows = None
         self._cache: DynamicCache | None = None  # the head's rows 0 .. committed - 1
         self._committed = 0
         self._features: list[torch.Tensor] = []  # target features of tokens committed, committed + 1, ... not yet fed
         self._prefill_read = False
 
     def bind_target_cache(self, cache) -> None:  # noqa: ANN001 (a DynamicCache; unused: only the features matter)
-        if self._hook is None:
-            self._hook = self._norm.register_forward_hook(self._capture)
+        self._target_rows.bind()
 
     def release(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-
-    def _capture(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
-        self._rows = output.reshape(-1, output.shape[-1])
+        self._target_rows.release()
 
     def kv_bytes(self) -> int:
         return kv_bytes(self._cache)
@@ -189,7 +182,7 @@ class EagleDrafter(Drafter):
     def observe(self, draft: Draft, acceptance: Acceptance) -> None:
         # the verify rows are [pending..., root, nodes]: the root's and the accepted nodes' features are the target's
         n = draft.tokens.numel()
-        rows = self._rows[self._rows.shape[0] - (n + 1):]
+        rows = self._target_rows.rows[self._target_rows.rows.shape[0] - (n + 1):]
         keep = torch.tensor([0] + [i + 1 for i in acceptance.path], dtype=torch.long, device=rows.device)
         self._features.append(rows.index_select(0, keep))
 
@@ -210,8 +203,8 @@ class EagleDrafter(Drafter):
         (the root's predicted feature)."""
         if not self._prefill_read:  # the prompt's prefill: the features of prompt[:-1]
             self._prefill_read = True
-            if self._rows is not None and len(seq) > 1:
-                self._features.insert(0, self._rows)
+            if self._target_rows.rows is not None and len(seq) > 1:
+                self._features.insert(0, self._target_rows.rows)
         feats = torch.cat(self._features) if self._features else None  # [m, H]
         m = 0 if feats is None else feats.shape[0]
         if self._committed + m != len(seq) - 1:

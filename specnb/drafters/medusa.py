@@ -38,6 +38,7 @@ from ..core.acceptance import Acceptance
 from ..core.drafting import Draft, Drafter
 from ..core.sampling import SamplingConfig, top_tokens
 from ..core.trees import Tree
+from .hidden_rows import FinalNormRows
 from ..io.medusa_checkpoint import check_layout, load_checkpoint, save_checkpoint
 
 
@@ -181,14 +182,6 @@ class MedusaHeads(torch.nn.ModuleList):
         return {k: v.detach() for k, v in self.state_dict(keep_vars=True).items()}
 
 
-def final_norm(target: torch.nn.Module) -> torch.nn.Module:
-    """The target's final norm, whose output is the LM head's input (`model.norm` in Llama/Qwen)."""
-    norm = getattr(getattr(target, "model", None), "norm", None)
-    if norm is None:
-        raise ValueError(f"{type(target).__name__} has no model.norm: Medusa heads need the last hidden state")
-    return norm
-
-
 @torch.inference_mode()
 def last_hidden(target: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Float [T, H]: the target's last hidden state (after the final norm) of `ids` (long [T]), one
@@ -229,27 +222,20 @@ class MedusaDrafter(Drafter):
     def __init__(self, target: torch.nn.Module, heads: MedusaHeads, tree: Tree | None = None) -> None:
         self.target, self.heads = target, heads
         self.default_tree = tree
-        self._norm = final_norm(target)
-        self._hook: torch.utils.hooks.RemovableHandle | None = None
+        self._target_rows = FinalNormRows(target)  # the final norm's output of the target's last forward
         self.reset()
 
     def reset(self) -> None:
         self.release()
-        self._rows: torch.Tensor | None = None  # [n, H]: the final norm's output of the last forward
+        self._target_rows.rows = None
         self._h: torch.Tensor | None = None  # [H]: the row the next draft reads
 
     def bind_target_cache(self, cache) -> None:  # noqa: ANN001 (a DynamicCache; unused: only the hidden rows matter)
-        if self._hook is None:
-            self._hook = self._norm.register_forward_hook(self._capture)
+        self._target_rows.bind()
 
     def release(self) -> None:
         """Remove the hook on the target's final norm (also done by `reset`)."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-
-    def _capture(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
-        self._rows = output.reshape(-1, output.shape[-1])
+        self._target_rows.release()
 
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         if tree.depth > self.heads.num_heads:
@@ -260,15 +246,15 @@ class MedusaDrafter(Drafter):
         # the verify rows are [pending..., root, nodes]: the last N + 1 captured ones
         n = draft.tokens.numel()
         row = acceptance.path[-1] + 1 if acceptance.path else 0
-        self._h = self._rows[self._rows.shape[0] - (n + 1) + row]
+        self._h = self._target_rows.rows[self._target_rows.rows.shape[0] - (n + 1) + row]
 
     @torch.inference_mode()
     def draft(self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig,
               generator: torch.Generator | None = None) -> Draft:
         self.check_request(tree, sampling)
         h = self._h
-        if h is None and self._rows is not None and tokens.numel() >= 2:
-            h = self._rows[-1]  # the prefill of prompt[:-1]: the row of the token before the root
+        if h is None and self._target_rows.rows is not None and tokens.numel() >= 2:
+            h = self._target_rows.rows[-1]  # the prefill of prompt[:-1]: the row of the token before the root
         if h is None or tree.num_nodes == 0:
             return Draft(torch.zeros(0, dtype=torch.long, device=self.target.device), None, Tree(()))
         logits = self.heads(h.to(self.heads[0][0].linear.weight))  # [K, V]
