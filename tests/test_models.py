@@ -308,9 +308,9 @@ def test_embedded_corrupt_part_names_packages(tiny_embedded: EmbeddedModel, cach
     assert list(cache.iterdir()) == []
 
 
-def test_embedded_single_file_checksum(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, tiny_gguf_bytes: bytes
-) -> None:
+@pytest.fixture
+def tiny_single(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_gguf_bytes: bytes) -> Path:
+    """The tiny GGUF as one installed file of a fake package, registered as "tiny-single"; its folder."""
     model = EmbeddedModel(
         name="tiny-single",
         description="test",
@@ -324,6 +324,11 @@ def test_embedded_single_file_checksum(
     (package / "__init__.py").write_text("")
     (package / "tiny.gguf").write_bytes(tiny_gguf_bytes)
     monkeypatch.syspath_prepend(str(package.parent))
+    return package
+
+
+def test_embedded_single_file_checksum(tiny_single: Path, cache: Path, tiny_gguf_bytes: bytes) -> None:
+    package = tiny_single
     assert gguf_path("tiny-single") == package / "tiny.gguf"  # used in place, nothing copied
     (package / "tiny.gguf").write_bytes(tiny_gguf_bytes[:-1])
     with pytest.raises(ChecksumError, match="--force-reinstall --no-deps specnb-fake-single==1.0"):
@@ -331,20 +336,9 @@ def test_embedded_single_file_checksum(
     assert not cache.exists()
 
 
-def test_a_single_file_models_tokenizer_loads_on_a_machine_with_no_cache_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, tiny_gguf_bytes: bytes
-) -> None:
+def test_a_single_file_models_tokenizer_loads_on_a_machine_with_no_cache_folder(tiny_single: Path, cache: Path) -> None:
     """A single-file GGUF is used in place, so nothing else creates the cache folder before the
     tokenizer's copy is written there (CI's fresh Colab kernel: FileNotFoundError)."""
-    model = EmbeddedModel(name="tiny-single", description="test",
-                          parts=(PackagedFile("specnb-fake-single", "1.0", "specnb_fake_single", "tiny.gguf"),),
-                          sha256=hashlib.sha256(tiny_gguf_bytes).hexdigest(), gguf_name="tiny.gguf")
-    register(monkeypatch, model)
-    package = tmp_path / "site" / "specnb_fake_single"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "tiny.gguf").write_bytes(tiny_gguf_bytes)
-    monkeypatch.syspath_prepend(str(package.parent))
     assert not cache.exists()
     first = load_tokenizer("tiny-single")
     assert [p.name.split("-tokenizer-")[0] for p in cache.iterdir()] == ["tiny-single"]  # the copy, nothing half-written
