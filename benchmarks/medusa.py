@@ -31,8 +31,9 @@ import torch
 from specnb import Tree, autoregressive_generate, speculative_generate
 from specnb.analysis.collect import collect
 from specnb.analysis.collection import CollectConfig
+from specnb.analysis.head_collection import accuracy_by_depth
 from specnb.analysis.medusa_training import (
-    TrainConfig, accuracy_by_depth, collect_heads, heldout_rank_accuracy, shape_trees, split_prompts, train_or_load,
+    TrainConfig, collect_heads, heldout_rank_accuracy, shape_trees, split_prompts, train_or_load,
 )
 from specnb.analysis.quality import perplexity
 from specnb.analysis.replay import replay, replay_steps

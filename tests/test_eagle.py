@@ -25,7 +25,7 @@ from specnb.core.verification import prefill
 from specnb.drafters.dynamic import top_n
 from specnb.drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead, causal_visible
 from specnb.drafters.hidden_rows import final_norm
-from specnb.drafters.medusa import last_hidden
+from specnb.drafters.hidden_rows import last_hidden
 from stats import ALPHA, chi_square_pvalue
 from test_acceptance import broken_accept
 from test_generation import VOCAB, first_two, target_first_two
@@ -406,3 +406,59 @@ def test_cross_entropy_on_sampled_rows_is_the_full_one_when_all_are_drawn(tiny_t
         few, few_parts = eagle_loss(head, *args, EagleConfig(noise=0.0, ce_rows=3), torch.Generator().manual_seed(0))
     torch.testing.assert_close(drawn, full)
     assert few_parts["vloss"] == pytest.approx(parts["vloss"]) and few_parts["ploss"] != pytest.approx(parts["ploss"])
+
+
+# ---- replay: a collection of the head's ranks answers every static tree -----------------------
+
+REPLAY_TREES = {"chain4": Tree.chain(4), "kary2x10": Tree.kary(2, 10), "sparse12": Tree.sparse(12),
+                "gappy": Tree.from_paths([(0,), (2,), (0, 1), (2, 0), (2, 0, 3)]), "wide5": Tree.wide(5)}
+
+
+@pytest.fixture(scope="module")
+def eagle_collection(tiny_target, trained):
+    from specnb.analysis.collection import CollectConfig
+
+    return eagle_training.collect_eagle(tiny_target, trained.head, PROMPTS, CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
+                                        depth=4, tree=Tree.sparse(6), progress=False)
+
+
+def step_tuple(s):
+    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
+
+
+@pytest.mark.parametrize("max_new", [MAX_NEW, 11])
+def test_replayed_steps_equal_real_steps(tiny_target, trained, eagle_collection, max_new):
+    """Every static tree replayed from one EAGLE collection takes the steps a real run takes, step
+    for step (accepted count, ranks, depth), rank gaps and a shorter generation included."""
+    from specnb.analysis.replay import replay_steps
+
+    accepted = deep = 0
+    for name, tree in REPLAY_TREES.items():
+        replayed = replay_steps(eagle_collection, tree, max_new_tokens=max_new)
+        for pid, _, ids in PROMPTS:
+            real = speculative_generate(tiny_target, EagleDrafter(tiny_target, trained.head), ids[None], tree, max_new,
+                                        eos_token_id=())
+            assert [step_tuple(s) for s in replayed[pid]] == [step_tuple(s) for s in real.steps], (name, pid)
+            accepted += sum(s.num_accepted for s in real.steps)
+            deep += sum(s.num_accepted >= 2 for s in real.steps)
+    assert accepted > 40 and deep > 5  # drafts are accepted, beyond depth 1 too: the comparison is not vacuous
+    for p in eagle_collection.prompts:  # the collection's own run
+        run = replay_steps(eagle_collection, Tree.sparse(6))[p.prompt_id]
+        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run] == [tuple(r) for r in p.run_steps.tolist()]
+
+
+def test_depth_ranks_follow_the_continuation_not_a_shift(eagle_collection):
+    """An EAGLE head's depth-d rank at step t is not its depth-1 rank at step t + d - 1 (the chain
+    reads predicted features, not the target's): the collection stores them per depth."""
+    import numpy as np
+
+    differ = sum(int((p.head_ranks[: len(p.tokens) - 1, 1] != p.head_ranks[1:, 0]).sum()) for p in eagle_collection.prompts)
+    assert differ > 0
+    assert all(p.head_ranks.shape == (len(p.tokens), 4) and p.head_ranks.dtype == np.int16 for p in eagle_collection.prompts)
+
+
+def test_replay_refuses_a_tree_deeper_than_the_collection(eagle_collection):
+    from specnb.analysis.replay import replay
+
+    with pytest.raises(ValueError, match="depth 5 on a head collection of depth 4"):
+        replay(eagle_collection, {("chain", 5): Tree.chain(5)})

@@ -17,8 +17,8 @@ from specnb.core.acceptance import TypicalAcceptance, greedy_accept, typical_acc
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.sampling import top_tokens
 from specnb.core.trees import Tree
-from specnb.drafters.hidden_rows import final_norm
-from specnb.drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks, last_hidden
+from specnb.drafters.hidden_rows import final_norm, last_hidden
+from specnb.drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks
 from specnb.io.medusa_checkpoint import check_layout, load_checkpoint
 
 K = 3
@@ -209,9 +209,9 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 from specnb.analysis import distillation  # noqa: E402
 from specnb.analysis.collection import CollectConfig  # noqa: E402
 from specnb.analysis.distillation import distill, distill_cached, heldout_prompts  # noqa: E402
+from specnb.analysis.head_collection import accuracy_by_depth, rank_accuracy  # noqa: E402
 from specnb.analysis.medusa_training import (  # noqa: E402
-    TrainConfig, accuracy_by_depth, collect_heads, heads_loss, heldout_rank_accuracy, rank_accuracy, split_prompts,
-    train_or_load,
+    TrainConfig, collect_heads, heads_loss, heldout_rank_accuracy, split_prompts, train_or_load,
 )
 from specnb.analysis.replay import replay, replay_steps  # noqa: E402
 from specnb.analysis.tree_design import medusa_tree  # noqa: E402

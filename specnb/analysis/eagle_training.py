@@ -17,6 +17,9 @@
                      call loads the head and trains nothing
     head_accuracy    per-depth top-k accuracy on held-out rows: depth d drafts along the target's own
                      continuation from the head's predicted features, exactly as a chain draft does
+    collect_eagle    a greedy `Collection` of the head's rank at every depth of every step of the
+                     target's continuation (`eagle_ranks`), so `analysis.replay` answers every
+                     static EAGLE tree shape and budget exactly (`analysis.head_collection`)
 
 Segments, rows and positions: `distillation.DistillData` (row t = the target's feature of seq[t],
 its `token` seq[t + 1]); the head's row t is (f_t + noise, seq[t + 1]) at position t, and its output is
@@ -34,16 +37,21 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..core.cache import new_cache
 from ..core.sampling import top_tokens
-from ..drafters.eagle import EagleHead, causal_visible
+from ..core.trees import Tree
+from ..drafters.eagle import EagleDrafter, EagleHead, causal_visible
+from ..drafters.hidden_rows import last_hidden
 from ..io.embedded import cache_dir
+from .collection import CollectConfig, Collection
 from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
+from .head_collection import collect_heads
 
 SHOWN_K = (1, 3, 5, 10)  # the top-k columns shown in tables
 RANKS = 16  # ranks per depth in train_or_load's held-out accuracy table (acc[d][r] for Sequoia's tree)
@@ -201,34 +209,65 @@ def train_head(head: EagleHead, data: DistillData, train: torch.Tensor, config: 
 
 @torch.no_grad()
 def depth_top_tokens(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                     depth: int, k: int) -> torch.Tensor:
-    """Long [depth, n, k]: the head's top-k tokens at depth d (index d - 1) of a chain drafted from
-    each row of one segment: features [n, H] (the target's), tokens and positions long [n]. Depth 1
-    at row i reads the target's rows 0..i (it predicts tokens[i + 1]); depth d > 1 feeds row
-    (g_{d-1}[i], tokens[i + d - 1]) at position positions[i] + d - 1, which sees the target's rows
-    0..i and the chain's own rows of row i (a chain draft's mask), and predicts tokens[i + d]."""
+                     depth: int, k: int, roots: torch.Tensor | None = None) -> torch.Tensor:
+    """Long [depth, m, k]: the head's top-k tokens at depth d (index d - 1) of a chain drafted from
+    each root row along one segment: features [n, H] (the target's), tokens and positions long [n],
+    roots long [m] (default: every row). Depth 1 at row i reads the target's rows 0..i (it predicts
+    tokens[i + 1]); depth d > 1 feeds row (g_{d-1}[i], tokens[i + d - 1]) at position positions[i] +
+    d - 1, which sees the target's rows 0..i and the chain's own rows of root i (a chain draft's
+    mask), and predicts tokens[i + d]. The target's rows are fed once into the head's cache, then one
+    forward per depth of the m chain rows, as `EagleDrafter` does."""
     device = head.fc.weight.device
     n = features.shape[0]
+    roots = torch.arange(n, device=device) if roots is None else roots.to(device)
+    m = len(roots)
     tokens, positions = tokens.to(device), positions.to(device)
-    feats, toks, pos = [features.to(device)], [tokens], [positions]
-    seen = causal_visible(n, 0, device)  # [n, n]: who sees whom, grown by n rows per depth
-    out = []
-    for d in range(1, depth + 1):
-        g = head(torch.cat(feats)[None], torch.cat(toks)[None], torch.cat(pos)[None], seen[None])[0][-n:]  # [n, H]
+    cache = new_cache(head)
+    base = causal_visible(n, 0, device)  # [n, n]
+    g = head(features.to(device)[None], tokens[None], positions[None], base[None], cache)[0][roots]  # [m, H]
+    out = [top_tokens(head.project(g), k)]
+    eye = torch.eye(m, dtype=torch.bool, device=device)
+    for d in range(2, depth + 1):
+        idx = roots + d - 1
+        fed = torch.where(idx < n, tokens[idx.clamp(max=n - 1)], 0)  # tokens[i + d - 1] (0 past the end: unused)
+        visible = torch.cat([base[roots]] + [eye] * (d - 1), dim=1)  # [m, n + (d - 1) m]: rows 0..i, its chain, itself
+        g = head(g[None], fed[None], (positions[roots] + d - 1)[None], visible[None], cache)[0]  # [m, H]
         out.append(top_tokens(head.project(g), k))
-        if d == depth:
-            break
-        shifted = torch.cat([tokens[d:], tokens.new_zeros(d)])  # tokens[i + d] (0 past the end: unused)
-        feats.append(g)
-        toks.append(shifted)
-        pos.append(positions + d)
-        grown = torch.zeros(seen.shape[0] + n, seen.shape[1] + n, dtype=torch.bool, device=device)
-        grown[: seen.shape[0], : seen.shape[1]] = seen
-        grown[-n:, :n] = seen[:n, :n]  # the target's rows 0..i
-        for j in range(1, d + 1):  # the chain's rows of row i at depths 2 .. d + 1 (itself included)
-            grown[-n:, j * n : (j + 1) * n] = torch.eye(n, dtype=torch.bool, device=device)
-        seen = grown
     return torch.stack(out)
+
+
+def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+    """A `head_collection.RankFunction` for an EAGLE head: for a sequence (prompt of P tokens +
+    continuation c), the target's rows from one plain forward, then the head's chain along c from the
+    row before each step's root (`depth_top_tokens`): R[t, d-1] = the rank of c[t + d - 1] at depth d
+    of the step that starts with t tokens generated (top_k where it is not in the top_k or past c's
+    end), `depth` depths."""
+    def ranks(seq: torch.Tensor, p: int, top_k: int) -> torch.Tensor:
+        hidden = last_hidden(target, seq[:-1])  # [P + L - 1, H]: row i's token is seq[i + 1]
+        steps = len(seq) - p
+        roots = torch.arange(p - 2, p - 2 + steps)  # host: step t reads the head's row of seq[p + t - 2]
+        top = depth_top_tokens(head, hidden, seq[1:], torch.arange(len(seq) - 1), depth, top_k, roots).cpu()  # [D, L, k]
+        out = torch.full((steps, depth), top_k, dtype=torch.long)  # host: ranks are numpy-bound
+        for d in range(1, depth + 1):
+            idx = torch.arange(steps) + p + d - 1  # host: seq index of c[t + d - 1]
+            want = torch.where(idx < len(seq), seq[idx.clamp(max=len(seq) - 1)], -1)
+            hit = top[d - 1] == want[:, None]
+            out[:, d - 1] = torch.where(hit.any(-1), hit.int().argmax(-1), top_k)
+        return out
+
+    return ranks
+
+
+def collect_eagle(target: torch.nn.Module, head: EagleHead, prompts: Sequence[tuple[str, str, torch.Tensor]],
+                  config: CollectConfig, depth: int = 6, tree: Tree | None = None, describe: dict | None = None,
+                  progress: bool = True) -> Collection:
+    """`head_collection.collect_heads` for an EAGLE head: per prompt (id, category, ids [T]) the
+    target's greedy continuation by an exact run with `EagleDrafter` (`tree`, default
+    `config.run_tree`), then the head's rank at every depth <= `depth` of every step
+    (`eagle_ranks`): every static tree of depth <= `depth` then replays exactly."""
+    run_tree = tree if tree is not None else config.run
+    return collect_heads(target, EagleDrafter(target, head), eagle_ranks(target, head, depth), prompts, config, run_tree,
+                         dict(describe or {}, drafter="eagle", depth=depth), progress)
 
 
 def head_accuracy(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int = 5,

@@ -18,8 +18,8 @@
                      notebook 05's pieces (splits that span the categories, Medusa's rank table)
     collect_heads    a greedy `Collection` of every head's rank at every step of the target's
                      continuation (one plain forward per prompt), so `analysis.replay` answers
-                     every Medusa tree shape and budget exactly; accuracy_by_depth and
-                     rank_accuracy (Medusa's acc[d][r], the input of its tree search) read it
+                     every Medusa tree shape and budget exactly (`analysis.head_collection`, whose
+                     accuracy_by_depth and rank_accuracy read it)
 
 CPU choices (stated in every report): `share_lm_head` keeps W2 = the target's LM head, frozen and
 shared (only the residual blocks train, 332k parameters per SmolLM2 head and block); `loss_vocab="seen"`
@@ -60,13 +60,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.generation import speculative_generate
 from ..core.trees import SPARSE_ACCEPTANCE, Tree
-from ..drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks, last_hidden
+from ..drafters.hidden_rows import last_hidden
+from ..drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks
 from ..io.embedded import cache_dir
 from ..io.medusa_checkpoint import WEIGHTS, load_checkpoint, save_checkpoint
 from ..io.prompts import interleave
-from .collection import CollectConfig, Collection, PromptData
+from . import head_collection
+from .collection import CollectConfig, Collection
 from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
 from .tree_design import medusa_tree, sequoia_trees
 
@@ -294,67 +295,18 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
 def collect_heads(target: torch.nn.Module, heads: MedusaHeads, prompts: Sequence[tuple[str, str, torch.Tensor]],
                   config: CollectConfig, describe: dict | None = None, progress: bool = True,
                   tree: Tree | None = None) -> Collection:
-    """A greedy `Collection` for Medusa heads: per prompt (id, category, ids [T]) the target's
-    greedy continuation, made by an exact speculative run with the heads (`config.run_tree`, a
-    preset spec such as "sparse:16", or `tree`; its steps are kept to check the replay), then one plain
-    forward over prompt + continuation whose hidden rows give every head's rank at every step
-    (`PromptData.head_ranks`). Every shape and budget of Medusa trees then replays exactly."""
-    if config.sampling:
-        raise ValueError("Medusa head collections are greedy (temperature 0)")
-    drafter = MedusaDrafter(target, heads)
-    eos = config.eos_token_id
-    out = []
-    for prompt_id, category, ids in tqdm(prompts, desc="collect heads", disable=not progress):
-        ids = ids.reshape(1, -1)
-        if ids.shape[1] < 2:  # its first draft is empty (no row before the root): not a static tree
-            raise ValueError(f"prompt {prompt_id!r} has one token; Medusa replay needs prompts of >= 2 tokens")
-        t0 = time.perf_counter()
-        run_tree = tree if tree is not None else config.run.truncated(heads.num_heads)
-        run = speculative_generate(target, drafter, ids, run_tree, config.max_new_tokens,
-                                   eos_token_id=eos)
-        t1 = time.perf_counter()
-        tokens = run.tokens
-        seq = torch.cat([ids[0].cpu(), tokens])
+    """`head_collection.collect_heads` for Medusa heads: per prompt (id, category, ids [T]) the
+    target's greedy continuation by an exact run with the heads (`config.run_tree`, a preset spec
+    such as "sparse:16", cut at the heads' depth, or `tree`), then one plain forward over prompt +
+    continuation whose hidden rows give every head's rank at every step (`drafters.medusa.head_ranks`)."""
+    def ranks(seq: torch.Tensor, p: int, top_k: int) -> torch.Tensor:
         hidden = last_hidden(target, seq[:-1])  # [P + L - 1, H]
-        p = ids.shape[1]
-        rows = hidden[p - 2 : p - 2 + len(tokens)]  # step t reads the row of seq[p + t - 2]
-        ranks = head_ranks(heads, rows, tokens, config.top_k)
-        stopped = bool(len(tokens) < config.max_new_tokens)
-        out.append(PromptData(
-            prompt_id=str(prompt_id), category=str(category), prompt=ids[0].cpu().numpy(), tokens=tokens.numpy(),
-            stopped=stopped, times={"run": t1 - t0, "heads": time.perf_counter() - t1},
-            run_steps=np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32),
-            head_ranks=ranks.numpy().astype(np.int16)))
-    describe = dict(describe or {}, drafter="medusa", heads=heads.num_heads)
-    if tree is not None:
-        describe["run_tree_paths"] = [list(p) for p in tree.paths]
-    return Collection(config, describe, tuple(out))
+        tokens = seq[p:]
+        return head_ranks(heads, hidden[p - 2 : p - 2 + len(tokens)], tokens, top_k)  # step t reads seq[p + t - 2]'s row
 
-
-def accuracy_by_depth(collection: Collection, ks: Sequence[int] = SHOWN_K) -> pd.DataFrame:
-    """Top-k accuracy of each head (depth) on a head collection's continuations: share of steps
-    (every position t with a token at t + d) whose depth-d token is in head d's top k (k up to the
-    collection's top_k)."""
-    ks = [k for k in ks if k <= collection.config.top_k]
-    rows = []
-    for d in range(collection.prompts[0].head_ranks.shape[1]):
-        ranks = np.concatenate([p.head_ranks[: max(len(p.tokens) - d, 0), d] for p in collection.prompts])
-        for k in ks:
-            rows.append({"head": d + 1, "depth": d + 1, "k": k, "positions": len(ranks),
-                         "top_k_accuracy": float(np.mean(ranks < k)) if len(ranks) else float("nan")})
-    return pd.DataFrame(rows)
-
-
-def rank_accuracy(collection: Collection, ranks: int = RANKS) -> list[list[float]]:
-    """acc[d][r]: share of positions whose depth-(d+1) token is head d+1's rank-r token (Medusa's
-    `heads_accuracy` table, the input of its tree search and of per-depth Sequoia); r below
-    min(ranks, the collection's top_k)."""
-    ranks = min(ranks, collection.config.top_k)
-    out = []
-    for d in range(collection.prompts[0].head_ranks.shape[1]):
-        r = np.concatenate([p.head_ranks[: max(len(p.tokens) - d, 0), d] for p in collection.prompts])
-        out.append([float(np.mean(r == k)) for k in range(ranks)])
-    return out
+    run_tree = tree if tree is not None else config.run.truncated(heads.num_heads)
+    return head_collection.collect_heads(target, MedusaDrafter(target, heads), ranks, prompts, config, run_tree,
+                                         dict(describe or {}, drafter="medusa", heads=heads.num_heads), progress)
 
 
 def split_prompts(prompts: Sequence[tuple[str, str, torch.Tensor]], every: int = 4,

@@ -13,9 +13,11 @@ a real run visits (t = 0, then t += tokens added); "all positions" are every t.
 
 Medusa heads fill depth d of a step with head d's ranks, all read from the hidden state before
 the step's root, so the rank path of a step starting at t is (R[t, 0], R[t, 1], ...) with R[t, d-1]
-= the rank of c_{t+d-1} under head d there, not a shift of one sequence; a collection of Medusa
-heads stores R (`PromptData.head_ranks`, depth <= K heads) and every static-tree replay, the
-oracle, the acceptance vector (head 1's) and the prefix counts read it in place of the shift.
+= the rank of c_{t+d-1} under head d there, not a shift of one sequence; an EAGLE head's R[t, d-1]
+is the rank of c_{t+d-1} at depth d of its chain along the continuation. A collection of heads
+stores R (`PromptData.head_ranks`, `analysis.head_collection`; depth <= the collected depth, a
+deeper static tree is refused) and every static-tree replay, the oracle, the acceptance vector
+(depth 1's) and the prefix counts read it in place of the shift.
 
 Dynamic trees (EAGLE-2-style, Li et al. 2024) need the collected super-trees: the dynamic tree of
 budget n is *defined* as the top-n nodes of the super-tree in the order (cumulative log q
@@ -126,6 +128,11 @@ def _greedy_static(collection: Collection, tree: Tree, positions: _Positions) ->
     top_k = collection.config.top_k
     if tree.num_nodes and max(tree.ranks) >= top_k:
         raise ValueError(f"tree uses rank {max(tree.ranks)}; this collection stored ranks < {top_k} only")
+    heads = collection.prompts[0].head_ranks.shape[1] if collection.prompts and collection.prompts[0].head_ranks is not None else None
+    if heads is not None and tree.depth > heads:
+        raise ValueError(f"a tree of depth {tree.depth} on a head collection of depth {heads} "
+                         f"(`analysis.head_collection`): its nodes below depth {heads} were never ranked; "
+                         f"cut the tree (tree.truncated({heads})) or collect deeper")
     child = np.zeros((tree.num_nodes + 1, top_k + 1), dtype=np.int64)  # row -> node index + 1, 0 = none
     for i, (parent, rank) in enumerate(zip(tree.parents, tree.ranks)):
         child[parent + 1, rank] = i + 1

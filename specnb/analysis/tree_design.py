@@ -58,7 +58,7 @@ def sequoia_trees(
     for all budgets. Budgets the limits make impossible (more than sum_d K^d nodes) are left out.
 
     acceptance may also be per depth (a[d-1][r] for the rank-r child at depth d, e.g. Medusa heads,
-    `medusa_training.rank_accuracy`): depth is then at most len(a) and F_d uses depth's row.
+    `head_collection.rank_accuracy`): depth is then at most len(a) and F_d uses depth's row.
 
     When `acceptance` is non-increasing, `Tree.best_first` finds the same value (node values then
     never exceed their parent's or elder sibling's, so the top-n nodes form a valid tree); this
@@ -216,7 +216,7 @@ def medusa_tree(accuracy: Sequence[Sequence[float]], n: int) -> Tree:
     rank-0 child, add n - 1 times the neighbour (next sibling, or first child) of a chosen node
     with the largest expected acceptance prod_d accuracy[d-1][r_d] (ties: canonical order).
     accuracy[d][r]: the share of positions whose depth-(d+1) token is head d+1's rank-r token
-    (`medusa_training.rank_accuracy`); depth <= len(accuracy), ranks < len(accuracy[d])."""
+    (`head_collection.rank_accuracy`); depth <= len(accuracy), ranks < len(accuracy[d])."""
     acc = [[float(a) for a in row] for row in accuracy]
     if not acc or n < 1:
         raise ValueError("medusa_tree needs a non-empty accuracy table and n >= 1")

@@ -4,6 +4,8 @@
     FinalNormRows   that output of the target's last forward, captured by a forward hook while a
                     drafter is bound to a generation (`Drafter.bind_target_cache` ... `release`):
                     the heads read the verify pass's rows without a forward of their own
+    last_hidden     the same rows of a whole sequence from one plain causal forward (collections,
+                    tests: what the heads read in a real run, up to float rounding)
 """
 
 from __future__ import annotations
@@ -40,3 +42,11 @@ class FinalNormRows:
 
     def _capture(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
         self.rows = output.reshape(-1, output.shape[-1])
+
+
+@torch.inference_mode()
+def last_hidden(target: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Float [T, H]: the target's last hidden state (after the final norm) of `ids` (long [T]), one
+    plain causal forward."""
+    out = target.model(input_ids=ids.reshape(1, -1).to(target.device))
+    return out.last_hidden_state[0]

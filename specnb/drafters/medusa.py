@@ -183,14 +183,6 @@ class MedusaHeads(torch.nn.ModuleList):
 
 
 @torch.inference_mode()
-def last_hidden(target: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Float [T, H]: the target's last hidden state (after the final norm) of `ids` (long [T]), one
-    plain causal forward."""
-    out = target.model(input_ids=ids.reshape(1, -1).to(target.device))
-    return out.last_hidden_state[0]
-
-
-@torch.inference_mode()
 def head_ranks(heads: MedusaHeads, hidden: torch.Tensor, tokens: torch.Tensor, top_k: int) -> torch.Tensor:
     """Int [T, K]: rank (0 = most likely, `top_tokens` order) of tokens[t + d] under head d + 1
     applied to hidden[t]; top_k where it is >= top_k or past the end. hidden: [T, H] rows whose

@@ -31,7 +31,8 @@ import pandas as pd
 import torch
 
 from ..analysis.collection import Collection
-from ..analysis.medusa_training import (TrainConfig, TrainedHeads, heldout_rank_accuracy, rank_accuracy, shape_trees,
+from ..analysis.head_collection import rank_accuracy
+from ..analysis.medusa_training import (TrainConfig, TrainedHeads, heldout_rank_accuracy, shape_trees,
                                         split_prompts, train_or_load)
 from ..analysis.quality import perplexity
 from ..analysis.replay import replay

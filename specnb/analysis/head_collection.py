@@ -1,0 +1,101 @@
+"""Collections of learned drafters' ranks (Medusa heads, EAGLE heads), so that `analysis.replay`
+answers every static tree shape and budget of such a drafter exactly, and the tables read from them.
+
+    collect_heads      a greedy `Collection` for a drafter that reads the target's own hidden states:
+                       per prompt the target's greedy continuation, made by an exact speculative run
+                       with that drafter (its steps are kept to check the replay), then the drafter's
+                       rank of the continuation's token at every depth of every step
+                       (`PromptData.head_ranks`), computed by a function of the drafter's kind
+                       (`drafters.medusa.head_ranks`: head d on the row before the root;
+                       `analysis.eagle_training.eagle_ranks`: EAGLE's chain along the continuation)
+    accuracy_by_depth  top-k accuracy at each depth on a head collection's continuations
+    rank_accuracy      acc[d][r] (Medusa's `heads_accuracy` table): the input of Medusa's tree
+                       search and of per-depth Sequoia trees (`analysis.tree_design`)
+
+Why a rank per (step, depth) replays a tree exactly (greedy). The output is the target's greedy
+continuation c whatever the tree; a step starting with t tokens generated accepts the node at rank
+path (r_1 .. r_d) iff c_t .. c_{t+d-1} sit at those ranks. A Medusa head d fills depth d from one
+hidden row whatever the node's ancestors; an EAGLE head's depth-d distribution depends on the
+node's ancestors, and along the accepted path those are c_t .. c_{t+d-2}: so R[t, d-1] = the rank of
+c_{t+d-1} at depth d with the continuation as the path decides acceptance for every tree, as it does
+for Medusa. A tree deeper than the collected depth cannot be replayed (`replay` refuses it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..core.drafting import Drafter
+from ..core.generation import speculative_generate
+from ..core.trees import Tree
+from .collection import CollectConfig, Collection, PromptData
+
+SHOWN_K = (1, 3, 5, 10, 20, 64)  # the top-k columns of accuracy_by_depth (those up to the collection's top_k)
+RANKS = 64  # ranks per depth in rank_accuracy's acc[d][r] (Medusa's code: 10; a 64-node tree reaches rank 63)
+
+# (sequence [P + L] long: prompt + continuation, P, top_k) -> int [L, D]: R[t, d-1] (module docstring)
+RankFunction = Callable[[torch.Tensor, int, int], torch.Tensor]
+
+
+def collect_heads(target: torch.nn.Module, drafter: Drafter, ranks: RankFunction,
+                  prompts: Sequence[tuple[str, str, torch.Tensor]], config: CollectConfig, run_tree: Tree,
+                  describe: dict | None = None, progress: bool = True) -> Collection:
+    """A greedy `Collection` (module docstring) of prompts (id, category, ids [T]): the
+    continuation of each is made by `speculative_generate(target, drafter, ids, run_tree)`, then
+    `ranks(prompt + continuation, P, config.top_k)` gives its `head_ranks`."""
+    if config.sampling:
+        raise ValueError("head collections are greedy (temperature 0)")
+    out = []
+    for prompt_id, category, ids in tqdm(prompts, desc="collect heads", disable=not progress):
+        ids = ids.reshape(1, -1)
+        if ids.shape[1] < 2:  # its first draft is empty (no row before the root): not a static tree
+            raise ValueError(f"prompt {prompt_id!r} has one token; head replay needs prompts of >= 2 tokens")
+        t0 = time.perf_counter()
+        run = speculative_generate(target, drafter, ids, run_tree, config.max_new_tokens, eos_token_id=config.eos_token_id)
+        t1 = time.perf_counter()
+        seq = torch.cat([ids[0].cpu(), run.tokens])
+        r = ranks(seq, ids.shape[1], config.top_k)
+        out.append(PromptData(
+            prompt_id=str(prompt_id), category=str(category), prompt=ids[0].cpu().numpy(), tokens=run.tokens.numpy(),
+            stopped=bool(len(run.tokens) < config.max_new_tokens), times={"run": t1 - t0, "heads": time.perf_counter() - t1},
+            run_steps=np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32),
+            head_ranks=r.numpy().astype(np.int16)))
+    describe = dict(describe or {}, run_tree_paths=[list(p) for p in run_tree.paths])
+    return Collection(config, describe, tuple(out))
+
+
+def _depth_ranks(collection: Collection, d: int) -> np.ndarray:
+    """Ranks at depth d + 1 of every step whose depth-(d+1) token lies in the continuation."""
+    return np.concatenate([p.head_ranks[: max(len(p.tokens) - d, 0), d] for p in collection.prompts])
+
+
+def accuracy_by_depth(collection: Collection, ks: Sequence[int] = SHOWN_K) -> pd.DataFrame:
+    """Top-k accuracy at each depth on a head collection's continuations: share of steps (every
+    position t with a token at t + d) whose depth-d token is in the drafter's top k there (k up to
+    the collection's top_k). The `head` column repeats the depth (Medusa's head d drafts depth d)."""
+    ks = [k for k in ks if k <= collection.config.top_k]
+    rows = []
+    for d in range(collection.prompts[0].head_ranks.shape[1]):
+        ranks = _depth_ranks(collection, d)
+        for k in ks:
+            rows.append({"head": d + 1, "depth": d + 1, "k": k, "positions": len(ranks),
+                         "top_k_accuracy": float(np.mean(ranks < k)) if len(ranks) else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def rank_accuracy(collection: Collection, ranks: int = RANKS) -> list[list[float]]:
+    """acc[d][r]: share of positions whose depth-(d+1) token is the drafter's rank-r token there
+    (Medusa's `heads_accuracy` table, the input of its tree search and of per-depth Sequoia); r below
+    min(ranks, the collection's top_k)."""
+    ranks = min(ranks, collection.config.top_k)
+    out = []
+    for d in range(collection.prompts[0].head_ranks.shape[1]):
+        r = _depth_ranks(collection, d)
+        out.append([float(np.mean(r == k)) for k in range(ranks)])
+    return out
