@@ -41,7 +41,7 @@ from specnb.core.acceptance import TypicalAcceptance
 from specnb.drafters.medusa import MedusaDrafter
 from specnb.io.models import load_model, prompt_ids
 from specnb.io.prompts import load_prompts, spec_bench_task
-from specnb.notebook.medusa_study import budget_trees, tau_table
+from specnb.notebook.learned_study import MEDUSA, budget_trees, tau_table
 
 
 def main() -> None:
@@ -125,7 +125,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             draft_collection = collect(folder, target, draft, {pid: ids[None] for pid, _, ids in test},
                                        CollectConfig(max_new, top_k=args.budget, eos_token_id=()))
-        taus = tau_table(collection, draft_collection, all_trees, f"draft model ({args.target}, {draft_layers} layers)")
+        taus = tau_table({MEDUSA: (collection, all_trees),
+                          f"draft model ({args.target}, {draft_layers} layers)": (draft_collection, all_trees)}, {})
         print("Medusa heads vs the draft model, the same trees replayed on the same prompts (greedy, trajectory, tau "
               "bonus INCLUDED):")
         print(taus.pivot_table(index="shape", columns=["drafter", "budget"], values="tau").round(3).to_string())

@@ -55,7 +55,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 before any model loads), runner, report (the executed
                 notebook as HTML appendices and the index), profile_memory (will a profile's pairs
                 fit its GPU, what it downloads), batch_study (notebook 06), t4_estimate (the t4 profile's time on a T4, an
-                estimate from published figures), dryrun (stand-in hub models), medusa_study (notebook 05)
+                estimate from published figures), dryrun (stand-in hub models), learned_study (notebook 05)
 
 The names below are importable from `specnb` directly; so are the modules by their short names
 (`from specnb import replay, experiments, models`), loaded on first use.
@@ -95,7 +95,7 @@ MODULES = {
     **{m: f"notebook.{m}" for m in ("experiments", "pair_specs", "tables", "replay_study", "redraft_study",
                                     "long_generation", "plots", "legibility", "readings", "session",
                                     "checks", "runner", "report", "profile_memory", "t4_estimate", "dryrun",
-                                    "medusa_study", "batch_study")},
+                                    "learned_study", "batch_study")},
 }
 # functions users reach for from the top level, loaded with their module on first access
 LAZY = {

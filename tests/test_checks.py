@@ -29,7 +29,7 @@ def test_per_category_figure_needs_three_prompts_in_each_category():
 
 
 def test_study_prompts_refuses_a_short_split_and_keeps_them_disjoint():
-    from specnb.notebook.medusa_study import study_prompts
+    from specnb.notebook.learned_study import study_prompts
 
     tokenizer = "smollm2-135m"  # only its tokenizer loads
     with pytest.raises(checks.ParameterError, match=r"train_prompts=120 \(heads='train'\) but the training split holds 0: 13 prompts"):
@@ -58,11 +58,13 @@ def test_record_adds_to_params_json(tmp_path, capsys):
 @pytest.mark.parametrize("notebook, args, message", [
     ("02_model_pairs", ["-p", "per_category", "1", "-p", "max_prompts", "2"], "the per-category figure needs at least 3"),
     ("02_model_pairs", ["-p", "max_prompts", "9"], "max_prompts=9, but prompts 'spec_bench' with categories=['coding', 'writing']"),
-    ("05_medusa_heads", ["-p", "prompts", "builtin"], "train_prompts=16 (heads='train') but the training split holds"),
+    ("05_learned_drafters", ["-p", "prompts", "builtin"], "train_prompts=16 (heads='train') but the training split holds"),
+    ("05_learned_drafters", ["-p", "speed_budget", "16"], "speed_budget=16 is not one of budgets=[4, 8]"),
     # every model a run names is resolved in its set-up cell: 03's target (once checked only after its
     # attention grid) and 05's heads repository (once resolved only after the 7B target had loaded)
     ("03_tree_attention_timing", ["-p", "target", "nobody/no-such-target"], "model 'nobody/no-such-target' cannot be loaded"),
-    ("05_medusa_heads", ["-p", "heads", "nobody/no-such-heads"], "model 'nobody/no-such-heads' cannot be loaded"),
+    ("05_learned_drafters", ["-p", "heads", "nobody/no-such-heads"], "model 'nobody/no-such-heads' cannot be loaded"),
+    ("05_learned_drafters", ["-p", "eagle_heads", "nobody/no-such-eagle"], "model 'nobody/no-such-eagle' cannot be loaded"),
 ])
 def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(tmp_path, notebook, args, message):
     """The smoke profile with one parameter made impossible: the run fails in the set-up cell (cell 2,

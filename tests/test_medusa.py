@@ -503,7 +503,7 @@ def test_trees_are_designed_on_other_prompts_than_they_are_scored_on(head_collec
     training split's held-out rows and scored on every test prompt."""
     from dataclasses import replace
 
-    from specnb.notebook.medusa_study import tree_design
+    from specnb.notebook.learned_study import tree_design
 
     loaded = tree_design(head_collection, None)
     ids = [p.prompt_id for p in head_collection.prompts]

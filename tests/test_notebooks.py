@@ -398,8 +398,10 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
     dry = runner.resolve("t4-dryrun", {}, [], NOTEBOOKS)
     sizes = {"max_prompts", "max_new_tokens", "check_prompts", "verify_prefix", "verify_nodes", "verify_repeats",
              "batches", "prefixes", "nodes", "warmup", "repeats", "windows", "bin_tokens",
-             "budgets", "test_prompts", "typical_prompts", "max_prompt_tokens", "curve_prefix", "curve_repeats"}
-    assert dry["05_medusa_heads"]["heads"] == t4["05_medusa_heads"]["heads"] == "FasterDecoding/medusa-vicuna-7b-v1.3"
+             "budgets", "test_prompts", "typical_prompts", "max_prompt_tokens", "curve_prefix", "curve_repeats",
+             "speed_budget"}
+    assert dry["05_learned_drafters"]["heads"] == t4["05_learned_drafters"]["heads"] == "FasterDecoding/medusa-vicuna-7b-v1.3"
+    assert dry["05_learned_drafters"]["eagle_heads"] == t4["05_learned_drafters"]["eagle_heads"] == "yuhuili/EAGLE-Vicuna-7B-v1.3"
     for stem in t4:
         changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}
         assert changed <= sizes, f"{stem}: t4-dryrun changes {sorted(changed - sizes)}"
@@ -529,8 +531,10 @@ def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun, monkeypatch):
                                    cwd=str(nb.parent), progress_bar=False, kernel_name="python3", execution_timeout=600)
         assert {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")} == tables, nb.stem
         assert {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")} == stores, nb.stem
-    medusa = next((outputs / "05_medusa_heads").iterdir())
-    assert set(pd.read_csv(medusa / "head_accuracy.csv")["head"]) == {1, 2, 3, 4, 5}
+    medusa = next((outputs / "05_learned_drafters").iterdir())
+    accuracy = pd.read_csv(medusa / "depth_accuracy.csv")
+    assert set(accuracy.loc[accuracy["drafter"] == "Medusa heads", "depth"]) == {1, 2, 3, 4, 5}  # the published 5 heads
+    assert set(accuracy.loc[accuracy["drafter"] == "EAGLE head", "depth"]) == set(range(1, 7))  # its stand-in, depth 6
     said = json.loads((medusa / "params.json").read_text())["test_prompts"]
     assert said["source"] == "spec_bench" and "lmsys/vicuna-7b-v1.3's conversation format" in said["prompt_format"]
 
@@ -553,20 +557,32 @@ def test_interact_is_one_call_headless_and_a_widget_otherwise(monkeypatch):
     assert hasattr(widget, "widget") and len(widget.widget.children) >= 2
 
 
-def test_medusa_notebook_smoke(smoke):
-    """Notebook 05 under the smoke profile: heads trained (tiny), accuracy by depth, Medusa vs
-    draft-model trees from replay, typical acceptance labelled lossy beside lossless sampling."""
+def test_learned_drafters_notebook_smoke(smoke):
+    """Notebook 05 under the smoke profile: Medusa and EAGLE heads trained (tiny), accuracy by depth
+    of the three drafters, tau by tree and budget (static replayed, EAGLE-2's dynamic tree measured,
+    the draft model's replayed), the wall-clock comparison with every output equal to the target's,
+    typical acceptance labelled lossy beside lossless sampling."""
     outputs, _ = smoke
-    folder = next((outputs / "05_medusa_heads").iterdir())
-    accuracy = pd.read_csv(folder / "head_accuracy.csv")
-    assert set(accuracy["head"]) == {1, 2, 3, 4} and accuracy["top_k_accuracy"].between(0, 1).all()
-    taus = pd.read_csv(folder / "tau_by_shape.csv")
-    assert {"medusa heads"} < set(taus["drafter"]) and {"medusa", "sequoia_per_depth"} <= set(taus["shape"])
-    assert (taus["tau"] >= 1).all()
+    folder = next((outputs / "05_learned_drafters").iterdir())
+    accuracy = pd.read_csv(folder / "depth_accuracy.csv")
+    drafters = {"EAGLE head", "Medusa heads", "draft model (smollm2-135m, 24 layers)"}
+    assert set(accuracy["drafter"]) == drafters and accuracy["top_k_accuracy"].between(0, 1).all()
+    assert set(accuracy.loc[accuracy["drafter"] == "Medusa heads", "depth"]) == {1, 2, 3, 4}
+    taus = pd.read_csv(folder / "tau_by_tree.csv")
+    assert set(taus["drafter"]) == drafters and (taus["tau"] >= 1).all()
+    assert {"medusa", "sequoia_per_depth"} <= set(taus.loc[taus["drafter"] == "EAGLE head", "shape"])
+    dynamic = taus[taus["kind"] == "dynamic"].groupby("drafter")["source"].first().to_dict()
+    assert dynamic == {"EAGLE head": "measured", "draft model (smollm2-135m, 24 layers)": "replay"}
+    speed = pd.read_csv(folder / "speed.csv")
+    assert set(speed["drafter"]) == drafters and (speed["greedy_mismatches"] == 0).all()
+    assert (speed["speedup"] > 0).all() and set(speed["budget"]) == {4, 8}
+    for _, row in speed[speed["tree"] != "dynamic"].iterrows():  # a measured static run accepts what replay said
+        replayed = taus[(taus["drafter"] == row["drafter"]) & (taus["shape"] == row["tree"]) & (taus["budget"] == row["budget"])]
+        assert row["tau"] == pytest.approx(float(replayed["tau"].iloc[0])), row["drafter"]
     quality = pd.read_csv(folder / "typical_quality.csv")
     assert set(quality["rule"]) == {"typical_lossy", "lossless"} and quality.loc[quality["rule"] == "typical_lossy", "lossy"].all()
     assert (quality["perplexity"] > 1).all()
     pngs = list(folder.glob("*.png"))
-    assert {"head_accuracy.png", "medusa_vs_draft.png", "typical_vs_lossless.png"} <= {p.name for p in pngs}
+    assert {"depth_accuracy.png", "learned_drafters.png", "tau_by_shape.png", "speed.png", "typical_vs_lossless.png"} <= {p.name for p in pngs}
     illegible = {p.name: saved_problems(p) for p in pngs if saved_problems(p)}
     assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"

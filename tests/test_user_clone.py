@@ -43,7 +43,7 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
     assert records["02_model_pairs"]["prompts"] == {"source": "spec_bench", "count": 6,
                                                     "per_category": {"coding": 3, "writing": 3}}
     assert records["04_long_generation"]["prompts"]["count"] == 1
-    medusa = records["05_medusa_heads"]
+    medusa = records["05_learned_drafters"]
     assert medusa["training_prompts"]["source"] == "spec_bench" and medusa["training_prompts"]["count"] == 16
     assert medusa["test_prompts"]["count"] == 2
     by_category = (next((clone / "outputs" / "02_model_pairs").iterdir()) / "by_category.csv").read_text()

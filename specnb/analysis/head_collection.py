@@ -71,17 +71,28 @@ def collect_heads(target: torch.nn.Module, drafter: Drafter, ranks: RankFunction
 
 
 def _depth_ranks(collection: Collection, d: int) -> np.ndarray:
-    """Ranks at depth d + 1 of every step whose depth-(d+1) token lies in the continuation."""
+    """Ranks at depth d + 1 of every step whose depth-(d+1) token lies in the continuation: a head
+    collection's R[t, d]; a draft model's rank of c_{t+d} after the continuation's own c_{<t+d}
+    (its depth-(d+1) node on the accepted path), `PromptData.ranks` shifted."""
+    if collection.prompts[0].head_ranks is None:
+        return np.concatenate([p.ranks[d : len(p.tokens)] for p in collection.prompts])
     return np.concatenate([p.head_ranks[: max(len(p.tokens) - d, 0), d] for p in collection.prompts])
 
 
-def accuracy_by_depth(collection: Collection, ks: Sequence[int] = SHOWN_K) -> pd.DataFrame:
-    """Top-k accuracy at each depth on a head collection's continuations: share of steps (every
-    position t with a token at t + d) whose depth-d token is in the drafter's top k there (k up to
-    the collection's top_k). The `head` column repeats the depth (Medusa's head d drafts depth d)."""
+def accuracy_by_depth(collection: Collection, ks: Sequence[int] = SHOWN_K, depth: int | None = None) -> pd.DataFrame:
+    """Top-k accuracy at each depth on a collection's continuations: share of steps (every position
+    t with a token at t + d) whose depth-d token is in the drafter's top k there along the accepted
+    path (k up to the collection's top_k). A head collection gives its collected depths; a draft
+    model's collection (whose depth-d rank is its rank of the continuation's next token, the path
+    being the continuation itself) gives `depth` of them. The `head` column repeats the depth
+    (Medusa's head d drafts depth d)."""
     ks = [k for k in ks if k <= collection.config.top_k]
+    heads = collection.prompts[0].head_ranks
+    depths = heads.shape[1] if heads is not None else depth
+    if depths is None:
+        raise ValueError("a draft model's collection has no depth of its own: pass depth=")
     rows = []
-    for d in range(collection.prompts[0].head_ranks.shape[1]):
+    for d in range(depths):
         ranks = _depth_ranks(collection, d)
         for k in ks:
             rows.append({"head": d + 1, "depth": d + 1, "k": k, "positions": len(ranks),

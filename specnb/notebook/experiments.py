@@ -35,6 +35,7 @@ from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import Score, compare_greedy, logit_gap, score
 from ..analysis import replay
+from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
@@ -68,6 +69,7 @@ def run_sweep(
     texts: tuple[TokenText, TokenText] | None = None,
     rounds: int = 1,
     warmup: bool = True,
+    drafters: dict[tuple[str, int], Drafter] | None = None,
 ) -> None:
     """Run every (prompt, tree) unit not yet in `store`. Timing is fair between methods: with
     `warmup` every method first runs once untimed (a few tokens); then per prompt the methods run
@@ -80,8 +82,10 @@ def run_sweep(
     target's; draft_tokenizer, the draft's, is needed by the cross-tokenizer methods (xtok, hf_uag)
     only. baseline_of: an earlier pair of the same target in `store`, whose target-alone units are
     copied (meta "baseline_of") instead of run again: same model, prompt and run. texts: the two
-    tokenizers read as bytes (`TokenText`), when already made."""
-    drafters: dict[str, object] = {}  # one drafter per method, reused across prompts
+    tokenizers read as bytes (`TokenText`), when already made. drafters: drafters built by the
+    caller for some keys of `trees` (learned heads: `drafters.medusa`, `drafters.eagle`), whose
+    labels then need not be method specs; `draft` may be None when every key has one."""
+    drafters = dict(drafters or {})  # by key: the caller's; by method spec: one built per method, reused across prompts
     vocabularies = _Vocabularies(tokenizer, draft_tokenizer, texts)
     todo = {p.id: [k for k in [None, *trees] if _key(pair_label, k, p) not in store] for p in prompts}
     references: dict[str, list[int]] = {}
@@ -129,7 +133,7 @@ def run_sweep(
 def _generate(
     target: torch.nn.Module,
     draft: torch.nn.Module | None,
-    drafters: dict[str, object],
+    drafters: dict,
     ids: torch.Tensor,
     k: tuple[str, int] | None,
     tree: Tree | None,
@@ -137,9 +141,12 @@ def _generate(
     vocabularies: _Vocabularies,
     dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
 ) -> GenerationResult:
-    """One unit: the baseline (k None), a transformers method, or a specnb method (`methods`)."""
+    """One unit: the baseline (k None), a drafter the caller built for key k, a transformers
+    method, or a specnb method (`methods`)."""
     if k is None:
         return autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
+    if k in drafters:
+        return speculative_generate(target, drafters[k], ids, tree=tree, max_new_tokens=max_new_tokens)
     method = parse_method(f"{k[0]}:{k[1]}")
     if method.drafter == "hf_assisted":
         return hf_assisted_generate(target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens)

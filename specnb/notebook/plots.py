@@ -408,22 +408,54 @@ def long_quality(table: pd.DataFrame, path=None) -> plt.Figure:
 # ---- Medusa heads (notebook 05) ----------------------------------------------------------------
 
 
-def head_accuracy(accuracy: pd.DataFrame, title: str = "", path=None) -> plt.Figure:
-    """Top-k accuracy of each Medusa head (head d = depth d) against k."""
-    fig, ax = plt.subplots(figsize=(7.2, 4.2))
-    for head, t in accuracy.groupby("head"):
-        ax.plot(t["k"], t["top_k_accuracy"], marker="o", label=f"head {head} (depth {head})")
-    ax.set_xlabel("k (the head's top-k tokens)")
-    ax.set_ylabel("share of positions whose token is in the top k")
-    ax.set_title(title or "Medusa heads: top-k accuracy by depth", fontsize=10)
-    legend_outside(ax, "head")
+def depth_accuracy(accuracy: pd.DataFrame, ks: tuple[int, ...] = (1, 5), path=None) -> plt.Figure:
+    """Top-k accuracy against depth, one panel per k, a line per drafter (`learned_study.depth_accuracy`)."""
+    ks = [k for k in ks if k in set(accuracy["k"])]
+    fig, axes = plt.subplots(1, len(ks), figsize=(4.6 * len(ks) + 1.8, 4.0), sharey=True, squeeze=False)
+    style = styles(accuracy["drafter"].unique())
+    for ax, k in zip(axes[0], ks):
+        for drafter, t in accuracy[accuracy["k"] == k].groupby("drafter", sort=False):
+            t = t.sort_values("depth")
+            ax.plot(t["depth"], t["top_k_accuracy"], lw=1.8, label=drafter, **style[drafter])
+        ax.set_xticks(sorted(accuracy["depth"].unique()))
+        ax.set_xlabel("depth in the tree (the token d after the root)")
+        ax.set_title(f"top-{k}", fontsize=10)
+    axes[0][0].set_ylabel("share of steps whose depth-d token\nis in the drafter's top k")
+    legend_outside(axes[0][-1], "drafter")
+    fig.suptitle("accuracy by depth along the accepted path, on the held-out test prompts (greedy)", fontsize=10)
     return save(fig, path)
 
 
-def medusa_vs_draft(table: pd.DataFrame, path=None) -> plt.Figure:
-    """Replayed tau against the budget, one panel per drafter (Medusa heads, the draft model)."""
+def learned_drafters(taus: pd.DataFrame, path=None) -> plt.Figure:
+    """tau against the budget, a line per drafter, one panel per kind of tree: the best preset
+    static tree at each budget, the designed trees (Sequoia's per-depth tree), the dynamic trees."""
+    panels = [("best preset tree", taus[taus["kind"] == "preset"].groupby(["drafter", "budget"], sort=False)["tau"].max()),
+              ("Sequoia's tree (per-depth accuracies)", taus[taus["shape"] == "sequoia_per_depth"].groupby(["drafter", "budget"], sort=False)["tau"].max()),
+              ("dynamic tree (top-N by cumulative log q)", taus[taus["kind"] == "dynamic"].groupby(["drafter", "budget"], sort=False)["tau"].max())]
+    panels = [(title, s.reset_index()) for title, s in panels if len(s)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.2, 4.2), sharey=True, squeeze=False)
+    style = styles(taus["drafter"].unique())
+    budgets = sorted(taus["budget"].unique())
+    for ax, (title, t) in zip(axes[0], panels):
+        for drafter, d in t.groupby("drafter", sort=False):
+            d = d.sort_values("budget")
+            ax.plot(d["budget"], d["tau"], lw=1.8, label=drafter, **style[drafter])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set_xlabel("draft tokens in the tree (N)")
+        ax.set_title(title, fontsize=10)
+    axes[0][0].set_ylabel(TAU)
+    shown = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    legend_outside(axes[0][-1], "drafter", handles=list(shown.values()), labels=list(shown))
+    fig.suptitle("learned drafters vs the draft model: the same target and held-out prompts (greedy)", fontsize=10)
+    return save(fig, path)
+
+
+def tau_by_shape(table: pd.DataFrame, path=None) -> plt.Figure:
+    """Replayed tau against the budget for every tree, one panel per drafter; designed trees bold."""
     drafters = list(table["drafter"].unique())
-    fig, axes = plt.subplots(1, len(drafters), figsize=(5.2 * len(drafters) + 1.6, 4.3), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(drafters), figsize=(4.6 * len(drafters) + 1.8, 4.3), sharey=True, squeeze=False)
     style = styles(sorted(table["shape"].unique()))
     for ax, drafter in zip(axes[0], drafters):
         for shape, t in table[table["drafter"] == drafter].groupby("shape", sort=False):
@@ -438,7 +470,26 @@ def medusa_vs_draft(table: pd.DataFrame, path=None) -> plt.Figure:
         ax.set_title(drafter, fontsize=10)
     axes[0][0].set_ylabel(TAU)
     legend_outside(axes[0][-1], "shape")
-    fig.suptitle("Medusa heads vs the draft model: the same target, prompts and trees (greedy, replayed)", fontsize=10)
+    fig.suptitle("every tree by drafter: the same target, prompts and trees (greedy)", fontsize=10)
+    return save(fig, path)
+
+
+def learned_speed(speed: pd.DataFrame, path=None) -> plt.Figure:
+    """Speedup over the target alone of each measured drafter and tree, with its 95% interval over
+    prompts (paired bootstrap), as horizontal bars."""
+    data = speed.assign(method=speed["drafter"] + " " + speed["tree"] + ":" + speed["budget"].astype(str))
+    fig, ax = plt.subplots(figsize=(8.8, max(2.6, 0.36 * len(data) + 1.6)))
+    y = range(len(data))
+    ax.barh(list(y), data["speedup"], color=[styles(data["drafter"].unique())[d]["color"] for d in data["drafter"]])
+    low, high = data["speedup"] - data["speedup_ci_low"], data["speedup_ci_high"] - data["speedup"]
+    ok = data["speedup_ci_low"].notna()
+    if ok.any():
+        ax.errorbar(data["speedup"][ok], [i for i, o in zip(y, ok) if o], xerr=[low[ok], high[ok]], fmt="none", color="black", lw=1)
+    ax.set_yticks(list(y), data["method"])
+    ax.axvline(1.0, color="black", lw=1, ls="--")
+    ax.set_xlabel("speedup over the target alone (x), measured in the same run")
+    ax.set_ylabel("drafter and tree (shape:draft tokens)")
+    ax.set_title("wall clock against the target alone, same run\n(error bars: 95% interval over prompts; none below 3 prompts)", fontsize=10)
     return save(fig, path)
 
 
