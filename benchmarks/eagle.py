@@ -1,26 +1,32 @@
 """EAGLE heads trained here on SmolLM2-135M against Medusa's heads and the 24-layer self-draft, on
-held-out Spec-Bench prompts (greedy, 64-node trees, batch 1).
+held-out Spec-Bench prompts (greedy, batch 1): tau by drafter, tree and budget, and the headline at
+64 nodes.
 
 Spec-Bench prompts are split as in benchmarks/medusa.py (`medusa_training.split_prompts` by
 Spec-Bench task: every 4th held out); both learned drafters train by self-distillation on the
 training part (`analysis.distillation`: the target's own greedy and sampled continuations and
 hidden states), cached by parameters, so a second run loads them. Medusa's heads use the recipe of
 benchmarks/medusa.py (the same parameters, so its cache is shared); the EAGLE head keeps the
-prompts' rows too (its layer attends over the prompt when it drafts). Measured on the first
---test-prompts of the held-out part (Spec-Bench's six tasks in turn), real runs, tau = tokens per
-target call, bonus INCLUDED:
-    eagle_tau           EAGLE-1 head, the best of the static 64-node trees (STATIC, Sequoia's tree from
-                        the head's held-out per-depth accuracy among them)
+prompts' rows too (its layer attends over the prompt when it drafts). On the first --test-prompts
+of the held-out part (Spec-Bench's six tasks in turn), one collection per drafter
+(`analysis.head_collection` for the heads, `analysis.collect` with super-trees for the draft model)
+answers every static tree and budget by replay (exact: tests check replayed steps against real
+runs); EAGLE-2's dynamic tree from the head runs end to end at every budget; the draft model's
+dynamic trees are replayed from its super-trees. The trees: preset shapes (capped at each
+drafter's depth: 4 Medusa heads, EAGLE depth 6), Sequoia's per-depth tree and Medusa's own tree
+search from each head's held-out per-rank accuracy (the training split's held-out rows, not the
+test prompts). Then real runs of the headline trees, every output checked against the target's
+plain greedy output. tau = tokens per target call, bonus INCLUDED. Last line:
+    eagle_tau           EAGLE-1 head, its best static 64-node tree (chosen by replay), real runs
     eagle_dynamic_tau   the same head, EAGLE-2's dynamic tree (the global top 64 nodes by cumulative
-                        log q, top 10 children per node, depth 6), rebuilt every step
-    medusa_tau          Medusa's heads with Medusa's own tree from their held-out per-rank accuracy
-    draft_model_tau     SmolLM2's own first 24 layers as a draft model, the best of the same static
-                        trees (replayed on a collection of the same prompts: `analysis.replay`)
-    greedy_outputs_equal  real runs (every EAGLE tree, the dynamic tree, Medusa) whose output equals
-                        the target's plain greedy output, of all real runs
-The per-depth top-k accuracy of both heads on the held-out rows of the training split is printed.
+                        log q, top 10 children per node, depth 6), rebuilt every step, real runs
+    medusa_tau          Medusa's heads with Medusa's own 64-node tree from their held-out accuracy, real runs
+    draft_model_tau     SmolLM2's own first 24 layers as a draft model, its best 64-node tree
+                        (static or dynamic, replayed)
+    greedy_outputs_equal  real runs (EAGLE's best static tree, EAGLE's dynamic trees at every
+                        budget, Medusa's tree) whose output equals the target's plain greedy output
 
-    OMP_NUM_THREADS=1 python benchmarks/eagle.py --quick --threads 1
+    python benchmarks/eagle.py --quick          (2 threads, the machine alone; --threads 1 beside another job)
 """
 
 from __future__ import annotations
@@ -30,30 +36,36 @@ import tempfile
 import time
 from dataclasses import replace
 
+import pandas as pd
 import torch
 
-from specnb import Tree, autoregressive_generate, speculative_generate
+from specnb import autoregressive_generate, speculative_generate
 from specnb.analysis.collect import collect
 from specnb.analysis.collection import CollectConfig
-from specnb.analysis.eagle_training import EagleConfig
+from specnb.analysis.eagle_training import EagleConfig, collect_eagle
 from specnb.analysis.eagle_training import train_or_load as train_eagle
-from specnb.analysis.medusa_training import TrainConfig, heldout_rank_accuracy, shape_trees, split_prompts
+from specnb.analysis.head_collection import accuracy_by_depth
+from specnb.analysis.medusa_training import TrainConfig, collect_heads, heldout_rank_accuracy, split_prompts
 from specnb.analysis.medusa_training import train_or_load as train_medusa
-from specnb.analysis.replay import replay
-from specnb.analysis.tree_design import sequoia_trees
 from specnb.drafters.eagle import EagleDrafter, EagleDynamicDrafter
 from specnb.drafters.medusa import MedusaDrafter
 from specnb.io.models import load_model, prompt_ids
 from specnb.io.prompts import load_prompts, spec_bench_task
+from specnb.notebook.learned_study import DESIGNED, DYNAMIC, EAGLE, MEDUSA, budget_trees, tau_table
 
-BUDGET = 64
-STATIC = {"sparse": Tree.sparse(BUDGET), "kary2": Tree.kary(2, BUDGET), "kary4": Tree.kary(4, BUDGET),
-          "beams8": Tree.beams(8, BUDGET), "sparse_depth6": Tree.best_first(BUDGET, (0.55, 0.2, 0.1, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01, 0.01), max_depth=6)}
+BUDGETS = (8, 16, 32, 64)
+HEADLINE = 64  # the budget of the last line
+EAGLE_DEPTH, TOP_K = 6, 10  # EAGLE-2's depth and children per node (its dynamic tree and the draft model's)
+
+
+def mean_tau(runs: list) -> float:
+    """Tokens over target calls, all runs pooled."""
+    return sum(sum(s.num_tokens for s in r.steps) for r in runs) / sum(len(r.steps) for r in runs)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer prompts and tokens (< 10 min here)")
+    ap.add_argument("--quick", action="store_true", help="fewer training prompts, test prompts and tokens (< 10 min here)")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--test-prompts", type=int, default=None, help="held-out prompts measured (default 6 --quick, 24 full)")
     ap.add_argument("--draft-layers", type=int, default=24, help="the draft model: the target's first N layers")
@@ -64,9 +76,8 @@ def main() -> None:
     target, tok = load_model(args.target)
     prompts = [(p.id, p.category, prompt_ids(tok, p.text)[0]) for p in load_prompts("spec_bench")]
     train, test = split_prompts(prompts, group=spec_bench_task)
-    n_test = args.test_prompts or (6 if args.quick else 24)
+    test = test[: args.test_prompts or (6 if args.quick else 24)]
     max_new = 48 if args.quick else 64
-    test = test[:n_test]
 
     # Medusa's heads: benchmarks/medusa.py's recipe (same parameters, same cache)
     if args.quick:
@@ -86,60 +97,72 @@ def main() -> None:
     # 12 epochs at lr 2e-3 (324 steps, 184 s on 1 thread --quick): held-out depth-1 top-1 0.30, against 0.17
     # after 2 epochs at 1e-3 (54 steps): the head is limited by training steps before data here
     eagle_config = EagleConfig(data=data, heldout=0.1, epochs=12, batch_rows=2048, max_len=1024, lr=2e-3, ce_rows=256)
-    eagle = train_eagle(target, args.target, train_ids, eagle_config, depth=6)
+    eagle = train_eagle(target, args.target, train_ids, eagle_config, depth=EAGLE_DEPTH)
     print(f"eagle head: {'loaded' if eagle.log['cached'] else 'trained'} ({eagle.folder}); "
           f"distill {eagle.log['distill_seconds']:.0f} s, train {eagle.log['seconds']:.0f} s ({eagle.log['steps']} steps), "
           f"{eagle.log['rows']} rows; loss {eagle.log['loss_first']:.3f} -> {eagle.log['loss_last']:.3f} "
           f"(smooth-L1 {eagle.log['vloss_last']:.3f}, CE {eagle.log['ploss_last']:.3f})")
-    print("EAGLE head, per-depth top-k accuracy on the training split's held-out greedy rows (chain drafted on "
-          "its own features):")
-    shown = eagle.accuracy[eagle.accuracy["k"].isin((1, 3, 5, 10))]
-    print(shown.pivot_table(index=["split", "depth"], columns="k", values="top_k_accuracy").round(3).to_string())
-    print("Medusa heads, per-head (depth) top-k accuracy on the same split's held-out rows:")
-    med_acc = medusa.accuracy[medusa.accuracy["split"] == "after"]
-    print(med_acc[med_acc["k"].isin((1, 3, 5, 10))].pivot(index="head", columns="k", values="top_k_accuracy").round(3).to_string())
+    for name, trained in (("EAGLE head (depth d: its chain along the target's continuation)", eagle),
+                          ("Medusa heads (head d = depth d)", medusa)):
+        acc = trained.accuracy[(trained.accuracy["split"] == "after") & trained.accuracy["k"].isin((1, 3, 5, 10))]
+        print(f"{name}, top-k accuracy by depth on the training split's held-out greedy rows:")
+        print(acc.pivot(index="head", columns="k", values="top_k_accuracy").round(3).to_string())
 
-    trees = dict(STATIC)
-    seq = sequoia_trees(heldout_rank_accuracy(eagle.accuracy), BUDGET, max_depth=6)
-    trees["sequoia_per_depth"] = seq[max(seq)]
-    medusa_tree = shape_trees(BUDGET, 4, heldout_rank_accuracy(medusa.accuracy))[("medusa", BUDGET)]
+    t0 = time.perf_counter()
+    heads_config = CollectConfig(max_new, top_k=HEADLINE, eos_token_id=())
+    collections = {EAGLE: collect_eagle(target, eagle.head, test, heads_config, depth=EAGLE_DEPTH, progress=False),
+                   MEDUSA: collect_heads(target, medusa.heads, test, heads_config, progress=False)}
+    draft = load_model(args.target, layers=args.draft_layers)[0]
+    draft_label = f"draft model ({args.draft_layers} layers)"
+    with tempfile.TemporaryDirectory() as folder:
+        collections[draft_label] = collect(folder, target, draft, {pid: ids[None] for pid, _, ids in test},
+                                           CollectConfig(max_new, top_k=HEADLINE, eos_token_id=(), super_k=TOP_K,
+                                                         super_depth=EAGLE_DEPTH, super_size=HEADLINE), progress=False)
+    print(f"collections: {len(test)} held-out prompts x {max_new} tokens, {time.perf_counter() - t0:.0f} s")
+    print("top-k accuracy by depth on the held-out test prompts (along the accepted path):")
+    acc = pd.concat([accuracy_by_depth(c, ks=(1, 5, 10), depth=EAGLE_DEPTH).assign(drafter=d) for d, c in collections.items()])
+    print(acc.pivot_table(index=["drafter", "k"], columns="depth", values="top_k_accuracy", sort=False).round(3).to_string())
+
+    trees = {EAGLE: budget_trees(BUDGETS, EAGLE_DEPTH, heldout_rank_accuracy(eagle.accuracy)),
+             MEDUSA: budget_trees(BUDGETS, medusa_config.num_heads, heldout_rank_accuracy(medusa.accuracy))}
+    trees[draft_label] = {k: t for k, t in trees[EAGLE].items() if k[0] not in DESIGNED}
+    taus = tau_table({d: (collections[d], trees[d]) for d in trees}, {draft_label: (collections[draft_label], BUDGETS)})
 
     t0 = time.perf_counter()
     refs = {pid: autoregressive_generate(target, ids[None], max_new, eos_token_id=()).tokens.tolist() for pid, _, ids in test}
-    runs = {}  # (method, shape) -> per-prompt results
-    eagle_drafter = EagleDrafter(target, eagle.head)
-    for name, tree in trees.items():
-        runs[("eagle", name)] = [speculative_generate(target, eagle_drafter, ids[None], tree, max_new, eos_token_id=())
-                                 for _, _, ids in test]
-    dynamic = EagleDynamicDrafter(target, eagle.head, n=BUDGET, top_k=10, max_depth=6)
-    runs[("eagle_dynamic", "top64")] = [speculative_generate(target, dynamic, ids[None], None, max_new, eos_token_id=())
-                                        for _, _, ids in test]
-    medusa_drafter = MedusaDrafter(target, medusa.heads)
-    runs[("medusa", "medusa")] = [speculative_generate(target, medusa_drafter, ids[None], medusa_tree, max_new, eos_token_id=())
-                                  for _, _, ids in test]
-    print(f"real runs: {len(test)} held-out prompts x {max_new} tokens, {time.perf_counter() - t0:.0f} s")
+    runs = {}  # (drafter, shape, budget) -> real runs, one per prompt
+    for n in BUDGETS:
+        dynamic = EagleDynamicDrafter(target, eagle.head, n=n, top_k=TOP_K, max_depth=EAGLE_DEPTH)
+        runs[(EAGLE, DYNAMIC, n)] = [speculative_generate(target, dynamic, ids[None], None, max_new, eos_token_id=())
+                                     for _, _, ids in test]
+    static = taus[(taus["budget"] == HEADLINE) & (taus["kind"] != DYNAMIC)]
+    best_eagle = static[static["drafter"] == EAGLE].sort_values("tau").iloc[-1]
+    for label, drafter, shape in ((EAGLE, EagleDrafter(target, eagle.head), best_eagle["shape"]),
+                                  (MEDUSA, MedusaDrafter(target, medusa.heads), "medusa")):
+        runs[(label, shape, HEADLINE)] = [speculative_generate(target, drafter, ids[None], trees[label][(shape, HEADLINE)],
+                                                               max_new, eos_token_id=()) for _, _, ids in test]
+    print(f"real runs: {len(runs)} methods x {len(test)} prompts, {time.perf_counter() - t0:.0f} s")
+    measured = pd.DataFrame([{"drafter": d, "kind": DYNAMIC, "shape": DYNAMIC, "budget": n, "nodes": n, "tau": mean_tau(rs),
+                              "source": "measured"} for (d, s, n), rs in runs.items() if s == DYNAMIC])
+    taus = pd.concat([taus, measured], ignore_index=True)
     equal = sum(r.tokens.tolist() == refs[pid] for rs in runs.values() for (pid, _, _), r in zip(test, rs))
     total = sum(len(rs) for rs in runs.values())
-    taus = {key: sum(sum(s.num_tokens for s in r.steps) for r in rs) / sum(len(r.steps) for r in rs)
-            for key, rs in runs.items()}
-    print("tau (bonus INCLUDED; tokens over steps, all prompts pooled) by drafter and tree, real runs:")
-    for (method, shape), value in taus.items():
-        nodes = trees[shape].num_nodes if method == "eagle" else (medusa_tree.num_nodes if method == "medusa" else BUDGET)
-        print(f"  {method:14s} {shape:18s} {nodes:3d} nodes  tau {value:.3f}")
-    eagle_tau = max(v for (m, _), v in taus.items() if m == "eagle")
-    eagle_dynamic_tau = taus[("eagle_dynamic", "top64")]
-    medusa_tau = taus[("medusa", "medusa")]
+    for (d, s, n), rs in runs.items():
+        if s != DYNAMIC:
+            replayed = float(static[(static["drafter"] == d) & (static["shape"] == s)]["tau"].iloc[0])
+            print(f"{d} {s}:{n}: real runs tau {mean_tau(rs):.3f}, replayed {replayed:.3f}")
 
-    t0 = time.perf_counter()
-    draft = load_model(args.target, layers=args.draft_layers)[0]
-    with tempfile.TemporaryDirectory() as folder:
-        draft_collection = collect(folder, target, draft, {pid: ids[None] for pid, _, ids in test},
-                                   CollectConfig(max_new, top_k=16, eos_token_id=()))
-    table = replay(draft_collection, {(name, BUDGET): tree for name, tree in trees.items()}, mode="trajectory")
-    print(f"draft model ({args.target}, {args.draft_layers} layers), the same trees replayed on the same prompts "
-          f"({time.perf_counter() - t0:.0f} s):")
-    print(table[["shape", "nodes", "depth", "acceptance_length", "tau"]].round(3).to_string(index=False))
-    draft_model_tau = float(table["tau"].max())
+    print("tau (bonus INCLUDED; greedy, trajectory; all prompts pooled) by drafter, tree and budget:")
+    shown = taus.assign(tree=taus["shape"] + "/" + taus["source"].str[:4])
+    print(shown.pivot_table(index=["drafter", "tree"], columns="budget", values="tau", sort=False).round(3).to_string())
+    best = taus.loc[taus.groupby(["drafter", "budget"], sort=False)["tau"].idxmax(), ["drafter", "budget", "shape", "tau"]]
+    print("best tree per drafter and budget:")
+    print(best.pivot(index="drafter", columns="budget", values="tau").round(3).to_string())
+    print(best.pivot(index="drafter", columns="budget", values="shape").to_string())
+    eagle_tau = mean_tau(runs[(EAGLE, best_eagle["shape"], HEADLINE)])
+    eagle_dynamic_tau = mean_tau(runs[(EAGLE, DYNAMIC, HEADLINE)])
+    medusa_tau = mean_tau(runs[(MEDUSA, "medusa", HEADLINE)])
+    draft_model_tau = float(taus[(taus["drafter"] == draft_label) & (taus["budget"] == HEADLINE)]["tau"].max())
     print(f"total {time.perf_counter() - t_start:.0f} s")
     print(f"eagle_tau={eagle_tau:.3f} eagle_dynamic_tau={eagle_dynamic_tau:.3f} medusa_tau={medusa_tau:.3f} "
           f"draft_model_tau={draft_model_tau:.3f} greedy_outputs_equal={equal}/{total}")

@@ -13,9 +13,10 @@ the draft model of the same target, on the same held-out prompts; and Medusa's t
     measured_together    the prompts every drafter is measured on (the designs' common part)
     depth_accuracy       top-k accuracy by depth of every drafter on the measured prompts, one frame
     tau_table            replayed tau by shape and budget for every drafter's static trees (presets
-                         and designed trees), the draft model's dynamic trees replayed from its
-                         super-trees, and measured dynamic runs (EAGLE-2's tree from the EAGLE head),
-                         one tidy frame with `drafter` and `kind` columns
+                         and designed trees) and, where a collection has super-trees, dynamic trees;
+                         `with_measured` adds the dynamic trees run end to end (EAGLE-2's tree from the
+                         EAGLE head, the draft model's top-N tree), one tidy frame with `drafter`
+                         and `kind` columns
     speed_plan           the units of the wall-clock comparison: each drafter's best static tree at a
                          budget and the dynamic trees, beside the target alone (`experiments.run_sweep`)
     typical_quality      per prompt: tau and perplexity (under the target) of typical acceptance
@@ -199,12 +200,12 @@ def tau_table(static: dict[str, tuple[Collection, dict[tuple[str, int], Tree]]],
     return pd.concat(frames, ignore_index=True)[TAU_COLUMNS]
 
 
-def with_measured(taus: pd.DataFrame, rows: pd.DataFrame, owner: dict[str, str], drafter: str = EAGLE) -> pd.DataFrame:
-    """`taus` with the measured dynamic-tree runs of `drafter` (`tables.shape_table` rows of the
-    speed sweep whose unit label `owner` gives to it and ends in "/dynamic"; EAGLE-2's tree from the
-    head, run end to end), as rows of kind "dynamic", source "measured"."""
-    t = rows[rows["shape"].map(owner).eq(drafter) & rows["shape"].str.endswith("/" + DYNAMIC)]
-    t = t.assign(drafter=drafter, shape=DYNAMIC, kind=DYNAMIC, source="measured", nodes=t["budget"])
+def with_measured(taus: pd.DataFrame, rows: pd.DataFrame, owner: dict[str, str]) -> pd.DataFrame:
+    """`taus` with the measured dynamic-tree runs (`tables.shape_table` rows of the speed sweep whose
+    unit label ends in "/dynamic", each drafter's as `owner` gives it: EAGLE-2's tree from the head,
+    the draft model's top-N tree), as rows of kind "dynamic", source "measured"."""
+    t = rows[rows["shape"].isin(owner) & rows["shape"].str.endswith("/" + DYNAMIC)]
+    t = t.assign(drafter=t["shape"].map(owner), shape=DYNAMIC, kind=DYNAMIC, source="measured", nodes=t["budget"])
     return pd.concat([taus, t[TAU_COLUMNS]], ignore_index=True)
 
 
