@@ -1,4 +1,4 @@
-"""What every published draft-head checkpoint layout shares (`io.medusa_checkpoint`, and EAGLE's next).
+"""What every published draft-head checkpoint layout shares (`io.medusa_checkpoint`, `io.eagle_checkpoint`).
 
 What it holds:
     PublishedCheckpoint   a published checkpoint specnb plans for: repository, base model, the dtype
