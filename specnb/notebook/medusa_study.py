@@ -1,7 +1,8 @@
 """Notebook 05's steps: Medusa heads trained here (or loaded) against draft-model trees, and typical
 acceptance (LOSSY) against lossless sampling.
 
-    check_models         every model and the heads' checkpoint resolved before anything loads
+    check_models         every model and the heads' checkpoints (Medusa's, EAGLE's) resolved before
+                         anything loads
     study_prompts        the training and test prompts (id, category, ids), refused before any model
                          loads where a split cannot hold the counts asked for
     tree_design          what Medusa's own and Sequoia's trees are designed from, apart from the prompts
@@ -47,13 +48,14 @@ from .checks import medusa_split
 LOSSY = TypicalAcceptance().name  # "typical_lossy"
 
 
-HEAD_SOURCES = ("train", "standin")  # `heads` values that name no checkpoint
+HEAD_SOURCES = ("train", "standin")  # `heads` and `eagle_heads` values that name no checkpoint
 
 
-def check_models(target: str, draft: str, heads: str) -> None:
-    """Resolve every model notebook 05 names, the heads' checkpoint (folder or hub id) included, at
-    once (`io.sources.check_sources`): a gated, mistyped or unreachable one fails before any loads."""
-    check_sources([name for name in (target, draft, heads) if name and name not in HEAD_SOURCES])
+def check_models(target: str, draft: str, heads: str, eagle_heads: str = "train") -> None:
+    """Resolve every model notebook 05 names, the checkpoints of the Medusa heads and of the EAGLE
+    head (folders or hub ids) included, at once (`io.sources.check_sources`): a gated, mistyped or
+    unreachable one fails before any loads."""
+    check_sources([name for name in (target, draft, heads, eagle_heads) if name and name not in HEAD_SOURCES])
 
 
 def study_prompts(target: str, source: str, max_prompt_tokens: int, train_prompts: int, test_prompts: int,
