@@ -239,8 +239,8 @@ def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: 
             from .dryrun import install_standins
 
             names, heads = hub_models(resolved), published_heads(resolved)
-            print(f"== stand-ins of {len(names)} hub models and {len(heads)} published Medusa heads in {env['HF_HOME']}",
-                  flush=True)
+            print(f"== stand-ins of {len(names)} hub models and of published heads: {', '.join(heads) or 'none'}; in "
+                  f"{env['HF_HOME']}", flush=True)
             install_standins(env["HF_HOME"], names + heads)
         return _run_books(profile, books, resolved, settings, outputs)
 
