@@ -400,6 +400,7 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
              "batches", "prefixes", "nodes", "warmup", "repeats", "windows", "bin_tokens",
              "budgets", "test_prompts", "typical_prompts", "max_prompt_tokens", "curve_prefix", "curve_repeats"}
     assert dry["05_medusa_heads"]["heads"] == t4["05_medusa_heads"]["heads"] == "FasterDecoding/medusa-vicuna-7b-v1.3"
+    assert dry["05_medusa_heads"]["eagle_heads"] == t4["05_medusa_heads"]["eagle_heads"] == "yuhuili/EAGLE-Vicuna-7B-v1.3"
     for stem in t4:
         changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}
         assert changed <= sizes, f"{stem}: t4-dryrun changes {sorted(changed - sizes)}"
@@ -462,7 +463,8 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
 
     outputs, seconds, log, _ = t4_dryrun
     print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
-    assert "stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3;" in log
+    assert ("stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
+            "yuhuili/EAGLE-Vicuna-7B-v1.3;") in log
     folders = {}
     for nb in NOTEBOOKS:
         folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())

@@ -153,8 +153,9 @@ def download_markdown(profile: str = "t4") -> str:
     lines = ["| repository | what | parameters | files | download |", "|---|---|---|---|---|"]
     lines += [f"| {r.name} | {r.what} | {r.parameters / 1e9:.2f} B | {r.dtype} | {r.bytes / GB:.2f} GB |" for r in rows]
     lines += [f"| **total** | | | | **{total / GB:.1f} GB** |", "",
-              f"GB = 10^9 bytes; parameters counted from the committed configs, times the bytes of the dtype the hub's "
-              f"files hold (an estimate: tokenizers and configs add a few MB). {drive_note(total)}"]
+              f"GB = 10^9 bytes; parameters counted from the committed configs (a published head's from its base model's "
+              f"config or its own config's sizes), times the bytes of the dtype the hub's files hold (an estimate: "
+              f"tokenizers and configs add a few MB). {drive_note(total)}"]
     return "\n".join(lines)
 
 
