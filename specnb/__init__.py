@@ -29,7 +29,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 cpu_linear (a CPU model's linear layers on oneDNN prepacked weights),
                 the committed configs of hub models (model_configs), prompts (Spec-Bench's shipped
                 with the package, the built-in ones, refusals of requests they cannot fill), result storage,
-                medusa_checkpoint (Medusa heads in the published layout)
+                medusa_checkpoint and eagle_checkpoint (Medusa and EAGLE heads in their published
+                layouts), checkpoints (what both layouts share: hub download, files, published entries)
     drafters/   dynamic (EAGLE-2-style trees), ngram (prompt lookup), self_draft (early exit,
                 4-bit copy), merging (SpecInfer), draft_length (adaptive), retokenize (tokens as
                 bytes, the look-behind rule), cross_tokenizer (a draft of another vocabulary),
@@ -85,7 +86,7 @@ MODULES = {
                                 "acceptance", "drafting", "runtime", "generation", "streaming", "ragged",
                                 "batch")},
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage",
-                              "medusa_checkpoint")},
+                              "checkpoints", "medusa_checkpoint", "eagle_checkpoint")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",
                                     "cross_tokenizer", "methods", "hidden_rows", "medusa", "eagle")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",

@@ -159,3 +159,70 @@ def test_weights_are_seeded_and_members_of_a_family_related():
     assert torch.equal(wa, b.model.layers[0].mlp.up_proj.weight)  # seeded
     assert not torch.equal(wa, wc) and torch.corrcoef(torch.stack([wa.flatten(), wc.flatten()]))[0, 1] > 0.99
     assert torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)  # one vocabulary, one meaning
+
+
+# ---- published heads' stand-ins ------------------------------------------------------------------
+
+EAGLE = "yuhuili/EAGLE-Vicuna-7B-v1.3"
+
+
+@pytest.fixture(scope="module")
+def eagle_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("hf-eagle")
+    dryrun.install_standins(home, ["lmsys/vicuna-7b-v1.3", EAGLE])
+    return home
+
+
+def test_eagle_standin_loads_and_drafts_on_the_standin_vicuna_offline(eagle_home):
+    """The t4-dryrun path of `eagle_heads: yuhuili/EAGLE-Vicuna-7B-v1.3`: the repository resolves from
+    the stand-in cache, its file is the published layout and dtype (embed_tokens.weight included),
+    the head loads on the 4-bit float16 stand-in Vicuna as a float16 head and drafts; on the float32
+    stand-in its greedy output is the target's."""
+    code = f"""
+import torch
+from specnb.core.generation import autoregressive_generate, speculative_generate
+from specnb.core.trees import Tree
+from specnb.drafters.eagle import EagleDrafter, EagleHead
+from specnb.io.eagle_checkpoint import PUBLISHED, load_checkpoint
+from specnb.io.models import load_model, prompt_ids
+from specnb.io.sources import resolve_source
+from specnb.notebook.learned_study import check_models
+
+src = resolve_source({EAGLE!r})
+assert (src.kind, src.status) == ("hub", "cached"), src
+check_models("lmsys/vicuna-7b-v1.3", "", "train", {EAGLE!r})
+checkpoint = load_checkpoint({EAGLE!r})
+stored = torch.load(checkpoint.file, weights_only=True)
+assert checkpoint.file.name == "pytorch_model.bin" and "snapshots" in str(checkpoint.file)
+assert {{t.dtype for t in stored.values()}} == {{PUBLISHED[{EAGLE!r}].torch_dtype}}
+assert stored["embed_tokens.weight"].shape == (32000, 64) and stored["fc.weight"].shape == (64, 128)
+assert "layers.0.self_attn.q_proj.weight" in stored and not any("input_layernorm" in k for k in stored)
+model, tok = load_model("lmsys/vicuna-7b-v1.3", "4bit", dtype="float16")
+head = EagleHead.load({EAGLE!r}, model)
+assert head.dtype == torch.float16
+prompt = prompt_ids(tok, "Tell me about the sea.")[0]
+out = speculative_generate(model, EagleDrafter(model, head), prompt, Tree.sparse(8), 12, eos_token_id=())
+assert len(out.tokens) == 12 and sum(s.num_drafted for s in out.steps) > 0
+model, _ = load_model("lmsys/vicuna-7b-v1.3")
+head = EagleHead.load({EAGLE!r}, model)
+ref = autoregressive_generate(model, prompt, 16, eos_token_id=())
+out = speculative_generate(model, EagleDrafter(model, head), prompt, Tree.sparse(8), 16, eos_token_id=())
+assert out.tokens.tolist() == ref.tokens.tolist()
+print("accepted", sum(s.num_accepted for s in out.steps), "of", sum(s.num_drafted for s in out.steps))
+"""
+    proc = offline(eagle_home, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(proc.stdout)
+
+
+def test_install_standins_builds_the_published_heads_by_default(tmp_path, monkeypatch):
+    """With no ids: every committed model and every published checkpoint whose base model has a
+    committed config (the Llama-2-chat EAGLE head's base has none: it is named, not built)."""
+    built = []
+    monkeypatch.setattr(dryrun, "_install_repo", lambda home, hub_id, commit, fill: built.append(hub_id))
+    monkeypatch.setattr(dryrun, "family_tokenizer", lambda family, size: None)
+    dryrun.install_standins(tmp_path)
+    assert {EAGLE, "FasterDecoding/medusa-vicuna-7b-v1.3", "lmsys/vicuna-7b-v1.3"} <= set(built)
+    assert "yuhuili/EAGLE-llama2-chat-7B" not in built
+    with pytest.raises(KeyError, match="EAGLE-llama2-chat-7B"):
+        dryrun.install_standins(tmp_path, ["yuhuili/EAGLE-llama2-chat-7B"])

@@ -336,6 +336,7 @@ def trained(tiny_target, tmp_path_factory):
 def test_training_lowers_the_loss_and_caches(trained, tiny_target, tmp_path):
     assert not trained.log["cached"] and trained.log["loss_last"] < 0.3 * trained.log["loss_first"]
     assert trained.heldout_prompts == (0,) and trained.folder.parent.name == "eagle-heads"
+    assert (trained.folder / "pytorch_model.bin").is_file()  # EAGLE's published layout (io.eagle_checkpoint)
     acc = trained.accuracy
     assert set(acc["split"]) == {"before", "after"} and set(acc["depth"]) == {1, 2, 3}
     assert (acc["rows"] > 0).all()

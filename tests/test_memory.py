@@ -93,9 +93,9 @@ def test_every_t4_pair_fits_a_t4():
 
 
 def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_readme_says_so():
-    """~39 GB: a free Drive's 15 GB cannot hold it (the README once said ~23). Llama-2-7B by hand:
+    """~40 GB: a free Drive's 15 GB cannot hold it (the README once said ~23). Llama-2-7B by hand:
     6,738,415,616 parameters in float16 files; the published Medusa heads: 5 x (4096^2 + 4096 +
-    32000 x 4096) float16 values."""
+    32000 x 4096) float16 values; the published EAGLE head: fc, one layer and the embedding in float32."""
     from pathlib import Path
 
     from specnb.notebook.profile_memory import FREE_DRIVE, download_markdown, drive_warning, profile_downloads
@@ -105,8 +105,10 @@ def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_readme_says
     assert rows["meta-llama/Llama-2-7b-hf"].bytes == 2 * 6_738_415_616
     assert rows["FasterDecoding/medusa-vicuna-7b-v1.3"].bytes == 5 * (4096 * 4096 + 4096 + 32000 * 4096) * 2
     assert rows["JackFram/llama-160m"].dtype == "float32"
+    eagle = 8192 * 4096 + 4096 + 4 * 4096**2 + 3 * 4096 * 11008 + 4096 + 32000 * 4096
+    assert (rows["yuhuili/EAGLE-Vicuna-7B-v1.3"].what, rows["yuhuili/EAGLE-Vicuna-7B-v1.3"].bytes) == ("EAGLE head", 4 * eagle)
     total = sum(r.bytes for r in rows.values())
-    assert 38e9 < total < 40e9 and total > FREE_DRIVE
+    assert 39e9 < total < 41e9 and total > FREE_DRIVE
     table = download_markdown("t4")
     assert f"**{total / 1e9:.1f} GB**" in table and "keep the Hugging Face cache on the Colab VM's own disk" in table
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

@@ -13,8 +13,9 @@
     train_head       AdamW (betas 0.9 / 0.95 and gradient clipping at 0.5, as EAGLE), linear warmup then
                      cosine, a progress bar; bfloat16 autocast where native (`fast_bfloat16`)
     train_or_load    the above for a named model and prompt set, cached under
-                     `<cache>/eagle-heads/<key>/` (key: a hash of model, prompts and config), so a second
-                     call loads the head and trains nothing
+                     `<cache>/eagle-heads/<key>/` (key: a hash of model, prompts and config; the head in
+                     EAGLE's published layout, `io.eagle_checkpoint`), so a second call loads the head
+                     and trains nothing
     head_accuracy    per-depth top-k accuracy on held-out rows: depth d drafts along the target's own
                      continuation from the head's predicted features, exactly as a chain draft does
     collect_eagle    a greedy `Collection` of the head's rank at every depth of every step of the
@@ -55,7 +56,8 @@ from .head_collection import collect_heads
 
 SHOWN_K = (1, 3, 5, 10)  # the top-k columns shown in tables
 RANKS = 16  # ranks per depth in train_or_load's held-out accuracy table (acc[d][r] for Sequoia's tree)
-RECIPE = 1  # in the heads' cache key: heads of an earlier recipe are trained again
+RECIPE = 2  # in the heads' cache key: heads of an earlier recipe (or cache format) are trained again
+# 2: heads saved in EAGLE's published layout (`io.eagle_checkpoint`), not eagle_head.pt
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,7 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
     held = heldout_prompts(len(prompts), config.heldout)
     if (folder / LOG).exists():
         saved = json.loads((folder / LOG).read_text())
-        head = EagleHead.load(folder, target)
+        head = EagleHead.load(folder, target, torch.float32)  # as trained (from_target's float32)
         return TrainedEagle(head, pd.DataFrame(saved["accuracy"]), {**saved["log"], "cached": True}, held, folder)
     t0 = time.perf_counter()
     data = distill_cached(target, model_name, prompts, config.data, progress)
@@ -346,6 +348,6 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
     accuracy = pd.concat([before, after], ignore_index=True)
     log = {**log, "distill_seconds": distill_s, "rows": int(data.hidden.shape[0]), "heldout_rows": len(held_rows),
            "config": asdict(config), "model": model_name, "cached": False}
-    head.save(folder)
+    head.save(folder, model_name)
     (folder / LOG).write_text(json.dumps({"log": log, "accuracy": accuracy.to_dict("records")}, indent=1))
     return TrainedEagle(head, accuracy, log, held, folder)

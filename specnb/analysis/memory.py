@@ -6,8 +6,8 @@ What it holds:
     weight_bytes      the bytes of a config's weights in float16 (quantization None) or bitsandbytes nf4
     nf4_linear_bytes  one nf4 Linear weight: 4 bits per value + one float32 absmax per block
     kv_cache_bytes    the KV cache of a number of tokens
-    parameter_count, download_bytes, medusa_heads_bytes
-                      what a model's (or Medusa checkpoint's) download costs, from its config
+    parameter_count, download_bytes, medusa_heads_bytes, eagle_head_bytes
+                      what a model's (or a Medusa or EAGLE checkpoint's) download costs, from its config
     TokenBudget       the longest sequence a run holds: prompt + generated tokens + the largest tree
     PairMemory        one pair's estimate, row by row; pair_memory computes it
     memory_table      PairMemory rows as a tidy table (GB = 10^9 bytes)
@@ -112,6 +112,19 @@ def medusa_heads_bytes(hidden_size: int, vocab_size: int, heads: int, layers: in
     """A Medusa-1 checkpoint of `heads` heads (each `layers` residual blocks H x H + bias, then its
     own V x H projection), as published in float16."""
     return heads * (layers * (hidden_size * hidden_size + hidden_size) + vocab_size * hidden_size) * dtype_bytes
+
+
+def eagle_head_bytes(hidden_size: int, intermediate_size: int, heads: int, kv_heads: int, vocab_size: int,
+                     dtype_bytes: int = FLOAT16_BYTES, bias: bool = True, embedding: bool = False,
+                     head_dim: int | None = None) -> int:
+    """An EAGLE-1 checkpoint (`io.eagle_checkpoint`): fc 2H -> H (+ its bias), one Llama-style
+    decoder layer without an input norm (q and o H x heads*d, k and v H x kv_heads*d, gate and up
+    H x I, down I x H, the post-attention norm H), and the target's embedding V x H where the file
+    holds it."""
+    d = head_dim or hidden_size // heads
+    fc = 2 * hidden_size * hidden_size + (hidden_size if bias else 0)
+    layer = 2 * hidden_size * heads * d + 2 * hidden_size * kv_heads * d + 3 * hidden_size * intermediate_size + hidden_size
+    return (fc + layer + (vocab_size * hidden_size if embedding else 0)) * dtype_bytes
 
 
 def kv_cache_bytes(config: PretrainedConfig, tokens: int, dtype_bytes: int = FLOAT16_BYTES) -> int:

@@ -8,7 +8,9 @@ Uncertainty") and their tree drafter.
                   logits for token t+2. As in EAGLE-1's code: the embedding and the LM head are the
                   target's (frozen, shared, not copied), the layer has no input norm, and there is
                   no final norm (the features are the target's last hidden states after its final
-                  norm, what its LM head reads).
+                  norm, what its LM head reads). `save` and `load` use EAGLE's published layout
+                  (`io.eagle_checkpoint`): published heads (yuhuili/EAGLE-Vicuna-7B-v1.3) load as
+                  they are, and heads trained here are saved in it.
     EagleDrafter  any static tree, level by level from the head's own KV cache, so that a node at
                   depth d reads the features the head predicted for its ancestors.
     EagleDynamicDrafter   EAGLE-2's dynamic tree (Li et al. 2024, "EAGLE-2"): the global top-n
@@ -34,7 +36,9 @@ Sampling: the rank-r child of a node is the r-th draw without replacement from q
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -47,10 +51,9 @@ from ..core.masks import model_mask
 from ..core.sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
 from ..core.streaming import kv_bytes
 from ..core.trees import Tree
+from ..io.eagle_checkpoint import check_checkpoint, load_checkpoint, save_checkpoint
 from .dynamic import ScoredTree, top_n
 from .hidden_rows import FinalNormRows
-
-WEIGHTS = "eagle_head.pt"  # the head's trained weights (fc and the decoder layer) in a folder
 
 
 def one_layer_config(target: torch.nn.Module) -> PretrainedConfig:
@@ -63,18 +66,20 @@ def one_layer_config(target: torch.nn.Module) -> PretrainedConfig:
 
 
 class EagleHead(torch.nn.Module):
-    """An EAGLE-1 head for one target (module docstring). Build it with `from_target`.
+    """An EAGLE-1 head for one target (module docstring). Build it with `from_target`, or `load` a
+    checkpoint in the published layout (`io.eagle_checkpoint`).
 
     forward(features [B, T, H], tokens [B, T], positions [B, T], visible bool [B, T, L], cache) ->
     predicted features [B, T, H]; `visible` says which of the L = cached + T rows each new row
     attends to. `project(g)` is the target's LM head on predicted features (float32 logits)."""
 
     def __init__(self, config: PretrainedConfig, layer: torch.nn.Module, rotary: torch.nn.Module, embedding: torch.Tensor,
-                 lm_head: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+                 lm_head: torch.Tensor, dtype: torch.dtype = torch.float32, bias: bool = True,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.config = config  # the one-layer config: its attention implementation reads the masks
-        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=True, device=embedding.device, dtype=dtype)
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=bias, device=device or embedding.device, dtype=dtype)
         self.layer = layer
         self.layer.input_layernorm = torch.nn.Identity()  # EAGLE-1's layer 0 has no input norm (its fc output goes in as is)
         self.rotary = rotary
@@ -82,22 +87,31 @@ class EagleHead(torch.nn.Module):
         self.register_buffer("lm_head", lm_head.detach(), persistent=False)  # [V, H], the target's, frozen
 
     @classmethod
-    def from_target(cls, target: torch.nn.Module, dtype: torch.dtype = torch.float32, seed: int = 0) -> EagleHead:
+    def from_target(cls, target: torch.nn.Module, dtype: torch.dtype = torch.float32, seed: int = 0,
+                    bias: bool = True) -> EagleHead:
         """A freshly initialised head for `target`, on its device; trainable weights in `dtype`
         (float32 by default whatever the target's dtype, as Medusa's heads), initialised from `seed`."""
-        config = one_layer_config(target)
         device = target.get_output_embeddings().weight.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return cls._build(target, dtype, bias, device)
+
+    @classmethod
+    def _build(cls, target: torch.nn.Module, dtype: torch.dtype, bias: bool, device: torch.device | str) -> EagleHead:
+        """The head for `target` with fc and the layer on `device` ("meta": shapes only, nothing
+        allocated or initialised); the rotary embedding, the embedding and the LM head are real."""
+        config = one_layer_config(target)
         inner = getattr(target, "model", None)
         layers = getattr(inner, "layers", None)
         if layers is None or getattr(inner, "rotary_emb", None) is None:
             raise ValueError(f"{type(target).__name__} has no model.layers / model.rotary_emb: an EAGLE head "
                              "builds its layer from the target's own decoder layer class")
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            layer = type(layers[0])(config, 0).to(device=device, dtype=dtype)
-            rotary = type(inner.rotary_emb)(config=config).to(device)
-            return cls(config, layer, rotary, target.get_input_embeddings().weight,
-                       target.get_output_embeddings().weight, dtype)
+        lm_head = target.get_output_embeddings().weight
+        with torch.device("meta") if str(device) == "meta" else contextlib.nullcontext():
+            layer = type(layers[0])(config, 0)
+        layer = layer.to(device=device, dtype=dtype)
+        rotary = type(inner.rotary_emb)(config=config).to(lm_head.device)
+        return cls(config, layer, rotary, target.get_input_embeddings().weight, lm_head, dtype, bias, device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -121,17 +135,37 @@ class EagleHead(torch.nn.Module):
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def save(self, folder: str | Path) -> None:
-        """The trained weights (fc and the layer; not the target's embedding and LM head)."""
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().cpu() for k, v in self.state_dict().items()}, Path(folder) / WEIGHTS)
+    def save(self, folder: str | Path, base_model: str | None = None, dtype: torch.dtype | None = None,
+             embedding: bool = False) -> Path:
+        """fc and the layer (not the target's LM head) in the published layout (`io.eagle_checkpoint`),
+        cast to `dtype` (default: as they are); config.json is the head's one-layer config with
+        "bias" and "base_model_name_or_path" (default: the target's name). embedding: write the
+        target's embedding too, as EAGLE's published files hold it (loading ignores it)."""
+        config = json.loads(self.config.to_json_string(use_diff=False))
+        name = config.pop("_name_or_path", "")
+        config.pop("dtype", None)  # the target's dtype: torch_dtype says the file's, as EAGLE's configs do
+        config.update(bias=self.fc.bias is not None, base_model_name_or_path=base_model or name,
+                      torch_dtype=str(dtype or self.dtype).removeprefix("torch."))
+        return save_checkpoint(folder, self.state_dict(), config, dtype, self.embedding if embedding else None)
 
     @classmethod
-    def load(cls, folder: str | Path, target: torch.nn.Module, dtype: torch.dtype = torch.float32) -> EagleHead:
-        """A head for `target` with the weights `save` wrote in `folder`."""
-        head = cls.from_target(target, dtype)
-        state = torch.load(Path(folder) / WEIGHTS, weights_only=True, map_location=head.fc.weight.device)
-        head.load_state_dict(state)
+    def load(cls, name_or_path: str | Path, target: torch.nn.Module, dtype: torch.dtype | None = None) -> EagleHead:
+        """A head for `target` from a checkpoint folder or hub id in the published layout, on the
+        target's device, in `dtype`: default the dtype of the target's LM head (where a published
+        head lives: a float16 target gets a float16 head); torch.float32 for a head trained here.
+        The tensors are checked against the target (`io.eagle_checkpoint.check_checkpoint`) and
+        assigned to a head built on the meta device: nothing is initialised, or allocated in
+        float32, first."""
+        checkpoint = load_checkpoint(name_or_path)
+        weight = target.get_output_embeddings().weight
+        dtype = dtype or weight.dtype
+        head = cls._build(target, dtype, checkpoint.bias, "meta")
+        vocab, hidden = target.get_input_embeddings().weight.shape
+        check_checkpoint(checkpoint, {k: tuple(v.shape) for k, v in head.state_dict().items()}, hidden, vocab)
+        head.load_state_dict({k: v.to(weight.device, dtype) for k, v in checkpoint.state.items()}, assign=True)
+        left = [n for n, t in [*head.named_parameters(), *head.named_buffers()] if t.is_meta]
+        if left:  # a layer class with tensors outside its state dict: nothing would fill them
+            raise RuntimeError(f"{type(head.layer).__name__} keeps {left} outside its state dict: not loadable from a checkpoint")
         return head.eval()
 
 

@@ -11,12 +11,12 @@ published config's `medusa_num_heads` is wrong (2, while its .pt holds 5 heads; 
 loads with strict=False): K and L are read from the keys, and a disagreeing config is reported in
 the returned config under "config_disagrees". A hub id (not a local folder) is downloaded with
 huggingface_hub (the t4 profile). `PUBLISHED` lists the published checkpoints specnb plans for
-(sizes for download estimates, and the dry run's stand-in in the same layout and dtype).
+(sizes for download estimates, and the dry run's stand-in in the same layout and dtype). What this
+layout shares with EAGLE's and any other (download, reading and writing files) is `io.checkpoints`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -25,37 +25,33 @@ from typing import Any, Mapping
 
 import torch
 
-@dataclass(frozen=True)
-class PublishedHeads:
-    """A published Medusa checkpoint, as far as specnb plans for it (download size, the dry run's
-    stand-in): its base model, heads and blocks per head as its weights hold them, and their dtype."""
+from . import checkpoints
+from .checkpoints import CONFIG, PublishedCheckpoint, read_config, read_state, write_config, write_state
 
-    repo_id: str
-    base_model: str  # a hub id with a committed config (`io.model_configs`)
+
+@dataclass(frozen=True)
+class PublishedHeads(PublishedCheckpoint):
+    """A published Medusa checkpoint, as far as specnb plans for it (download size, the dry run's
+    stand-in): its base model (a hub id with a committed config, `io.model_configs`), heads and
+    blocks per head as its weights hold them, and their dtype."""
+
     num_heads: int
     num_layers: int
-    dtype: str  # of the published tensors
 
 
 # Medusa-1 for Vicuna-7B v1.3 (Cai et al. 2024): 5 heads of one block (its config says 2 heads: see above)
 PUBLISHED = {h.repo_id: h for h in (
-    PublishedHeads("FasterDecoding/medusa-vicuna-7b-v1.3", "lmsys/vicuna-7b-v1.3", 5, 1, "float16"),
+    PublishedHeads("FasterDecoding/medusa-vicuna-7b-v1.3", "lmsys/vicuna-7b-v1.3", "float16", num_heads=5, num_layers=1),
 )}
 
 WEIGHTS = "medusa_lm_head.pt"
 WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
-CONFIG = "config.json"
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
 def checkpoint_folder(name_or_path: str | os.PathLike) -> Path:
     """A local folder as given, else the hub snapshot of the repository id (downloaded once)."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(name_or_path), allow_patterns=[CONFIG, WEIGHTS, WEIGHTS_SAFETENSORS]))
+    return checkpoints.checkpoint_folder(name_or_path, [CONFIG, WEIGHTS, WEIGHTS_SAFETENSORS])
 
 
 def check_layout(state: Mapping[str, torch.Tensor]) -> tuple[int, int]:
@@ -79,32 +75,20 @@ def save_checkpoint(folder: str | os.PathLike, state: Mapping[str, torch.Tensor]
     dtype: cast the tensors (e.g. torch.float16, as published); default as they are."""
     heads, layers = check_layout(state)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: (v if dtype is None else v.to(dtype)).detach().cpu().contiguous() for k, v in state.items()}
-    hidden = tensors[f"0.{layers}.weight"].shape[1]
-    vocab = tensors[f"0.{layers}.weight"].shape[0]
-    tmp = folder / (WEIGHTS + ".tmp")
-    torch.save(tensors, tmp)
-    tmp.replace(folder / WEIGHTS)
+    projection = state[f"0.{layers}.weight"]
+    write_state(folder, WEIGHTS, state, dtype)
     config = {"base_model_name_or_path": base_model, "medusa_num_heads": heads, "medusa_num_layers": layers,
-              "hidden_size": hidden, "vocab_size": vocab, **(extra or {})}
-    (folder / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+              "hidden_size": projection.shape[1], "vocab_size": projection.shape[0], **(extra or {})}
+    write_config(folder, config)
     return folder
 
 
 def load_checkpoint(name_or_path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state dict, config) of a checkpoint folder or hub id; tensors as stored (cast them on use)."""
     folder = checkpoint_folder(name_or_path)
-    if (folder / WEIGHTS).exists():
-        state = torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True)
-    elif (folder / WEIGHTS_SAFETENSORS).exists():
-        from safetensors.torch import load_file
-
-        state = load_file(folder / WEIGHTS_SAFETENSORS)
-    else:
-        raise FileNotFoundError(f"{folder} has neither {WEIGHTS} nor {WEIGHTS_SAFETENSORS}")
+    state, _ = read_state(folder, [WEIGHTS, WEIGHTS_SAFETENSORS])
     heads, layers = check_layout(state)
-    config = json.loads((folder / CONFIG).read_text()) if (folder / CONFIG).exists() else {}
+    config = read_config(folder)
     said = (config.get("medusa_num_heads"), config.get("medusa_num_layers"))
     if said != (heads, layers):
         config["config_disagrees"] = f"config says {said} (heads, layers); the weights hold ({heads}, {layers})"

@@ -15,7 +15,9 @@ What it holds:
     standin_weights               seeded weights: members of a family share base weights plus their
                                   own noise, so a draft agrees with its target often, not always
     install_standins              the hub-cache layout, built once (a stamp; rebuilt when this code,
-                                  the configs or the library versions change), never over a real model
+                                  the configs or the library versions change), never over a real model;
+                                  published Medusa and EAGLE heads too, in their layout and dtype, at
+                                  the size of their base model's stand-in
     main                          `python -m specnb.notebook.dryrun build --home DIR [HUB_ID ...]`
 
 Tokenizers, built with the `tokenizers` library from a BPE trained on specnb's built-in prompts and a
@@ -57,7 +59,10 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
 
-from ..io.medusa_checkpoint import PUBLISHED as PUBLISHED_HEADS, PublishedHeads, save_checkpoint
+from ..drafters.eagle import EagleHead
+from ..io.checkpoints import PublishedCheckpoint, published_checkpoints
+from ..io.eagle_checkpoint import PublishedEagle
+from ..io.medusa_checkpoint import PublishedHeads, save_checkpoint
 from ..io.model_configs import FAMILIES, HubModel, config_of, hub_model, known_models
 from ..io.prompts import BUILTIN
 
@@ -229,26 +234,29 @@ def standin_digest(hub_ids: Iterable[str]) -> str:
     """What the stand-ins are built from: this module, the committed configs, the library versions."""
     h = hashlib.sha256(Path(__file__).read_bytes())
     for hub_id in sorted(hub_ids):
-        h.update(repr(PUBLISHED_HEADS.get(hub_id) or hub_model(hub_id)).encode())
+        h.update(repr(published_checkpoints().get(hub_id) or hub_model(hub_id)).encode())
     for package in ("torch", "transformers", "tokenizers", "safetensors"):
         h.update(f"{package}=={metadata.version(package)}".encode())
     return h.hexdigest()
 
 
 def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> dict[str, Path]:
-    """Stand-ins of `hub_ids` (default: every committed model) in `<home>/hub`; hub id -> snapshot.
-    A hub id may also name published Medusa heads (`io.medusa_checkpoint.PUBLISHED`): their stand-in
-    is a checkpoint in the published layout and dtype, sized for their base model's stand-in.
+    """Stand-ins of `hub_ids` in `<home>/hub`; hub id -> snapshot. Default: every committed model and
+    every published head checkpoint whose base model is committed. A hub id may name published
+    Medusa or EAGLE heads (`io.checkpoints.published_checkpoints`): their stand-in is a checkpoint in
+    the published layout and dtype, sized for their base model's stand-in.
 
     Idempotent: a stamp in <home>/hub records the digest it was built from; an unchanged digest
     returns at once. A folder of the cache that is not a stand-in (no MARKER) is never touched: then
     this raises, since that cache holds real downloads and is not the place for stand-ins."""
     home = Path(home).expanduser()
-    hub_ids = sorted(set(hub_ids if hub_ids is not None else known_models()))
-    unknown = [h for h in hub_ids if h not in known_models() and h not in PUBLISHED_HEADS]
+    known, published = known_models(), published_checkpoints()
+    buildable = [r for r, h in published.items() if h.base_model in known]  # sized by their base's stand-in
+    hub_ids = sorted(set(hub_ids if hub_ids is not None else known + buildable))
+    unknown = [h for h in hub_ids if h not in known and h not in buildable]
     if unknown:
-        raise KeyError(f"no committed config for {unknown}; stand-ins exist for {known_models()} "
-                       f"and the published heads {sorted(PUBLISHED_HEADS)}")
+        raise KeyError(f"no committed config for {unknown} (or for the base model of published heads); stand-ins exist "
+                       f"for {known} and the published heads {buildable}")
     digest = standin_digest(hub_ids)
     commit = digest[:40]  # the snapshot's "commit hash"
     hub = home / "hub"
@@ -261,9 +269,9 @@ def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> 
         for h in hub_ids:
             _refuse_real_model(repo_folder(home, h))
         tokenizers = {}
-        for h in [h for h in hub_ids if h in PUBLISHED_HEADS]:
-            _install_repo(home, h, commit, partial(_fill_heads, PUBLISHED_HEADS[h]))
-        for h in [h for h in hub_ids if h not in PUBLISHED_HEADS]:
+        for h in [h for h in hub_ids if h in published]:
+            _install_repo(home, h, commit, partial(_fill_published, published[h]))
+        for h in [h for h in hub_ids if h not in published]:
             model = hub_model(h)
             family = model.tokenizer.family
             if family not in tokenizers:
@@ -314,6 +322,14 @@ def _fill_model(model: HubModel, tokenizer: PreTrainedTokenizerFast, snapshot: P
     return config.specnb_standin
 
 
+def _fill_published(checkpoint: PublishedCheckpoint, snapshot: Path) -> str:
+    if isinstance(checkpoint, PublishedHeads):
+        return _fill_heads(checkpoint, snapshot)
+    if isinstance(checkpoint, PublishedEagle):
+        return _fill_eagle(checkpoint, snapshot)
+    raise TypeError(f"no stand-in for {type(checkpoint).__name__}")
+
+
 def _fill_heads(heads: PublishedHeads, snapshot: Path) -> str:
     """Published Medusa heads at the size of their base model's stand-in, in their layout and dtype:
     weak seeded residual blocks, and projections near the family's LM head (so the heads' logits
@@ -328,8 +344,31 @@ def _fill_heads(heads: PublishedHeads, snapshot: Path) -> str:
             state[f"{k}.{layer}.linear.weight"] = _normal(f"{heads.repo_id}/{k}.{layer}", torch.Size((h, h))) * 0.1 / math.sqrt(h)
             state[f"{k}.{layer}.linear.bias"] = torch.zeros(h)  # host: stand-in weights, saved to disk
         state[f"{k}.{heads.num_layers}.weight"] = lm_head + MEMBER_NOISE * _normal(f"{heads.repo_id}/{k}", torch.Size((v, h)))
-    save_checkpoint(snapshot, state, heads.base_model, dtype=getattr(torch, heads.dtype))
+    save_checkpoint(snapshot, state, heads.base_model, dtype=heads.torch_dtype)
     return f"tiny random stand-in for {heads.repo_id} ({heads.num_heads} heads, {heads.dtype}; specnb.notebook.dryrun)"
+
+
+def _fill_eagle(head: PublishedEagle, snapshot: Path) -> str:
+    """A published EAGLE-1 head for its base model's stand-in, in its layout and dtype
+    (`io.eagle_checkpoint`, written by `EagleHead.save`; with the family's embedding where the
+    published file holds it). fc passes the embedding half through, plus weak seeded noise over
+    both halves, and the layer is the stand-in base model's first layer: the stand-ins nearly
+    follow the last token alone, so the head's logits for the token after next are a language
+    model's, and now and then the target's (drafting with it runs, with a few drafts accepted)."""
+    base = hub_model(head.base_model)
+    net = AutoModelForCausalLM.from_config(standin_config(base), dtype=torch.float32)
+    standin_weights(net, base.hub_id, base.tokenizer.family)
+    eagle = EagleHead.from_target(net, bias=head.bias)
+    h = net.config.hidden_size
+    with torch.no_grad():
+        eagle.fc.weight.copy_(_normal(f"{head.repo_id}/fc.weight", eagle.fc.weight.shape) * 0.1 / math.sqrt(2 * h))
+        eagle.fc.weight[:, :h] += torch.eye(h)  # host: stand-in weights; the embedding half of concat(embedding, feature)
+        if eagle.fc.bias is not None:
+            eagle.fc.bias.zero_()
+    first = net.model.layers[0].state_dict()
+    eagle.layer.load_state_dict({k: v for k, v in first.items() if not k.startswith("input_layernorm.")})
+    eagle.save(snapshot, head.base_model, head.torch_dtype, embedding=head.holds_embedding)
+    return f"tiny random stand-in for {head.repo_id} (EAGLE-1 head, {head.dtype}; specnb.notebook.dryrun)"
 
 
 def _refuse_real_model(repo: Path) -> None:
@@ -372,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="install stand-ins into HOME/hub (use HF_HOME=HOME HF_HUB_OFFLINE=1 to load them)")
     b.add_argument("--home", type=Path, required=True, help="a folder of its own, never your real HF_HOME")
-    b.add_argument("hub_ids", nargs="*", metavar="HUB_ID", help=f"default: all of {', '.join(known_models())}")
+    b.add_argument("hub_ids", nargs="*", metavar="HUB_ID", help=f"default: all of {', '.join(known_models())}, and the published heads (Medusa's, EAGLE's) "
+                   "of those models")
     args = ap.parse_args(argv)
     try:
         built = install_standins(args.home, args.hub_ids or None)

@@ -11,7 +11,8 @@ What it holds:
     profile_memory              one `PairMemory` per pair that shares a vocabulary
     grid_bytes                  notebook 03's largest attention-grid point (no model loaded then)
     memory_markdown             the README's table
-    profile_downloads           what the profile downloads (models and Medusa heads), from the configs
+    published_download          the download of a published Medusa or EAGLE checkpoint
+    profile_downloads           what the profile downloads (models, Medusa and EAGLE heads), from the configs
     download_markdown           the README's download table; drive_warning: the cache on a free Drive
 
 Assumptions, printed with the table: prompts are at most LONGEST_PROMPT tokens (the Spec-Bench prompts
@@ -28,12 +29,13 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from ..analysis.memory import (DTYPE_BYTES, GB, PairMemory, TokenBudget, download_bytes, medusa_heads_bytes,
-                               memory_table, pair_memory, parameter_count)
+from ..analysis.memory import (DTYPE_BYTES, GB, PairMemory, TokenBudget, download_bytes, eagle_head_bytes,
+                               medusa_heads_bytes, memory_table, pair_memory, parameter_count)
 from ..bench.attention_grid import head_shape
 from ..drafters.methods import parse_method
 from .long_generation import TARGET_ALONE
-from ..io.medusa_checkpoint import PUBLISHED as PUBLISHED_HEADS
+from ..io.checkpoints import published_checkpoints
+from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
 from .runner import RunnerError, hub_models, notebooks, published_heads, resolve
 
@@ -110,15 +112,30 @@ FREE_DRIVE = int(15 * GB)  # a free Google Drive (shared with Gmail and Photos)
 @dataclass(frozen=True)
 class Download:
     name: str  # hub id
-    what: str  # "model" or "Medusa heads"
+    what: str  # "model", "Medusa heads" or "EAGLE head"
     dtype: str  # of the files
     parameters: int
     bytes: int
 
 
+def published_download(repo_id: str) -> Download:
+    """A published head checkpoint (`io.checkpoints.published_checkpoints`): its tensors counted from
+    its base model's config (Medusa) or its own config's sizes (EAGLE, the target's embedding
+    included where the file holds it), times the bytes of the published dtype."""
+    h = published_checkpoints()[repo_id]
+    size_of = DTYPE_BYTES[h.dtype]
+    if isinstance(h, PublishedHeads):
+        base = config_of(h.base_model)
+        size = medusa_heads_bytes(base.hidden_size, base.vocab_size, h.num_heads, h.num_layers, size_of)
+        return Download(repo_id, "Medusa heads", h.dtype, size // size_of, size)
+    size = eagle_head_bytes(h.hidden_size, h.intermediate_size, h.num_attention_heads, h.num_key_value_heads,
+                            h.vocab_size, size_of, h.bias, h.holds_embedding)
+    return Download(repo_id, "EAGLE head", h.dtype, size // size_of, size)
+
+
 def profile_downloads(profile: str) -> list[Download]:
     """What the profile's notebooks download from the hub: every hub model they name (committed
-    configs, parameters x the dtype of the hub's files) and the published Medusa heads they load."""
+    configs, parameters x the dtype of the hub's files) and the published heads they load."""
     resolved = resolve(profile, {}, [], notebooks())
     out = []
     for hub_id in hub_models(resolved):
@@ -126,12 +143,7 @@ def profile_downloads(profile: str) -> list[Download]:
         config = config_of(hub_id)
         n = parameter_count(config)
         out.append(Download(hub_id, "model", model.weights_dtype, n, download_bytes(config, model.weights_dtype)))
-    for repo in published_heads(resolved):
-        h = PUBLISHED_HEADS[repo]
-        base = config_of(h.base_model)
-        size = medusa_heads_bytes(base.hidden_size, base.vocab_size, h.num_heads, h.num_layers, DTYPE_BYTES[h.dtype])
-        out.append(Download(repo, "Medusa heads", h.dtype, size // DTYPE_BYTES[h.dtype], size))
-    return out
+    return out + [published_download(repo) for repo in published_heads(resolved)]
 
 
 def download_markdown(profile: str = "t4") -> str:
@@ -141,8 +153,9 @@ def download_markdown(profile: str = "t4") -> str:
     lines = ["| repository | what | parameters | files | download |", "|---|---|---|---|---|"]
     lines += [f"| {r.name} | {r.what} | {r.parameters / 1e9:.2f} B | {r.dtype} | {r.bytes / GB:.2f} GB |" for r in rows]
     lines += [f"| **total** | | | | **{total / GB:.1f} GB** |", "",
-              f"GB = 10^9 bytes; parameters counted from the committed configs, times the bytes of the dtype the hub's "
-              f"files hold (an estimate: tokenizers and configs add a few MB). {drive_note(total)}"]
+              f"GB = 10^9 bytes; parameters counted from the committed configs (a published head's from its base model's "
+              f"config or its own config's sizes), times the bytes of the dtype the hub's files hold (an estimate: "
+              f"tokenizers and configs add a few MB). {drive_note(total)}"]
     return "\n".join(lines)
 
 

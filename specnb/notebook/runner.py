@@ -239,8 +239,8 @@ def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: 
             from .dryrun import install_standins
 
             names, heads = hub_models(resolved), published_heads(resolved)
-            print(f"== stand-ins of {len(names)} hub models and {len(heads)} published Medusa heads in {env['HF_HOME']}",
-                  flush=True)
+            print(f"== stand-ins of {len(names)} hub models and of published heads: {', '.join(heads) or 'none'}; in "
+                  f"{env['HF_HOME']}", flush=True)
             install_standins(env["HF_HOME"], names + heads)
         return _run_books(profile, books, resolved, settings, outputs)
 
@@ -329,10 +329,12 @@ def hub_models(resolved: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def published_heads(resolved: dict[str, dict[str, Any]]) -> list[str]:
-    """Published Medusa checkpoints (`io.medusa_checkpoint.PUBLISHED`) that resolved parameters name."""
-    from ..io.medusa_checkpoint import PUBLISHED
+    """The published head checkpoints (`io.checkpoints.published_checkpoints`: Medusa's, EAGLE's)
+    that resolved parameters name."""
+    from ..io.checkpoints import published_checkpoints
 
-    return sorted({s for s in _strings(resolved) if s in PUBLISHED})
+    named = set(_strings(resolved))
+    return [repo for repo in published_checkpoints() if repo in named]
 
 
 def _strings(value: Any) -> Iterator[str]:

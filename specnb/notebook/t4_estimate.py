@@ -35,14 +35,14 @@ from dataclasses import dataclass
 import pandas as pd
 from transformers import Qwen2Config
 
-from ..analysis.memory import FLOAT16_BYTES, download_bytes, medusa_heads_bytes, weight_bytes
+from ..analysis.memory import FLOAT16_BYTES, download_bytes, weight_bytes
 from ..bench.attention_grid import head_shape
 from ..core.trees import Tree
 from ..drafters.methods import parse_method
-from ..io.medusa_checkpoint import PUBLISHED as PUBLISHED_HEADS
+from ..io.checkpoints import published_checkpoints
 from ..io.model_configs import config_of, hub_model
 from .long_generation import TARGET_ALONE
-from .profile_memory import LONGEST_PROMPT, profile_downloads
+from .profile_memory import LONGEST_PROMPT, profile_downloads, published_download
 from .runner import RunnerError, notebooks, resolve
 
 
@@ -105,11 +105,9 @@ class Costs:
         return fixed + tokens / self.f.tau * per_step
 
     def load(self, name: str) -> float:
-        """Reading (and quantizing) a model's hub files."""
-        if name in PUBLISHED_HEADS:
-            h = PUBLISHED_HEADS[name]
-            base = config_of(h.base_model)
-            size = medusa_heads_bytes(base.hidden_size, base.vocab_size, h.num_heads, h.num_layers, FLOAT16_BYTES)
+        """Reading (and quantizing) a model's hub files, or a published head checkpoint's."""
+        if name in published_checkpoints():
+            size = published_download(name).bytes
         else:
             size = download_bytes(config_of(name), hub_model(name).weights_dtype)
         return size / self.f.load_bytes_per_s
@@ -191,14 +189,25 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
                          c.generation(t, tq, d if tree is not None else None, tree, h["max_new_tokens"], prompt)))
     rows.append(_row("04", "load target and draft", 1, c.load(t) + c.load(d)))
 
-    m = p["05_medusa_heads"]
+    m = p["05_learned_drafters"]
     t, tq, d, n5 = m["target"], m["target_quantization"], m["draft"], m["max_new_tokens"]
     tree = Tree.sparse(max(m["budgets"])).truncated(5)
-    rows += [_row("05", "load target, heads and draft", 1, c.load(t) + c.load(m["heads"]) + (c.load(d) if d else 0.0)),
-             _row("05", "head collection (a Medusa run per test prompt)", m["test_prompts"],
+    speed_tree = Tree.sparse(m["speed_budget"]).truncated(5)
+    eagle = m.get("eagle_heads") if m.get("eagle_heads") in published_checkpoints() else None  # published: sized
+    loaded = m["heads"] != "train" or m["eagle_heads"] != "train"
+    measured = m["test_prompts"] // 2 if loaded else m["test_prompts"]  # loaded heads: trees designed on the other half
+    rounds = m.get("rounds", 1)
+    rows += [_row("05", "load target, heads" + (", EAGLE head" if eagle else "") + " and draft", 1,
+                  c.load(t) + c.load(m["heads"]) + (c.load(eagle) if eagle else 0.0) + (c.load(d) if d else 0.0)),
+             _row("05", "head collections (a Medusa run and an EAGLE run per test prompt)", 2 * m["test_prompts"],
                   c.generation(t, tq, None, tree, n5, prompt)),
-             _row("05", "draft-model collection (half the test prompts)", m["test_prompts"] // 2 if d else 0,
+             _row("05", "draft-model collection (the measured prompts)", measured if d else 0,
                   c.generation(t, tq, d, Tree.chain(4), n5, prompt) + c.draft(d or t)),
+             _row("05", "EAGLE-2 dynamic trees, every budget (head drafts: no draft model)", measured * len(m["budgets"]) * rounds,
+                  c.generation(t, tq, None, tree, n5, prompt)),
+             _row("05", "timed: target alone, 3 best static trees, the draft's dynamic tree", measured * rounds,
+                  c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, speed_tree, n5, prompt)
+                  + (2 * c.generation(t, tq, d, speed_tree, n5, prompt) if d else 0.0)),
              _row("05", "typical vs lossless: target sample + 2 runs", m["typical_prompts"],
                   c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt))]
     z = p.get("06_batch_size")
