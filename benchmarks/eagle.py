@@ -11,8 +11,8 @@ prompts' rows too (its layer attends over the prompt when it drafts). On the fir
 of the held-out part (Spec-Bench's six tasks in turn), one collection per drafter
 (`analysis.head_collection` for the heads, `analysis.collect` with super-trees for the draft model)
 answers every static tree and budget by replay (exact: tests check replayed steps against real
-runs); EAGLE-2's dynamic tree from the head runs end to end at every budget; the draft model's
-dynamic trees are replayed from its super-trees. The trees: preset shapes (capped at each
+runs); EAGLE-2's dynamic tree from the head runs end to end at every budget, the draft model's
+dynamic tree at 64 nodes (its super-trees would cost ~50 s a prompt here). The trees: preset shapes (capped at each
 drafter's depth: 4 Medusa heads, EAGLE depth 6), Sequoia's per-depth tree and Medusa's own tree
 search from each head's held-out per-rank accuracy (the training split's held-out rows, not the
 test prompts). Then real runs of the headline trees, every output checked against the target's
@@ -22,9 +22,10 @@ plain greedy output. tau = tokens per target call, bonus INCLUDED. Last line:
                         log q, top 10 children per node, depth 6), rebuilt every step, real runs
     medusa_tau          Medusa's heads with Medusa's own 64-node tree from their held-out accuracy, real runs
     draft_model_tau     SmolLM2's own first 24 layers as a draft model, its best 64-node tree
-                        (static or dynamic, replayed)
+                        (static trees replayed, its dynamic tree run end to end)
     greedy_outputs_equal  real runs (EAGLE's best static tree, EAGLE's dynamic trees at every
-                        budget, Medusa's tree) whose output equals the target's plain greedy output
+                        budget, Medusa's tree, the draft model's dynamic tree) whose output equals
+                        the target's plain greedy output
 
     python benchmarks/eagle.py --quick          (2 threads, the machine alone; --threads 1 beside another job)
 """
@@ -39,7 +40,7 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
-from specnb import autoregressive_generate, speculative_generate
+from specnb import Tree, autoregressive_generate, speculative_generate
 from specnb.analysis.collect import collect
 from specnb.analysis.collection import CollectConfig
 from specnb.analysis.eagle_training import EagleConfig, collect_eagle
@@ -47,6 +48,7 @@ from specnb.analysis.eagle_training import train_or_load as train_eagle
 from specnb.analysis.head_collection import accuracy_by_depth
 from specnb.analysis.medusa_training import TrainConfig, collect_heads, heldout_rank_accuracy, split_prompts
 from specnb.analysis.medusa_training import train_or_load as train_medusa
+from specnb.drafters.dynamic import DynamicTreeDrafter
 from specnb.drafters.eagle import EagleDrafter, EagleDynamicDrafter
 from specnb.drafters.medusa import MedusaDrafter
 from specnb.io.models import load_model, prompt_ids
@@ -116,8 +118,7 @@ def main() -> None:
     draft_label = f"draft model ({args.draft_layers} layers)"
     with tempfile.TemporaryDirectory() as folder:
         collections[draft_label] = collect(folder, target, draft, {pid: ids[None] for pid, _, ids in test},
-                                           CollectConfig(max_new, top_k=HEADLINE, eos_token_id=(), super_k=TOP_K,
-                                                         super_depth=EAGLE_DEPTH, super_size=HEADLINE), progress=False)
+                                           CollectConfig(max_new, top_k=HEADLINE, eos_token_id=()), progress=False)
     print(f"collections: {len(test)} held-out prompts x {max_new} tokens, {time.perf_counter() - t0:.0f} s")
     print("top-k accuracy by depth on the held-out test prompts (along the accepted path):")
     acc = pd.concat([accuracy_by_depth(c, ks=(1, 5, 10), depth=EAGLE_DEPTH).assign(drafter=d) for d, c in collections.items()])
@@ -126,7 +127,7 @@ def main() -> None:
     trees = {EAGLE: budget_trees(BUDGETS, EAGLE_DEPTH, heldout_rank_accuracy(eagle.accuracy)),
              MEDUSA: budget_trees(BUDGETS, medusa_config.num_heads, heldout_rank_accuracy(medusa.accuracy))}
     trees[draft_label] = {k: t for k, t in trees[EAGLE].items() if k[0] not in DESIGNED}
-    taus = tau_table({d: (collections[d], trees[d]) for d in trees}, {draft_label: (collections[draft_label], BUDGETS)})
+    taus = tau_table({d: (collections[d], trees[d]) for d in trees}, {})
 
     t0 = time.perf_counter()
     refs = {pid: autoregressive_generate(target, ids[None], max_new, eos_token_id=()).tokens.tolist() for pid, _, ids in test}
@@ -135,6 +136,9 @@ def main() -> None:
         dynamic = EagleDynamicDrafter(target, eagle.head, n=n, top_k=TOP_K, max_depth=EAGLE_DEPTH)
         runs[(EAGLE, DYNAMIC, n)] = [speculative_generate(target, dynamic, ids[None], None, max_new, eos_token_id=())
                                      for _, _, ids in test]
+    dynamic = DynamicTreeDrafter(draft, n=HEADLINE, top_k=TOP_K, max_depth=EAGLE_DEPTH)
+    runs[(draft_label, DYNAMIC, HEADLINE)] = [speculative_generate(target, dynamic, ids[None], Tree.chain(EAGLE_DEPTH), max_new,
+                                                                   eos_token_id=()) for _, _, ids in test]
     static = taus[(taus["budget"] == HEADLINE) & (taus["kind"] != DYNAMIC)]
     best_eagle = static[static["drafter"] == EAGLE].sort_values("tau").iloc[-1]
     for label, drafter, shape in ((EAGLE, EagleDrafter(target, eagle.head), best_eagle["shape"]),
