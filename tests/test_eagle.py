@@ -463,3 +463,32 @@ def test_replay_refuses_a_tree_deeper_than_the_collection(eagle_collection):
 
     with pytest.raises(ValueError, match="depth 5 on a head collection of depth 4"):
         replay(eagle_collection, {("chain", 5): Tree.chain(5)})
+
+
+@pytest.fixture(scope="module")
+def eagle_dynamic_collection(tiny_target, trained):
+    from specnb.analysis.collection import CollectConfig
+
+    return eagle_training.collect_eagle(tiny_target, trained.head, PROMPTS, CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
+                                        depth=4, tree=Tree.sparse(6), progress=False, dynamic=(12, 3))
+
+
+@pytest.mark.parametrize("budget", [1, 5, 12])
+@pytest.mark.parametrize("max_new", [MAX_NEW, 9])
+def test_redrafted_dynamic_trees_replay_real_dynamic_runs(tiny_target, trained, eagle_dynamic_collection, budget, max_new):
+    """EAGLE-2's trees re-drafted at every position from one collection (the largest budget, 12)
+    replay every smaller budget step for step as real EagleDynamicDrafter runs take them."""
+    from specnb.analysis.replay import replay_dynamic, replay_steps
+
+    c = eagle_dynamic_collection
+    assert c.has_super_trees and c.config.super_size == 12
+    replayed = replay_steps(c, budget, max_new_tokens=max_new)
+    accepted = 0
+    for pid, _, ids in PROMPTS:
+        drafter = EagleDynamicDrafter(tiny_target, trained.head, n=budget, top_k=3, max_depth=4)
+        real = speculative_generate(tiny_target, drafter, ids[None], None, max_new, eos_token_id=())
+        assert [step_tuple(s) for s in replayed[pid]] == [step_tuple(s) for s in real.steps], pid
+        accepted += sum(s.num_accepted for s in real.steps)
+    assert accepted > (5 if budget > 1 else 0)
+    table = replay_dynamic(c, [budget], mode="trajectory", max_new_tokens=max_new).iloc[0]
+    assert table["steps"] == sum(len(v) for v in replayed.values())

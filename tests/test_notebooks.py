@@ -572,11 +572,13 @@ def test_learned_drafters_notebook_smoke(smoke):
     taus = pd.read_csv(folder / "tau_by_tree.csv")
     assert set(taus["drafter"]) == drafters and (taus["tau"] >= 1).all()
     assert {"medusa", "sequoia_per_depth"} <= set(taus.loc[taus["drafter"] == "EAGLE head", "shape"])
-    dynamic = taus[taus["kind"] == "dynamic"].groupby("drafter")["source"].first().to_dict()
-    assert dynamic == {"EAGLE head": "measured", "draft model (smollm2-135m, 24 layers)": "replay"}
+    dynamic = taus[taus["kind"] == "dynamic"].groupby("drafter")["source"].apply(set).to_dict()
+    assert dynamic == {"EAGLE head": {"replay", "measured"}, "draft model (smollm2-135m, 24 layers)": {"measured"}}
+    eagle = taus[(taus["drafter"] == "EAGLE head") & (taus["kind"] == "dynamic")].pivot_table(index="budget", columns="source", values="tau")
+    assert eagle["measured"].dropna().to_dict() == pytest.approx(eagle.loc[eagle["measured"].notna(), "replay"].to_dict())
     speed = pd.read_csv(folder / "speed.csv")
     assert set(speed["drafter"]) == drafters and (speed["greedy_mismatches"] == 0).all()
-    assert (speed["speedup"] > 0).all() and set(speed["budget"]) == {4, 8}
+    assert (speed["speedup"] > 0).all() and set(speed["budget"]) == {4}
     for _, row in speed[speed["tree"] != "dynamic"].iterrows():  # a measured static run accepts what replay said
         replayed = taus[(taus["drafter"] == row["drafter"]) & (taus["shape"] == row["tree"]) & (taus["budget"] == row["budget"])]
         assert row["tau"] == pytest.approx(float(replayed["tau"].iloc[0])), row["drafter"]

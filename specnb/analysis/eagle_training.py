@@ -36,7 +36,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -47,12 +47,12 @@ from tqdm.auto import tqdm
 from ..core.cache import new_cache
 from ..core.sampling import top_tokens
 from ..core.trees import Tree
-from ..drafters.eagle import EagleDrafter, EagleHead, causal_visible
+from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead, causal_visible
 from ..drafters.hidden_rows import last_hidden
 from ..io.embedded import cache_dir
 from .collection import CollectConfig, Collection
 from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
-from .head_collection import collect_heads
+from .head_collection import collect_heads, super_tree_arrays
 
 SHOWN_K = (1, 3, 5, 10)  # the top-k columns shown in tables
 RANKS = 16  # ranks per depth in train_or_load's held-out accuracy table (acc[d][r] for Sequoia's tree)
@@ -238,13 +238,15 @@ def depth_top_tokens(head: EagleHead, features: torch.Tensor, tokens: torch.Tens
     return torch.stack(out)
 
 
-def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int,
+                dynamic: EagleDynamicDrafter | None = None) -> Callable[[torch.Tensor, int, int], torch.Tensor | tuple]:
     """A `head_collection.RankFunction` for an EAGLE head: for a sequence (prompt of P tokens +
     continuation c), the target's rows from one plain forward, then the head's chain along c from the
     row before each step's root (`depth_top_tokens`): R[t, d-1] = the rank of c[t + d - 1] at depth d
     of the step that starts with t tokens generated (top_k where it is not in the top_k or past c's
-    end), `depth` depths."""
-    def ranks(seq: torch.Tensor, p: int, top_k: int) -> torch.Tensor:
+    end), `depth` depths. With `dynamic`, also the drafter's top-n tree at every step position
+    (`EagleDynamicDrafter.super_trees`) as super-tree arrays (`head_collection.super_tree_arrays`)."""
+    def ranks(seq: torch.Tensor, p: int, top_k: int) -> torch.Tensor | tuple:
         hidden = last_hidden(target, seq[:-1])  # [P + L - 1, H]: row i's token is seq[i + 1]
         steps = len(seq) - p
         roots = torch.arange(p - 2, p - 2 + steps)  # host: step t reads the head's row of seq[p + t - 2]
@@ -255,21 +257,31 @@ def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int) -> Callabl
             want = torch.where(idx < len(seq), seq[idx.clamp(max=len(seq) - 1)], -1)
             hit = top[d - 1] == want[:, None]
             out[:, d - 1] = torch.where(hit.any(-1), hit.int().argmax(-1), top_k)
-        return out
+        if dynamic is None:
+            return out
+        trees = dynamic.super_trees(hidden, seq, p - 1)  # roots seq[p - 1 + t], t = 0 .. L - 1
+        return out, super_tree_arrays(trees, seq[p:].tolist(), dynamic.n, dynamic.max_depth)
 
     return ranks
 
 
 def collect_eagle(target: torch.nn.Module, head: EagleHead, prompts: Sequence[tuple[str, str, torch.Tensor]],
                   config: CollectConfig, depth: int = 6, tree: Tree | None = None, describe: dict | None = None,
-                  progress: bool = True) -> Collection:
+                  progress: bool = True, dynamic: tuple[int, int] | None = None) -> Collection:
     """`head_collection.collect_heads` for an EAGLE head: per prompt (id, category, ids [T]) the
     target's greedy continuation by an exact run with `EagleDrafter` (`tree`, default
     `config.run_tree`), then the head's rank at every depth <= `depth` of every step
-    (`eagle_ranks`): every static tree of depth <= `depth` then replays exactly."""
+    (`eagle_ranks`): every static tree of depth <= `depth` then replays exactly. dynamic: (n,
+    top_k): also EAGLE-2's top-n tree (`EagleDynamicDrafter`, depth `depth`) re-drafted at every
+    step position, so `replay.replay_dynamic` answers every budget <= n (the collection's
+    super_k, super_depth and super_size say so)."""
     run_tree = tree if tree is not None else config.run
-    return collect_heads(target, EagleDrafter(target, head), eagle_ranks(target, head, depth), prompts, config, run_tree,
-                         dict(describe or {}, drafter="eagle", depth=depth), progress)
+    drafter = None
+    if dynamic is not None:
+        drafter = EagleDynamicDrafter(target, head, n=dynamic[0], top_k=dynamic[1], max_depth=depth)
+        config = replace(config, super_k=dynamic[1], super_depth=depth, super_size=dynamic[0])
+    return collect_heads(target, EagleDrafter(target, head), eagle_ranks(target, head, depth, drafter), prompts, config,
+                         run_tree, dict(describe or {}, drafter="eagle", depth=depth), progress)
 
 
 def head_accuracy(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int = 5,

@@ -8,6 +8,9 @@ answers every static tree shape and budget of such a drafter exactly, and the ta
                        (`PromptData.head_ranks`), computed by a function of the drafter's kind
                        (`drafters.medusa.head_ranks`: head d on the row before the root;
                        `analysis.eagle_training.eagle_ranks`: EAGLE's chain along the continuation)
+    super_tree_arrays  a drafter's dynamic trees at every position (`drafters.dynamic.ScoredTree`s,
+                       e.g. `EagleDynamicDrafter.super_trees`) as `PromptData`'s super-tree arrays, so
+                       `replay.replay_dynamic` answers every budget up to the trees' size
     accuracy_by_depth  top-k accuracy at each depth on a head collection's continuations
     rank_accuracy      acc[d][r] (Medusa's `heads_accuracy` table): the input of Medusa's tree
                        search and of per-depth Sequoia trees (`analysis.tree_design`)
@@ -34,13 +37,15 @@ from tqdm.auto import tqdm
 from ..core.drafting import Drafter
 from ..core.generation import speculative_generate
 from ..core.trees import Tree
+from ..drafters.dynamic import ScoredTree
 from .collection import CollectConfig, Collection, PromptData
 
 SHOWN_K = (1, 3, 5, 10, 20, 64)  # the top-k columns of accuracy_by_depth (those up to the collection's top_k)
 RANKS = 64  # ranks per depth in rank_accuracy's acc[d][r] (Medusa's code: 10; a 64-node tree reaches rank 63)
 
-# (sequence [P + L] long: prompt + continuation, P, top_k) -> int [L, D]: R[t, d-1] (module docstring)
-RankFunction = Callable[[torch.Tensor, int, int], torch.Tensor]
+# (sequence [P + L] long: prompt + continuation, P, top_k) -> int [L, D]: R[t, d-1] (module docstring),
+# or (R, super-tree arrays: `super_tree_arrays`) for a drafter whose dynamic trees are re-drafted too
+RankFunction = Callable[[torch.Tensor, int, int], torch.Tensor | tuple[torch.Tensor, dict]]
 
 
 def collect_heads(target: torch.nn.Module, drafter: Drafter, ranks: RankFunction,
@@ -61,13 +66,44 @@ def collect_heads(target: torch.nn.Module, drafter: Drafter, ranks: RankFunction
         t1 = time.perf_counter()
         seq = torch.cat([ids[0].cpu(), run.tokens])
         r = ranks(seq, ids.shape[1], config.top_k)
+        r, super_trees = r if isinstance(r, tuple) else (r, {})
         out.append(PromptData(
             prompt_id=str(prompt_id), category=str(category), prompt=ids[0].cpu().numpy(), tokens=run.tokens.numpy(),
             stopped=bool(len(run.tokens) < config.max_new_tokens), times={"run": t1 - t0, "heads": time.perf_counter() - t1},
             run_steps=np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32),
-            head_ranks=r.numpy().astype(np.int16)))
+            head_ranks=r.numpy().astype(np.int16), **super_trees))
     describe = dict(describe or {}, run_tree_paths=[list(p) for p in run_tree.paths])
     return Collection(config, describe, tuple(out))
+
+
+def super_tree_arrays(trees: Sequence[ScoredTree], continuation: Sequence[int], size: int, depth: int) -> dict[str, np.ndarray]:
+    """`PromptData`'s super_* arrays from the dynamic tree at every position t (trees[t], rooted
+    before continuation[t]): nodes sorted by (cumulative log q descending, depth, path), the order
+    that defines every smaller budget's tree (`drafters.dynamic`), at most `size` of them; each
+    node's parent (index in that order, -1 the root), sibling rank, depth, token and score; and the
+    index of the node on the continuation's path at each depth (`size` where there is none)."""
+    length = len(trees)
+    cols = {name: np.zeros((length, size), dtype=dt) for name, dt in
+            [("parent", np.int16), ("rank", np.int16), ("depth", np.int16), ("token", np.int64), ("score", np.float32)]}
+    sizes = np.zeros(length, dtype=np.int16)
+    on_path = np.full((length, depth), size, dtype=np.int16)
+    for t, scored in enumerate(trees):
+        paths, tokens, scores = scored.tree.paths, scored.tokens.tolist(), scored.scores.tolist()
+        order = sorted(range(len(paths)), key=lambda i: (-scores[i], len(paths[i]), paths[i]))[:size]
+        where = {paths[i]: new for new, i in enumerate(order)}
+        sizes[t] = len(order)
+        on = {(): True}  # path -> its tokens are the continuation's
+        for i in sorted(order, key=lambda i: len(paths[i])):
+            path = paths[i]
+            d = len(path)
+            on[path] = on[path[:-1]] and t + d - 1 < len(continuation) and tokens[i] == continuation[t + d - 1]
+            new = where[path]
+            cols["parent"][t, new] = where[path[:-1]] if d > 1 else -1
+            cols["rank"][t, new], cols["depth"][t, new] = path[-1], d
+            cols["token"][t, new], cols["score"][t, new] = tokens[i], scores[i]
+            if on[path] and d <= depth:
+                on_path[t, d - 1] = new
+    return {"super_size": sizes, **{f"super_{k}": v for k, v in cols.items()}, "super_on_path": on_path}
 
 
 def _depth_ranks(collection: Collection, d: int) -> np.ndarray:

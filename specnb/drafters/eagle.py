@@ -336,7 +336,34 @@ class EagleDynamicDrafter(EagleDrafter):
         g_root = self._commit(seq)
         if max_depth < 1:
             return empty
-        committed = self._committed
+        return self._grow(g_root, self._committed, max_depth)
+
+    @torch.inference_mode()
+    def super_trees(self, features: torch.Tensor, seq: torch.Tensor, first_root: int) -> list[ScoredTree]:
+        """The top-n tree (n, top_k, max_depth: the drafter's) at every root r = first_root ..
+        len(seq) - 2 of one sequence, as a step of a run rooted at seq[r] drafts it: the head's rows
+        0 .. r-1 from the target's features, then the tree from row r-1's output. features: [T - 1,
+        H], the target's last hidden states of seq[:-1] (seq: long [T]). One pass of the head over
+        all rows, then per root its cache cut to rows 0 .. r-1 (roots in descending order: a cut
+        only shortens it). Re-drafts a generation's dynamic trees without running the target."""
+        self.reset()
+        seq = seq.reshape(-1).cpu()
+        n = len(seq) - 1
+        self._cache = new_cache(self.head)
+        g = self.head(features[None], seq[1:][None], torch.arange(n)[None], causal_visible(n, 0)[None], self._cache)[0]
+        out = []
+        try:
+            for r in range(n - 1, first_root - 1, -1):
+                crop(self._cache, r)
+                out.append(self._grow(g[r - 1], r, self.max_depth))
+        finally:
+            self.reset()
+        return out[::-1]
+
+    def _grow(self, g_root: torch.Tensor, committed: int, max_depth: int) -> ScoredTree:
+        """The top-n tree from the root's predicted feature g_root [H], the head's cache holding
+        `committed` rows (the tree's rows are cut off again)."""
+        device = self.head.fc.weight.device
         scores: dict[tuple[int, ...], float] = {}
         token: dict[tuple[int, ...], int] = {}
         feature: dict[tuple[int, ...], torch.Tensor] = {(): g_root}  # a fed node's output: its children's parent feature

@@ -203,11 +203,12 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
                   c.generation(t, tq, None, tree, n5, prompt)),
              _row("05", "draft-model collection (the measured prompts)", measured if d else 0,
                   c.generation(t, tq, d, Tree.chain(4), n5, prompt) + c.draft(d or t)),
-             _row("05", "EAGLE-2 dynamic trees, every budget (head drafts: no draft model)", measured * len(m["budgets"]) * rounds,
-                  c.generation(t, tq, None, tree, n5, prompt)),
-             _row("05", "timed: target alone, 3 best static trees, the draft's dynamic tree", measured * rounds,
-                  c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, speed_tree, n5, prompt)
-                  + (2 * c.generation(t, tq, d, speed_tree, n5, prompt) if d else 0.0)),
+             # one head forward (a decoder layer and the LM head) per depth and position: two layers' launches (assumption)
+             _row("05", "EAGLE-2 trees re-drafted at every position (head forwards only, depth x tokens)", m["test_prompts"],
+                  n5 * m.get("eagle_depth", 6) * 2 * c.f.launch_per_layer_s),
+             _row("05", "timed: target alone, 3 best static trees, EAGLE-2's and the draft's dynamic trees", measured * rounds,
+                  c.generation(t, tq, None, None, n5, prompt) + 3 * c.generation(t, tq, None, speed_tree, n5, prompt)
+                  + ((1 + bool(m.get("draft_dynamic"))) * c.generation(t, tq, d, speed_tree, n5, prompt) if d else 0.0)),
              _row("05", "typical vs lossless: target sample + 2 runs", m["typical_prompts"],
                   c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt))]
     z = p.get("06_batch_size")
