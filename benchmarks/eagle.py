@@ -11,8 +11,10 @@ prompts' rows too (its layer attends over the prompt when it drafts). On the fir
 of the held-out part (Spec-Bench's six tasks in turn), one collection per drafter
 (`analysis.head_collection` for the heads, `analysis.collect` with super-trees for the draft model)
 answers every static tree and budget by replay (exact: tests check replayed steps against real
-runs); EAGLE-2's dynamic tree from the head runs end to end at every budget, the draft model's
-dynamic tree at 64 nodes (its super-trees would cost ~50 s a prompt here). The trees: preset shapes (capped at each
+runs); EAGLE-2's dynamic tree from the head is re-drafted at every position of the continuation (64
+nodes, the top n of which is every smaller budget's tree) and replayed at every budget, and runs end
+to end at 64; the draft model's dynamic tree runs end to end at 64 (its super-trees would cost ~50 s
+a prompt here). The trees: preset shapes (capped at each
 drafter's depth: 4 Medusa heads, EAGLE depth 6), Sequoia's per-depth tree and Medusa's own tree
 search from each head's held-out per-rank accuracy (the training split's held-out rows, not the
 test prompts). Then real runs of the headline trees, every output checked against the target's
@@ -23,9 +25,9 @@ plain greedy output. tau = tokens per target call, bonus INCLUDED. Last line:
     medusa_tau          Medusa's heads with Medusa's own 64-node tree from their held-out accuracy, real runs
     draft_model_tau     SmolLM2's own first 24 layers as a draft model, its best 64-node tree
                         (static trees replayed, its dynamic tree run end to end)
-    greedy_outputs_equal  real runs (EAGLE's best static tree, EAGLE's dynamic trees at every
-                        budget, Medusa's tree, the draft model's dynamic tree) whose output equals
-                        the target's plain greedy output
+    greedy_outputs_equal  real runs (EAGLE's best static tree, EAGLE's dynamic tree, Medusa's tree,
+                        the draft model's dynamic tree, all at 64 nodes) whose output equals the
+                        target's plain greedy output
 
     python benchmarks/eagle.py --quick          (2 threads, the machine alone; --threads 1 beside another job)
 """
@@ -112,7 +114,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     heads_config = CollectConfig(max_new, top_k=HEADLINE, eos_token_id=())
-    collections = {EAGLE: collect_eagle(target, eagle.head, test, heads_config, depth=EAGLE_DEPTH, progress=False),
+    collections = {EAGLE: collect_eagle(target, eagle.head, test, heads_config, depth=EAGLE_DEPTH, progress=False,
+                                        dynamic=(HEADLINE, TOP_K)),
                    MEDUSA: collect_heads(target, medusa.heads, test, heads_config, progress=False)}
     draft = load_model(args.target, layers=args.draft_layers)[0]
     draft_label = f"draft model ({args.draft_layers} layers)"
@@ -127,19 +130,19 @@ def main() -> None:
     trees = {EAGLE: budget_trees(BUDGETS, EAGLE_DEPTH, heldout_rank_accuracy(eagle.accuracy)),
              MEDUSA: budget_trees(BUDGETS, medusa_config.num_heads, heldout_rank_accuracy(medusa.accuracy))}
     trees[draft_label] = {k: t for k, t in trees[EAGLE].items() if k[0] not in DESIGNED}
-    taus = tau_table({d: (collections[d], trees[d]) for d in trees}, {})
+    taus = tau_table({d: (collections[d], trees[d]) for d in trees}, {EAGLE: (collections[EAGLE], BUDGETS)})
 
     t0 = time.perf_counter()
     refs = {pid: autoregressive_generate(target, ids[None], max_new, eos_token_id=()).tokens.tolist() for pid, _, ids in test}
     runs = {}  # (drafter, shape, budget) -> real runs, one per prompt
-    for n in BUDGETS:
-        dynamic = EagleDynamicDrafter(target, eagle.head, n=n, top_k=TOP_K, max_depth=EAGLE_DEPTH)
-        runs[(EAGLE, DYNAMIC, n)] = [speculative_generate(target, dynamic, ids[None], None, max_new, eos_token_id=())
-                                     for _, _, ids in test]
+    dynamic = EagleDynamicDrafter(target, eagle.head, n=HEADLINE, top_k=TOP_K, max_depth=EAGLE_DEPTH)
+    runs[(EAGLE, DYNAMIC, HEADLINE)] = [speculative_generate(target, dynamic, ids[None], None, max_new, eos_token_id=())
+                                        for _, _, ids in test]
     dynamic = DynamicTreeDrafter(draft, n=HEADLINE, top_k=TOP_K, max_depth=EAGLE_DEPTH)
     runs[(draft_label, DYNAMIC, HEADLINE)] = [speculative_generate(target, dynamic, ids[None], Tree.chain(EAGLE_DEPTH), max_new,
                                                                    eos_token_id=()) for _, _, ids in test]
     static = taus[(taus["budget"] == HEADLINE) & (taus["kind"] != DYNAMIC)]
+    replayed_dynamic = taus[(taus["budget"] == HEADLINE) & (taus["kind"] == DYNAMIC)].set_index("drafter")["tau"]
     best_eagle = static[static["drafter"] == EAGLE].sort_values("tau").iloc[-1]
     for label, drafter, shape in ((EAGLE, EagleDrafter(target, eagle.head), best_eagle["shape"]),
                                   (MEDUSA, MedusaDrafter(target, medusa.heads), "medusa")):
@@ -152,8 +155,8 @@ def main() -> None:
     equal = sum(r.tokens.tolist() == refs[pid] for rs in runs.values() for (pid, _, _), r in zip(test, rs))
     total = sum(len(rs) for rs in runs.values())
     for (d, s, n), rs in runs.items():
-        if s != DYNAMIC:
-            replayed = float(static[(static["drafter"] == d) & (static["shape"] == s)]["tau"].iloc[0])
+        if d in replayed_dynamic.index or s != DYNAMIC:
+            replayed = float(replayed_dynamic[d] if s == DYNAMIC else static[(static["drafter"] == d) & (static["shape"] == s)]["tau"].iloc[0])
             print(f"{d} {s}:{n}: real runs tau {mean_tau(rs):.3f}, replayed {replayed:.3f}")
 
     print("tau (bonus INCLUDED; greedy, trajectory; all prompts pooled) by drafter, tree and budget:")
