@@ -45,7 +45,8 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                 float16 / nf4 and KV cache bytes from a config), spread (bootstrap intervals across
                 prompts), distillation (the target's continuations and hidden states: the
                 self-distillation data both trainers share), medusa_training (Medusa heads by
-                self-distillation, cached), eagle_training (EAGLE heads by self-distillation, cached)
+                self-distillation, cached), eagle_training (EAGLE heads by self-distillation, cached),
+                head_collection (a learned drafter's ranks at every depth of every step, for replay)
     bench/      timing harness, tree-attention kernels and grid, the verify-cost curve, the batched
                 cost curves (batch_curve)
     notebook/   experiments (the sweeps the notebooks run), pair_specs (draft -> target pairs as parameters
@@ -91,7 +92,7 @@ MODULES = {
                                     "cross_tokenizer", "methods", "hidden_rows", "medusa", "eagle")},
     **{m: f"analysis.{m}" for m in ("metrics", "quality", "baselines", "collection", "collect", "replay",
                                     "redraft", "executors", "tree_design", "cost_model", "memory", "spread",
-                                    "distillation", "medusa_training", "eagle_training")},
+                                    "distillation", "medusa_training", "eagle_training", "head_collection")},
     **{m: f"bench.{m}" for m in ("timing", "attention", "attention_grid", "verify_curve", "batch_curve")},
     **{m: f"notebook.{m}" for m in ("experiments", "pair_specs", "tables", "replay_study", "redraft_study",
                                     "long_generation", "plots", "legibility", "readings", "session",
