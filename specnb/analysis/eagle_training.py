@@ -250,7 +250,8 @@ def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int,
         hidden = last_hidden(target, seq[:-1])  # [P + L - 1, H]: row i's token is seq[i + 1]
         steps = len(seq) - p
         roots = torch.arange(p - 2, p - 2 + steps)  # host: step t reads the head's row of seq[p + t - 2]
-        top = depth_top_tokens(head, hidden, seq[1:], torch.arange(len(seq) - 1), depth, top_k, roots).cpu()  # [D, L, k]
+        positions = torch.arange(len(seq) - 1)  # host: moved by depth_top_tokens
+        top = depth_top_tokens(head, hidden, seq[1:], positions, depth, top_k, roots).cpu()  # [D, L, k]
         out = torch.full((steps, depth), top_k, dtype=torch.long)  # host: ranks are numpy-bound
         for d in range(1, depth + 1):
             idx = torch.arange(steps) + p + d - 1  # host: seq index of c[t + d - 1]

@@ -350,7 +350,8 @@ class EagleDynamicDrafter(EagleDrafter):
         seq = seq.reshape(-1).cpu()
         n = len(seq) - 1
         self._cache = new_cache(self.head)
-        g = self.head(features[None], seq[1:][None], torch.arange(n)[None], causal_visible(n, 0)[None], self._cache)[0]
+        positions = torch.arange(n)  # host: moved by the head
+        g = self.head(features[None], seq[1:][None], positions[None], causal_visible(n, 0)[None], self._cache)[0]  # [n, H]
         out = []
         try:
             for r in range(n - 1, first_root - 1, -1):
