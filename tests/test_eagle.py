@@ -16,7 +16,8 @@ import specnb.core.generation
 from conftest import random_prompt, tiny_model
 from specnb.analysis import distillation, eagle_training, medusa_training
 from specnb.analysis.distillation import DistillConfig, distill, distill_cached
-from specnb.analysis.eagle_training import EagleConfig, depth_top_tokens, eagle_loss, head_accuracy, train_or_load
+from specnb.analysis.eagle_training import (EagleConfig, chain_ranks, depth_top_tokens, eagle_loss, head_accuracy,
+                                            train_or_load)
 from specnb.core.cache import new_cache
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.sampling import SamplingConfig, top_tokens
@@ -356,6 +357,32 @@ def test_trained_head_predicts_its_training_continuations(trained, tiny_target, 
     fresh = head_accuracy(EagleHead.from_target(tiny_target, seed=9), data, rows, depth=2, ks=(1,))
     assert float(fitted["top_k_accuracy"].iloc[0]) > 0.8
     assert float(fitted["top_k_accuracy"].iloc[0]) > float(fresh["top_k_accuracy"].iloc[0]) + 0.3
+
+
+def test_chain_ranks_are_the_continuations_ranks(trained, tiny_target, monkeypatch):
+    """chain_ranks at a row: the index of the continuation's depth-d token among depth_top_tokens'
+    top k there, k when absent, -1 past the segment's end or on prompt text; head_accuracy reads them."""
+    monkeypatch.setenv("SPECNB_CACHE", str(trained.folder.parent.parent))
+    data = distill_cached(tiny_target, "tiny", [p for _, _, p in PROMPTS], CONFIG.data, progress=False)
+    idx = torch.nonzero(data.segment == int(data.segment[data.prompt == 1][0]))[:, 0]  # one segment of prompt 1
+    k, depth = 3, 3
+    ranks = chain_ranks(trained.head, data, idx, depth, k)
+    top = depth_top_tokens(trained.head, data.hidden[idx], data.token[idx], data.position[idx], depth, k)
+    plen = len(data.sequences[1][0])
+    n = len(idx)
+    for i in range(n):
+        for d in range(1, depth + 1):
+            if i + d >= n or int(data.position[idx[i]]) + 1 + d < plen:
+                assert ranks[i, d - 1] == -1
+                continue
+            hit = (top[d - 1, i] == data.token[idx[i + d]]).nonzero()
+            assert ranks[i, d - 1] == (int(hit[0, 0]) if len(hit) else k)
+    assert (ranks >= 0).any() and (ranks == -1).any()
+    acc = head_accuracy(trained.head, data, idx, depth, ks=(1, k))
+    for d in range(1, depth + 1):
+        have = ranks[:, d - 1] >= 0
+        want = float((ranks[have, d - 1] == 0).float().mean())
+        assert acc[(acc["depth"] == d) & (acc["k"] == 1)]["top_k_accuracy"].item() == pytest.approx(want)
 
 
 def test_depth_accuracy_is_what_a_chain_draft_drafts(trained, tiny_target):

@@ -12,7 +12,8 @@ import pytest
 from specnb import Tree
 from specnb.analysis.cost_model import expected_tau
 from specnb.notebook.readings import recommendation
-from specnb.analysis.tree_design import expected_accepted, hindsight_trees, prefix_value, recommend_budget, sequoia_trees
+from specnb.analysis.tree_design import (accepted_lengths, expected_accepted, hindsight_trees, prefix_value,
+                                        recommend_budget, sequoia_trees)
 from specnb.core.trees import SPARSE_ACCEPTANCE
 
 
@@ -144,3 +145,10 @@ def test_recommend_budget_maximises_tau_over_step_time():
     assert dict(zip(cost["shape"], cost["tokens_per_s"])) == pytest.approx(expect)
     assert cost.iloc[0]["shape"] == "chain" and cost.iloc[0]["speedup"] == pytest.approx(2.0 / 1.6)
     assert "chain with 4 draft tokens" in recommendation(cost)
+
+
+def test_accepted_lengths_hand_checked():
+    """The longest prefix of each rank path that is a node path; -1 (no token) ends a path."""
+    tree = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
+    paths = [[0, 0, 0, 5], [0, 1, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [0, 0, -1, 0], [0, 0, 0, 0], [1, -1, -1, -1]]
+    assert accepted_lengths(paths, tree).tolist() == [3, 2, 1, 0, 2, 3, 1]

@@ -16,11 +16,14 @@
                      `<cache>/eagle-heads/<key>/` (key: a hash of model, prompts and config; the head in
                      EAGLE's published layout, `io.eagle_checkpoint`), so a second call loads the head
                      and trains nothing
-    head_accuracy    per-depth top-k accuracy on held-out rows: depth d drafts along the target's own
-                     continuation from the head's predicted features, exactly as a chain draft does
+    chain_ranks      per row, the rank of the continuation's token at each depth of a chain drafted
+                     along the target's own continuation from the head's predicted features, exactly
+                     as a chain draft (or a tree's on-path nodes) does
+    head_accuracy    per-depth top-k accuracy on held-out rows, from those ranks
     collect_eagle    a greedy `Collection` of the head's rank at every depth of every step of the
-                     target's continuation (`eagle_ranks`), so `analysis.replay` answers every
-                     static EAGLE tree shape and budget exactly (`analysis.head_collection`)
+                     target's continuation (`eagle_ranks`, and EAGLE-2's trees re-drafted), so
+                     `analysis.replay` answers every EAGLE tree shape and budget exactly
+                     (`analysis.head_collection`)
 
 Segments, rows and positions: `distillation.DistillData` (row t = the target's feature of seq[t],
 its `token` seq[t + 1]); the head's row t is (f_t + noise, seq[t + 1]) at position t, and its output is
@@ -238,6 +241,13 @@ def depth_top_tokens(head: EagleHead, features: torch.Tensor, tokens: torch.Tens
     return torch.stack(out)
 
 
+def rank_in(top: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Long [m]: the index of want[i] in the row top[i] (top: [m, k] tokens, best first), k where
+    it is absent."""
+    hit = top == want[:, None]
+    return torch.where(hit.any(-1), hit.int().argmax(-1), top.shape[-1])
+
+
 def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int,
                 dynamic: EagleDynamicDrafter | None = None) -> Callable[[torch.Tensor, int, int], torch.Tensor | tuple]:
     """A `head_collection.RankFunction` for an EAGLE head: for a sequence (prompt of P tokens +
@@ -256,8 +266,7 @@ def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int,
         for d in range(1, depth + 1):
             idx = torch.arange(steps) + p + d - 1  # host: seq index of c[t + d - 1]
             want = torch.where(idx < len(seq), seq[idx.clamp(max=len(seq) - 1)], -1)
-            hit = top[d - 1] == want[:, None]
-            out[:, d - 1] = torch.where(hit.any(-1), hit.int().argmax(-1), top_k)
+            out[:, d - 1] = rank_in(top[d - 1], want)
         if dynamic is None:
             return out
         trees = dynamic.super_trees(hidden, seq, p - 1)  # roots seq[p - 1 + t], t = 0 .. L - 1
@@ -285,36 +294,47 @@ def collect_eagle(target: torch.nn.Module, head: EagleHead, prompts: Sequence[tu
                          run_tree, dict(describe or {}, drafter="eagle", depth=depth), progress)
 
 
-def head_accuracy(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int = 5,
-                  ks: Sequence[int] = SHOWN_K) -> pd.DataFrame:
-    """One row per (depth, k): share of `rows` (indices into data) whose depth-d token, the
-    continuation's token d positions after the root, is in the head's top k at depth d of a chain
-    drafted along the target's own continuation (`depth_top_tokens`); only tokens of the
-    continuation count (not prompt text) and rows whose depth-d token lies in the segment. The
-    `head` column repeats the depth, so Medusa's readers of such tables take it as they are
-    (`medusa_training.heldout_rank_accuracy`: acc[d][r] for Sequoia's and Medusa's tree searches)."""
-    kmax = max(ks)
-    hits = torch.zeros(depth, len(ks))  # host: counts
-    counts = torch.zeros(depth)  # host
+def chain_ranks(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int, k: int) -> torch.Tensor:
+    """Long [N, depth], one row per entry of `rows` (indices into data; segment by segment in data
+    order, row order within each): the rank of the continuation's token at depth d (index d - 1)
+    among the head's top k at depth d of a chain drafted from that row along the target's own
+    continuation (`depth_top_tokens`): 0 = its top-1, k = not in its top k, -1 = no such token
+    (past the segment's end, or prompt text rather than a generated token). A row whose depth-1
+    token is generated is a root a greedy generation meets (the last prompt token or a generated
+    one), and its ranks are the continuation rank path that replay of a static tree reads there
+    (`tree_design.accepted_lengths`)."""
+    out = []
     prompt_len = torch.tensor([len(p) for p, _ in data.sequences], dtype=torch.long)  # host
     keep = torch.zeros(len(data.segment), dtype=torch.bool)  # host
     keep[rows] = True
     for s in torch.unique(data.segment[keep]).tolist():
         idx = torch.nonzero(data.segment == s)[:, 0]  # the whole segment is the context
-        top = depth_top_tokens(head, data.hidden[idx], data.token[idx], data.position[idx], depth, kmax).cpu()
+        top = depth_top_tokens(head, data.hidden[idx], data.token[idx], data.position[idx], depth, k).cpu()
         n = len(idx)
         plen = int(prompt_len[data.prompt[idx[0]]])
+        i = torch.nonzero(keep[idx])[:, 0]  # host: the segment's rows asked for
+        ranks = torch.full((len(i), depth), -1, dtype=torch.long)  # host
         for d in range(1, depth + 1):
-            i = torch.arange(n - d)  # host: rows whose depth-d token (tokens[i + d]) is in the segment
-            ok = keep[idx[i]] & (data.position[idx[i]] + 1 + d >= plen)
-            want = data.token[idx[i + d]]
-            i, want = i[ok], want[ok]
-            counts[d - 1] += len(i)
-            for j, k in enumerate(ks):
-                hits[d - 1, j] += int((top[d - 1, i, :k] == want[:, None]).any(-1).sum())
+            ok = (i + d < n) & (data.position[idx[i]] + 1 + d >= plen)  # the depth-d token tokens[i + d] is generated
+            j = i[ok]
+            ranks[ok, d - 1] = rank_in(top[d - 1, j], data.token[idx[j + d]])
+        out.append(ranks)
+    return torch.cat(out) if out else torch.zeros(0, depth, dtype=torch.long)
+
+
+def head_accuracy(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int = 5,
+                  ks: Sequence[int] = SHOWN_K) -> pd.DataFrame:
+    """One row per (depth, k): share of `rows` (indices into data) whose depth-d token, the
+    continuation's token d positions after the root, is in the head's top k at depth d of a chain
+    drafted along the target's own continuation (`chain_ranks`); only tokens of the
+    continuation count (not prompt text) and rows whose depth-d token lies in the segment. The
+    `head` column repeats the depth, so Medusa's readers of such tables take it as they are
+    (`medusa_training.heldout_rank_accuracy`: acc[d][r] for Sequoia's and Medusa's tree searches)."""
+    ranks = chain_ranks(head, data, rows, depth, max(ks))
+    counts = (ranks >= 0).sum(0)  # [depth]
     return pd.DataFrame([{"head": d + 1, "depth": d + 1, "k": k, "rows": int(counts[d]),
-                          "top_k_accuracy": float(hits[d, j] / max(int(counts[d]), 1))}
-                         for d in range(depth) for j, k in enumerate(ks)])
+                          "top_k_accuracy": float(((ranks[:, d] >= 0) & (ranks[:, d] < k)).sum() / max(int(counts[d]), 1))}
+                         for d in range(depth) for k in ks])
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ What it holds (pure functions: no model, no disk; the data come from `specnb.rep
     hindsight_trees    for every budget n, the static tree that would have accepted the most
                        draft tokens on collected data (the "ceiling" of static trees): the top-n
                        rank-path prefixes by how often the target's continuation started with them
+    accepted_lengths   a static tree's accepted draft tokens at each position, from the positions'
+                       continuation rank paths (what greedy replay computes at every position)
     recommend_budget   with replayed tau per tree and the step-time model of `cost_model` (verify-cost
                        curve of the target, per-level cost of the draft), expected tokens/s per tree
                        and the budget that maximises it on the measured device
@@ -155,6 +157,23 @@ def hindsight_trees(counts: Mapping[Path, int], budgets: Iterable[int]) -> dict[
     order = sorted(((c, p) for p, c in counts.items() if c > 0), key=lambda cp: (-cp[0], len(cp[1]), cp[1]))
     ranked = [p for _, p in order]
     return {n: Tree.from_paths(_fill(ranked[:n], n)) for n in budgets}
+
+
+def accepted_lengths(rank_paths: np.ndarray | Sequence[Sequence[int]], tree: Tree) -> np.ndarray:
+    """Int [N]: the draft tokens `tree` accepts at each of N positions under greedy verification,
+    the longest prefix of the position's continuation rank path that is a node path of the tree;
+    rank_paths: int [N, D], entry d the rank of the continuation's token at depth d + 1 under the
+    draft there, any negative value or a rank the tree lacks ending the path (no token, not drafted;
+    a rank that stands for "not among the top k", as `eagle_training.chain_ranks` writes k, must
+    exceed the tree's largest rank)."""
+    nodes = set(tree.paths)
+    out = np.zeros(len(rank_paths), dtype=np.int64)
+    for i, path in enumerate(np.asarray(rank_paths).tolist()):
+        d = 0
+        while d < len(path) and path[d] >= 0 and tuple(path[: d + 1]) in nodes:
+            d += 1
+        out[i] = d
+    return out
 
 
 def prefix_value(tree: Tree, counts: Mapping[Path, int]) -> int:
