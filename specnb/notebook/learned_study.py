@@ -17,8 +17,10 @@ the draft model of the same target, on the same held-out prompts; and Medusa's t
                          `with_measured` adds the dynamic trees run end to end (EAGLE-2's tree from the
                          EAGLE head, the draft model's top-N tree), one tidy frame with `drafter`
                          and `kind` columns
-    speed_plan           the units of the wall-clock comparison: each drafter's best static tree at a
-                         budget and the dynamic trees, beside the target alone (`experiments.run_sweep`)
+    eagle_config         the EAGLE head's recipe on Medusa's data parameters
+    speed_drafters, speed_plan   the units of the wall-clock comparison: each drafter's best static
+                         tree at a budget and the dynamic trees, beside the target alone
+                         (`experiments.run_sweep`)
     typical_quality      per prompt: tau and perplexity (under the target) of typical acceptance
                          (lossy) and of lossless sampling with the same tree, and each output's
                          agreement with the target's own sampled output (same seed): share of equal
@@ -51,7 +53,8 @@ from ..analysis.replay import replay, replay_dynamic
 from ..core.acceptance import TypicalAcceptance
 from ..core.generation import autoregressive_generate, speculative_generate
 from ..core.trees import Tree
-from ..core.drafting import Drafter
+from ..core.drafting import Drafter, ModelDrafter
+from ..drafters.dynamic import DynamicTreeDrafter
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
 from ..io.models import load_tokenizer, prompt_format, prompt_ids
@@ -240,20 +243,27 @@ def short_name(drafter: str) -> str:
     return {EAGLE: "eagle", MEDUSA: "medusa"}.get(drafter, "draft")
 
 
-def eagle_dynamic_drafters(target: torch.nn.Module, head: EagleHead, budgets: Sequence[int], top_k: int,
-                           depth: int) -> dict[int, Drafter]:
-    """EAGLE-2's dynamic tree from the head at every budget (`EagleDynamicDrafter`)."""
-    return {int(n): EagleDynamicDrafter(target, head, n=int(n), top_k=top_k, max_depth=depth) for n in budgets}
+def speed_drafters(target: torch.nn.Module, head: EagleHead, medusa: MedusaHeads, draft: torch.nn.Module | None,
+                   draft_label: str | None, budget: int, top_k: int, depth: int,
+                   draft_dynamic: bool) -> tuple[dict[str, Drafter], dict[str, dict[int, Drafter]]]:
+    """The drafters `speed_plan` times: (static, by drafter label: the EAGLE head's and Medusa's
+    heads' tree drafters and the draft model's; dynamic, by label and budget: EAGLE-2's tree from
+    the head at `budget`, and the draft model's with `draft_dynamic`), each dynamic one `top_k`
+    children per node, at most `depth` deep."""
+    static: dict[str, Drafter] = {EAGLE: EagleDrafter(target, head), MEDUSA: MedusaDrafter(target, medusa)}
+    dynamic: dict[str, dict[int, Drafter]] = {EAGLE: {budget: EagleDynamicDrafter(target, head, n=budget, top_k=top_k, max_depth=depth)}}
+    if draft is not None:
+        static[draft_label] = ModelDrafter(draft)
+        if draft_dynamic:
+            dynamic[draft_label] = {budget: DynamicTreeDrafter(draft, n=budget, top_k=top_k, max_depth=depth)}
+    return static, dynamic
 
 
-def static_drafters(target: torch.nn.Module, head: EagleHead | None, medusa: MedusaHeads | None) -> dict[str, Drafter]:
-    """The learned drafters filling static trees, by label."""
-    out: dict[str, Drafter] = {}
-    if head is not None:
-        out[EAGLE] = EagleDrafter(target, head)
-    if medusa is not None:
-        out[MEDUSA] = MedusaDrafter(target, medusa)
-    return out
+def eagle_config(medusa: TrainConfig, epochs: float, batch_rows: int, lr: float, ce_rows: int) -> EagleConfig:
+    """The EAGLE head's recipe on Medusa's data parameters (the same continuations), the prompts' rows
+    kept (the head's layer attends over the prompt when it drafts), the same held-out share and seed."""
+    return EagleConfig(data=replace(medusa.distill_config(), prompt_rows=True), heldout=medusa.heldout, epochs=epochs,
+                       batch_rows=batch_rows, lr=lr, ce_rows=ce_rows, seed=medusa.seed)
 
 
 def speed_table(shape_rows: pd.DataFrame, owner: dict[str, str]) -> pd.DataFrame:
