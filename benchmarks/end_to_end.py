@@ -5,7 +5,9 @@ method before the next prompt starts, in an order rotated from prompt to prompt)
 
     target alone          specnb.autoregressive_generate (the speed baseline and reference output)
     hf_assisted k         transformers assisted generation, the same draft, fixed k tokens a step
-    specnb chain k        speculative_generate with Tree.chain(k) and the same draft
+    specnb chain k        speculative_generate with Tree.chain(k) and the same draft (its LM head
+                          ranked by `core.topk_head.TopKHead` where that pays: the same tokens)
+    specnb chain k own head   the same with the draft's own float32 LM head (what TopKHead saves)
     specnb <best tree>    speculative_generate with --best-tree (default sparse:8)
     specnb adaptive k     specnb's AdaptiveLength: the chain length from k by transformers' +2 / -1
                           rule (reset per prompt), at most 2k deep
@@ -184,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
         pd.DataFrame(flat).to_csv(args.csv, index=False)
+    own = pooled_speed(runs, f"{chain} own head") / pooled_speed(runs, assisted)
+    print(f"chain {args.k} with the draft's own LM head over hf_assisted {args.k}: {own:.3f} (TopKHead: {x:.3f}); "
+          f"drafts equal: {same_drafts(runs, chain, f'{chain} own head')}")
     print(f"elapsed_s={time.perf_counter() - started:.0f}")
     z = best[best["category"] != "all"]["best_over_hf_best"].min()
     rss = {path: resident_after_load(args.target, args.draft, args.target_quantization, args.draft_quantization, path)
@@ -193,6 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chain_over_hf_assisted={x:.3f} ngram_over_hf_prompt_lookup={y:.3f} greedy_outputs_equal={equal}/{len(greedy)} "
           f"best_over_hf_best={z:.3f} rss_onednn_over_stock={rss['onednn'] / rss['stock']:.3f}")
     return 0 if equal == len(greedy) else 1
+
+
+def same_drafts(runs: list[dict], a: str, b: str) -> str:
+    """How many prompts' runs of methods a and b drafted and accepted the same at every step."""
+    steps = {(r["method"], r["prompt_id"]): [(s.num_drafted, s.num_accepted, s.accepted_ranks) for s in r["result"].steps]
+             for r in runs if r["method"] in (a, b)}
+    prompts = {p for m, p in steps if m == a}
+    return f"{sum(steps[(a, p)] == steps.get((b, p)) for p in prompts)}/{len(prompts)}"
 
 
 def resident_after_load(target: str, draft: str, target_quantization: str | None, draft_quantization: str | None,
@@ -220,6 +233,7 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
     k, lookup = args.k, args.lookup_tokens
     (best_key, best_tree), = method_trees([args.best_tree]).items()
     chain_drafter, tree_drafter = ModelDrafter(draft), ModelDrafter(draft)  # one cache per method
+    own_head = ModelDrafter(draft, head=None)  # the same chain ranked by the draft's own float32 LM head
     adaptive = AdaptiveLength(ModelDrafter(draft), start=k, schedule="heuristic_transient")
     methods = [
         Method(TARGET_ALONE, "target", lambda ids, n: autoregressive_generate(target, ids, max_new_tokens=n)),
@@ -227,6 +241,8 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
                lambda ids, n: hf_assisted_generate(target, draft, ids, num_assistant_tokens=k, max_new_tokens=n), k, k),
         Method(f"specnb chain {k}", "model_draft",
                lambda ids, n: speculative_generate(target, chain_drafter, ids, tree=Tree.chain(k), max_new_tokens=n), k, k),
+        Method(f"specnb chain {k} own head", "model_draft",
+               lambda ids, n: speculative_generate(target, own_head, ids, tree=Tree.chain(k), max_new_tokens=n), k, k),
         Method(f"specnb {best_key[0]}:{best_key[1]}", "model_draft",
                lambda ids, n: speculative_generate(target, tree_drafter, ids, tree=best_tree, max_new_tokens=n),
                best_tree.depth, best_tree.num_nodes),

@@ -20,6 +20,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
         acceptance    greedy and lossless (multi-round, without-replacement) acceptance rules;
                       Medusa's typical acceptance (LOSSY, opt-in)
         drafting      Drafter base class (no-op hooks), Draft, ModelDrafter
+        topk_head     a greedy draft's LM head from a bfloat16 copy, its top k rechecked in float32
         runtime       clock, stop tokens, input checks, generators: what every loop shares
         generation    speculative_generate, autoregressive_generate, Step, GenerationResult
         streaming     StreamingCache: attention sinks + a window (StreamingLLM), bounded caches
@@ -85,7 +86,7 @@ from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_s
 MODULES = {
     **{m: f"core.{m}" for m in ("trees", "masks", "cache", "sampling", "forward", "verification",
                                 "acceptance", "drafting", "runtime", "generation", "streaming", "ragged",
-                                "batch")},
+                                "batch", "topk_head")},
     **{m: f"io.{m}" for m in ("embedded", "sources", "models", "cpu_linear", "model_configs", "prompts", "storage",
                               "checkpoints", "medusa_checkpoint", "eagle_checkpoint")},
     **{m: f"drafters.{m}" for m in ("dynamic", "ngram", "self_draft", "merging", "draft_length", "retokenize",

@@ -45,6 +45,7 @@ from .cache import cache_length, crop, keep_positions, new_cache
 from .forward import forward
 from .sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
 from .streaming import StreamingCache, kv_bytes
+from .topk_head import TopKHead, draft_head
 from .trees import Tree
 
 
@@ -111,13 +112,22 @@ class ModelDrafter(Drafter):
     cache_policy: a bounded draft cache (`streaming.StreamingCache`), cut when the cache is advanced
     to the next sequence (between steps, never while a tree is drafted), independently of the
     target's. It changes only what the draft proposes, never the output.
+
+    head: "auto" (default) ranks greedy drafts (no confidence threshold) with a `topk_head.TopKHead`
+    where one pays (a float32 CPU draft with a large LM head: `topk_head.draft_head`): the same
+    top-k tokens as the model's own head at about half its memory traffic; sampled and
+    confidence-threshold drafts use the model's own head. None: always the model's own head; or a
+    TopKHead to use.
     """
 
     def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0,
-                 cache_policy: StreamingCache | None = None) -> None:
+                 cache_policy: StreamingCache | None = None, head: TopKHead | str | None = "auto") -> None:
         if not 0.0 <= confidence_threshold <= 1.0:
             raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
+        if isinstance(head, str) and head != "auto":
+            raise ValueError(f"head must be 'auto', None or a TopKHead, got {head!r}")
         self.model = model
+        self.head = draft_head(model) if head == "auto" else head
         self.confidence_threshold = confidence_threshold
         self.cache_policy = cache_policy
         self._indices: dict[tuple[Tree, torch.device], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
@@ -176,7 +186,9 @@ class ModelDrafter(Drafter):
             raise ValueError("copies > 1 draws independent samples: it needs sampling (temperature > 0)")
         n = tree.num_nodes
         seq = tokens.reshape(-1).tolist()
-        root_logits = self._advance(seq)  # [V]
+        ranked = self.head is not None and sampling.greedy and self.confidence_threshold == 0.0  # top-k only
+        widths = [lv.width for lv in tree.levels] + [0]
+        root_logits = self._advance(seq, widths[0] if ranked else 0)  # [V]
         device = root_logits.device
         out = torch.zeros(n, dtype=torch.long, device=device)
         q = None if sampling.greedy else torch.zeros(n + 1, root_logits.shape[-1], dtype=torch.float32, device=device)
@@ -201,7 +213,8 @@ class ModelDrafter(Drafter):
                     return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
             if not level.fed:
                 break
-            logits = self._feed(tree, level.fed, out[fed], len(seq) - 1 + level.depth - self._shift).float()
+            logits = self._feed(tree, level.fed, out[fed], len(seq) - 1 + level.depth - self._shift,
+                                widths[level.depth] if ranked else 0).float()
             parent_rows = fed + 1
         return Draft(out, q)
 
@@ -218,17 +231,20 @@ class ModelDrafter(Drafter):
             ]
         return self._indices[key]
 
-    def _feed(self, tree: Tree, nodes: tuple[int, ...], ids: torch.Tensor, position: int) -> torch.Tensor:
+    def _feed(self, tree: Tree, nodes: tuple[int, ...], ids: torch.Tensor, position: int, k: int = 0) -> torch.Tensor:
         """Feed tree nodes of one depth (their tokens `ids`, all at `position`); each sees the
-        sequence, its fed ancestors and itself. Returns their logits [len(nodes), V]."""
+        sequence, its fed ancestors and itself. Returns their logits [len(nodes), V], from the
+        TopKHead with its top `k` exact where k > 0, else from the model's own head."""
+        head = self.head if k else None
         chain_so_far = len(nodes) == 1 and list(tree.node_path(nodes[0])[:-1]) == self._fed
         if chain_so_far and position == cache_length(self._cache):  # sees everything cached, at the
             self._fed += list(nodes)                                # cache's own next position:
-            return forward(self.model, self._cache, ids)            # the model's unmasked path
+            return forward(self.model, self._cache, ids, head=head, k=k)  # the model's unmasked path
         visible = self._visible(len(nodes))
         visible[:, self._held :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
         self._fed += list(nodes)
-        return forward(self.model, self._cache, ids, torch.full((len(nodes),), position), visible)  # host: positions
+        return forward(self.model, self._cache, ids, torch.full((len(nodes),), position), visible,  # host: positions
+                       head=head, k=k)
 
     def _visible(self, new: int) -> torch.Tensor:
         """Bool [new, cache length + new], True over the committed sequence, False elsewhere."""
@@ -236,8 +252,9 @@ class ModelDrafter(Drafter):
         visible[:, : self._held] = True
         return visible
 
-    def _advance(self, seq: list[int]) -> torch.Tensor:
-        """Bring the cache to `seq`, feeding only what it lacks; float32 logits [V] at seq[-1]."""
+    def _advance(self, seq: list[int], k: int = 0) -> torch.Tensor:
+        """Bring the cache to `seq`, feeding only what it lacks; float32 logits [V] at seq[-1] (top
+        `k` exact from the TopKHead where k > 0, else the model's own head's)."""
         held = len(self._committed)
         extends = len(seq) > held and seq[:held] == self._committed
         if self._cache is None or (self._evicted and not extends):  # a cut cache cannot be rewound
@@ -274,7 +291,7 @@ class ModelDrafter(Drafter):
         positions = None
         if self._evicted and self.cache_policy.positions == "original":
             positions = torch.arange(start, len(seq))  # host: their true indices
-        logits = forward(self.model, self._cache, new, positions, logits_to_keep=1)[-1]
+        logits = forward(self.model, self._cache, new, positions, logits_to_keep=1, head=self.head if k else None, k=k)[-1]
         self._committed = list(seq)
         return logits.float()
 

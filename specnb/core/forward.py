@@ -13,6 +13,7 @@ from transformers import DynamicCache
 
 from .cache import cache_length
 from .masks import model_mask
+from .topk_head import TopKHead
 
 
 @torch.inference_mode()
@@ -23,6 +24,8 @@ def forward(
     positions: torch.Tensor | None = None,
     visible: torch.Tensor | None = None,
     logits_to_keep: int = 0,
+    head: TopKHead | None = None,
+    k: int = 0,
 ) -> torch.Tensor:
     """Logits [n, V] (model dtype) of n new tokens appended to `cache` (which keeps them).
 
@@ -33,6 +36,8 @@ def forward(
     attention path (a dense mask is slower on CPU). They decide it from the tree's structure,
     without reading any tensor.
     logits_to_keep: 0 = every row; k = the last k rows only (the LM head skips the others).
+    head: a `topk_head.TopKHead` for the model's LM head (float32 logits whose top `k` per row are
+    exact, `k` > 0); None: the model's own head.
     """
     device = model.device
     n = input_ids.shape[-1]
@@ -41,13 +46,11 @@ def forward(
         if visible.shape != (n, cache_length(cache) + n):
             raise ValueError(f"visible must be [{n}, {cache_length(cache) + n}], got {tuple(visible.shape)}")
         mask = model_mask(visible.to(device)[None, None], model, model.dtype)
-    out = model(
-        input_ids=input_ids.reshape(1, n).to(device),
-        position_ids=None if positions is None else positions.reshape(1, n).to(device),
-        attention_mask=mask,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=logits_to_keep,
-    )
-    return out.logits[0]
+    inputs = {"input_ids": input_ids.reshape(1, n).to(device),
+              "position_ids": None if positions is None else positions.reshape(1, n).to(device),
+              "attention_mask": mask, "cache": cache, "use_cache": True}
+    if head is not None:
+        hidden = model.model(**inputs).last_hidden_state[0]  # [n, H]
+        return head(hidden[-logits_to_keep:] if logits_to_keep else hidden, k)
+    return model(**inputs, logits_to_keep=logits_to_keep).logits[0]
 
