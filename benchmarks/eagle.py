@@ -13,8 +13,8 @@ of the held-out part (Spec-Bench's six tasks in turn), one collection per drafte
 answers every static tree and budget by replay (exact: tests check replayed steps against real
 runs); EAGLE-2's dynamic tree from the head is re-drafted at every position of the continuation (64
 nodes, the top n of which is every smaller budget's tree) and replayed at every budget, and runs end
-to end at 64; the draft model's dynamic tree runs end to end at 64 (its super-trees would cost ~50 s
-a prompt here). The trees: preset shapes (capped at each
+to end at 64; the draft model's dynamic tree runs end to end at 64 in the full mode (its super-trees
+would cost ~50 s a prompt here; --quick leaves it out). The trees: preset shapes (capped at each
 drafter's depth: 4 Medusa heads, EAGLE depth 6), Sequoia's per-depth tree and Medusa's own tree
 search from each head's held-out per-rank accuracy (the training split's held-out rows, not the
 test prompts). Then real runs of the headline trees, every output checked against the target's
@@ -24,10 +24,10 @@ plain greedy output. tau = tokens per target call, bonus INCLUDED. Last line:
                         log q, top 10 children per node, depth 6), rebuilt every step, real runs
     medusa_tau          Medusa's heads with Medusa's own 64-node tree from their held-out accuracy, real runs
     draft_model_tau     SmolLM2's own first 24 layers as a draft model, its best 64-node tree
-                        (static trees replayed, its dynamic tree run end to end)
+                        (static trees replayed; its dynamic tree run end to end, full mode only)
     greedy_outputs_equal  real runs (EAGLE's best static tree, EAGLE's dynamic tree, Medusa's tree,
-                        the draft model's dynamic tree, all at 64 nodes) whose output equals the
-                        target's plain greedy output
+                        the draft model's dynamic tree in the full mode, all at 64 nodes) whose
+                        output equals the target's plain greedy output
 
     python benchmarks/eagle.py --quick          (2 threads, the machine alone; --threads 1 beside another job)
 """
@@ -132,7 +132,7 @@ def main() -> None:
         print(f"{name}, top-k accuracy by depth on the training split's held-out greedy rows:")
         print(acc.pivot(index="head", columns="k", values="top_k_accuracy").round(3).to_string())
 
-    t0 = time.perf_counter()
+    t0 = t_trained = time.perf_counter()
     heads_config = CollectConfig(max_new, top_k=HEADLINE, eos_token_id=())
     collections = {EAGLE: collect_eagle(target, eagle.head, test, heads_config, depth=EAGLE_DEPTH, progress=False,
                                         dynamic=(HEADLINE, TOP_K)),
@@ -140,8 +140,10 @@ def main() -> None:
     draft = load_model(args.target, layers=args.draft_layers)[0]
     draft_label = f"draft model ({args.draft_layers} layers)"
     with tempfile.TemporaryDirectory() as folder:
+        # the continuation is the target's whatever makes it: a chain of 1 costs the 24-layer draft least
         collections[draft_label] = collect(folder, target, draft, {pid: ids[None] for pid, _, ids in test},
-                                           CollectConfig(max_new, top_k=HEADLINE, eos_token_id=()), progress=False)
+                                           CollectConfig(max_new, top_k=HEADLINE, eos_token_id=(), run_tree="chain:1"),
+                                           progress=False)
     print(f"collections: {len(test)} held-out prompts x {max_new} tokens, {time.perf_counter() - t0:.0f} s")
     print("top-k accuracy by depth on the held-out test prompts (along the accepted path):")
     acc = pd.concat([accuracy_by_depth(c, ks=(1, 5, 10), depth=EAGLE_DEPTH).assign(drafter=d) for d, c in collections.items()])
@@ -152,15 +154,16 @@ def main() -> None:
     trees[draft_label] = {k: t for k, t in trees[EAGLE].items() if k[0] not in DESIGNED}
     taus = tau_table({d: (collections[d], trees[d]) for d in trees}, {EAGLE: (collections[EAGLE], BUDGETS)})
 
-    t0 = time.perf_counter()
+    t0 = t_collected = time.perf_counter()
     refs = {pid: autoregressive_generate(target, ids[None], max_new, eos_token_id=()).tokens.tolist() for pid, _, ids in test}
     runs = {}  # (drafter, shape, budget) -> real runs, one per prompt
     dynamic = EagleDynamicDrafter(target, eagle.head, n=HEADLINE, top_k=TOP_K, max_depth=EAGLE_DEPTH)
     runs[(EAGLE, DYNAMIC, HEADLINE)] = [speculative_generate(target, dynamic, ids[None], None, max_new, eos_token_id=())
                                         for _, _, ids in test]
-    dynamic = DynamicTreeDrafter(draft, n=HEADLINE, top_k=TOP_K, max_depth=EAGLE_DEPTH)
-    runs[(draft_label, DYNAMIC, HEADLINE)] = [speculative_generate(target, dynamic, ids[None], Tree.chain(EAGLE_DEPTH), max_new,
-                                                                   eos_token_id=()) for _, _, ids in test]
+    if not args.quick:  # 6 levels of the 24-layer draft a step: the slowest runs here (~100 s of --quick's budget)
+        dynamic = DynamicTreeDrafter(draft, n=HEADLINE, top_k=TOP_K, max_depth=EAGLE_DEPTH)
+        runs[(draft_label, DYNAMIC, HEADLINE)] = [speculative_generate(target, dynamic, ids[None], Tree.chain(EAGLE_DEPTH),
+                                                                       max_new, eos_token_id=()) for _, _, ids in test]
     static = taus[(taus["budget"] == HEADLINE) & (taus["kind"] != DYNAMIC)]
     replayed_dynamic = taus[(taus["budget"] == HEADLINE) & (taus["kind"] == DYNAMIC)].set_index("drafter")["tau"]
     best_eagle = static[static["drafter"] == EAGLE].sort_values("tau").iloc[-1]
@@ -168,7 +171,8 @@ def main() -> None:
                                   (MEDUSA, MedusaDrafter(target, medusa.heads), "medusa")):
         runs[(label, shape, HEADLINE)] = [speculative_generate(target, drafter, ids[None], trees[label][(shape, HEADLINE)],
                                                                max_new, eos_token_id=()) for _, _, ids in test]
-    print(f"real runs: {len(runs)} methods x {len(test)} prompts, {time.perf_counter() - t0:.0f} s")
+    t_ran = time.perf_counter()
+    print(f"real runs: {len(runs)} methods x {len(test)} prompts, {t_ran - t0:.0f} s")
     measured = pd.DataFrame([{"drafter": d, "kind": DYNAMIC, "shape": DYNAMIC, "budget": n, "nodes": n, "tau": mean_tau(rs),
                               "source": "measured"} for (d, s, n), rs in runs.items() if s == DYNAMIC])
     taus = pd.concat([taus, measured], ignore_index=True)
@@ -190,7 +194,8 @@ def main() -> None:
     eagle_dynamic_tau = mean_tau(runs[(EAGLE, DYNAMIC, HEADLINE)])
     medusa_tau = mean_tau(runs[(MEDUSA, "medusa", HEADLINE)])
     draft_model_tau = float(taus[(taus["drafter"] == draft_label) & (taus["budget"] == HEADLINE)]["tau"].max())
-    print(f"total {time.perf_counter() - t_start:.0f} s")
+    print(f"total {time.perf_counter() - t_start:.0f} s (distillation and training {t_trained - t_start:.0f} s, "
+          f"collections {t_collected - t_trained:.0f} s, real runs {t_ran - t_collected:.0f} s)")
     print(f"eagle_tau={eagle_tau:.3f} eagle_dynamic_tau={eagle_dynamic_tau:.3f} medusa_tau={medusa_tau:.3f} "
           f"draft_model_tau={draft_model_tau:.3f} greedy_outputs_equal={equal}/{total}")
 
