@@ -24,8 +24,10 @@ Two parts, in this one process:
 
 Last line:
     verify16_over_decode=<a> stock_verify16_over_decode=<b> decode_speedup=<c> greedy_equal=<n>/<m>
-a: the packed path's 16-token forward over its own 1-token forward; b: the same for the stock
-path; c: stock 1-token time over packed 1-token time; n/m: greedy outputs equal to the stock
+a: the packed path's verify of root + a 16-node sparse tree (17 rows, tree mask: what notebook 01's
+verify-cost curve times, `bench.verify_curve`) over its verify of the root alone; b: the same for the
+stock path (the plain causal forwards of 1-64 tokens are in the table above it); c: stock 1-token
+forward time over packed 1-token forward time; n/m: greedy outputs equal to the stock
 model's plain greedy output (ties counted as not equal, and listed).
 """
 
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 from specnb import Tree, autoregressive_generate, speculative_generate
 from specnb.analysis.quality import compare_greedy, score
 from specnb.bench.timing import measure_interleaved
-from specnb.bench.verify_curve import prefilled_cache
+from specnb.bench.verify_curve import prefilled_cache, verify_and_forward
 from specnb.core.cache import crop
 from specnb.core.drafting import ModelDrafter
 from specnb.io.cpu_linear import PACK_ROWS, linear_path, pack_linears
@@ -127,6 +129,15 @@ def forward_curve(model: torch.nn.Module, prefix: int, rows: tuple[int, ...], re
     return {n: timings[n].median_s for n in rows}
 
 
+def tree_verify(model: torch.nn.Module, prefix: int, nodes: int, repeats: int) -> dict[int, float]:
+    """Median seconds of one `verification.verify` of the root alone (0) and of root + a sparse tree
+    of `nodes` nodes under its tree mask, on a `prefix`-token cache: notebook 01's verify-cost curve
+    (`bench.verify_curve`, kind "verify"), the same function."""
+    cache = prefilled_cache(model, prefix)
+    return {n: verify_and_forward(model, cache, Tree.preset("sparse", n), None, 1, repeats)["verify"].median_s
+            for n in (0, nodes)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -151,16 +162,21 @@ def main() -> None:
     ids = [prompt_ids(tokenizer, p.text) for p in prompts]
     stock_out = [autoregressive_generate(target, x, max_new_tokens=args.max_new_tokens).tokens for x in ids]
     stock = forward_curve(target, args.prefix, ROWS, args.repeats)
+    stock_tree = tree_verify(target, args.prefix, 16, args.repeats)
     gb = weight_bytes(target) / 1e9
     packed_layers = pack_linears(target, "onednn")
     assert linear_path(target) == "onednn"
     fast = forward_curve(target, args.prefix, ROWS, args.repeats)
+    fast_tree = tree_verify(target, args.prefix, 16, args.repeats)
     print(f"\nmodel forward of n new tokens on a {args.prefix}-token cache, median of {args.repeats} "
           f"({packed_layers} layers packed; {gb:.2f} GB of Linear weights read per forward)")
     print(f"{'n':>3} {'stock ms':>9} {'GB/s':>6} {'/decode':>8} {'onednn ms':>10} {'GB/s':>6} {'/decode':>8} {'speedup':>8}")
     for n in ROWS:
         print(f"{n:>3} {stock[n] * 1e3:>9.0f} {gb / stock[n]:>6.1f} {stock[n] / stock[1]:>8.2f} "
               f"{fast[n] * 1e3:>10.0f} {gb / fast[n]:>6.1f} {fast[n] / fast[1]:>8.2f} {stock[n] / fast[n]:>8.2f}", flush=True)
+    print(f"verify of root + a 16-node sparse tree under its tree mask (17 rows, notebook 01's curve) over verify of "
+          f"the root alone: stock {stock_tree[16] * 1e3:.0f} / {stock_tree[0] * 1e3:.0f} ms = {stock_tree[16] / stock_tree[0]:.3f}, "
+          f"onednn {fast_tree[16] * 1e3:.0f} / {fast_tree[0] * 1e3:.0f} ms = {fast_tree[16] / fast_tree[0]:.3f}", flush=True)
 
     draft, _ = load_model(args.draft, dtype="float32", device="cpu", cpu_linear="onednn")
     shape, budget = args.tree.split(":")
@@ -181,7 +197,7 @@ def main() -> None:
     for note in notes:
         print("  " + note)
     print(f"total {time.perf_counter() - started:.0f} s")
-    print(f"verify16_over_decode={fast[16] / fast[1]:.3f} stock_verify16_over_decode={stock[16] / stock[1]:.3f} "
+    print(f"verify16_over_decode={fast_tree[16] / fast_tree[0]:.3f} stock_verify16_over_decode={stock_tree[16] / stock_tree[0]:.3f} "
           f"decode_speedup={stock[1] / fast[1]:.3f} greedy_equal={equal}/{total}")
 
 
