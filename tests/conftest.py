@@ -55,6 +55,12 @@ def tiny_model(
     return model.eval()
 
 
+def step_tuple(s) -> tuple:
+    """What a step did, to compare a replayed step with a real one: position, drafted, accepted,
+    tokens added, tree depth, the accepted ranks and the children counts."""
+    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
+
+
 def random_prompt(seed: int, length: int = 7, vocab: int = 61) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (1, length), generator=g)  # ids 0-2 are pad/bos/eos

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import specnb.core.generation
-from conftest import random_prompt, tiny_model
+from conftest import random_prompt, step_tuple, tiny_model
 from specnb.analysis import distillation, eagle_training, medusa_training
 from specnb.analysis.distillation import DistillConfig, distill, distill_cached
 from specnb.analysis.eagle_training import (EagleConfig, chain_ranks, depth_top_tokens, eagle_loss, head_accuracy,
@@ -448,10 +448,6 @@ def eagle_collection(tiny_target, trained):
 
     return eagle_training.collect_eagle(tiny_target, trained.head, PROMPTS, CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
                                         depth=4, tree=Tree.sparse(6), progress=False)
-
-
-def step_tuple(s):
-    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
 
 
 @pytest.mark.parametrize("max_new", [MAX_NEW, 11])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import random_prompt, tiny_model
+from conftest import random_prompt, step_tuple, tiny_model
 from specnb.core.acceptance import TypicalAcceptance, greedy_accept, typical_accept, typical_thresholds
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.sampling import top_tokens
@@ -427,10 +427,6 @@ def medusa_trees(collection):
     acc = [[max(a, 1e-3) for a in row] for row in rank_accuracy(collection, 8)]
     return {"chain3": Tree.chain(3), "kary2": Tree.kary(2, 9), "gaps": Tree.from_paths([(1,), (3,), (3, 0), (3, 2)]),
             "medusa12": medusa_tree(acc, 12)}
-
-
-def step_tuple(s):
-    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
 
 
 @pytest.mark.parametrize("max_new", [MAX_NEW, 11])

@@ -33,7 +33,7 @@ from specnb.core.drafting import ModelDrafter
 from specnb.core.sampling import SamplingConfig
 from specnb.io.models import truncate_layers
 
-from conftest import random_prompt, tiny_model
+from conftest import random_prompt, step_tuple, tiny_model
 from stats import ALPHA
 from test_generation import TREES  # chain, k-ary, wide, beams, sparse and a Medusa tree with rank gaps
 
@@ -46,10 +46,6 @@ def sequoia(collection, budgets):
     return {n: trees[n] for n in budgets}
 
 PROMPTS = {f"p{i}": random_prompt(10 + i, length=6 + i) for i in range(3)}
-
-
-def step_tuple(s):
-    return (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.tree_depth, s.accepted_ranks, s.child_counts)
 
 
 @pytest.fixture(scope="module")
