@@ -115,9 +115,9 @@ class EarlyExitDrafter(ModelDrafter):
             restore_layers(self._target_cache, saved)
             self._cache = None
 
-    def _advance(self, seq: list[int]) -> torch.Tensor:
+    def _advance(self, seq: list[int], k: int = 0) -> torch.Tensor:
         if self._target_cache is None:
-            return super()._advance(seq)
+            return super()._advance(seq, k)
         held = cache_length(self._target_cache)
         if held != len(seq) - 1:
             raise RuntimeError(
@@ -127,7 +127,8 @@ class EarlyExitDrafter(ModelDrafter):
         # the tree levels go on top of the target's cache (ModelDrafter.draft); nothing of them is
         # kept: the target's layers are restored after the draft
         self._cache, self._committed, self._fed = self._target_cache, list(seq), []
-        return forward(self.model, self._cache, torch.tensor(seq[-1:]), logits_to_keep=1)[-1].float()  # host: moved by forward
+        return forward(self.model, self._cache, torch.tensor(seq[-1:]), logits_to_keep=1,  # host: moved by forward
+                       head=self.head if k else None, k=k)[-1].float()
 
 
 def quantized_self_draft(
