@@ -319,7 +319,7 @@ def chain_ranks(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: i
             j = i[ok]
             ranks[ok, d - 1] = rank_in(top[d - 1, j], data.token[idx[j + d]])
         out.append(ranks)
-    return torch.cat(out) if out else torch.zeros(0, depth, dtype=torch.long)
+    return torch.cat(out) if out else torch.zeros(0, depth, dtype=torch.long)  # host, like the ranks above
 
 
 def head_accuracy(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int = 5,
