@@ -5,6 +5,7 @@ published key layout."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -208,7 +209,7 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 
 from specnb.analysis import distillation  # noqa: E402
 from specnb.analysis.collection import CollectConfig  # noqa: E402
-from specnb.analysis.distillation import distill, distill_cached, heldout_prompts  # noqa: E402
+from specnb.analysis.distillation import DistillConfig, continuation_view, distill, distill_cached, heldout_prompts  # noqa: E402
 from specnb.analysis.head_collection import accuracy_by_depth, rank_accuracy  # noqa: E402
 from specnb.analysis.medusa_training import (  # noqa: E402
     TrainConfig, collect_heads, heads_loss, heldout_rank_accuracy, split_prompts, train_or_load,
@@ -244,6 +245,30 @@ def test_distill_rows_are_the_targets_hidden_states(tiny_target, prompt_rows):
                 assert int(soft[r, d - 1]) == want
                 if want >= 0 and t + d >= len(prompt) - 1:  # on the greedy continuation its argmax is the label
                     assert int((data.hidden[want] @ lm_head.T).argmax()) == int(labels[r, d - 1])
+
+
+def test_data_without_prompt_rows_is_a_view_of_the_data_with_them(tiny_target, tmp_path, monkeypatch):
+    """Medusa's rows (no prompt rows) are the continuation view of EAGLE's (prompt rows), greedy and
+    sampled segments alike, field for field; `distill_cached` makes one distillation for both."""
+    prompts = [random_prompt(36, 5)[0], random_prompt(37, 9)[0], random_prompt(38, 3)[0]]
+    kw = dict(batch=2, eos_token_id=-1, progress=False, samples=1, temperature=1.5, seed=3)
+    narrow = distill(tiny_target, prompts, K, 10, prompt_rows=False, **kw)
+    wide = distill(tiny_target, prompts, K, 10, prompt_rows=True, **kw)
+    assert len(wide.hidden) > len(narrow.hidden)
+    view = continuation_view(wide, K)
+    for name in ("hidden", "labels", "soft_row", "prompt", "segment", "position", "token"):
+        assert torch.equal(getattr(view, name), getattr(narrow, name)), name
+    assert torch.equal(view.greedy_rows(), narrow.greedy_rows())
+    assert view.sequences == narrow.sequences and view.sampled == narrow.sampled
+    with pytest.raises(ValueError, match="not data of this num_heads"):
+        continuation_view(wide, K + 3)
+    monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
+    config = DistillConfig(num_heads=K, max_new_tokens=10, gen_batch=2, samples=1, seed=3)
+    calls = []
+    monkeypatch.setattr("specnb.analysis.distillation.distill", lambda *a, **k: calls.append(k["prompt_rows"]) or wide)
+    assert torch.equal(distill_cached(tiny_target, "tiny", prompts, config, progress=False).hidden, view.hidden)
+    assert torch.equal(distill_cached(tiny_target, "tiny", prompts, replace(config, prompt_rows=True), progress=False).hidden, wide.hidden)
+    assert calls == [True]  # one distillation, with prompt rows, for both
 
 
 def test_sampled_continuations_add_rows_of_the_same_prompt(tiny_target):
@@ -497,7 +522,6 @@ def test_trees_are_designed_on_other_prompts_than_they_are_scored_on(head_collec
     """Loaded heads have no training split: Medusa's and Sequoia's trees are designed from the first
     half of the test prompts and scored on the other half; trained heads are designed from the
     training split's held-out rows and scored on every test prompt."""
-    from dataclasses import replace
 
     from specnb.notebook.learned_study import tree_design
 

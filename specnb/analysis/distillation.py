@@ -13,7 +13,11 @@ heads, `analysis.eagle_training`).
                      on the final norm: no second pass), and sampled ones beside them
                      (`continuations`: each prompt prefilled once, its greedy and sampled rows
                      decoded together as the branches of one sequence, over a cache allocated once)
-    distill_cached   `distill`, kept on disk by (model, prompts, DistillConfig)
+    continuation_view  the rows a `prompt_rows=False` distillation keeps, taken out of the one with
+                     prompt rows (the same generation: `prompt_rows` decides only which rows are kept)
+    distill_cached   `distill`, kept on disk by (model, prompts, DistillConfig); data without prompt
+                     rows is the `continuation_view` of the data with them, so Medusa's and EAGLE's
+                     trainers on the same prompts and parameters share one distillation
     heldout_prompts  the prompts held out of training (evenly spaced through the list)
     fast_bfloat16    whether bfloat16 matmuls are native on a device
 
@@ -32,7 +36,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -302,10 +306,44 @@ def fast_bfloat16(device: torch.device) -> bool:
     return device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def continuation_view(data: DistillData, num_heads: int) -> DistillData:
+    """The DistillData `distill` returns with `prompt_rows=False`, out of `data` distilled with
+    `prompt_rows=True` and otherwise the same parameters: the generation and the captured hidden
+    states do not depend on `prompt_rows`, which only starts a greedy segment's rows at row 0
+    instead of the first whose head-K label is generated, and keeps prompt-text labels. Per
+    segment (in `row_layout`'s order) the rows from that first one are kept and their labels and
+    soft rows rebuilt (`sequence_rows`)."""
+    conts = [(j, cont) for j, (_, new) in enumerate(data.sequences) for cont in [new] + [b for i, b in data.sampled if i == j]]
+    counts = torch.bincount(data.segment, minlength=len(conts)).tolist()
+    keep, labels, soft = [], [], []
+    start = offset = 0
+    for s, (j, cont) in enumerate(conts):
+        prompt = data.sequences[j][0]
+        first, lab, sft = sequence_rows(len(prompt), list(prompt) + list(cont), num_heads, False)
+        rows = torch.arange(start, start + counts[s])  # host
+        kept = rows[data.position[rows] >= first]
+        if len(kept) != len(lab):
+            raise ValueError(f"segment {s}: {len(kept)} rows from position {first}, {len(lab)} expected: not data of this num_heads")
+        keep.append(kept)
+        labels.append(lab)
+        soft.append(torch.where(sft >= 0, sft + offset, -1))
+        start += counts[s]
+        offset += len(lab)
+    idx = torch.cat(keep)
+    segment, position, token = row_layout(data.sequences, data.sampled, num_heads, False)
+    return DistillData(data.hidden[idx], torch.cat(labels), torch.cat(soft), data.prompt[idx], segment, position, token,
+                       data.sequences, data.sampled, data.greedy_rows()[idx])
+
+
 def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: DistillConfig,
                    progress: bool = True) -> DistillData:
     """`distill`, kept under `<cache>/medusa-distill/<key>.pt` (key: model, prompts and
-    `DistillConfig.key`), so every trainer and every training recipe on the same data reuses it."""
+    `DistillConfig.key`), so every trainer and every training recipe on the same data reuses it.
+    Data without prompt rows is distilled (or found) with them and viewed (`continuation_view`):
+    one generation serves Medusa's heads and EAGLE's head."""
+    if not config.prompt_rows:
+        wide = distill_cached(target, model_name, prompts, replace(config, prompt_rows=True), progress)
+        return continuation_view(wide, config.num_heads)
     key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], config.key()]).encode())
     path = cache_dir() / DISTILL_FOLDER / f"{key.hexdigest()[:16]}.pt"
     d = torch.load(path, weights_only=True) if path.exists() else {}

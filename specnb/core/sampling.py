@@ -43,16 +43,33 @@ def top_tokens(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Long [..., k]: the indices of the k largest scores per row, largest first, ties broken by
     the lower index. scores: float [..., V] (read as float32).
 
-    Exact and stable on every device: each float32 score is mapped to an integer of the same order
-    (IEEE-754 bits, negatives flipped), shifted, and the index's complement is put in the low bits,
-    so no two keys are equal and `topk` over the keys has no ties to order."""
+    Exact and stable on every device: the order is that of `order_keys` (each float32 score mapped
+    to an integer of the same order, the index's complement in the low bits, so no two keys are
+    equal). Fast path: a float `topk`, then the k found are ordered by their keys; a row where a
+    score outside them equals the k-th (a tie at the boundary, -0.0 against 0.0, a NaN) is ranked
+    by the keys of the whole row."""
     if scores.shape[-1] > 2**20:
         raise ValueError(f"top_tokens ranks at most 2^20 entries per row, got {scores.shape[-1]}")
-    bits = scores.float().contiguous().view(torch.int32).long()
-    ordered = torch.where(bits < 0, -(2**31) - 1 - bits, bits)  # same order as the floats
-    index = torch.arange(scores.shape[-1], device=scores.device)
-    keys = ordered * 2**20 + (2**20 - 1 - index)  # vocabularies up to 2^20 tokens
-    return torch.topk(keys, min(k, scores.shape[-1]), dim=-1).indices
+    s = scores.float()
+    k = min(k, s.shape[-1])
+    if k == 0 or s.numel() == 0:
+        return torch.zeros(*s.shape[:-1], k, dtype=torch.long, device=s.device)
+    values, index = torch.topk(s, k, dim=-1)
+    index = index.gather(-1, torch.sort(order_keys(values, index), dim=-1, descending=True).indices)
+    clean = ((s >= values[..., -1:]).sum(-1) == k) & ~values.isnan().any(-1)  # no score outside the k reaches the k-th
+    if not bool(clean.all()):
+        tied = ~clean
+        index[tied] = torch.topk(order_keys(s[tied], torch.arange(s.shape[-1], device=s.device)), k, dim=-1).indices
+    return index
+
+
+def order_keys(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Int64 keys in the order of (float32 value descending, index ascending): the value's IEEE-754
+    bits (negatives flipped, so the integers order as the floats) shifted above the index's
+    complement; `index` broadcasts against `values`."""
+    bits = values.float().contiguous().view(torch.int32).long()
+    ordered = torch.where(bits < 0, -(2**31) - 1 - bits, bits)
+    return ordered * 2**20 + (2**20 - 1 - index)
 
 
 def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
