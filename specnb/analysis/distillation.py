@@ -340,13 +340,14 @@ def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[t
     """`distill`, kept under `<cache>/medusa-distill/<key>.pt` (key: model, prompts and
     `DistillConfig.key`), so every trainer and every training recipe on the same data reuses it.
     Data without prompt rows is distilled (or found) with them and viewed (`continuation_view`):
-    one generation serves Medusa's heads and EAGLE's head."""
-    if not config.prompt_rows:
-        wide = distill_cached(target, model_name, prompts, replace(config, prompt_rows=True), progress)
-        return continuation_view(wide, config.num_heads)
+    one generation serves Medusa's heads and EAGLE's head (a file of the data without prompt rows,
+    written before, is still read)."""
     key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], config.key()]).encode())
     path = cache_dir() / DISTILL_FOLDER / f"{key.hexdigest()[:16]}.pt"
     d = torch.load(path, weights_only=True) if path.exists() else {}
+    if "greedy" not in d and not config.prompt_rows:
+        wide = distill_cached(target, model_name, prompts, replace(config, prompt_rows=True), progress)
+        return continuation_view(wide, config.num_heads)
     if "greedy" in d:  # (files written before the greedy mask are distilled again)
         sequences = tuple((tuple(a), tuple(b)) for a, b in d["sequences"])
         sampled = tuple((int(j), tuple(b)) for j, b in d["sampled"])
