@@ -534,3 +534,18 @@ def test_trees_are_designed_on_other_prompts_than_they_are_scored_on(head_collec
     assert own.measured is head_collection and own.accuracy == heldout_rank_accuracy(trained.accuracy)
     with pytest.raises(ValueError, match="need >= 2 test prompts"):
         tree_design(replace(head_collection, prompts=head_collection.prompts[:1]), None)
+
+
+def test_learned_reading_names_a_winner_only_outside_the_spread():
+    """Notebook 05's reading: 'wins' where the next drafter's tau lies below the leader's 95%
+    interval; a lead inside it is reported as within the spread."""
+    import pandas as pd
+
+    from specnb.notebook.learned_study import learned_reading
+    rows = [("A", "sparse", "preset", 8, 2.0, 1.9, 2.1), ("B", "kary8", "preset", 8, 1.5, 1.4, 1.6),
+            ("A", "sparse", "preset", 16, 2.0, 1.7, 2.3), ("B", "kary8", "preset", 16, 1.95, 1.8, 2.1)]
+    taus = pd.DataFrame(rows, columns=["drafter", "shape", "kind", "budget", "tau", "tau_ci_low", "tau_ci_high"])
+    accuracy = pd.DataFrame(columns=["drafter", "depth", "k", "top_k_accuracy"])
+    text = learned_reading(accuracy, taus, pd.DataFrame(), None)
+    assert "8 nodes: A wins with sparse (preset), tau 2.00 [1.90, 2.10], 1.33x" in text
+    assert "16 nodes: A leads, within the spread, with sparse" in text and "1.95: inside that interval)" in text

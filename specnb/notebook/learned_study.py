@@ -315,7 +315,8 @@ def typical_summary(quality: pd.DataFrame) -> pd.DataFrame:
 
 def learned_reading(accuracy: pd.DataFrame, taus: pd.DataFrame, speed: pd.DataFrame, typical: pd.DataFrame | None) -> str:
     """The reading, computed from the tables: top-1 accuracy by depth per drafter; at each budget the
-    drafter and tree with the highest tau and its lead over the next drafter's best; Medusa's own
+    drafter and tree with the highest tau and its lead over the next drafter's best (a win where that
+    tau lies below the leader's 95% interval, else a lead within the spread); Medusa's own
     tree against Sequoia's; the wall-clock verdicts; what typical acceptance (LOSSY) buys and costs."""
     lines = []
     top1 = accuracy[accuracy["k"] == 1]
@@ -325,12 +326,16 @@ def learned_reading(accuracy: pd.DataFrame, taus: pd.DataFrame, speed: pd.DataFr
     for budget, t in taus.groupby("budget"):
         best = t.loc[t.groupby("drafter", sort=False)["tau"].idxmax()].sort_values("tau", ascending=False)
         first = best.iloc[0]
-        line = f"{int(budget)} nodes: {first['drafter']} wins with {first['shape']} ({first['kind']}), tau {first['tau']:.2f}"
-        if len(best) > 1:
-            second = best.iloc[1]
-            line += (f", {first['tau'] / second['tau']:.2f}x the tau of the next drafter ({second['drafter']}, "
-                     f"{second['shape']}, {second['tau']:.2f})")
-        lines.append(line + ".")
+        if len(best) == 1:
+            lines.append(f"{int(budget)} nodes: {first['drafter']}, {first['shape']} ({first['kind']}), tau {first['tau']:.2f}.")
+            continue
+        second = best.iloc[1]
+        clear = second["tau"] < first["tau_ci_low"]  # a winner only where the next drafter lies below its 95% interval
+        lines.append(f"{int(budget)} nodes: {first['drafter']} {'wins' if clear else 'leads, within the spread,'} with "
+                     f"{first['shape']} ({first['kind']}), tau {first['tau']:.2f} [{first['tau_ci_low']:.2f}, "
+                     f"{first['tau_ci_high']:.2f}], {first['tau'] / second['tau']:.2f}x the tau of the next drafter "
+                     f"({second['drafter']}, {second['shape']}, {second['tau']:.2f}"
+                     + (")." if clear else f": inside that interval)."))
     med = taus[(taus["drafter"] == MEDUSA) & taus["shape"].isin(DESIGNED)].pivot_table(index="budget", columns="shape", values="tau")
     if set(DESIGNED) <= set(med.columns) and len(med):
         b = med.index.max()
