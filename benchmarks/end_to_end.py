@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         raise SystemExit(f"no prompts in categories {args.categories}")
     # first, while this process holds no model: beside a loaded pair (~10 GB of this machine's 24) the kernel
-    # reclaimed the stock child's memory-mapped weight pages, and its VmRSS read 9.03 GB instead of 10.25
+    # most likely reclaimed the stock child's memory-mapped weight pages: its VmRSS read 9.03 GB, 10.25 alone
     rss = {path: resident_after_load(args.target, args.draft, args.target_quantization, args.draft_quantization, path)
            for path in ("stock", "onednn")}
     loading = time.perf_counter()
