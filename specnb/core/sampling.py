@@ -45,21 +45,24 @@ def top_tokens(scores: torch.Tensor, k: int) -> torch.Tensor:
 
     Exact and stable on every device: the order is that of `order_keys` (each float32 score mapped
     to an integer of the same order, the index's complement in the low bits, so no two keys are
-    equal). Fast path: a float `topk`, then the k found are ordered by their keys; a row where a
-    score outside them equals the k-th (a tie at the boundary, -0.0 against 0.0, a NaN) is ranked
-    by the keys of the whole row."""
+    equal); on a GPU, `topk` over the keys of every score. On the CPU a fast path: a float `topk`,
+    then the k found ordered by their keys; a row where a score outside them equals the k-th (a tie
+    at the boundary, -0.0 against 0.0, a NaN) is ranked by the keys of the whole row."""
     if scores.shape[-1] > 2**20:
         raise ValueError(f"top_tokens ranks at most 2^20 entries per row, got {scores.shape[-1]}")
     s = scores.float()
     k = min(k, s.shape[-1])
     if k == 0 or s.numel() == 0:
         return torch.zeros(*s.shape[:-1], k, dtype=torch.long, device=s.device)
+    every = torch.arange(s.shape[-1], device=s.device)
+    if s.device.type != "cpu":  # the fast path's check would cost a host sync per call on a GPU, where this is cheap
+        return torch.topk(order_keys(s, every), k, dim=-1).indices
     values, index = torch.topk(s, k, dim=-1)
     index = index.gather(-1, torch.sort(order_keys(values, index), dim=-1, descending=True).indices)
     clean = ((s >= values[..., -1:]).sum(-1) == k) & ~values.isnan().any(-1)  # no score outside the k reaches the k-th
     if not bool(clean.all()):
         tied = ~clean
-        index[tied] = torch.topk(order_keys(s[tied], torch.arange(s.shape[-1], device=s.device)), k, dim=-1).indices
+        index[tied] = torch.topk(order_keys(s[tied], every), k, dim=-1).indices
     return index
 
 
