@@ -1,5 +1,5 @@
 """Batch size: specnb's batched speculative generation against the target alone batched, and the cost
-model's prediction, for one pair (notebook 06's steps, `specnb.notebook.batch_study`).
+model's prediction, for one pair (notebook 06's steps, `specnb.experiments.batch_study`).
 
 Default pair: Qwen2.5-Coder-0.5B -> 1.5B on the notebooks' default linear path (oneDNN prepacked),
 Spec-Bench prompts of mixed categories and lengths (categories in turn, one each), 32 tokens per
@@ -40,10 +40,10 @@ import torch
 from specnb.analysis import cost_model
 from specnb.bench.batch_curve import BATCH_CURVE_KEY
 from specnb.drafters.methods import trees_for
-from specnb.io.cpu_linear import linear_path
+from specnb.experiments import batch_study as bs
 from specnb.io.models import load_pair
 from specnb.io.storage import Sweep
-from specnb.notebook import batch_study as bs
+from specnb.kernels.cpu_linear import linear_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,27 +72,50 @@ def main(argv: list[str] | None = None) -> int:
     target, draft, tokenizer = load_pair(args.target, args.draft, cpu_linear=args.cpu_linear)
     prompts = bs.batch_prompts(tokenizer, "spec_bench", 1, max(args.batches), args.max_prompt_tokens, args.batches)
     rows = [ids for _, _, ids in prompts]
-    print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
-          f"cpu_linear={linear_path(target)} batches={args.batches} prompts={[(c, len(ids)) for _, c, ids in prompts]} "
-          f"max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - started:.0f}", flush=True)
+    print(
+        f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"cpu_linear={linear_path(target)} batches={args.batches} prompts={[(c, len(ids)) for _, c, ids in prompts]} "
+        f"max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - started:.0f}",
+        flush=True,
+    )
     trees = trees_for(args.shapes, args.budgets)
     with tempfile.TemporaryDirectory() as tmp:
         table, runs = bs.replayed_runs(Path(tmp) / "collection", target, draft, prompts, trees, args.max_new_tokens)
         store = Sweep(Path(tmp) / "curves.jsonl", key=BATCH_CURVE_KEY)
-        curve = bs.measure_curves(store, target, draft, args.target, args.draft, args.curve_prefix, args.batches,
-                                  list(trees.values()), args.curve_repeats)
-    print(f"tau per row (replayed, bonus included):\n{table.pivot(index='budget', columns='shape', values='tau').round(3)}")
-    print(f"batched curves (median ms):\n{curve.pivot_table(index=['role', 'nodes'], columns='batch', values='median_ms').round(1)}")
+        curve = bs.measure_curves(
+            store,
+            target,
+            draft,
+            args.target,
+            args.draft,
+            args.curve_prefix,
+            args.batches,
+            list(trees.values()),
+            args.curve_repeats,
+        )
+    print(
+        f"tau per row (replayed, bonus included):\n{table.pivot(index='budget', columns='shape', values='tau').round(3)}"
+    )
+    print(
+        f"batched curves (median ms):\n{curve.pivot_table(index=['role', 'nodes'], columns='batch', values='median_ms').round(1)}"
+    )
     cost = cost_model.batch_cost_table(curve, trees, runs, args.batches, args.target, args.draft)
     best = cost_model.best_budgets(cost)
     pd.set_option("display.width", 200)
     print("best budget at each batch (cost model):")
-    print(best[["batch", "shape", "budget", "tau", "steps", "t_draft_s", "t_verify_s", "tokens_per_s", "speedup"]].round(3).to_string(index=False))
+    print(
+        best[["batch", "shape", "budget", "tau", "steps", "t_draft_s", "t_verify_s", "tokens_per_s", "speedup"]]
+        .round(3)
+        .to_string(index=False)
+    )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    measured = bs.measure_batches(target, draft, rows, args.batches, bs.best_specs(best, args.k), args.max_new_tokens,
-                                  pad, args.k, args.rounds)
+    measured = bs.measure_batches(
+        target, draft, rows, args.batches, bs.best_specs(best, args.k), args.max_new_tokens, pad, args.k, args.rounds
+    )
     versus = bs.predicted_vs_measured(cost, measured)
-    print("\nmeasured (greedy; tokens/s in all = every row's tokens / the batch's wall clock; tau per row, bonus included):")
+    print(
+        "\nmeasured (greedy; tokens/s in all = every row's tokens / the batch's wall clock; tau per row, bonus included):"
+    )
     print(measured.round(3).to_string(index=False))
     print("\npredicted against measured:")
     print(versus.round(3).to_string(index=False))
@@ -109,11 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     alone = ok[ok["method"] == bs.TARGET_ALONE].set_index("batch")["tokens_per_s"]
     ours = ok[~ok["method"].isin([bs.HF_BATCH]) & ~ok["method"].str.startswith(bs.HF_ASSISTED)]
     hf = ok[ok["method"] == bs.HF_BATCH]
-    print(f"transformers' generate batched (left padding): rows equal to batch-1 greedy {int(hf['greedy_equal'].sum())}/"
-          f"{int(hf['rows'].sum())}; elapsed_s={time.perf_counter() - started:.0f}")
+    print(
+        f"transformers' generate batched (left padding): rows equal to batch-1 greedy {int(hf['greedy_equal'].sum())}/"
+        f"{int(hf['rows'].sum())}; elapsed_s={time.perf_counter() - started:.0f}"
+    )
     equal, total = int(ours["greedy_equal"].sum()), int(ours["rows"].sum())
-    print(f"speedup_b1={speedup[1]:.3f} speedup_b4={speedup[4]:.3f} best_budget_b1={budget[1]} best_budget_b4={budget[4]} "
-          f"predicted_over_measured={r:.3f} target_b4_over_b1={alone[4] / alone[1]:.3f} greedy_rows_equal={equal}/{total}")
+    print(
+        f"speedup_b1={speedup[1]:.3f} speedup_b4={speedup[4]:.3f} best_budget_b1={budget[1]} best_budget_b4={budget[4]} "
+        f"predicted_over_measured={r:.3f} target_b4_over_b1={alone[4] / alone[1]:.3f} greedy_rows_equal={equal}/{total}"
+    )
     return 0 if equal == total else 1
 
 

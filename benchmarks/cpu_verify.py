@@ -1,4 +1,4 @@
-"""Verification on a CPU: the stock linear path against oneDNN on prepacked weights (`io.cpu_linear`).
+"""Verification on a CPU: the stock linear path against oneDNN on prepacked weights (`kernels.cpu_linear`).
 
 Two parts, in this one process:
 
@@ -9,7 +9,7 @@ Two parts, in this one process:
        transposed   F.linear on a weight stored transposed ([in, out] contiguous)
        onednn       torch.ops.mkldnn._linear_pointwise on the dense weight
        onednn_packed  the same on the weight prepacked once (`_reorder_linear_weight`, batch 16):
-                    `io.cpu_linear.PackedLinear`
+                    `kernels.cpu_linear.PackedLinear`
    with the implied bandwidth (weight bytes / time) and the largest relative difference from a
    float64 reference.
 2. The model: one forward of 1, 2, 4, 8, 16, 32, 64 new tokens on a 256-token cache, stock and
@@ -45,9 +45,9 @@ from specnb.bench.timing import measure_interleaved
 from specnb.bench.verify_curve import prefilled_cache, verify_and_forward
 from specnb.core.cache import crop
 from specnb.core.drafting import ModelDrafter
-from specnb.io.cpu_linear import PACK_ROWS, linear_path, pack_linears
 from specnb.io.models import load_model, prompt_ids
 from specnb.io.prompts import load_prompts
+from specnb.kernels.cpu_linear import PACK_ROWS, linear_path, pack_linears
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -56,9 +56,13 @@ def layer_shapes(config) -> dict[str, tuple[int, int, int]]:
     """name -> (out, in, copies in the model) of a Llama/Qwen2-style decoder."""
     h, layers = config.hidden_size, config.num_hidden_layers
     kv = config.num_key_value_heads * (h // config.num_attention_heads)
-    return {"q_proj/o_proj": (h, h, 2 * layers), "k_proj/v_proj": (kv, h, 2 * layers),
-            "gate_proj/up_proj": (config.intermediate_size, h, 2 * layers),
-            "down_proj": (h, config.intermediate_size, layers), "lm_head": (config.vocab_size, h, 1)}
+    return {
+        "q_proj/o_proj": (h, h, 2 * layers),
+        "k_proj/v_proj": (kv, h, 2 * layers),
+        "gate_proj/up_proj": (config.intermediate_size, h, 2 * layers),
+        "down_proj": (h, config.intermediate_size, layers),
+        "lm_head": (config.vocab_size, h, 1),
+    }
 
 
 def shape_table(config, rows: tuple[int, ...], repeats: int) -> list[dict]:
@@ -75,7 +79,9 @@ def shape_table(config, rows: tuple[int, ...], repeats: int) -> list[dict]:
                 "stock": lambda: [F.linear(x, w) for w in weights],
                 "transposed": lambda: [F.linear(x, w) for w in transposed],
                 "onednn": lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in weights],
-                "onednn_packed": lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed],
+                "onednn_packed": lambda: [
+                    torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed
+                ],
             }
             reference = [x.double() @ w.double().t() for w in weights[:4]]
             timings = measure_interleaved(ways, torch.device("cpu"), warmup=1, repeats=repeats)
@@ -83,8 +89,16 @@ def shape_table(config, rows: tuple[int, ...], repeats: int) -> list[dict]:
                 got = fn()[:4]
                 err = max(((a.double() - r).abs().max() / r.abs().max()).item() for a, r in zip(got, reference))
                 ms = timings[way].median_s * 1e3
-                out.append({"shape": f"{name} [{n}x{k}] x{copies}", "rows": m, "way": way, "ms": ms,
-                            "GB_per_s": gb / (ms / 1e3), "max_rel_err": err})
+                out.append(
+                    {
+                        "shape": f"{name} [{n}x{k}] x{copies}",
+                        "rows": m,
+                        "way": way,
+                        "ms": ms,
+                        "GB_per_s": gb / (ms / 1e3),
+                        "max_rel_err": err,
+                    }
+                )
         print_shape(out, name)
         del weights, transposed, packed
     return out
@@ -98,8 +112,11 @@ def print_shape(table: list[dict], name: str) -> None:
     for m in dict.fromkeys(r["rows"] for r in rows):
         cells = {r["way"]: r for r in rows if r["rows"] == m}
         print(f"{m:>4} " + "".join(f"{cells[w]['ms']:>12.1f} ({cells[w]['GB_per_s']:>5.1f})  " for w in ways))
-    print(f"largest relative error vs float64: " + ", ".join(
-        f"{w} {max(r['max_rel_err'] for r in rows if r['way'] == w):.1e}" for w in ways), flush=True)
+    print(
+        "largest relative error vs float64: "
+        + ", ".join(f"{w} {max(r['max_rel_err'] for r in rows if r['way'] == w):.1e}" for w in ways),
+        flush=True,
+    )
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -121,11 +138,13 @@ def forward_curve(model: torch.nn.Module, prefix: int, rows: tuple[int, ...], re
         @torch.inference_mode()
         def run() -> None:
             model(input_ids=ids[n], cache=cache, use_cache=True)
+
         return run
 
     reset = lambda: crop(cache, prefix)  # noqa: E731
-    timings = measure_interleaved({n: forward(n) for n in rows}, model.device, warmup=1, repeats=repeats,
-                                  setups={n: reset for n in rows})
+    timings = measure_interleaved(
+        {n: forward(n) for n in rows}, model.device, warmup=1, repeats=repeats, setups={n: reset for n in rows}
+    )
     return {n: timings[n].median_s for n in rows}
 
 
@@ -134,8 +153,10 @@ def tree_verify(model: torch.nn.Module, prefix: int, nodes: int, repeats: int) -
     of `nodes` nodes under its tree mask, on a `prefix`-token cache: notebook 01's verify-cost curve
     (`bench.verify_curve`, kind "verify"), the same function."""
     cache = prefilled_cache(model, prefix)
-    return {n: verify_and_forward(model, cache, Tree.preset("sparse", n), None, 1, repeats)["verify"].median_s
-            for n in (0, nodes)}
+    return {
+        n: verify_and_forward(model, cache, Tree.preset("sparse", n), None, 1, repeats)["verify"].median_s
+        for n in (0, nodes)
+    }
 
 
 def main() -> None:
@@ -147,14 +168,19 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6, help="held Spec-Bench prompts for greedy equality")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--tree", default="sparse:16")
-    ap.add_argument("--quick", action="store_true", help="3 repeats, 3 prompts x 24 tokens, shapes at 1, 2, 16, 64 rows")
+    ap.add_argument(
+        "--quick", action="store_true", help="3 repeats, 3 prompts x 24 tokens, shapes at 1, 2, 16, 64 rows"
+    )
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.prompts, args.max_new_tokens = 3, 3, 24
     started = time.perf_counter()
     target, tokenizer = load_model(args.target, dtype="float32", device="cpu")
-    print(f"target {args.target} float32, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"oneDNN {torch.backends.mkldnn.is_available()}; load {time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        f"target {args.target} float32, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"oneDNN {torch.backends.mkldnn.is_available()}; load {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
 
     shape_table(target.config, (1, 2, 16, 64) if args.quick else ROWS, args.repeats)
 
@@ -168,37 +194,56 @@ def main() -> None:
     assert linear_path(target) == "onednn"
     fast = forward_curve(target, args.prefix, ROWS, args.repeats)
     fast_tree = tree_verify(target, args.prefix, 16, args.repeats)
-    print(f"\nmodel forward of n new tokens on a {args.prefix}-token cache, median of {args.repeats} "
-          f"({packed_layers} layers packed; {gb:.2f} GB of Linear weights read per forward)")
-    print(f"{'n':>3} {'stock ms':>9} {'GB/s':>6} {'/decode':>8} {'onednn ms':>10} {'GB/s':>6} {'/decode':>8} {'speedup':>8}")
+    print(
+        f"\nmodel forward of n new tokens on a {args.prefix}-token cache, median of {args.repeats} "
+        f"({packed_layers} layers packed; {gb:.2f} GB of Linear weights read per forward)"
+    )
+    print(
+        f"{'n':>3} {'stock ms':>9} {'GB/s':>6} {'/decode':>8} {'onednn ms':>10} {'GB/s':>6} {'/decode':>8} {'speedup':>8}"
+    )
     for n in ROWS:
-        print(f"{n:>3} {stock[n] * 1e3:>9.0f} {gb / stock[n]:>6.1f} {stock[n] / stock[1]:>8.2f} "
-              f"{fast[n] * 1e3:>10.0f} {gb / fast[n]:>6.1f} {fast[n] / fast[1]:>8.2f} {stock[n] / fast[n]:>8.2f}", flush=True)
-    print(f"verify of root + a 16-node sparse tree under its tree mask (17 rows, notebook 01's curve) over verify of "
-          f"the root alone: stock {stock_tree[16] * 1e3:.0f} / {stock_tree[0] * 1e3:.0f} ms = {stock_tree[16] / stock_tree[0]:.3f}, "
-          f"onednn {fast_tree[16] * 1e3:.0f} / {fast_tree[0] * 1e3:.0f} ms = {fast_tree[16] / fast_tree[0]:.3f}", flush=True)
+        print(
+            f"{n:>3} {stock[n] * 1e3:>9.0f} {gb / stock[n]:>6.1f} {stock[n] / stock[1]:>8.2f} "
+            f"{fast[n] * 1e3:>10.0f} {gb / fast[n]:>6.1f} {fast[n] / fast[1]:>8.2f} {stock[n] / fast[n]:>8.2f}",
+            flush=True,
+        )
+    print(
+        f"verify of root + a 16-node sparse tree under its tree mask (17 rows, notebook 01's curve) over verify of "
+        f"the root alone: stock {stock_tree[16] * 1e3:.0f} / {stock_tree[0] * 1e3:.0f} ms = {stock_tree[16] / stock_tree[0]:.3f}, "
+        f"onednn {fast_tree[16] * 1e3:.0f} / {fast_tree[0] * 1e3:.0f} ms = {fast_tree[16] / fast_tree[0]:.3f}",
+        flush=True,
+    )
 
     draft, _ = load_model(args.draft, dtype="float32", device="cpu", cpu_linear="onednn")
     shape, budget = args.tree.split(":")
     equal, total, notes = 0, 0, []
     for prompt, x, reference in zip(prompts, ids, stock_out):
-        runs = {"plain": autoregressive_generate(target, x, max_new_tokens=args.max_new_tokens).tokens,
-                args.tree: speculative_generate(target, ModelDrafter(draft), x, tree=Tree.preset(shape, int(budget)),
-                                                max_new_tokens=args.max_new_tokens).tokens}
+        runs = {
+            "plain": autoregressive_generate(target, x, max_new_tokens=args.max_new_tokens).tokens,
+            args.tree: speculative_generate(
+                target, ModelDrafter(draft), x, tree=Tree.preset(shape, int(budget)), max_new_tokens=args.max_new_tokens
+            ).tokens,
+        }
         for name, tokens in runs.items():
             verdict = compare_greedy(tokens, reference, score(target, x, tokens).margins)
             total += 1
             equal += verdict.verdict == "exact"
             if verdict.verdict != "exact":
-                notes.append(f"prompt {prompt.id} {name}: {verdict.verdict} at token {verdict.position} "
-                             f"(the target's top-2 margin there {verdict.margin}, tie below {verdict.threshold})")
-    print(f"\ngreedy outputs of the packed model equal to the stock model's plain greedy output: {equal}/{total}"
-          f" ({args.max_new_tokens} tokens, prompts {[p.id for p in prompts]})")
+                notes.append(
+                    f"prompt {prompt.id} {name}: {verdict.verdict} at token {verdict.position} "
+                    f"(the target's top-2 margin there {verdict.margin}, tie below {verdict.threshold})"
+                )
+    print(
+        f"\ngreedy outputs of the packed model equal to the stock model's plain greedy output: {equal}/{total}"
+        f" ({args.max_new_tokens} tokens, prompts {[p.id for p in prompts]})"
+    )
     for note in notes:
         print("  " + note)
     print(f"total {time.perf_counter() - started:.0f} s")
-    print(f"verify16_over_decode={fast_tree[16] / fast_tree[0]:.3f} stock_verify16_over_decode={stock_tree[16] / stock_tree[0]:.3f} "
-          f"decode_speedup={stock[1] / fast[1]:.3f} greedy_equal={equal}/{total}")
+    print(
+        f"verify16_over_decode={fast_tree[16] / fast_tree[0]:.3f} stock_verify16_over_decode={stock_tree[16] / stock_tree[0]:.3f} "
+        f"decode_speedup={stock[1] / fast[1]:.3f} greedy_equal={equal}/{total}"
+    )
 
 
 if __name__ == "__main__":

@@ -36,16 +36,16 @@ from collections import defaultdict
 
 import pandas as pd
 import torch
-
 from end_to_end import TARGET_ALONE, Method, cost_report, interleaved_runs, per_category, pick, pooled_speed
+
 from specnb import autoregressive_generate, speculative_generate, summarize
-from specnb.analysis.baselines import hf_uag_generate
 from specnb.analysis.quality import greedy_equal
+from specnb.bench.baselines import hf_uag_generate
 from specnb.drafters.methods import build_drafter, parse_method
 from specnb.drafters.retokenize import TokenText
-from specnb.io.cpu_linear import linear_path
 from specnb.io.models import load_pair, load_tokenizer, prompt_ids
 from specnb.io.prompts import load_prompts
+from specnb.kernels.cpu_linear import linear_path
 
 QUICK_CATEGORIES = ("coding", "summarization", "rag")
 
@@ -56,20 +56,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default="smollm2-135m")
     ap.add_argument("--target-quantization", choices=["4bit"], default=None)
     ap.add_argument("--draft-quantization", choices=["4bit"], default=None)
-    ap.add_argument("--cpu-linear", choices=("stock", "onednn"), default="onednn",
-                    help="a CPU float32 model's linear layers (specnb.io.cpu_linear): torch's stock path or oneDNN "
-                         "prepacked (the notebooks' default)")
+    ap.add_argument(
+        "--cpu-linear",
+        choices=("stock", "onednn"),
+        default="onednn",
+        help="a CPU float32 model's linear layers (specnb.kernels.cpu_linear): torch's stock path or oneDNN "
+        "prepacked (the notebooks' default)",
+    )
     ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
     ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="draft tokens per step of hf_uag and of the xtok chain")
-    ap.add_argument("--trees", nargs="*", default=["sparse:8", "dynamic:8"],
-                    help="xtok trees besides the chain, shape:budget (draft tokens; the target tree gets at most as many nodes)")
+    ap.add_argument(
+        "--trees",
+        nargs="*",
+        default=["sparse:8", "dynamic:8"],
+        help="xtok trees besides the chain, shape:budget (draft tokens; the target tree gets at most as many nodes)",
+    )
     ap.add_argument("--pick", choices=("first", "shortest"), default="first")
-    ap.add_argument("--quick", action="store_true",
-                    help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)")
-    ap.add_argument("--repeats", type=int, default=1, help="runs of every (prompt, method), interleaved; the fastest is kept")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)",
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="runs of every (prompt, method), interleaved; the fastest is kept"
+    )
     ap.add_argument("--csv", default=None, help="also write the per-run table here")
     args = ap.parse_args(argv)
     if args.quick:
@@ -80,13 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     prompts = pick(load_prompts(args.prompts, categories=args.categories), args.per_category, args.pick)
     if not prompts:
         raise SystemExit(f"no prompts in categories {args.categories}")
-    target, draft, target_tokenizer = load_pair(args.target, args.draft, args.target_quantization,
-                                                args.draft_quantization, cross_tokenizer=True, cpu_linear=args.cpu_linear)
+    target, draft, target_tokenizer = load_pair(
+        args.target,
+        args.draft,
+        args.target_quantization,
+        args.draft_quantization,
+        cross_tokenizer=True,
+        cpu_linear=args.cpu_linear,
+    )
     draft_tokenizer = load_tokenizer(args.draft)
-    print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
-          f"cpu_linear={linear_path(target)} pair={args.draft} -> {args.target} prompts={len(prompts)} "
-          f"max_new_tokens={args.max_new_tokens} "
-          f"load_s={time.perf_counter() - started:.0f}")
+    print(
+        f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"cpu_linear={linear_path(target)} pair={args.draft} -> {args.target} prompts={len(prompts)} "
+        f"max_new_tokens={args.max_new_tokens} "
+        f"load_s={time.perf_counter() - started:.0f}"
+    )
     methods = build_methods(target, draft, target_tokenizer, draft_tokenizer, args)
 
     warm = prompt_ids(target_tokenizer, "Say hello.")  # every method once, so no measured call pays one-off costs
@@ -100,18 +121,34 @@ def main(argv: list[str] | None = None) -> int:
         reference = results[TARGET_ALONE].tokens
         for m in methods:
             r = results[m.name]
-            runs.append({"category": prompt.category, "prompt_id": prompt.id, "prompt_tokens": ids.shape[1],
-                         "method": m.name, "kind": m.kind, "depth": m.depth, "nodes": m.nodes, "result": r,
-                         "greedy_equal": greedy_equal(r.tokens, reference), "perplexity": float("nan")})
+            runs.append(
+                {
+                    "category": prompt.category,
+                    "prompt_id": prompt.id,
+                    "prompt_tokens": ids.shape[1],
+                    "method": m.name,
+                    "kind": m.kind,
+                    "depth": m.depth,
+                    "nodes": m.nodes,
+                    "result": r,
+                    "greedy_equal": greedy_equal(r.tokens, reference),
+                    "perplexity": float("nan"),
+                }
+            )
         line = " ".join(f"{m.name}={summarize(results[m.name]).tokens_per_s:.2f}" for m in methods)
-        print(f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}", flush=True)
+        print(
+            f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}",
+            flush=True,
+        )
 
     table = per_category(runs, [m.name for m in methods]).drop(columns="perplexity")
     table.insert(5, "draft_tokens_per_accepted", draft_cost(runs, table))
     pd.set_option("display.width", 200)
-    print("\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = target tokens per target call (bonus INCLUDED);"
-          " acceptance = accepted / drafted (target tokens); draft_tokens_per_accepted = the draft's own tokens per"
-          " accepted target token; speedup over the target alone in this run")
+    print(
+        "\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = target tokens per target call (bonus INCLUDED);"
+        " acceptance = accepted / drafted (target tokens); draft_tokens_per_accepted = the draft's own tokens per"
+        " accepted target token; speedup over the target alone in this run"
+    )
     for category, t in table.groupby("category", sort=False):
         print(f"\n== {category}")
         print(t.drop(columns="category").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -127,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     best = max(xtok, key=lambda name: pooled_speed(runs, name))
     x = pooled_speed(runs, f"xtok chain:{args.k}") / pooled_speed(runs, f"hf_uag {args.k}")
     y = pooled_speed(runs, best) / pooled_speed(runs, TARGET_ALONE)
-    print(f"best xtok method: {best} ({pooled_speed(runs, best):.2f} tokens/s against {pooled_speed(runs, TARGET_ALONE):.2f} "
-          f"for the target alone: speculation {'pays' if y > 1 else 'does NOT pay'} here)")
+    print(
+        f"best xtok method: {best} ({pooled_speed(runs, best):.2f} tokens/s against {pooled_speed(runs, TARGET_ALONE):.2f} "
+        f"for the target alone: speculation {'pays' if y > 1 else 'does NOT pay'} here)"
+    )
     if args.csv:
         flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
         pd.DataFrame(flat).to_csv(args.csv, index=False)
@@ -144,16 +183,29 @@ def build_methods(target, draft, target_tokenizer, draft_tokenizer, args: argpar
     texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
     methods = [
         Method(TARGET_ALONE, "target", lambda ids, n: autoregressive_generate(target, ids, max_new_tokens=n)),
-        Method(f"hf_uag {k}", "model_draft", lambda ids, n: hf_uag_generate(
-            target, draft, ids, target_tokenizer, draft_tokenizer, num_assistant_tokens=k, max_new_tokens=n), k, k),
+        Method(
+            f"hf_uag {k}",
+            "model_draft",
+            lambda ids, n: hf_uag_generate(
+                target, draft, ids, target_tokenizer, draft_tokenizer, num_assistant_tokens=k, max_new_tokens=n
+            ),
+            k,
+            k,
+        ),
     ]
     for spec in [f"chain:{k}"] + list(args.trees):
         method = parse_method(f"xtok/{spec}")
         drafter = build_drafter(method, target, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1])
         tree = method.tree  # the draft's tree (a dynamic tree: its depth cap)
-        methods.append(Method(f"xtok {spec}", "model_draft",
-                              lambda ids, n, d=drafter, t=tree: speculative_generate(target, d, ids, tree=t, max_new_tokens=n),
-                              tree.depth, method.budget))
+        methods.append(
+            Method(
+                f"xtok {spec}",
+                "model_draft",
+                lambda ids, n, d=drafter, t=tree: speculative_generate(target, d, ids, tree=t, max_new_tokens=n),
+                tree.depth,
+                method.budget,
+            )
+        )
     return methods
 
 

@@ -46,23 +46,35 @@ def main(argv: list[str] | None = None) -> int:
     mid = layers[len(layers) // 2]
     texts = {"repeat": REPEAT, **{p.id: p.text for p in BUILTIN if p.id in ("b05", "b10")}}
     prompts = {name: prompt_ids(tokenizer, text) for name, text in texts.items()}
-    plain = {name: autoregressive_generate(target, ids, max_new_tokens=args.max_new_tokens) for name, ids in prompts.items()}
+    plain = {
+        name: autoregressive_generate(target, ids, max_new_tokens=args.max_new_tokens) for name, ids in prompts.items()
+    }
     plain_time = sum(r.total_time for r in plain.values())
 
     configs = [("ngram", NgramDrafter(), Tree.chain(8)), ("ngram", NgramDrafter(), Tree.kary(2, 8))]
-    configs += [(f"early exit {n}/{total}", EarlyExitDrafter(target, n), tree) for tree in (Tree.chain(4), Tree.kary(2, 8)) for n in layers]
+    configs += [
+        (f"early exit {n}/{total}", EarlyExitDrafter(target, n), tree)
+        for tree in (Tree.chain(4), Tree.kary(2, 8))
+        for n in layers
+    ]
     if not args.no_4bit:
         four_bit = quantized_self_draft(args.target)
         configs += [("4-bit self", four_bit, Tree.chain(4)), ("4-bit self", four_bit, Tree.kary(2, 8))]
         configs += [("4-bit self, +2/-1 from 4", AdaptiveLength(four_bit, start=4), Tree.chain(8))]
     configs += [
-        (f"ngram + early exit {mid}", MergedDrafter([(NgramDrafter(), Tree.kary(2, 8)), (EarlyExitDrafter(target, mid), Tree.chain(4))]), Tree.chain(8)),
+        (
+            f"ngram + early exit {mid}",
+            MergedDrafter([(NgramDrafter(), Tree.kary(2, 8)), (EarlyExitDrafter(target, mid), Tree.chain(4))]),
+            Tree.chain(8),
+        ),
         (f"early exit {mid}, +2/-1 from 4", AdaptiveLength(EarlyExitDrafter(target, mid), start=4), Tree.chain(8)),
         (f"early exit {mid}, q < 0.4 stops", EarlyExitDrafter(target, mid, confidence_threshold=0.4), Tree.chain(8)),
     ]
 
     print(f"target {args.target} ({total} layers), prompts {list(prompts)}, {args.max_new_tokens} new tokens each")
-    print(f"{'drafter':32s} {'requested tree':28s} {'acc.rate':>8s} {'acc.len':>8s} {'tau':>6s} {'draft ms':>9s} {'speed-up':>8s}")
+    print(
+        f"{'drafter':32s} {'requested tree':28s} {'acc.rate':>8s} {'acc.len':>8s} {'tau':>6s} {'draft ms':>9s} {'speed-up':>8s}"
+    )
     for name, drafter, tree in configs:
         results = []
         for pid, ids in prompts.items():

@@ -6,7 +6,7 @@ method before the next prompt starts, in an order rotated from prompt to prompt)
     target alone          specnb.autoregressive_generate (the speed baseline and reference output)
     hf_assisted k         transformers assisted generation, the same draft, fixed k tokens a step
     specnb chain k        speculative_generate with Tree.chain(k) and the same draft (its LM head
-                          ranked by `core.topk_head.TopKHead` where that pays: the same tokens)
+                          ranked by `kernels.topk_head.TopKHead` where that pays: the same tokens)
     specnb chain k own head   the same with the draft's own float32 LM head (what TopKHead saves)
     specnb <best tree>    speculative_generate with --best-tree (default sparse:8)
     specnb adaptive k     specnb's AdaptiveLength: the chain length from k by transformers' +2 / -1
@@ -48,22 +48,22 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 import torch
 
 from specnb import AdaptiveLength, Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate
-from specnb.core.drafting import ModelDrafter
-from specnb.drafters.methods import method_trees
-from specnb.core.generation import GenerationResult
-from specnb.io.cpu_linear import linear_path
-from specnb.io.models import load_pair, prompt_ids
-from specnb.drafters.ngram import NgramDrafter
-from specnb.io.prompts import load_prompts
 from specnb.analysis.quality import greedy_equal, perplexity
+from specnb.bench.baselines import hf_assisted_generate, hf_prompt_lookup_generate
+from specnb.core.drafting import ModelDrafter
+from specnb.core.generation import GenerationResult
+from specnb.drafters.methods import method_trees
+from specnb.drafters.ngram import NgramDrafter
+from specnb.io.models import load_pair, prompt_ids
+from specnb.io.prompts import load_prompts
+from specnb.kernels.cpu_linear import linear_path
 
 QUICK_CATEGORIES = ("coding", "summarization", "rag")
 LOOKUP_CATEGORIES = ("summarization", "rag")  # where copying from the prompt is expected to pay
@@ -79,11 +79,12 @@ class Method:
     nodes: int = 0  # tree size verified per step (upper bound for lookup)
 
 
-def interleaved_runs(methods: list[Method], ids: torch.Tensor, max_new_tokens: int, repeats: int,
-                     rotation: int) -> dict[str, GenerationResult]:
+def interleaved_runs(
+    methods: list[Method], ids: torch.Tensor, max_new_tokens: int, repeats: int, rotation: int
+) -> dict[str, GenerationResult]:
     """Every method on one prompt, `repeats` rounds, the order rotated by `rotation` (so no method
     always runs first); per method the fastest round's result."""
-    order = methods[rotation % len(methods):] + methods[: rotation % len(methods)]
+    order = methods[rotation % len(methods) :] + methods[: rotation % len(methods)]
     results: dict[str, GenerationResult] = {}
     for _ in range(repeats):
         for m in order:
@@ -92,30 +93,52 @@ def interleaved_runs(methods: list[Method], ids: torch.Tensor, max_new_tokens: i
                 results[m.name] = r
     return results
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--target-quantization", choices=["4bit"], default=None,
-                    help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)")
+    ap.add_argument(
+        "--target-quantization",
+        choices=["4bit"],
+        default=None,
+        help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)",
+    )
     ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
-    ap.add_argument("--cpu-linear", choices=("stock", "onednn"), default="onednn",
-                    help="a CPU float32 model's linear layers (specnb.io.cpu_linear): torch's stock path or oneDNN "
-                         "prepacked (the notebooks' default)")
+    ap.add_argument(
+        "--cpu-linear",
+        choices=("stock", "onednn"),
+        default="onednn",
+        help="a CPU float32 model's linear layers (specnb.kernels.cpu_linear): torch's stock path or oneDNN "
+        "prepacked (the notebooks' default)",
+    )
     ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
     ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="draft length of hf_assisted and the specnb chain")
     ap.add_argument("--best-tree", default="sparse:8", help="specnb tree with the draft model, shape:budget")
-    ap.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens, and the n-gram chain length")
+    ap.add_argument(
+        "--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens, and the n-gram chain length"
+    )
     ap.add_argument("--ngram-size", type=int, default=2, help="max_matching_ngram_size of prompt lookup")
-    ap.add_argument("--pick", choices=("first", "shortest"), default="first",
-                    help="which prompts of a category: Spec-Bench file order, or the shortest texts")
-    ap.add_argument("--quick", action="store_true",
-                    help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="runs of every (prompt, method), interleaved; the fastest is kept (a shared CPU's spikes only slow runs down)")
+    ap.add_argument(
+        "--pick",
+        choices=("first", "shortest"),
+        default="first",
+        help="which prompts of a category: Spec-Bench file order, or the shortest texts",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every (prompt, method), interleaved; the fastest is kept (a shared CPU's spikes only slow runs down)",
+    )
     ap.add_argument("--csv", default=None, help="also write the per-run table here")
     args = ap.parse_args(argv)
     if args.quick:
@@ -129,11 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no prompts in categories {args.categories}")
     # first, while this process holds no model: beside a loaded pair (~10 GB of this machine's 24) the kernel
     # most likely reclaimed the stock child's memory-mapped weight pages: its VmRSS read 9.03 GB, 10.25 alone
-    rss = {path: resident_after_load(args.target, args.draft, args.target_quantization, args.draft_quantization, path)
-           for path in ("stock", "onednn")}
+    rss = {
+        path: resident_after_load(args.target, args.draft, args.target_quantization, args.draft_quantization, path)
+        for path in ("stock", "onednn")
+    }
     loading = time.perf_counter()
-    target, draft, tokenizer = load_pair(args.target, args.draft, args.target_quantization, args.draft_quantization,
-                                         cpu_linear=args.cpu_linear)
+    target, draft, tokenizer = load_pair(
+        args.target, args.draft, args.target_quantization, args.draft_quantization, cpu_linear=args.cpu_linear
+    )
     print(
         f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
         f"cpu_linear={linear_path(target)} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - loading:.0f}"
@@ -157,17 +183,31 @@ def main(argv: list[str] | None = None) -> int:
             if out not in scored:
                 scored[out] = perplexity(target, ids, r.tokens)
             runs.append(
-                {"category": prompt.category, "prompt_id": prompt.id, "prompt_tokens": ids.shape[1], "method": m.name,
-                 "kind": m.kind, "depth": m.depth, "nodes": m.nodes, "result": r,
-                 "greedy_equal": greedy_equal(r.tokens, reference), "perplexity": scored[out]}
+                {
+                    "category": prompt.category,
+                    "prompt_id": prompt.id,
+                    "prompt_tokens": ids.shape[1],
+                    "method": m.name,
+                    "kind": m.kind,
+                    "depth": m.depth,
+                    "nodes": m.nodes,
+                    "result": r,
+                    "greedy_equal": greedy_equal(r.tokens, reference),
+                    "perplexity": scored[out],
+                }
             )
         line = " ".join(f"{m.name}={summarize(results[m.name]).tokens_per_s:.2f}" for m in methods)
-        print(f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}", flush=True)
+        print(
+            f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}",
+            flush=True,
+        )
 
     table = per_category(runs, [m.name for m in methods])
     pd.set_option("display.width", 200)
-    print("\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = tokens per target call (bonus INCLUDED);"
-          " acceptance = accepted / drafted; speedup over the target alone in this run")
+    print(
+        "\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = tokens per target call (bonus INCLUDED);"
+        " acceptance = accepted / drafted; speedup over the target alone in this run"
+    )
     for category, t in table.groupby("category", sort=False):
         print(f"\n== {category}")
         print(t.drop(columns="category").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -192,27 +232,37 @@ def main(argv: list[str] | None = None) -> int:
         flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
         pd.DataFrame(flat).to_csv(args.csv, index=False)
     own = pooled_speed(runs, f"{chain} own head") / pooled_speed(runs, assisted)
-    print(f"chain {args.k} with the draft's own LM head over hf_assisted {args.k}: {own:.3f} (TopKHead: {x:.3f}); "
-          f"drafts equal: {same_drafts(runs, chain, f'{chain} own head')}")
+    print(
+        f"chain {args.k} with the draft's own LM head over hf_assisted {args.k}: {own:.3f} (TopKHead: {x:.3f}); "
+        f"drafts equal: {same_drafts(runs, chain, f'{chain} own head')}"
+    )
     print(f"elapsed_s={time.perf_counter() - started:.0f}")
     z = best[best["category"] != "all"]["best_over_hf_best"].min()
-    print(f"resident memory of the pair, every weight read once, each path in a fresh process: stock {rss['stock'] / 1e9:.2f} GB, "
-          f"onednn {rss['onednn'] / 1e9:.2f} GB")
-    print(f"chain_over_hf_assisted={x:.3f} ngram_over_hf_prompt_lookup={y:.3f} greedy_outputs_equal={equal}/{len(greedy)} "
-          f"best_over_hf_best={z:.3f} rss_onednn_over_stock={rss['onednn'] / rss['stock']:.3f}")
+    print(
+        f"resident memory of the pair, every weight read once, each path in a fresh process: stock {rss['stock'] / 1e9:.2f} GB, "
+        f"onednn {rss['onednn'] / 1e9:.2f} GB"
+    )
+    print(
+        f"chain_over_hf_assisted={x:.3f} ngram_over_hf_prompt_lookup={y:.3f} greedy_outputs_equal={equal}/{len(greedy)} "
+        f"best_over_hf_best={z:.3f} rss_onednn_over_stock={rss['onednn'] / rss['stock']:.3f}"
+    )
     return 0 if equal == len(greedy) else 1
 
 
 def same_drafts(runs: list[dict], a: str, b: str) -> str:
     """How many prompts' runs of methods a and b drafted and accepted the same at every step."""
-    steps = {(r["method"], r["prompt_id"]): [(s.num_drafted, s.num_accepted, s.accepted_ranks) for s in r["result"].steps]
-             for r in runs if r["method"] in (a, b)}
+    steps = {
+        (r["method"], r["prompt_id"]): [(s.num_drafted, s.num_accepted, s.accepted_ranks) for s in r["result"].steps]
+        for r in runs
+        if r["method"] in (a, b)
+    }
     prompts = {p for m, p in steps if m == a}
     return f"{sum(steps[(a, p)] == steps.get((b, p)) for p in prompts)}/{len(prompts)}"
 
 
-def resident_after_load(target: str, draft: str, target_quantization: str | None, draft_quantization: str | None,
-                        cpu_linear: str) -> int:
+def resident_after_load(
+    target: str, draft: str, target_quantization: str | None, draft_quantization: str | None, cpu_linear: str
+) -> int:
     """Bytes resident (VmRSS) in a fresh Python process once it has loaded the pair on `cpu_linear`,
     read every parameter and buffer once (weights are memory-mapped from their file: a page never
     read is not resident yet, and a forward reads only a few rows of the embedding) and collected
@@ -227,34 +277,76 @@ def resident_after_load(target: str, draft: str, target_quantization: str | None
         "gc.collect()\n"
         "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, target, draft, str(target_quantization or ""),
-                          str(draft_quantization or ""), cpu_linear], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            target,
+            draft,
+            str(target_quantization or ""),
+            str(draft_quantization or ""),
+            cpu_linear,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.split()[-1])
 
 
 def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argparse.Namespace) -> list[Method]:
     k, lookup = args.k, args.lookup_tokens
-    (best_key, best_tree), = method_trees([args.best_tree]).items()
+    ((best_key, best_tree),) = method_trees([args.best_tree]).items()
     chain_drafter, tree_drafter = ModelDrafter(draft), ModelDrafter(draft)  # one cache per method
     own_head = ModelDrafter(draft, head=None)  # the same chain ranked by the draft's own float32 LM head
     adaptive = AdaptiveLength(ModelDrafter(draft), start=k, schedule="heuristic_transient")
     methods = [
         Method(TARGET_ALONE, "target", lambda ids, n: autoregressive_generate(target, ids, max_new_tokens=n)),
-        Method(f"hf_assisted {k}", "model_draft",
-               lambda ids, n: hf_assisted_generate(target, draft, ids, num_assistant_tokens=k, max_new_tokens=n), k, k),
-        Method(f"specnb chain {k}", "model_draft",
-               lambda ids, n: speculative_generate(target, chain_drafter, ids, tree=Tree.chain(k), max_new_tokens=n), k, k),
-        Method(f"specnb chain {k} own head", "model_draft",
-               lambda ids, n: speculative_generate(target, own_head, ids, tree=Tree.chain(k), max_new_tokens=n), k, k),
-        Method(f"specnb {best_key[0]}:{best_key[1]}", "model_draft",
-               lambda ids, n: speculative_generate(target, tree_drafter, ids, tree=best_tree, max_new_tokens=n),
-               best_tree.depth, best_tree.num_nodes),
-        Method(f"specnb adaptive {k}", "model_draft",
-               lambda ids, n: speculative_generate(target, adaptive, ids, tree=Tree.chain(2 * k), max_new_tokens=n), 2 * k, 2 * k),
-        Method(f"hf_prompt_lookup {lookup}", "lookup",
-               lambda ids, n: hf_prompt_lookup_generate(
-                   target, ids, prompt_lookup_num_tokens=lookup, max_matching_ngram_size=args.ngram_size, max_new_tokens=n),
-               0, lookup),
+        Method(
+            f"hf_assisted {k}",
+            "model_draft",
+            lambda ids, n: hf_assisted_generate(target, draft, ids, num_assistant_tokens=k, max_new_tokens=n),
+            k,
+            k,
+        ),
+        Method(
+            f"specnb chain {k}",
+            "model_draft",
+            lambda ids, n: speculative_generate(target, chain_drafter, ids, tree=Tree.chain(k), max_new_tokens=n),
+            k,
+            k,
+        ),
+        Method(
+            f"specnb chain {k} own head",
+            "model_draft",
+            lambda ids, n: speculative_generate(target, own_head, ids, tree=Tree.chain(k), max_new_tokens=n),
+            k,
+            k,
+        ),
+        Method(
+            f"specnb {best_key[0]}:{best_key[1]}",
+            "model_draft",
+            lambda ids, n: speculative_generate(target, tree_drafter, ids, tree=best_tree, max_new_tokens=n),
+            best_tree.depth,
+            best_tree.num_nodes,
+        ),
+        Method(
+            f"specnb adaptive {k}",
+            "model_draft",
+            lambda ids, n: speculative_generate(target, adaptive, ids, tree=Tree.chain(2 * k), max_new_tokens=n),
+            2 * k,
+            2 * k,
+        ),
+        Method(
+            f"hf_prompt_lookup {lookup}",
+            "lookup",
+            lambda ids, n: hf_prompt_lookup_generate(
+                target, ids, prompt_lookup_num_tokens=lookup, max_matching_ngram_size=args.ngram_size, max_new_tokens=n
+            ),
+            0,
+            lookup,
+        ),
     ]
     # specnb's n-gram drafter, matched to transformers' prompt lookup: the same n-gram sizes
     # (max_matching_ngram_size down to 1), earliest match first, one continuation (a chain) of up
@@ -262,12 +354,20 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
     chain_lookup = NgramDrafter(max_ngram=args.ngram_size, min_ngram=1, max_branches=1)
     tree_lookup = NgramDrafter(max_ngram=args.ngram_size, min_ngram=1)
     methods += [
-        Method(f"specnb ngram chain {lookup}", "lookup",
-               lambda ids, n: speculative_generate(target, chain_lookup, ids, tree=Tree.chain(lookup), max_new_tokens=n),
-               0, lookup),
-        Method(f"specnb ngram tree {lookup}", "lookup",
-               lambda ids, n: speculative_generate(target, tree_lookup, ids, tree=Tree.chain(lookup), max_new_tokens=n),
-               0, lookup),
+        Method(
+            f"specnb ngram chain {lookup}",
+            "lookup",
+            lambda ids, n: speculative_generate(target, chain_lookup, ids, tree=Tree.chain(lookup), max_new_tokens=n),
+            0,
+            lookup,
+        ),
+        Method(
+            f"specnb ngram tree {lookup}",
+            "lookup",
+            lambda ids, n: speculative_generate(target, tree_lookup, ids, tree=Tree.chain(lookup), max_new_tokens=n),
+            0,
+            lookup,
+        ),
     ]
     return methods
 
@@ -295,19 +395,21 @@ def per_category(runs: list[dict], order: list[str]) -> pd.DataFrame:
         for method in order:
             rs = groups[(category, method)]
             s = summarize([r["result"] for r in rs])
-            rows.append({
-                "category": category,
-                "method": method,
-                "tokens_per_s": s.tokens_per_s,
-                "speedup": s.tokens_per_s / base,
-                "tau": s.tau,
-                "acceptance_rate": s.acceptance_rate,
-                "greedy_equal": f"{sum(r['greedy_equal'] for r in rs)}/{len(rs)}",
-                "perplexity": sum(r["perplexity"] for r in rs) / len(rs),
-                "draft_s": s.draft_time_s,
-                "verify_s": s.verify_time_s,
-                "prefill_s": sum(r["result"].prefill_time for r in rs),
-            })
+            rows.append(
+                {
+                    "category": category,
+                    "method": method,
+                    "tokens_per_s": s.tokens_per_s,
+                    "speedup": s.tokens_per_s / base,
+                    "tau": s.tau,
+                    "acceptance_rate": s.acceptance_rate,
+                    "greedy_equal": f"{sum(r['greedy_equal'] for r in rs)}/{len(rs)}",
+                    "perplexity": sum(r["perplexity"] for r in rs) / len(rs),
+                    "draft_s": s.draft_time_s,
+                    "verify_s": s.verify_time_s,
+                    "prefill_s": sum(r["result"].prefill_time for r in rs),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -318,14 +420,23 @@ def best_per_category(table: pd.DataFrame) -> pd.DataFrame:
         ours = t[t["method"].str.startswith("specnb")]
         theirs = t[t["method"].str.startswith("hf_")]
         a, b = ours.loc[ours["tokens_per_s"].idxmax()], theirs.loc[theirs["tokens_per_s"].idxmax()]
-        rows.append({"category": category, "best_specnb": a["method"], "specnb_tokens_per_s": a["tokens_per_s"],
-                     "best_transformers": b["method"], "transformers_tokens_per_s": b["tokens_per_s"],
-                     "best_over_hf_best": a["tokens_per_s"] / b["tokens_per_s"]})
+        rows.append(
+            {
+                "category": category,
+                "best_specnb": a["method"],
+                "specnb_tokens_per_s": a["tokens_per_s"],
+                "best_transformers": b["method"],
+                "transformers_tokens_per_s": b["tokens_per_s"],
+                "best_over_hf_best": a["tokens_per_s"] / b["tokens_per_s"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def pooled_speed(runs: list[dict], method: str, categories: tuple[str, ...] | None = None) -> float:
-    chosen = [r["result"] for r in runs if r["method"] == method and (categories is None or r["category"] in categories)]
+    chosen = [
+        r["result"] for r in runs if r["method"] == method and (categories is None or r["category"] in categories)
+    ]
     return summarize(chosen).tokens_per_s if chosen else math.nan
 
 
@@ -335,6 +446,7 @@ def cost_report(runs: list[dict], methods: list[Method], draft_forwards: dict[st
     they predict against the one measured. draft_forwards: draft forwards per step by method name,
     where the verified tree's depth is not it (a draft of another tokenizer); given, c is printed
     for the methods it names only."""
+
     def later_steps(method: str) -> list:
         return [s for r in runs if r["method"] == method for s in r["result"].steps[1:]]
 
@@ -351,8 +463,10 @@ def cost_report(runs: list[dict], methods: list[Method], draft_forwards: dict[st
         draft = sum(s.draft_time for s in steps) / len(steps) / t_target
         tau = sum(s.num_tokens for s in steps) / len(steps)
         nodes = sum(s.num_drafted for s in steps) / len(steps)
-        measured = summarize([r["result"] for r in runs if r["method"] == m.name]).tokens_per_s / summarize(
-            [r["result"] for r in runs if r["method"] == TARGET_ALONE]).tokens_per_s
+        measured = (
+            summarize([r["result"] for r in runs if r["method"] == m.name]).tokens_per_s
+            / summarize([r["result"] for r in runs if r["method"] == TARGET_ALONE]).tokens_per_s
+        )
         depth = sum(s.tree_depth for s in steps) / len(steps)  # draft forwards per step (chains: the depth)
         if draft_forwards is not None:
             depth = draft_forwards.get(m.name, 0)

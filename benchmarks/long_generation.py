@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate
+from specnb import ModelDrafter, autoregressive_generate, speculative_generate
 from specnb.analysis.quality import compare_greedy, score
 from specnb.core.streaming import StreamingCache
 from specnb.drafters.methods import parse_method
@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--target-quantization", choices=["4bit"], default=None)
     ap.add_argument("--draft", default="smollm2-135m")
-    ap.add_argument("--draft-layers", type=int, default=24, help="keep the draft's first layers (default: SmolLM2's first 24)")
+    ap.add_argument(
+        "--draft-layers", type=int, default=24, help="keep the draft's first layers (default: SmolLM2's first 24)"
+    )
     ap.add_argument("--draft-quantization", choices=["4bit"], default=None)
     ap.add_argument("--tree", default="chain:4", help="the draft model's tree, shape:budget")
     ap.add_argument("--sink", type=int, default=4)
@@ -59,13 +61,26 @@ def main(argv: list[str] | None = None) -> int:
     draft, _ = load_model(args.draft, args.draft_quantization, layers=args.draft_layers)
     policy = StreamingCache(args.sink, args.window, slack=tree.depth, positions=args.positions)
     ids = prompt_ids(tokenizer, PROMPT)
-    print(f"device={target.device} dtype={target.dtype} threads={torch.get_num_threads()} prompt={ids.shape[1]} tokens "
-          f"generating {args.max_new_tokens}; policy {policy.describe()}; tree {args.tree}")
+    print(
+        f"device={target.device} dtype={target.dtype} threads={torch.get_num_threads()} prompt={ids.shape[1]} tokens "
+        f"generating {args.max_new_tokens}; policy {policy.describe()}; tree {args.tree}"
+    )
     runs = {
         "streaming speculative": lambda n: speculative_generate(
-            target, ModelDrafter(draft, cache_policy=policy), ids, tree=tree, max_new_tokens=n, eos_token_id=(), cache_policy=policy),
-        "full speculative": lambda n: speculative_generate(target, ModelDrafter(draft), ids, tree=tree, max_new_tokens=n, eos_token_id=()),
-        "streaming target alone": lambda n: autoregressive_generate(target, ids, max_new_tokens=n, eos_token_id=(), cache_policy=policy),
+            target,
+            ModelDrafter(draft, cache_policy=policy),
+            ids,
+            tree=tree,
+            max_new_tokens=n,
+            eos_token_id=(),
+            cache_policy=policy,
+        ),
+        "full speculative": lambda n: speculative_generate(
+            target, ModelDrafter(draft), ids, tree=tree, max_new_tokens=n, eos_token_id=()
+        ),
+        "streaming target alone": lambda n: autoregressive_generate(
+            target, ids, max_new_tokens=n, eos_token_id=(), cache_policy=policy
+        ),
     }
     for run in runs.values():  # warm-up
         run(8)
@@ -77,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\ngreedy; KV = the target's and draft's caches (exact bytes); tau = tokens per target call, bonus INCLUDED")
     for name, r in results.items():
         tau = len(r.tokens) / len(r.steps)
-        print(f"{name:>24}: {len(r.tokens)} tokens, {len(r.tokens) / r.total_time:.2f} tokens/s, KV end {r.kv_bytes / 1e6:.2f} MB, "
-              f"peak {r.kv_peak_bytes / 1e6:.2f} MB, cuts {r.evictions}, tau {tau:.2f}")
+        print(
+            f"{name:>24}: {len(r.tokens)} tokens, {len(r.tokens) / r.total_time:.2f} tokens/s, KV end {r.kv_bytes / 1e6:.2f} MB, "
+            f"peak {r.kv_peak_bytes / 1e6:.2f} MB, cuts {r.evictions}, tau {tau:.2f}"
+        )
     streaming, full = results["streaming speculative"], results["full speculative"]
     reference = results["streaming target alone"]
     total = ids.shape[1] + args.max_new_tokens
@@ -89,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     verdict = compare_greedy(streaming.tokens, reference.tokens, margins, target.dtype)
     quality = {name: score(target, ids, results[name].tokens).perplexity for name in results}
     first = compare_greedy(reference.tokens, full.tokens).position
-    print(f"bound (sink + window + tree) / total length = ({args.sink} + {args.window} + {tree.num_nodes}) / {total} = {bound:.4f}")
-    print(f"perplexity under the full-cache target: " + ", ".join(f"{k} {v:.3f}" for k, v in quality.items()))
+    print(
+        f"bound (sink + window + tree) / total length = ({args.sink} + {args.window} + {tree.num_nodes}) / {total} = {bound:.4f}"
+    )
+    print("perplexity under the full-cache target: " + ", ".join(f"{k} {v:.3f}" for k, v in quality.items()))
     print(f"the streaming output first differs from the full-cache output at token {first}")
     print(f"streaming speculative against the streaming target alone: {verdict.verdict}")
     print(f"kv_bytes_ratio={a:.4f} speed_ratio={b:.3f} greedy_equal_streaming={int(verdict.verdict == 'exact')}/1")

@@ -29,8 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
-    ap.add_argument("--target-quantization", choices=["4bit"], default=None,
-                    help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)")
+    ap.add_argument(
+        "--target-quantization",
+        choices=["4bit"],
+        default=None,
+        help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)",
+    )
     ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
     ap.add_argument("--trees", nargs="+", default=["chain:4", "kary2:8"])
     ap.add_argument("--prompts", default="builtin", help="builtin, spec_bench, or a JSONL path")
@@ -68,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     for spec, tree in trees.items():
         s = summarize(runs[spec])
         rows.append(
-            {"tree": spec, "nodes": tree.num_nodes, "depth": tree.depth, **_cols(s, base),
-             "greedy_equal": f"{equal[spec]}/{len(prompts)}"}
+            {
+                "tree": spec,
+                "nodes": tree.num_nodes,
+                "depth": tree.depth,
+                **_cols(s, base),
+                "greedy_equal": f"{equal[spec]}/{len(prompts)}",
+            }
         )
     table = pd.DataFrame(rows)
     print("greedy; acceptance_length excludes the bonus token, tau includes it")

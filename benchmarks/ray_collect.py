@@ -25,9 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specnb.analysis.collect import collect_units
 from specnb.analysis.collection import CollectConfig, Collection
-from specnb.analysis.executors import RayExecutor, import_ray
+from specnb.experiments.collect import collect_units
+from specnb.experiments.executors import RayExecutor, import_ray
 from specnb.io.models import ModelPair, load_tokenizer, prompt_ids
 from specnb.io.prompts import load_prompts
 
@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default="smollm2-135m")
     ap.add_argument("--draft-layers", type=int, default=24)
     ap.add_argument("--prompts", type=int, default=5, help="Spec-Bench prompts, categories taken in turn")
-    ap.add_argument("--source", default="spec_bench", help="prompt source (load_prompts): spec_bench, builtin or a JSONL path")
+    ap.add_argument(
+        "--source", default="spec_bench", help="prompt source (load_prompts): spec_bench, builtin or a JSONL path"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--super-k", type=int, default=0, help="super-tree children per node (0: none)")
     ap.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
@@ -52,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
     config = CollectConfig(max_new_tokens=args.max_new_tokens, super_k=args.super_k, super_depth=4, super_size=16)
     describe = {"pair": f"{pair.draft}[:{pair.draft_layers} layers] -> {pair.target}", "draft_dtype": "float32"}
-    print(f"{len(ids)} prompts ({', '.join(f'{p.id}: {ids[p.id].shape[1]} tokens' for p in prompts)}), "
-          f"{args.max_new_tokens} new tokens, super_k {args.super_k}; Ray with {args.cpus} CPUs; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
+    print(
+        f"{len(ids)} prompts ({', '.join(f'{p.id}: {ids[p.id].shape[1]} tokens' for p in prompts)}), "
+        f"{args.max_new_tokens} new tokens, super_k {args.super_k}; Ray with {args.cpus} CPUs; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores",
+        flush=True,
+    )
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
     seconds: dict[int, tuple[float, float]] = {}
     folders: dict[int, Path] = {}
@@ -62,21 +67,34 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for n in args.workers:
                 folders[n] = Path(tmp) / f"workers{n}"
-                report = collect_units(folders[n], pair, ids, config, describe=describe,
-                                       executor=RayExecutor(workers=n), retries=0, progress=False).check()
+                report = collect_units(
+                    folders[n],
+                    pair,
+                    ids,
+                    config,
+                    describe=describe,
+                    executor=RayExecutor(workers=n),
+                    retries=0,
+                    progress=False,
+                ).check()
                 o = report.outcome
                 seconds[n] = (o.seconds, o.seconds - o.startup_s)
                 loads = ", ".join(f"{w.load_s:.1f}" for w in o.workers)
                 unit_s = sum(r["seconds"] for r in o.results.values()) / len(o.results)
-                print(f"workers={n} wall_s={o.seconds:.1f} startup_s={o.startup_s:.1f} after_startup_s={seconds[n][1]:.1f} "
-                      f"unit_s={unit_s:.1f} (mean seconds per unit inside its worker; pair loaded in {loads} s per worker)", flush=True)
+                print(
+                    f"workers={n} wall_s={o.seconds:.1f} startup_s={o.startup_s:.1f} after_startup_s={seconds[n][1]:.1f} "
+                    f"unit_s={unit_s:.1f} (mean seconds per unit inside its worker; pair loaded in {loads} s per worker)",
+                    flush=True,
+                )
             same = _same_files(*(folders[n] for n in args.workers))
     finally:
         ray.shutdown()
     first, last = args.workers[0], args.workers[-1]
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"wall_ratio={seconds[first][0] / seconds[last][0]:.2f} after_startup_ratio={seconds[first][1] / seconds[last][1]:.2f} "
-          f"({first} worker(s) / {last}) same_files={same}")
+    print(
+        f"wall_ratio={seconds[first][0] / seconds[last][0]:.2f} after_startup_ratio={seconds[first][1] / seconds[last][1]:.2f} "
+        f"({first} worker(s) / {last}) same_files={same}"
+    )
     return 0 if same else 1
 
 
@@ -86,8 +104,12 @@ def _same_files(*folders: Path) -> bool:
     if any(n != names[0] for n in names):
         return False
     loaded = [Collection.load(f) for f in folders]
-    return all(a.arrays().keys() == b.arrays().keys() and all(v.tobytes() == b.arrays()[k].tobytes() for k, v in a.arrays().items())
-               for c in loaded[1:] for a, b in zip(loaded[0].prompts, c.prompts))
+    return all(
+        a.arrays().keys() == b.arrays().keys()
+        and all(v.tobytes() == b.arrays()[k].tobytes() for k, v in a.arrays().items())
+        for c in loaded[1:]
+        for a, b in zip(loaded[0].prompts, c.prompts)
+    )
 
 
 if __name__ == "__main__":

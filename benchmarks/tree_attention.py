@@ -35,7 +35,9 @@ from specnb.bench.timing import environment_row, measure_interleaved
 from specnb.bench.verify_curve import prefilled_cache, verify_and_forward
 
 
-def attention_rows(spec: str, batch: TreeBatch, heads: str, dtype: torch.dtype, device: torch.device, repeats: int) -> list[dict]:
+def attention_rows(
+    spec: str, batch: TreeBatch, heads: str, dtype: torch.dtype, device: torch.device, repeats: int
+) -> list[dict]:
     shape = head_shape(heads)
     x = random_inputs(batch, shape.heads, shape.head_dim, shape.kv_heads, dtype, device)
     runs, notes = {}, {}
@@ -46,20 +48,33 @@ def attention_rows(spec: str, batch: TreeBatch, heads: str, dtype: torch.dtype, 
             notes[impl] = f"skipped: {e}"[:90]
     timings = measure_interleaved(runs, device, warmup=3, repeats=repeats)
     nan = float("nan")
-    return [{"tree": spec, "batch": batch.batch_size, "impl": impl,
-             "median_ms": timings[impl].median_s * 1e3 if impl in timings else nan,
-             "q25_ms": timings[impl].q25_s * 1e3 if impl in timings else nan,
-             "q75_ms": timings[impl].q75_s * 1e3 if impl in timings else nan,
-             "note": notes.get(impl, "")} for impl in IMPLEMENTATIONS + (CAUSAL,)]
+    return [
+        {
+            "tree": spec,
+            "batch": batch.batch_size,
+            "impl": impl,
+            "median_ms": timings[impl].median_s * 1e3 if impl in timings else nan,
+            "q25_ms": timings[impl].q25_s * 1e3 if impl in timings else nan,
+            "q75_ms": timings[impl].q75_s * 1e3 if impl in timings else nan,
+            "note": notes.get(impl, ""),
+        }
+        for impl in IMPLEMENTATIONS + (CAUSAL,)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prefix", type=int, default=1024)
-    ap.add_argument("--trees", nargs="+", default=["beams8:64", "sparse:64"],
-                    help="Tree.preset NAME:NODES; the first gives the last line (beams8:64 = 8 leaves of depth 8)")
+    ap.add_argument(
+        "--trees",
+        nargs="+",
+        default=["beams8:64", "sparse:64"],
+        help="Tree.preset NAME:NODES; the first gives the last line (beams8:64 = 8 leaves of depth 8)",
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--heads", default="llama-2-7b", help="head shape of a real target (specnb.bench.attention_grid.HEAD_SHAPES)")
+    ap.add_argument(
+        "--heads", default="llama-2-7b", help="head shape of a real target (specnb.bench.attention_grid.HEAD_SHAPES)"
+    )
     ap.add_argument("--model", default="smollm2-135m", help="the real model for (c)")
     ap.add_argument("--quantization", choices=["4bit"], default=None, help="load that model in 4-bit nf4")
     ap.add_argument("--repeats", type=int, default=15)
@@ -77,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for spec, tree in trees.items():
         for b in args.batches:
-            rows += attention_rows(spec, TreeBatch.uniform(args.prefix, tree, b), args.heads, dtype, device, args.repeats)
+            rows += attention_rows(
+                spec, TreeBatch.uniform(args.prefix, tree, b), args.heads, dtype, device, args.repeats
+            )
     table = pd.DataFrame(rows)
     with pd.option_context("display.width", 200, "display.max_colwidth", 90):
         print(table.round(3).to_string(index=False))
@@ -85,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     for (spec, b), t in table.groupby(["tree", "batch"], sort=False):
         ms = t.set_index("impl")["median_ms"]
         ratios[spec, b] = (ms["per_sequence"] / ms["sdpa"], ms["sdpa"] / ms[CAUSAL])
-        print(f"{spec} batch {b}: (a) per_sequence / tree = {ratios[spec, b][0]:.2f} ({len(trees[spec].leaves)} leaves)  "
-              f"(b) tree / causal = {ratios[spec, b][1]:.2f}  eager / tree = {ms['eager'] / ms['sdpa']:.2f}  "
-              f"flex / tree = {ms['flex'] / ms['sdpa']:.2f}")
+        print(
+            f"{spec} batch {b}: (a) per_sequence / tree = {ratios[spec, b][0]:.2f} ({len(trees[spec].leaves)} leaves)  "
+            f"(b) tree / causal = {ratios[spec, b][1]:.2f}  eager / tree = {ms['eager'] / ms['sdpa']:.2f}  "
+            f"flex / tree = {ms['flex'] / ms['sdpa']:.2f}"
+        )
 
     from specnb.io.models import load_model
 
@@ -98,11 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     plain_n = verify_and_forward(model, cache, None, tree.num_nodes, warmup=2, repeats=args.repeats)["plain"]
     verify_overhead = t["verify"].median_s / t["plain"].median_s
     ms = lambda x: f"{x.median_s * 1e3:.1f} ms [{x.q25_s * 1e3:.1f}-{x.q75_s * 1e3:.1f}]"  # noqa: E731
-    print(f"model {args.model} ({model.dtype}, {model.config._attn_implementation}), cache of {args.prefix} tokens, "
-          f"tree {spec}: verify root + {tree.num_nodes} nodes {ms(t['verify'])}; plain forward of the same "
-          f"{tree.num_nodes + 1} tokens {ms(t['plain'])}; of {tree.num_nodes} tokens {ms(plain_n)}")
-    print(f"(c) verify / plain forward of the same {tree.num_nodes + 1} tokens = {verify_overhead:.3f} "
-          f"(/ plain forward of {tree.num_nodes} tokens = {t['verify'].median_s / plain_n.median_s:.3f})")
+    print(
+        f"model {args.model} ({model.dtype}, {model.config._attn_implementation}), cache of {args.prefix} tokens, "
+        f"tree {spec}: verify root + {tree.num_nodes} nodes {ms(t['verify'])}; plain forward of the same "
+        f"{tree.num_nodes + 1} tokens {ms(t['plain'])}; of {tree.num_nodes} tokens {ms(plain_n)}"
+    )
+    print(
+        f"(c) verify / plain forward of the same {tree.num_nodes + 1} tokens = {verify_overhead:.3f} "
+        f"(/ plain forward of {tree.num_nodes} tokens = {t['verify'].median_s / plain_n.median_s:.3f})"
+    )
     a, b = ratios[spec, args.batches[0]]
     print(f"per_sequence_over_tree={a:.2f} mask_overhead={b:.2f} verify_overhead={verify_overhead:.2f}")
     return 0

@@ -32,8 +32,21 @@ def main() -> int:
         pass  # no torch yet: requirements.txt's range decides
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write("\n".join(pins) + "\n")
-    command = [sys.executable, "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements.txt"), "-c", constraints.name]
-    print(f"[specnb] installing the runtime requirements ({', '.join(pins) or 'torch from requirements.txt'} kept)", flush=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "-r",
+        str(ROOT / "requirements.txt"),
+        "-c",
+        constraints.name,
+    ]
+    print(
+        f"[specnb] installing the runtime requirements ({', '.join(pins) or 'torch from requirements.txt'} kept)",
+        flush=True,
+    )
     return subprocess.run(command).returncode
 
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # notebook runs in the tests: a cell that runs past this fails its run with a clear error
@@ -136,6 +135,15 @@ def user_clone(dest: Path) -> Path:
             (dest / name).unlink(missing_ok=True)
     if git("status", "--porcelain", cwd=dest):  # committed there, so a clone of the clone has them too
         git("add", "-A", cwd=dest)
-        git("-c", "user.name=specnb tests", "-c", "user.email=tests@specnb.invalid", "commit", "-q", "-m",
-            "the working tree's uncommitted changes", cwd=dest)
+        git(
+            "-c",
+            "user.name=specnb tests",
+            "-c",
+            "user.email=tests@specnb.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "the working tree's uncommitted changes",
+            cwd=dest,
+        )
     return dest

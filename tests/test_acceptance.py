@@ -3,12 +3,11 @@ statistically against the exact target distribution, with a broken rule to show 
 
 import pytest
 import torch
+from stats import ALPHA, chi_square_pvalue
 
 from specnb import Tree, greedy_accept, speculative_accept
 from specnb.core.acceptance import Acceptance
 from specnb.core.sampling import SamplingConfig, probabilities, sample, sample_rows, sample_without_replacement
-
-from stats import ALPHA, chi_square_pvalue
 
 TREE = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
 
@@ -76,14 +75,10 @@ def first_two_tokens(rule, tree, vocab, trials, seed):
 
 def exact_first_two(vocab):
     first = toy_distribution((), vocab, 0)
-    return {
-        (a, b): float(first[a] * toy_distribution((a,), vocab, 0)[b]) for a in range(vocab) for b in range(vocab)
-    }
+    return {(a, b): float(first[a] * toy_distribution((a,), vocab, 0)[b]) for a in range(vocab) for b in range(vocab)}
 
 
-@pytest.mark.parametrize(
-    "tree", [Tree.chain(3), Tree.kary(2, 6), Tree.wide(3)], ids=["chain", "kary", "wide"]
-)
+@pytest.mark.parametrize("tree", [Tree.chain(3), Tree.kary(2, 6), Tree.wide(3)], ids=["chain", "kary", "wide"])
 def test_speculative_accept_is_lossless(tree):
     vocab = 5
     samples = first_two_tokens(speculative_accept, tree, vocab, trials=6000, seed=0)
@@ -130,9 +125,12 @@ def test_sampling_config_and_filters():
         SamplingConfig(temperature=1.0, top_p=0.0)
 
 
-
-ROW_LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, float("-inf"), 0.0, 1.5, -0.5, float("-inf"), 0.2, 1.1],
-                           [-1.0, 0.0, 3.0, float("-inf"), 0.5, 0.5, -2.0, 1.0, 0.0, 2.5, float("-inf")]])
+ROW_LOGITS = torch.tensor(
+    [
+        [2.0, 1.0, 0.5, -1.0, float("-inf"), 0.0, 1.5, -0.5, float("-inf"), 0.2, 1.1],
+        [-1.0, 0.0, 3.0, float("-inf"), 0.5, 0.5, -2.0, 1.0, 0.0, 2.5, float("-inf")],
+    ]
+)
 
 
 @pytest.mark.parametrize("block", [4, 256])  # three blocks (the last padded), or one block wider than the vocabulary
@@ -152,6 +150,7 @@ def test_sample_rows_check_detects_a_wrong_temperature():
     assert chi_square_pvalue(draws.tolist(), {i: float(exact[i]) for i in range(11) if exact[i] > 0}) < ALPHA
     with pytest.raises(ValueError, match="temperature"):
         sample_rows(ROW_LOGITS, 0.0)
+
 
 def test_rank_gaps_are_refused_for_sampling():
     tree = Tree.from_paths([(0,), (2,)])
@@ -175,9 +174,10 @@ def deterministic_draft(tree, vocab):
         tokens[i] = order[rank % vocab]
         context[i] = ctx
     tokens[2] = tokens[0]
-    p = torch.stack([toy_distribution((), vocab, 0)] + [
-        toy_distribution(context[i] + (int(tokens[i]),), vocab, 0) for i in range(tree.num_nodes)
-    ])
+    p = torch.stack(
+        [toy_distribution((), vocab, 0)]
+        + [toy_distribution(context[i] + (int(tokens[i]),), vocab, 0) for i in range(tree.num_nodes)]
+    )
     return tokens, p
 
 
@@ -185,14 +185,18 @@ def not_zeroing_accept(tree, tokens, p, q, g):
     """A broken rule: on rejection, keep p as it was instead of zeroing the rejected token."""
     toks, path, row = tokens.tolist(), [], 0
     while True:
-        child = next((c for c in tree.children[row] if float(torch.rand((), generator=g)) < float(p[row][toks[c]])), None)
+        child = next(
+            (c for c in tree.children[row] if float(torch.rand((), generator=g)) < float(p[row][toks[c]])), None
+        )
         if child is None:
             return Acceptance(tuple(path), sample(p[row], g))
         path.append(child)
         row = child + 1
 
 
-@pytest.mark.parametrize("rule, lossless", [(speculative_accept, True), (not_zeroing_accept, False)], ids=["rule", "broken"])
+@pytest.mark.parametrize(
+    "rule, lossless", [(speculative_accept, True), (not_zeroing_accept, False)], ids=["rule", "broken"]
+)
 def test_deterministic_proposals_are_lossless(rule, lossless):
     vocab = 5
     tokens, p = deterministic_draft(GAPPY, vocab)

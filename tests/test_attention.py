@@ -66,14 +66,17 @@ def test_mask_hand_checked():
     prefix 1 with a one-node tree (padded to P = 2, M = 3)."""
     batch = TreeBatch((2, 1), (Tree.from_parents([-1, -1, 0]), Tree.chain(1)))
     #            prefix  tree slots
-    expected = torch.tensor([
-        [[1, 1, 1, 0, 0],
-         [1, 1, 0, 1, 0],
-         [1, 1, 1, 0, 1]],
-        [[1, 0, 1, 0, 0],
-         [0, 0, 0, 1, 0],   # padding row: its own slot only
-         [0, 0, 0, 0, 1]],
-    ], dtype=torch.bool)[:, None]
+    expected = torch.tensor(
+        [
+            [[1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 1, 0, 1]],
+            [
+                [1, 0, 1, 0, 0],
+                [0, 0, 0, 1, 0],  # padding row: its own slot only
+                [0, 0, 0, 0, 1],
+            ],
+        ],
+        dtype=torch.bool,
+    )[:, None]
     assert torch.equal(batch.allowed(), expected)
     assert torch.equal(batch.query_valid(), torch.tensor([[True, True, True], [True, False, False]]))
     additive = batch.additive(torch.float32)

@@ -1,4 +1,4 @@
-"""transformers' decoders as baselines (specnb.analysis.baselines) and output quality (specnb.analysis.quality).
+"""transformers' decoders as baselines (specnb.bench.baselines) and output quality (specnb.analysis.quality).
 
 The recovered per-step statistics are checked against independent evidence: specnb's own chain
 (same draft, same greedy chain, so the same steps), the target's forward calls counted by a hook
@@ -8,15 +8,13 @@ import copy
 import math
 
 import pytest
-
-from specnb.drafters.methods import method_trees
 import torch
+from conftest import random_prompt, tiny_model
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.analysis.baselines import hf_assisted_generate, hf_generate, hf_prompt_lookup_generate
 from specnb.analysis.quality import greedy_equal, perplexity
-
-from conftest import random_prompt, tiny_model
+from specnb.bench.baselines import hf_assisted_generate, hf_generate, hf_prompt_lookup_generate
+from specnb.drafters.methods import method_trees
 
 
 def counts(result):
@@ -60,7 +58,9 @@ def test_assisted_steps_equal_specnb_chain(tiny_target, near_target, k, prompt_s
     ids = random_prompt(prompt_seed, length=5 + prompt_seed)
     reference = autoregressive_generate(tiny_target, ids, max_new_tokens=30, eos_token_id=())
     ours = speculative_generate(tiny_target, near_target, ids, tree=Tree.chain(k), max_new_tokens=30, eos_token_id=())
-    theirs = hf_assisted_generate(tiny_target, near_target, ids, num_assistant_tokens=k, max_new_tokens=30, eos_token_id=())
+    theirs = hf_assisted_generate(
+        tiny_target, near_target, ids, num_assistant_tokens=k, max_new_tokens=30, eos_token_id=()
+    )
     assert theirs.tokens.tolist() == reference.tokens.tolist()
     assert counts(theirs) == counts(ours)
     assert sum(s.num_tokens for s in theirs.steps) == 30
@@ -78,7 +78,10 @@ def test_assisted_acceptance_varies_and_is_not_trivial(tiny_target, near_target)
 def test_assisted_with_draft_equal_to_target_accepts_everything(tiny_target):
     ids = random_prompt(3)
     r = hf_assisted_generate(tiny_target, tiny_target, ids, 4, max_new_tokens=23, eos_token_id=())
-    assert r.tokens.tolist() == autoregressive_generate(tiny_target, ids, max_new_tokens=23, eos_token_id=()).tokens.tolist()
+    assert (
+        r.tokens.tolist()
+        == autoregressive_generate(tiny_target, ids, max_new_tokens=23, eos_token_id=()).tokens.tolist()
+    )
     assert counts(r) == [(4, 4, 5)] * 4 + [(2, 2, 3)]
     s = summarize(r)
     assert s.acceptance_rate == 1.0 and s.tau == 23 / 5 and s.rank_acceptance == (1.0,)
@@ -86,8 +89,13 @@ def test_assisted_with_draft_equal_to_target_accepts_everything(tiny_target):
 
 def test_assisted_with_a_draft_that_never_agrees(tiny_target):
     ids = random_prompt(1)
-    r = hf_assisted_generate(tiny_target, tiny_model(9, scale=-30.0, layers=1), ids, 3, max_new_tokens=15, eos_token_id=())
-    assert r.tokens.tolist() == autoregressive_generate(tiny_target, ids, max_new_tokens=15, eos_token_id=()).tokens.tolist()
+    r = hf_assisted_generate(
+        tiny_target, tiny_model(9, scale=-30.0, layers=1), ids, 3, max_new_tokens=15, eos_token_id=()
+    )
+    assert (
+        r.tokens.tolist()
+        == autoregressive_generate(tiny_target, ids, max_new_tokens=15, eos_token_id=()).tokens.tolist()
+    )
     assert summarize(r).acceptance_rate < 0.2
     assert len(r.steps) >= 13  # about one token per target call
 
@@ -197,9 +205,13 @@ def test_sampling_is_seeded_and_leaves_the_global_generator_alone(tiny_target, n
     ids = random_prompt(2)
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    a = hf_assisted_generate(tiny_target, near_target, ids, 3, max_new_tokens=20, temperature=1.0, seed=7, eos_token_id=())
+    a = hf_assisted_generate(
+        tiny_target, near_target, ids, 3, max_new_tokens=20, temperature=1.0, seed=7, eos_token_id=()
+    )
     assert torch.equal(torch.get_rng_state(), state)
-    b = hf_assisted_generate(tiny_target, near_target, ids, 3, max_new_tokens=20, temperature=1.0, seed=7, eos_token_id=())
+    b = hf_assisted_generate(
+        tiny_target, near_target, ids, 3, max_new_tokens=20, temperature=1.0, seed=7, eos_token_id=()
+    )
     assert a.tokens.tolist() == b.tokens.tolist() and sum(s.num_tokens for s in a.steps) == 20
 
 
@@ -251,7 +263,8 @@ class FakeTokenizer:
 
 
 def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, near_target):
-    from specnb import experiments as ex, tables
+    from specnb.experiments import sweeps as ex
+    from specnb.experiments import tables
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 

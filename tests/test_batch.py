@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import specnb.core.batch
-from specnb import NgramDrafter, Tree, autoregressive_generate, speculative_generate
-from specnb.core.batch import (BatchModelDrafter, autoregressive_generate_batch, prefill_batch,
-                               speculative_generate_batch)
-from specnb.core.ragged import RaggedCache, block_forward, commit, select_rows
-
 from conftest import random_prompt, tiny_model
 from stats import ALPHA, chi_square_pvalue
 from test_acceptance import not_zeroing_accept
 
+import specnb.core.batch
+from specnb import NgramDrafter, Tree, autoregressive_generate, speculative_generate
+from specnb.core.batch import (
+    BatchModelDrafter,
+    autoregressive_generate_batch,
+    prefill_batch,
+    speculative_generate_batch,
+)
+from specnb.core.ragged import RaggedCache, block_forward, commit, select_rows
+
 LENGTHS = (3, 29, 11)  # very different prompt lengths in one batch
-SHAPES = {"chain4": Tree.chain(4), "kary2x6": Tree.kary(2, 6), "sparse12": Tree.sparse(12), "wide5": Tree.wide(5),
-          "beams2x8": Tree.beams(2, 8)}
+SHAPES = {
+    "chain4": Tree.chain(4),
+    "kary2x6": Tree.kary(2, 6),
+    "sparse12": Tree.sparse(12),
+    "wide5": Tree.wide(5),
+    "beams2x8": Tree.beams(2, 8),
+}
 
 
 def prompts(lengths=LENGTHS, seed=0):
@@ -54,28 +62,34 @@ def test_a_ragged_block_gives_each_row_its_own_logits(tiny_target):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_each_rows_greedy_output_is_its_own_batch1_greedy_output(tiny_target, tiny_draft, shape):
     rows = prompts()
-    batch = speculative_generate_batch(tiny_target, tiny_draft, rows, tree=SHAPES[shape], max_new_tokens=21,
-                                       eos_token_id=())
+    batch = speculative_generate_batch(
+        tiny_target, tiny_draft, rows, tree=SHAPES[shape], max_new_tokens=21, eos_token_id=()
+    )
     assert batch.batch_size == 3 and batch.tokens == 3 * 21
     for row, result in zip(rows, batch.rows):
         alone = autoregressive_generate(tiny_target, row[None], max_new_tokens=21, eos_token_id=())
         assert result.tokens.tolist() == alone.tokens.tolist()
         assert sum(s.num_tokens for s in result.steps) == 21
-        single = speculative_generate(tiny_target, tiny_draft, row[None], tree=SHAPES[shape], max_new_tokens=21,
-                                      eos_token_id=())
-        assert [s.num_accepted for s in result.steps] == [s.num_accepted for s in single.steps], \
+        single = speculative_generate(
+            tiny_target, tiny_draft, row[None], tree=SHAPES[shape], max_new_tokens=21, eos_token_id=()
+        )
+        assert [s.num_accepted for s in result.steps] == [s.num_accepted for s in single.steps], (
             "the same drafts are accepted alone and in a batch (greedy)"
+        )
 
 
 def test_rows_of_different_acceptance_finish_early_and_leave_the_batch(tiny_target):
     """The draft is the target for one row's trees and a stranger for the others: acceptance
     differs per row; one row stops at its EOS long before the others, and the batch goes on."""
     rows = prompts()
-    alone = [autoregressive_generate(tiny_target, r[None], max_new_tokens=30, eos_token_id=()).tokens.tolist() for r in rows]
+    alone = [
+        autoregressive_generate(tiny_target, r[None], max_new_tokens=30, eos_token_id=()).tokens.tolist() for r in rows
+    ]
     stop = next(j for j in range(2, 30) if all(alone[1][j] not in a[: j + 4] for a in (alone[0], alone[2])))
     eos = alone[1][stop]  # row 1 stops there; the others stop later or never
-    batch = speculative_generate_batch(tiny_target, tiny_target, rows, tree=Tree.kary(2, 6), max_new_tokens=30,
-                                       eos_token_id=eos)
+    batch = speculative_generate_batch(
+        tiny_target, tiny_target, rows, tree=Tree.kary(2, 6), max_new_tokens=30, eos_token_id=eos
+    )
     for want, result in zip(alone, batch.rows):
         cut = want[: want.index(eos) + 1] if eos in want else want
         assert result.tokens.tolist() == cut
@@ -87,11 +101,14 @@ def test_rows_of_different_acceptance_finish_early_and_leave_the_batch(tiny_targ
 def test_host_drafters_draft_per_row(tiny_target):
     rows = prompts((5, 30, 12), seed=3)
     drafters = [NgramDrafter() for _ in rows]
-    batch = speculative_generate_batch(tiny_target, drafters, rows, tree=Tree.kary(2, 8), max_new_tokens=24,
-                                       eos_token_id=())
+    batch = speculative_generate_batch(
+        tiny_target, drafters, rows, tree=Tree.kary(2, 8), max_new_tokens=24, eos_token_id=()
+    )
     for row, result in zip(rows, batch.rows):
-        assert result.tokens.tolist() == autoregressive_generate(tiny_target, row[None], max_new_tokens=24,
-                                                                 eos_token_id=()).tokens.tolist()
+        assert (
+            result.tokens.tolist()
+            == autoregressive_generate(tiny_target, row[None], max_new_tokens=24, eos_token_id=()).tokens.tolist()
+        )
     with pytest.raises(ValueError, match="one drafter per prompt"):
         speculative_generate_batch(tiny_target, drafters[:2], rows)
 
@@ -100,8 +117,10 @@ def test_the_target_alone_batched(tiny_target):
     rows = prompts()
     batch = autoregressive_generate_batch(tiny_target, rows, max_new_tokens=17, eos_token_id=())
     for row, result in zip(rows, batch.rows):
-        assert result.tokens.tolist() == autoregressive_generate(tiny_target, row[None], max_new_tokens=17,
-                                                                 eos_token_id=()).tokens.tolist()
+        assert (
+            result.tokens.tolist()
+            == autoregressive_generate(tiny_target, row[None], max_new_tokens=17, eos_token_id=()).tokens.tolist()
+        )
         assert len(result.steps) == 17
     assert batch.tokens_per_s > 0
 
@@ -126,8 +145,9 @@ def sampled_rows():
 def first_two_per_row(target, draft, rows, tree, runs):
     samples = [[] for _ in rows]
     for seed in range(runs):
-        batch = speculative_generate_batch(target, draft, rows, tree=tree, max_new_tokens=3, temperature=1.0,
-                                           seed=1000 * seed, eos_token_id=())
+        batch = speculative_generate_batch(
+            target, draft, rows, tree=tree, max_new_tokens=3, temperature=1.0, seed=1000 * seed, eos_token_id=()
+        )
         for b, r in enumerate(batch.rows):
             samples[b].append(tuple(r.tokens[:2].tolist()))
     return samples

@@ -1,5 +1,5 @@
 """Impossible notebook parameters are refused before any model loads, with a message that names what
-to change (`specnb.notebook.checks`), and what a notebook records about its prompts reaches the
+to change (`specnb.experiments.checks`), and what a notebook records about its prompts reaches the
 run's params.json."""
 
 import json
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from specnb.experiments import checks
 from specnb.io.prompts import describe, load_prompts
-from specnb.notebook import checks
 from specnb.notebook.session import record, show_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,15 +24,18 @@ def test_per_category_figure_needs_three_prompts_in_each_category():
     message = str(refused.value)
     assert "writing has 1, coding has 1" in message
     assert "per_category=3 and max_prompts=6" in message and "category_figure=False" in message
-    checks.per_category_figure(describe(load_prompts("spec_bench", per_category=3, categories=["coding", "writing"]),
-                                        "spec_bench"))  # 3 each: accepted
+    checks.per_category_figure(
+        describe(load_prompts("spec_bench", per_category=3, categories=["coding", "writing"]), "spec_bench")
+    )  # 3 each: accepted
 
 
 def test_study_prompts_refuses_a_short_split_and_keeps_them_disjoint():
-    from specnb.notebook.learned_study import study_prompts
+    from specnb.experiments.learned_study import study_prompts
 
     tokenizer = "smollm2-135m"  # only its tokenizer loads
-    with pytest.raises(checks.ParameterError, match=r"train_prompts=120 \(heads='train'\) but the training split holds 0: 13 prompts"):
+    with pytest.raises(
+        checks.ParameterError, match=r"train_prompts=120 \(heads='train'\) but the training split holds 0: 13 prompts"
+    ):
         study_prompts(tokenizer, "builtin", 128, 120, 2, training=True)  # one prompt per category: all held out
     with pytest.raises(checks.ParameterError, match="test_prompts=24 but the test split holds"):
         study_prompts(tokenizer, "spec_bench", 16, 4, 24, training=True)
@@ -40,7 +43,9 @@ def test_study_prompts_refuses_a_short_split_and_keeps_them_disjoint():
     assert encoded == "the tokenizer's chat template"  # SmolLM2-Instruct's own
     assert len(train) == 40 and len(test) == 6 and not {p[0] for p in train} & {p[0] for p in test}
     assert len({p[1] for p in test}) == 6 and all(len(p[2]) <= 128 for p in train + test)
-    loaded, test, _ = study_prompts(tokenizer, "spec_bench", 512, 10_000, 6, training=False)  # published heads: no training split
+    loaded, test, _ = study_prompts(
+        tokenizer, "spec_bench", 512, 10_000, 6, training=False
+    )  # published heads: no training split
     assert loaded == [] and len(test) == 6
 
 
@@ -48,31 +53,84 @@ def test_record_adds_to_params_json(tmp_path, capsys):
     (tmp_path / "params.json").write_text(json.dumps({"status": "running", "parameters": {"a": 1}}))
     record(tmp_path, "note", [1, 2])
     show_prompts(tmp_path, describe(load_prompts("builtin", limit=3), "builtin"), key="test_prompts")
-    assert "test prompts: specnb's built-in prompts, 3 prompts (writing 1, roleplay 1, reasoning 1)" in capsys.readouterr().out
+    assert (
+        "test prompts: specnb's built-in prompts, 3 prompts (writing 1, roleplay 1, reasoning 1)"
+        in capsys.readouterr().out
+    )
     data = json.loads((tmp_path / "params.json").read_text())
-    assert data == {"status": "running", "parameters": {"a": 1}, "note": [1, 2],
-                    "test_prompts": {"source": "builtin", "count": 3,
-                                     "per_category": {"writing": 1, "roleplay": 1, "reasoning": 1}}}
+    assert data == {
+        "status": "running",
+        "parameters": {"a": 1},
+        "note": [1, 2],
+        "test_prompts": {
+            "source": "builtin",
+            "count": 3,
+            "per_category": {"writing": 1, "roleplay": 1, "reasoning": 1},
+        },
+    }
 
 
-@pytest.mark.parametrize("notebook, args, message", [
-    ("02_model_pairs", ["-p", "per_category", "1", "-p", "max_prompts", "2"], "the per-category figure needs at least 3"),
-    ("02_model_pairs", ["-p", "max_prompts", "9"], "max_prompts=9, but prompts 'spec_bench' with categories=['coding', 'writing']"),
-    ("05_learned_drafters", ["-p", "prompts", "builtin"], "train_prompts=16 (heads='train') but the training split holds"),
-    ("05_learned_drafters", ["-p", "speed_budget", "16"], "speed_budget=16 is not one of budgets=[4, 8]"),
-    # every model a run names is resolved in its set-up cell: 03's target (once checked only after its
-    # attention grid) and 05's heads repository (once resolved only after the 7B target had loaded)
-    ("03_tree_attention_timing", ["-p", "target", "nobody/no-such-target"], "model 'nobody/no-such-target' cannot be loaded"),
-    ("05_learned_drafters", ["-p", "heads", "nobody/no-such-heads"], "model 'nobody/no-such-heads' cannot be loaded"),
-    ("05_learned_drafters", ["-p", "eagle_heads", "nobody/no-such-eagle"], "model 'nobody/no-such-eagle' cannot be loaded"),
-])
+@pytest.mark.parametrize(
+    "notebook, args, message",
+    [
+        (
+            "02_model_pairs",
+            ["-p", "per_category", "1", "-p", "max_prompts", "2"],
+            "the per-category figure needs at least 3",
+        ),
+        (
+            "02_model_pairs",
+            ["-p", "max_prompts", "9"],
+            "max_prompts=9, but prompts 'spec_bench' with categories=['coding', 'writing']",
+        ),
+        (
+            "05_learned_drafters",
+            ["-p", "prompts", "builtin"],
+            "train_prompts=16 (heads='train') but the training split holds",
+        ),
+        ("05_learned_drafters", ["-p", "speed_budget", "16"], "speed_budget=16 is not one of budgets=[4, 8]"),
+        # every model a run names is resolved in its set-up cell: 03's target (once checked only after its
+        # attention grid) and 05's heads repository (once resolved only after the 7B target had loaded)
+        (
+            "03_tree_attention_timing",
+            ["-p", "target", "nobody/no-such-target"],
+            "model 'nobody/no-such-target' cannot be loaded",
+        ),
+        (
+            "05_learned_drafters",
+            ["-p", "heads", "nobody/no-such-heads"],
+            "model 'nobody/no-such-heads' cannot be loaded",
+        ),
+        (
+            "05_learned_drafters",
+            ["-p", "eagle_heads", "nobody/no-such-eagle"],
+            "model 'nobody/no-such-eagle' cannot be loaded",
+        ),
+    ],
+)
 def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(tmp_path, notebook, args, message):
     """The smoke profile with one parameter made impossible: the run fails in the set-up cell (cell 2,
     the one after the parameters) with the message, before the cell that loads models."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf-home")}  # no hub here
-    proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "smoke", "--notebook", notebook, *args,
-                           "--outputs", str(tmp_path / "outputs")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specnb.notebook.runner",
+            "run",
+            "smoke",
+            "--notebook",
+            notebook,
+            *args,
+            "--outputs",
+            str(tmp_path / "outputs"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1
     params = json.loads(next((tmp_path / "outputs" / notebook).iterdir()).joinpath("params.json").read_text())
     assert params["status"] == "failed" and message in params["error"], params.get("error")

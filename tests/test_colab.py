@@ -12,11 +12,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from conftest import user_clone
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
-
-from conftest import user_clone
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,17 +29,33 @@ def bare(tmp_path_factory):
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "parent-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    check = subprocess.run([python, "-c", "import torch, transformers, importlib.util as u; print(u.find_spec('specnb'))"],
-                           capture_output=True, text=True, cwd=tmp)
+    check = subprocess.run(
+        [python, "-c", "import torch, transformers, importlib.util as u; print(u.find_spec('specnb'))"],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+    )
     assert check.returncode == 0 and check.stdout.strip() == "None", check.stdout + check.stderr
     kernels = tmp / "jupyter" / "kernels" / "bare"
     kernels.mkdir(parents=True)
-    (kernels / "kernel.json").write_text(json.dumps({
-        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "bare", "language": "python"}))
+    (kernels / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "bare",
+                "language": "python",
+            }
+        )
+    )
     stub = tmp / "stub" / "google" / "colab"  # a namespace package: google.protobuf stays importable
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text('"""A stand-in for Colab\'s module."""\n')
@@ -56,8 +71,11 @@ def first_cells(name: str) -> nbformat.NotebookNode:
     code = [c for c in nb.cells if c.cell_type == "code"][:2]
     smoke = yaml.safe_load((ROOT / "notebooks" / "profiles" / "smoke.yaml").read_text())[name]
     code.insert(1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in smoke.items())))
-    code.append(nbformat.v4.new_code_cell(
-        "import google.colab, specnb, sys\nprint('SPECNB', specnb.__file__)\nprint('RUN', run)"))
+    code.append(
+        nbformat.v4.new_code_cell(
+            "import google.colab, specnb, sys\nprint('SPECNB', specnb.__file__)\nprint('RUN', run)"
+        )
+    )
     nb.cells = code
     return nb
 
@@ -66,8 +84,13 @@ def first_cells(name: str) -> nbformat.NotebookNode:
 def test_a_fresh_colab_kernel_finds_installs_and_imports_specnb(bare, how, tmp_path):
     elsewhere = tmp_path / "unrelated"
     elsewhere.mkdir()
-    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path),
-           "PYTHONPATH": str(bare["stub"]), "SPECNB_OUTPUTS": str(tmp_path / "outputs"), "OMP_NUM_THREADS": "1"}
+    env = {
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(bare["stub"]),
+        "SPECNB_OUTPUTS": str(tmp_path / "outputs"),
+        "OMP_NUM_THREADS": "1",
+    }
     if how == "folder":
         env["SPECNB_REPO"] = str(bare["clone"])
         expected = bare["clone"]
@@ -95,16 +118,27 @@ def test_a_restarted_colab_kernel_in_the_clones_parent_still_imports_specnb(bare
     SPECNB_REPO no longer set) finds the namespace, then the clone, and imports from it."""
     content = tmp_path / "content"
     content.mkdir()
-    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path), "PYTHONPATH": str(bare["stub"]),
-           "SPECNB_OUTPUTS": str(tmp_path / "outputs"), "OMP_NUM_THREADS": "1", "SPECNB_HOME": str(content / "specnb")}
+    env = {
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(bare["stub"]),
+        "SPECNB_OUTPUTS": str(tmp_path / "outputs"),
+        "OMP_NUM_THREADS": "1",
+        "SPECNB_HOME": str(content / "specnb"),
+    }
     seen = []
     for repo in (f"file://{bare['clone']}", None):
         nb = first_cells("01_tree_shapes")
-        nb.cells.insert(1, nbformat.v4.new_code_cell(
-            "import importlib.util\nfound = importlib.util.find_spec('specnb')\n"
-            "print('FOUND', found if found is None else (found.origin, list(found.submodule_search_locations or [])))"))
-        kernel = KernelManager(kernel_name="bare", kernel_spec_manager=KernelSpecManager(
-            kernel_dirs=[str(bare["jupyter"] / "kernels")]))
+        nb.cells.insert(
+            1,
+            nbformat.v4.new_code_cell(
+                "import importlib.util\nfound = importlib.util.find_spec('specnb')\n"
+                "print('FOUND', found if found is None else (found.origin, list(found.submodule_search_locations or [])))"
+            ),
+        )
+        kernel = KernelManager(
+            kernel_name="bare", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(bare["jupyter"] / "kernels")])
+        )
         run_env = dict(env, SPECNB_REPO=repo) if repo else env
         NotebookClient(nb, km=kernel, timeout=600, resources={"metadata": {"path": str(content)}}).execute(env=run_env)
         printed = "".join(o.get("text", "") for c in nb.cells for o in c.outputs if o.get("output_type") == "stream")
@@ -123,12 +157,19 @@ def test_colab_set_up_installs_the_runtime_and_the_headless_runner_only():
     import os
 
     env = {**os.environ, "COLAB_RELEASE_TAG": "release-colab-test"}
-    plan = subprocess.run(["bash", "scripts/setup_env.sh", "--plan"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          check=True).stdout
+    plan = subprocess.run(
+        ["bash", "scripts/setup_env.sh", "--plan"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    ).stdout
     installs = next(line for line in plan.splitlines() if line.startswith("installs: ")).split()[1:]
     assert installs[:2] == ["-r", str(ROOT / "requirements.txt")]
     assert sorted(installs[2:]) == ["nbconvert", "nbformat", "papermill"]
     assert not any(word in plan for word in ("requirements-dev", "jupyterlab", "ray", "pytest"))
-    here = subprocess.run(["bash", "scripts/setup_env.sh", "--plan"], cwd=ROOT, capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "COLAB_RELEASE_TAG"}, check=True).stdout
+    here = subprocess.run(
+        ["bash", "scripts/setup_env.sh", "--plan"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "COLAB_RELEASE_TAG"},
+        check=True,
+    ).stdout
     assert f"installs: -r {ROOT / 'requirements-dev.txt'}" in here  # elsewhere: everything, tests included

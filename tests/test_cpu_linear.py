@@ -1,4 +1,4 @@
-"""The oneDNN linear path (`io.cpu_linear`): the same model within float32 tolerance, greedy outputs
+"""The oneDNN linear path (`kernels.cpu_linear`): the same model within float32 tolerance, greedy outputs
 equal to the stock path's, the option named in load_model / load_pair, left alone where it does
 not apply. Speed is measured by benchmarks/cpu_verify.py, not here."""
 
@@ -8,12 +8,12 @@ import copy
 
 import pytest
 import torch
+from conftest import random_prompt, tiny_model
 
 from specnb import Tree, autoregressive_generate, speculative_generate
 from specnb.core.drafting import ModelDrafter
-from specnb.io.cpu_linear import LINEAR_PATHS, PackedLinear, linear_path, pack_linears
 from specnb.io.models import ModelPair, describe_model, load_model, load_pair, prompt_ids
-from conftest import random_prompt, tiny_model
+from specnb.kernels.cpu_linear import LINEAR_PATHS, PackedLinear, linear_path, pack_linears
 
 # the tolerance this path is held to: oneDNN sums in another order than MKL, so each output
 # differs by float32 rounding; across a whole model relative to the largest logit
@@ -47,8 +47,10 @@ def test_logits_within_tolerance_and_every_linear_packed(arch):
 def test_the_packed_weight_is_the_dense_one_and_biases_are_kept():
     stock = tiny_model(4, arch="qwen2")
     packed = packed_copy(stock)
-    for (name, a), b in zip(((n, m) for n, m in stock.named_modules() if type(m) is torch.nn.Linear),
-                            (m for m in packed.modules() if isinstance(m, PackedLinear))):
+    for (name, a), b in zip(
+        ((n, m) for n, m in stock.named_modules() if type(m) is torch.nn.Linear),
+        (m for m in packed.modules() if isinstance(m, PackedLinear)),
+    ):
         assert torch.equal(a.weight, b.weight), name  # to_dense of the prepacked weight: exact
         assert (a.bias is None) == (b.bias is None)
         if a.bias is not None:
@@ -68,8 +70,9 @@ def test_greedy_speculative_output_equals_the_stock_target_greedy_output(tree):
         ids = random_prompt(seed)
         stock_out = autoregressive_generate(target, ids, max_new_tokens=40).tokens.tolist()
         assert autoregressive_generate(p_target, ids, max_new_tokens=40).tokens.tolist() == stock_out
-        spec = speculative_generate(p_target, ModelDrafter(p_draft), ids, tree=Tree.preset(shape, int(budget)),
-                                    max_new_tokens=40)
+        spec = speculative_generate(
+            p_target, ModelDrafter(p_draft), ids, tree=Tree.preset(shape, int(budget)), max_new_tokens=40
+        )
         assert spec.tokens.tolist() == stock_out
 
 
@@ -83,10 +86,14 @@ def test_a_tied_lm_head_is_not_held_twice():
     packed = packed_copy(stock)
 
     assert type(packed.lm_head) is torch.nn.Linear and packed.lm_head.weight is packed.model.embed_tokens.weight
-    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == sum(type(m) is torch.nn.Linear for m in stock.modules()) - 1
+    assert (
+        sum(isinstance(m, PackedLinear) for m in packed.modules())
+        == sum(type(m) is torch.nn.Linear for m in stock.modules()) - 1
+    )
     dense = sum(p.numel() * 4 for p in stock.parameters())  # parameters() counts the tied weight once
-    packed_bytes = (sum(m.packed_weight.to_dense().numel() * 4 for m in packed.modules() if isinstance(m, PackedLinear))
-                    + sum(p.numel() * 4 for p in packed.parameters()))
+    packed_bytes = sum(
+        m.packed_weight.to_dense().numel() * 4 for m in packed.modules() if isinstance(m, PackedLinear)
+    ) + sum(p.numel() * 4 for p in packed.parameters())
     assert packed_bytes == dense, "every weight held once"
     ids = random_prompt(3, length=9)
     with torch.inference_mode():
@@ -116,8 +123,10 @@ def test_load_model_and_pairs_take_the_option(smollm2):
     with torch.inference_mode():
         a, b = stock(ids).logits, packed(ids).logits
     assert ((a - b).abs().max() / a.abs().max()).item() < TOLERANCE
-    assert (autoregressive_generate(packed, ids, max_new_tokens=24).tokens.tolist()
-            == autoregressive_generate(stock, ids, max_new_tokens=24).tokens.tolist())
+    assert (
+        autoregressive_generate(packed, ids, max_new_tokens=24).tokens.tolist()
+        == autoregressive_generate(stock, ids, max_new_tokens=24).tokens.tolist()
+    )
     target, draft, _ = load_pair("smollm2-135m", "smollm2-135m", draft_layers=24, cpu_linear="onednn")
     assert linear_path(target) == linear_path(draft) == "onednn"
     assert ModelPair("smollm2-135m", "smollm2-135m", cpu_linear="onednn").cpu_linear == "onednn"

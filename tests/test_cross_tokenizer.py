@@ -1,5 +1,5 @@
 """Cross-tokenizer drafting (specnb.drafters.retokenize, specnb.drafters.cross_tokenizer) and its
-baseline, transformers' universal assisted generation (specnb.analysis.baselines.hf_uag_generate).
+baseline, transformers' universal assisted generation (specnb.bench.baselines.hf_uag_generate).
 
 Two hand-made vocabularies built in code (tests/vocabularies.py): byte-level BPE for the target,
 SentencePiece-style BPE with byte fallback for the draft, splitting words differently. Checked:
@@ -14,20 +14,27 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_model
+from stats import ALPHA, chi_square_pvalue
+from test_acceptance import not_zeroing_accept
+from vocabularies import D_VOCAB, T_VOCAB, TEXT, bigram_llama, draft_tokenizer, target_tokenizer
 
 import specnb.core.generation
-from specnb import DynamicTreeDrafter, ModelDrafter, SamplingConfig, Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.analysis.baselines import hf_uag_generate
+from specnb import (
+    DynamicTreeDrafter,
+    ModelDrafter,
+    SamplingConfig,
+    Tree,
+    autoregressive_generate,
+    speculative_generate,
+    summarize,
+)
+from specnb.bench.baselines import hf_uag_generate
 from specnb.core.cache import new_cache
 from specnb.core.forward import forward
 from specnb.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specnb.drafters.methods import build_drafter, method_trees, parse_method
 from specnb.drafters.retokenize import Mirror, TokenText, continue_text, window_start
-
-from conftest import tiny_model
-from stats import ALPHA, chi_square_pvalue
-from test_acceptance import not_zeroing_accept
-from vocabularies import D_VOCAB, T_VOCAB, TEXT, bigram_llama, draft_tokenizer, target_tokenizer
 
 GREEDY = SamplingConfig()
 MAX_NEW = 30
@@ -50,7 +57,14 @@ def names(tokenizer, ids) -> list[str] | None:
 # ---- tokens as bytes --------------------------------------------------------------------------
 
 
-TEXTS = [" hello the cat", "hello", "caf\u00e9 \u00e9t\u00e9", "x = f(1, 2)\n    return x", "\u4f60\u597d \U0001f642", "a  b\n\nc"]
+TEXTS = [
+    " hello the cat",
+    "hello",
+    "caf\u00e9 \u00e9t\u00e9",
+    "x = f(1, 2)\n    return x",
+    "\u4f60\u597d \U0001f642",
+    "a  b\n\nc",
+]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -156,8 +170,10 @@ def test_mirror_of_real_text_is_the_tokenizers_own_encoding():
         qwen, smol = TokenText.of(load_tokenizer("qwen2.5-coder-0.5b")), TokenText.of(load_tokenizer("smollm2-135m"))
     except Exception as e:
         pytest.skip(f"embedded tokenizers not installed: {e}")
-    text = ("Here is the code:\n\n```python\ndef mean(xs):\n    total = 0\n    for x in xs:  # sum\n        total += x\n"
-            "    return total / len(xs)\n```\nIt costs O(n) \u2014 caf\u00e9s, na\u00efve, 12345 and \U0001f642 too.  Done.")
+    text = (
+        "Here is the code:\n\n```python\ndef mean(xs):\n    total = 0\n    for x in xs:  # sum\n        total += x\n"
+        "    return total / len(xs)\n```\nIt costs O(n) \u2014 caf\u00e9s, na\u00efve, 12345 and \U0001f642 too.  Done."
+    )
     for source, dest in ((qwen, smol), (smol, qwen)):
         seq = source.encode(text)
         mirror = Mirror(source, dest)
@@ -198,7 +214,9 @@ def test_greedy_output_equals_the_targets(vocabs, kind, tree_name):
     for text in prompts:
         ids = torch.tensor([ids_of(t, text)])
         reference = autoregressive_generate(target, ids, max_new_tokens=MAX_NEW, eos_token_id=())
-        result = speculative_generate(target, drafter, ids, tree=TREES[tree_name], max_new_tokens=MAX_NEW, eos_token_id=())
+        result = speculative_generate(
+            target, drafter, ids, tree=TREES[tree_name], max_new_tokens=MAX_NEW, eos_token_id=()
+        )
         assert result.tokens.tolist() == reference.tokens.tolist(), text
         s = summarize(result)
         accepted += s.num_accepted
@@ -235,7 +253,9 @@ def test_special_tokens_end_paths(vocabs):
     reference = autoregressive_generate(target, ids, max_new_tokens=MAX_NEW, eos_token_id=t.eos_token_id)
     assert reference.tokens[-1] == t.eos_token_id and len(reference.tokens) < MAX_NEW
     drafter = CrossTokenizerDrafter(draft, dt, tt)
-    result = speculative_generate(target, drafter, ids, tree=Tree.chain(8), max_new_tokens=MAX_NEW, eos_token_id=t.eos_token_id)
+    result = speculative_generate(
+        target, drafter, ids, tree=Tree.chain(8), max_new_tokens=MAX_NEW, eos_token_id=t.eos_token_id
+    )
     assert result.tokens.tolist() == reference.tokens.tolist()
     assert result.steps[-1].num_accepted >= 2  # the EOS came from the draft's own `</s>`
 
@@ -263,7 +283,9 @@ def sampling_pair(vocabs):
 def first_two(target, drafter, prompt, tree, runs=2500) -> tuple[list, int]:
     samples, proposed = [], 0
     for seed in range(runs):
-        r = speculative_generate(target, drafter, prompt, tree=tree, max_new_tokens=3, temperature=1.0, seed=seed, eos_token_id=())
+        r = speculative_generate(
+            target, drafter, prompt, tree=tree, max_new_tokens=3, temperature=1.0, seed=seed, eos_token_id=()
+        )
         samples.append(tuple(r.tokens[:2].tolist()))
         proposed += r.steps[0].num_drafted
     return samples, proposed
@@ -290,7 +312,7 @@ def test_sampling_check_detects_a_broken_rule(sampling_pair, monkeypatch):
 @pytest.mark.parametrize("kind", ["accepting", "random"])
 @pytest.mark.parametrize("tree_name", ["chain4", "kary2x10", "dynamic10"])
 def test_draft_cache_equals_a_fresh_prefill_after_200_tokens(vocabs, kind, tree_name):
-    """"accepting": the target writes `Ġhel`, then `lo` (the draft's view `▁he l` becomes `▁he llo`),
+    """ "accepting": the target writes `Ġhel`, then `lo` (the draft's view `▁he l` becomes `▁he llo`),
     and "é" one byte at a time (`Ã`, then `©`: a half character pending), and accepts draft paths;
     "random": random tokens, half characters and specials everywhere."""
     t, d, tt, dt = vocabs
@@ -329,8 +351,14 @@ def test_accepted_draft_nodes_keep_their_keys_and_values(vocabs):
     fed = []
     handle = draft.register_forward_pre_hook(lambda m, a, k: fed.append(k["input_ids"].shape[1]), with_kwargs=True)
     try:
-        speculative_generate(target, CrossTokenizerDrafter(draft, dt, tt), torch.tensor([ids_of(t, " hello the")]),
-                             tree=Tree.chain(4), max_new_tokens=MAX_NEW, eos_token_id=())
+        speculative_generate(
+            target,
+            CrossTokenizerDrafter(draft, dt, tt),
+            torch.tensor([ids_of(t, " hello the")]),
+            tree=Tree.chain(4),
+            max_new_tokens=MAX_NEW,
+            eos_token_id=(),
+        )
     finally:
         handle.remove()
     firsts = fed[::4][1:]  # each step: one forward before its first level, then one per depth
@@ -369,7 +397,12 @@ def test_universal_assisted_generation_refuses_equal_vocabulary_sizes(tiny_targe
 def test_method_specs(vocabs, tiny_target):
     t, d, tt, dt = vocabs
     chain = parse_method("xtok/chain:4")
-    assert (chain.label, chain.tree, chain.replayable, chain.shared_vocabulary) == ("xtok/chain", Tree.chain(4), False, False)
+    assert (chain.label, chain.tree, chain.replayable, chain.shared_vocabulary) == (
+        "xtok/chain",
+        Tree.chain(4),
+        False,
+        False,
+    )
     dynamic = parse_method("xtok/dynamic:16")
     assert dynamic.label == "xtok/dynamic" and dynamic.tree == Tree.chain(6)
     assert not parse_method("hf_uag:4").shared_vocabulary and parse_method("chain:4").shared_vocabulary
@@ -388,7 +421,10 @@ def saved_pair(tmp_path_factory, vocabs):
     """The bigram pair saved as two model folders, with their tokenizers."""
     t, d, _, _ = vocabs
     folders = []
-    for model, tokenizer, name in ((bigram_llama(t, TEXT, T_VOCAB), t, "target"), (bigram_llama(d, TEXT, D_VOCAB), d, "draft")):
+    for model, tokenizer, name in (
+        (bigram_llama(t, TEXT, T_VOCAB), t, "target"),
+        (bigram_llama(d, TEXT, D_VOCAB), d, "draft"),
+    ):
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -407,8 +443,9 @@ def test_load_pair_refuses_and_names_the_cross_tokenizer_option(saved_pair):
 
 
 def test_sweep_of_a_mismatched_pair_refuses_shared_vocabulary_methods(saved_pair, tmp_path):
-    from specnb import experiments as ex, tables
-    from specnb.notebook.pair_specs import Pair
+    from specnb.experiments import sweeps as ex
+    from specnb.experiments import tables
+    from specnb.experiments.pairs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
@@ -446,34 +483,47 @@ def test_redraft_takes_the_steps_of_a_real_run(vocabs, kind, tree_name):
     tree = TREES[tree_name] or Tree.chain(5)
     for text, eos in ((" hello the", ()), (" the cat", (ids_of(t, " mat")[0],))):
         ids = torch.tensor([ids_of(t, text)])
-        real = speculative_generate(target, cross_drafter(draft, tree_name, dt, tt), ids, tree=tree, max_new_tokens=MAX_NEW,
-                                    eos_token_id=eos)
-        again = redraft(cross_drafter(draft, tree_name, dt, tt), ids[0].tolist(), real.tokens.tolist(), tree, MAX_NEW,
-                        frozenset(eos))
-        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks, s.child_counts, s.draft_tokens)
-                for s in again.steps] == \
-               [(s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks, s.child_counts, s.draft_tokens)
-                for s in real.steps]
+        real = speculative_generate(
+            target, cross_drafter(draft, tree_name, dt, tt), ids, tree=tree, max_new_tokens=MAX_NEW, eos_token_id=eos
+        )
+        again = redraft(
+            cross_drafter(draft, tree_name, dt, tt),
+            ids[0].tolist(),
+            real.tokens.tolist(),
+            tree,
+            MAX_NEW,
+            frozenset(eos),
+        )
+        assert [
+            (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks, s.child_counts, s.draft_tokens)
+            for s in again.steps
+        ] == [
+            (s.position, s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks, s.child_counts, s.draft_tokens)
+            for s in real.steps
+        ]
         assert len(again.draft_paths) == len(again.steps)
 
 
 def test_redraft_of_a_same_vocabulary_drafter_equals_the_replay(tiny_target, tiny_draft):
     """On a shared vocabulary the re-draft is what `replay` computes from ranks (and a real run)."""
-    from specnb.analysis.redraft import redraft
     from conftest import random_prompt
+
+    from specnb.analysis.redraft import redraft
 
     ids = random_prompt(2, length=8)
     for tree in (Tree.chain(4), Tree.kary(2, 8)):
         real = speculative_generate(tiny_target, tiny_draft, ids, tree=tree, max_new_tokens=MAX_NEW, eos_token_id=())
         again = redraft(ModelDrafter(tiny_draft), ids[0].tolist(), real.tokens.tolist(), tree, MAX_NEW)
-        assert [(s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks) for s in again.steps] == \
-               [(s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks) for s in real.steps]
+        assert [(s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks) for s in again.steps] == [
+            (s.num_drafted, s.num_accepted, s.num_tokens, s.accepted_ranks) for s in real.steps
+        ]
         assert list(again.draft_paths) == [s.accepted_ranks for s in again.steps]
 
 
 def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
-    from specnb import experiments as ex, redraft_study, replay_study, tables
     from specnb.analysis import replay
+    from specnb.experiments import redraft_study, replay_study, tables
+    from specnb.experiments import sweeps as ex
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
@@ -481,8 +531,19 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     target, draft = pair("bigram_other_word", t, d)
     prompts = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on the ma")]
     trees = method_trees(["chain:2", "chain:4", "kary2:6"])
-    collection = replay_study.collect_pair(tmp_path / "collection", target, draft, t, prompts, trees, 16, super_k=0, super_depth=3,
-                                 dynamic_budgets=[6], draft_tokenizer=d).collection
+    collection = replay_study.collect_pair(
+        tmp_path / "collection",
+        target,
+        draft,
+        t,
+        prompts,
+        trees,
+        16,
+        super_k=0,
+        super_depth=3,
+        dynamic_budgets=[6],
+        draft_tokenizer=d,
+    ).collection
     assert collection.config.cross_tokenizer and collection.prompts[0].ranks is None
     with pytest.raises(ValueError, match="re-drafted"):
         replay.replay(collection, trees)
@@ -495,10 +556,24 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     assert (table["draft_tokens_per_accepted"] > 0).all() and set(every) == set(trees)
     # the collection's own run and an end-to-end xtok run agree with the re-draft step for step
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
-    ex.run_sweep(store, "pair", target, draft, t, prompts, method_trees(["xtok/dynamic:6", "xtok/kary2:6"]), 16,
-                 progress=False, draft_tokenizer=d)
-    agreement = replay_study.replay_agreement(store, "pair", collection, ["xtok/dynamic:6", "xtok/kary2:6"], redraft_with=again)
-    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
+    ex.run_sweep(
+        store,
+        "pair",
+        target,
+        draft,
+        t,
+        prompts,
+        method_trees(["xtok/dynamic:6", "xtok/kary2:6"]),
+        16,
+        progress=False,
+        draft_tokenizer=d,
+    )
+    agreement = replay_study.replay_agreement(
+        store, "pair", collection, ["xtok/dynamic:6", "xtok/kary2:6"], redraft_with=again
+    )
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (
+        agreement["steps_compared"] > 0
+    ).all()
     frame = replay_study.replayed_steps_frame(collection, trees[("kary2", 6)], "kary2", redraft_with=again)
     frequency = tables.node_frequency(frame, trees[("kary2", 6)])
     assert 0 < frequency[(0,)] <= 1
@@ -506,8 +581,9 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
 
 def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
     """Two pairs of one target: the second copies the first's target-alone units."""
-    from specnb import experiments as ex, tables
-    from specnb.notebook.pair_specs import Pair
+    from specnb.experiments import sweeps as ex
+    from specnb.experiments import tables
+    from specnb.experiments.pairs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
@@ -525,11 +601,13 @@ def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
 def test_xtok_methods_are_refused_for_a_tokenizer_without_a_byte_rule(tmp_path):
     """A WordLevel tokenizer cannot be read as bytes: the pair's xtok methods are refused, with the
     reason, before any weights load; hf_uag (text through decode and encode) still runs."""
-    from specnb import experiments as ex, tables
-    from specnb.notebook.pair_specs import Pair
+    from test_models import WORDS_A, WORDS_B, save_tiny_model
+
+    from specnb.experiments import sweeps as ex
+    from specnb.experiments import tables
+    from specnb.experiments.pairs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
-    from test_models import WORDS_A, WORDS_B, save_tiny_model
 
     target = save_tiny_model(tmp_path / "a", WORDS_A, seed=0)
     draft = save_tiny_model(tmp_path / "b", WORDS_B, seed=1)
@@ -537,7 +615,9 @@ def test_xtok_methods_are_refused_for_a_tokenizer_without_a_byte_rule(tmp_path):
     pairs = [Pair(str(target), str(draft), methods=["xtok/chain:2", "hf_uag:2"])]
     status = ex.run_pairs(store, pairs, [Prompt("p", "test", "the cat sat")], {}, 4, progress=False)
     row = status.iloc[0]
-    assert row["status"] == "partial" and row["reason"].startswith("refused xtok/chain:2:") and "as bytes" in row["reason"]
+    assert (
+        row["status"] == "partial" and row["reason"].startswith("refused xtok/chain:2:") and "as bytes" in row["reason"]
+    )
     assert set(tables.unit_table(store)["shape"]) == {"autoregressive", "hf_uag"}
 
 

@@ -12,14 +12,13 @@ none: these run where one is present, e.g. `./run_tests.sh -m gpu` on a Colab T4
 
 import pytest
 import torch
+from conftest import random_prompt, tiny_model
 
 from specnb import Tree, autoregressive_generate, speculative_generate
-from specnb.analysis.collect import collect
 from specnb.analysis.collection import CollectConfig
 from specnb.analysis.quality import compare_greedy, score
 from specnb.core.runtime import Clock
-
-from conftest import random_prompt, tiny_model
+from specnb.experiments.collect import collect
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (no GPU here)")]
 TREES = [Tree.chain(4), Tree.kary(2, 10), Tree.sparse(16)]
@@ -46,8 +45,9 @@ def test_4bit_verify_equals_greedy_up_to_ties(tmp_path):
 
     tiny_model(0, scale=30.0, hidden=64).save_pretrained(tmp_path / "tiny")
     nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float16)
-    target = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny", dtype=torch.float16, device_map={"": "cuda"},
-                                                  quantization_config=nf4).eval()
+    target = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "tiny", dtype=torch.float16, device_map={"": "cuda"}, quantization_config=nf4
+    ).eval()
     draft = on_gpu(tiny_model(1, scale=30.0, layers=1, hidden=64))
     ids = random_prompt(4).cuda()
     reference = autoregressive_generate(target, ids, max_new_tokens=24, eos_token_id=()).tokens
@@ -68,6 +68,7 @@ def test_the_clock_waits_for_queued_kernels():
     # the same work, timed without waiting, returns before the kernels finish
     torch.cuda.synchronize()
     import time
+
     t0 = time.perf_counter()
     for _ in range(20):
         x = x @ x / 4096
@@ -84,8 +85,13 @@ def test_peak_memory_is_reported_on_cuda():
 
 
 def test_sampled_collection_runs_on_cuda(tmp_path):
-    target, draft = on_gpu(tiny_model(0, scale=4.0), torch.float32), on_gpu(tiny_model(1, scale=4.0, layers=1), torch.float32)
-    config = CollectConfig(max_new_tokens=6, eos_token_id=(), temperature=1.0, samples=4, cover_tree="kary2:6", sample_chunk=2)
+    target, draft = (
+        on_gpu(tiny_model(0, scale=4.0), torch.float32),
+        on_gpu(tiny_model(1, scale=4.0, layers=1), torch.float32),
+    )
+    config = CollectConfig(
+        max_new_tokens=6, eos_token_id=(), temperature=1.0, samples=4, cover_tree="kary2:6", sample_chunk=2
+    )
     c = collect(tmp_path / "c", target, draft, {"p": random_prompt(6).cuda()}, config)
     alpha = c.prompts[0].alpha
     assert alpha.shape[:2] == (6, 4) and ((alpha >= 0) & (alpha <= 1)).all()

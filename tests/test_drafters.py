@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers.generation.candidate_generator import (
-    AssistedCandidateGenerator,
-    PromptLookupCandidateGenerator,
-)
+from conftest import random_prompt, tiny_model
+from stats import ALPHA, chi_square_pvalue
+from test_acceptance import not_zeroing_accept
+from test_generation import VOCAB, first_two, rank0_chain, target_first_two
+from transformers.generation.candidate_generator import AssistedCandidateGenerator, PromptLookupCandidateGenerator
 
 import specnb.core.generation
 from specnb import (
@@ -31,13 +32,8 @@ from specnb import (
     summarize,
 )
 from specnb.core.cache import new_cache
-from specnb.io.models import load_model, prompt_ids, truncate_layers
 from specnb.core.verification import prefill, verify
-
-from conftest import random_prompt, tiny_model
-from stats import ALPHA, chi_square_pvalue
-from test_acceptance import not_zeroing_accept
-from test_generation import VOCAB, first_two, rank0_chain, target_first_two
+from specnb.io.models import load_model, prompt_ids, truncate_layers
 
 GREEDY = SamplingConfig()
 TREES = {"chain4": Tree.chain(4), "kary2x10": Tree.kary(2, 10), "sparse12": Tree.sparse(12)}
@@ -117,7 +113,16 @@ def make_drafter(kind: str, target, draft):
     }[kind]()
 
 
-KINDS = ["ngram", "ngram_latest_chain", "early_exit_1", "early_exit_all", "merged", "adaptive", "adaptive_early_exit", "threshold"]
+KINDS = [
+    "ngram",
+    "ngram_latest_chain",
+    "early_exit_1",
+    "early_exit_all",
+    "merged",
+    "adaptive",
+    "adaptive_early_exit",
+    "threshold",
+]
 CASES = [(k, t) for k in KINDS for t in TREES if not (k == "threshold" and t != "chain4")]
 
 
@@ -227,7 +232,9 @@ def test_ngram_no_match_is_an_empty_tree_and_a_plain_step(tiny_target):
     plain = prefill(tiny_target, new_cache(tiny_target), ids)[-1]
     torch.testing.assert_close(logits[0], plain, rtol=1e-4, atol=1e-4)
     assert logits.shape[0] == 1
-    result = speculative_generate(tiny_target, NgramDrafter(), ids, tree=Tree.chain(4), max_new_tokens=1, eos_token_id=())
+    result = speculative_generate(
+        tiny_target, NgramDrafter(), ids, tree=Tree.chain(4), max_new_tokens=1, eos_token_id=()
+    )
     assert result.steps[0].num_drafted == 0 and result.steps[0].num_tokens == 1
 
 
@@ -252,11 +259,15 @@ def test_ngram_index_follows_the_sequence_and_resets():
         d = grown.draft(seq[:t], Tree.kary(2, 8), GREEDY)
         assert (d.tree, tokens_of(d)) == (fresh.tree, tokens_of(fresh))
     other = seq.flip(0)[:30]  # ... and is rebuilt for a sequence that does not extend it
-    assert tokens_of(grown.draft(other, Tree.kary(2, 8), GREEDY)) == tokens_of(NgramDrafter().draft(other, Tree.kary(2, 8), GREEDY))
+    assert tokens_of(grown.draft(other, Tree.kary(2, 8), GREEDY)) == tokens_of(
+        NgramDrafter().draft(other, Tree.kary(2, 8), GREEDY)
+    )
 
 
 def test_ngram_accepts_on_a_repetitive_prompt(tiny_target):
-    result = speculative_generate(tiny_target, NgramDrafter(), repetitive_prompt(3), tree=Tree.kary(2, 8), max_new_tokens=40, eos_token_id=())
+    result = speculative_generate(
+        tiny_target, NgramDrafter(), repetitive_prompt(3), tree=Tree.kary(2, 8), max_new_tokens=40, eos_token_id=()
+    )
     assert summarize(result).acceptance_length > 0
 
 
@@ -342,7 +353,9 @@ def test_early_exit_drafts_what_a_separate_truncated_model_drafts(tree_name):
 def test_early_exit_at_all_layers_is_the_target(tiny_target, tree_name):
     tree = TREES[tree_name]
     drafter = EarlyExitDrafter(tiny_target, len(tiny_target.model.layers))
-    result = speculative_generate(tiny_target, drafter, random_prompt(5), tree=tree, max_new_tokens=MAX_NEW, eos_token_id=())
+    result = speculative_generate(
+        tiny_target, drafter, random_prompt(5), tree=tree, max_new_tokens=MAX_NEW, eos_token_id=()
+    )
     for step in result.steps:  # each step accepts the whole rank-0 chain, nothing off it
         assert step.num_accepted == rank0_chain(tree.truncated(step.tree_depth))
         assert step.accepted_ranks == (0,) * step.num_accepted
@@ -393,7 +406,11 @@ def test_merged_tree_is_the_union_of_the_token_paths():
 def test_merged_with_real_drafters_is_the_union(tiny_target, tiny_draft, tree_name):
     tree = TREES[tree_name]
     ids = repetitive_prompt(2)
-    parts = [(NgramDrafter(), Tree.kary(3, 9)), (ModelDrafter(tiny_draft), tree), (EarlyExitDrafter(tiny_target, 1), Tree.chain(3))]
+    parts = [
+        (NgramDrafter(), Tree.kary(3, 9)),
+        (ModelDrafter(tiny_draft), tree),
+        (EarlyExitDrafter(tiny_target, 1), Tree.chain(3)),
+    ]
     d = MergedDrafter(parts).draft(ids, tree, GREEDY)
     want = set()
     for drafter, own in parts:
@@ -405,12 +422,16 @@ def test_merged_with_real_drafters_is_the_union(tiny_target, tiny_draft, tree_na
 
 def test_merged_branch_of_the_target_is_accepted_whole(tiny_target, tiny_draft):
     target_first = MergedDrafter([(ModelDrafter(tiny_target), Tree.chain(4)), (tiny_draft, Tree.kary(2, 6))])
-    result = speculative_generate(tiny_target, target_first, random_prompt(6), tree=Tree.chain(4), max_new_tokens=MAX_NEW, eos_token_id=())
+    result = speculative_generate(
+        tiny_target, target_first, random_prompt(6), tree=Tree.chain(4), max_new_tokens=MAX_NEW, eos_token_id=()
+    )
     for step in result.steps:
         assert step.num_accepted == step.tree_depth  # the target's own chain, every token of it
     # the same with the target's component second: its nodes come after the other's
     drafter = MergedDrafter([(tiny_draft, Tree.kary(2, 6)), (ModelDrafter(tiny_target), Tree.chain(4))])
-    result = speculative_generate(tiny_target, drafter, random_prompt(6), tree=Tree.chain(4), max_new_tokens=MAX_NEW, eos_token_id=())
+    result = speculative_generate(
+        tiny_target, drafter, random_prompt(6), tree=Tree.chain(4), max_new_tokens=MAX_NEW, eos_token_id=()
+    )
     assert all(step.num_accepted == step.tree_depth for step in result.steps)
 
 
@@ -419,7 +440,9 @@ def test_merged_components_observe_their_own_acceptance(tiny_target):
     adaptive = AdaptiveLength(ModelDrafter(tiny_target), start=1)
     wrong = FixedDrafter(Tree.wide(2), [0, 0])  # pad tokens: never the target's choice
     merged = MergedDrafter([(wrong, wrong.tree), (adaptive, Tree.chain(30))])
-    speculative_generate(tiny_target, merged, random_prompt(7), tree=Tree.chain(30), max_new_tokens=MAX_NEW, eos_token_id=())
+    speculative_generate(
+        tiny_target, merged, random_prompt(7), tree=Tree.chain(30), max_new_tokens=MAX_NEW, eos_token_id=()
+    )
     assert adaptive.lengths[:3] == [1, 3, 5]
     assert all(a.path == () for a in wrong.observed)  # its token was never the accepted one
 
@@ -465,7 +488,9 @@ def test_heuristic_length_across_prompts(schedule, after_reset):
 def test_adaptive_length_in_the_loop(tiny_target, tiny_draft):
     drafter = AdaptiveLength(ModelDrafter(tiny_draft), start=4)
     tree = Tree.chain(6)
-    result = speculative_generate(tiny_target, drafter, repetitive_prompt(1), tree=tree, max_new_tokens=40, eos_token_id=())
+    result = speculative_generate(
+        tiny_target, drafter, repetitive_prompt(1), tree=tree, max_new_tokens=40, eos_token_id=()
+    )
     length = 4
     for step in result.steps:
         assert step.tree_depth == min(length, tree.depth, 40 - step.position - 1)
@@ -490,7 +515,9 @@ def test_confidence_threshold_stops_after_the_first_unsure_token(tiny_target):
     half = Recorder(ModelDrafter(draft, confidence_threshold=0.5))
     runs = {}
     for name, drafter in [("plain", plain), ("zero", zero), ("one", one), ("half", half)]:
-        runs[name] = speculative_generate(tiny_target, drafter, ids, tree=Tree.chain(5), max_new_tokens=MAX_NEW, eos_token_id=())
+        runs[name] = speculative_generate(
+            tiny_target, drafter, ids, tree=Tree.chain(5), max_new_tokens=MAX_NEW, eos_token_id=()
+        )
     assert zero.drafts == plain.drafts  # threshold 0 is the fixed chain
     for (tokens, _), step in zip(one.drafts, runs["one"].steps):  # threshold 1: one token a step
         assert len(tokens) == min(1, MAX_NEW - step.position - 1)

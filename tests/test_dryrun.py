@@ -17,8 +17,13 @@ from specnb.io.prompts import BUILTIN
 from specnb.notebook import dryrun
 
 ROOT = Path(__file__).resolve().parents[1]
-T4_MODELS = ["meta-llama/Llama-2-7b-hf", "JackFram/llama-160m", "Felladrin/Llama-160M-Chat-v1",
-             "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B"]
+T4_MODELS = [
+    "meta-llama/Llama-2-7b-hf",
+    "JackFram/llama-160m",
+    "Felladrin/Llama-160M-Chat-v1",
+    "meta-llama/Llama-3.2-1B",
+    "meta-llama/Llama-3.2-3B",
+]
 TRICKY = "Ünïcödé ✓ 🐈 naïve — café\n\n\ttabs  and   spaces, 'quotes' \"double\" 12345 x=y*2 {}[]"
 
 
@@ -37,8 +42,13 @@ def home(tmp_path_factory):
 def offline(home: Path, code: str) -> subprocess.CompletedProcess:
     """Run `code` in a fresh Python with the stand-in cache as its only hub (huggingface_hub reads
     HF_HOME when imported, so this cannot happen in the test process)."""
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -48,8 +58,9 @@ def test_tokenizers_have_the_real_sizes_and_special_ids(tokenizers):
     assert (l2.unk_token_id, l2.bos_token_id, l2.eos_token_id) == (0, 1, 2)
     assert [l2.convert_tokens_to_ids(f"<0x{b:02X}>") for b in (0, 255)] == [3, 258]  # byte fallback
     assert (l3.bos_token_id, l3.eos_token_id) == (128000, 128001)
-    assert [l3.convert_tokens_to_ids(t) for t in ("<|start_header_id|>", "<|eot_id|>", "<|reserved_special_token_247|>")] \
-        == [128006, 128009, 128255]
+    assert [
+        l3.convert_tokens_to_ids(t) for t in ("<|start_header_id|>", "<|eot_id|>", "<|reserved_special_token_247|>")
+    ] == [128006, 128009, 128255]
 
 
 @pytest.mark.parametrize("family", ["llama2", "llama3"])
@@ -71,13 +82,27 @@ def test_tokenizers_are_built_the_same_every_time(tokenizers):
 @pytest.mark.parametrize("hub_id", T4_MODELS)
 def test_standin_config_keeps_what_the_code_paths_depend_on(hub_id):
     real, tiny = config_of(hub_id), dryrun.standin_config(hub_model(hub_id))
-    same = ("model_type", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings",
-            "max_position_embeddings", "rope_parameters", "rms_norm_eps", "hidden_act")
+    same = (
+        "model_type",
+        "vocab_size",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "rope_parameters",
+        "rms_norm_eps",
+        "hidden_act",
+    )
     assert {k: getattr(tiny, k) for k in same} == {k: getattr(real, k) for k in same}
     assert type(tiny) is type(real) and tiny.num_hidden_layers == 2
     assert tiny.num_attention_heads // tiny.num_key_value_heads == real.num_attention_heads // real.num_key_value_heads
-    dims = (tiny.hidden_size, tiny.intermediate_size, tiny.num_attention_heads * tiny.head_dim,
-            tiny.num_key_value_heads * tiny.head_dim)
+    dims = (
+        tiny.hidden_size,
+        tiny.intermediate_size,
+        tiny.num_attention_heads * tiny.head_dim,
+        tiny.num_key_value_heads * tiny.head_dim,
+    )
     assert all(d % 64 == 0 for d in dims), "bitsandbytes' CPU 4-bit kernel needs multiples of 64"
 
 
@@ -87,7 +112,8 @@ def test_cache_layout(home):
         commit = (repo / "refs" / "main").read_text()
         snapshot = repo / "snapshots" / commit
         assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", dryrun.MARKER} <= {
-            p.name for p in snapshot.iterdir()}
+            p.name for p in snapshot.iterdir()
+        }
         settings = json.loads((snapshot / "tokenizer_config.json").read_text())
         assert settings["tokenizer_class"] == hub_model(hub_id).tokenizer.tokenizer_class
         assert (snapshot / "generation_config.json").exists() == (hub_model(hub_id).generation_config is not None)
@@ -186,7 +212,7 @@ from specnb.drafters.eagle import EagleDrafter, EagleHead
 from specnb.io.eagle_checkpoint import PUBLISHED, load_checkpoint
 from specnb.io.models import load_model, prompt_ids
 from specnb.io.sources import resolve_source
-from specnb.notebook.learned_study import check_models
+from specnb.experiments.learned_study import check_models
 
 src = resolve_source({EAGLE!r})
 assert (src.kind, src.status) == ("hub", "cached"), src

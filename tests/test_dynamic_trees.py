@@ -2,17 +2,14 @@
 cumulative draft log-probability (checked against brute force over the whole top-k tree), greedy
 output equals the target's, and sampled output follows the target."""
 
-import itertools
-
 import pytest
 import torch
+from conftest import random_prompt
+from stats import ALPHA, chi_square_pvalue
+from test_generation import first_two, sampling_pair  # noqa: F401 (fixture)
 
 from specnb import Tree, autoregressive_generate, speculative_generate
 from specnb.drafters.dynamic import DynamicTreeDrafter, top_n
-
-from conftest import random_prompt, tiny_model
-from stats import ALPHA, chi_square_pvalue
-from test_generation import first_two, sampling_pair  # noqa: F401 (fixture)
 
 
 def brute_force(model, prompt, top_k, depth, n):

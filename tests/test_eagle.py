@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import random_prompt, step_tuple, tiny_model
+from stats import ALPHA, chi_square_pvalue
+from test_acceptance import broken_accept
+from test_generation import VOCAB, first_two, target_first_two
 
 import specnb.core.generation
-from conftest import random_prompt, step_tuple, tiny_model
-from specnb.analysis import distillation, eagle_training, medusa_training
-from specnb.analysis.distillation import DistillConfig, distill, distill_cached
-from specnb.analysis.eagle_training import (EagleConfig, chain_ranks, depth_top_tokens, eagle_loss, head_accuracy,
-                                            train_or_load)
 from specnb.core.cache import new_cache
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.sampling import SamplingConfig, top_tokens
@@ -25,11 +24,12 @@ from specnb.core.trees import Tree
 from specnb.core.verification import prefill
 from specnb.drafters.dynamic import top_n
 from specnb.drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead, causal_visible
-from specnb.drafters.hidden_rows import final_norm
-from specnb.drafters.hidden_rows import last_hidden
-from stats import ALPHA, chi_square_pvalue
-from test_acceptance import broken_accept
-from test_generation import VOCAB, first_two, target_first_two
+from specnb.drafters.hidden_rows import final_norm, last_hidden
+from specnb.training import distillation
+from specnb.training import eagle as eagle_training
+from specnb.training import medusa as medusa_training
+from specnb.training.distillation import DistillConfig, distill, distill_cached
+from specnb.training.eagle import EagleConfig, chain_ranks, depth_top_tokens, eagle_loss, head_accuracy, train_or_load
 
 TREES = {
     "chain4": Tree.chain(4),
@@ -107,8 +107,9 @@ def test_tree_draft_equals_each_path_drafted_as_a_sequence(tiny_target, tree_nam
     draft = drafter.draft(prompt[0], tree, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
     drafter.release()
     tokens = draft.tokens.tolist()
-    torch.testing.assert_close(draft.q[0], torch.softmax(reference_logits(head, tiny_target, prompt[0], []), -1),
-                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        draft.q[0], torch.softmax(reference_logits(head, tiny_target, prompt[0], []), -1), atol=1e-5, rtol=1e-4
+    )
     checked = 0
     for i in range(tree.num_nodes):
         if not tree.children[i + 1]:
@@ -153,13 +154,22 @@ def test_one_token_prompt_drafts_nothing_first(tiny_target):
     drafter = EagleDrafter(tiny_target, random_head(tiny_target))
     out = speculative_generate(tiny_target, drafter, random_prompt(3, 1), Tree.chain(3), 10, eos_token_id=())
     assert out.steps[0].num_drafted == 0 and out.steps[1].num_drafted == 3
-    assert out.tokens.tolist() == autoregressive_generate(tiny_target, random_prompt(3, 1), 10, eos_token_id=()).tokens.tolist()
+    assert (
+        out.tokens.tolist()
+        == autoregressive_generate(tiny_target, random_prompt(3, 1), 10, eos_token_id=()).tokens.tolist()
+    )
 
 
 def test_sampling_refuses_rank_gaps(tiny_target):
     with pytest.raises(ValueError, match="gaps"):
-        speculative_generate(tiny_target, EagleDrafter(tiny_target, random_head(tiny_target)), random_prompt(0),
-                             TREES["gappy"], 8, temperature=1.0)
+        speculative_generate(
+            tiny_target,
+            EagleDrafter(tiny_target, random_head(tiny_target)),
+            random_prompt(0),
+            TREES["gappy"],
+            8,
+            temperature=1.0,
+        )
 
 
 # ---- EAGLE-2 dynamic trees ------------------------------------------------------------------------
@@ -175,7 +185,9 @@ def test_dynamic_tree_is_the_exact_global_top_n(tiny_target, n, top_k, depth):
     for _ in range(depth):
         nxt = []
         for path in frontier:
-            logq = torch.log_softmax(reference_logits(head, tiny_target, prompt[0], [tokens[path[:d]] for d in range(1, len(path) + 1)]), -1)
+            logq = torch.log_softmax(
+                reference_logits(head, tiny_target, prompt[0], [tokens[path[:d]] for d in range(1, len(path) + 1)]), -1
+            )
             top = top_tokens(logq, top_k)
             for r, tok in enumerate(top.tolist()):
                 scores[path + (r,)] = scores.get(path, 0.0) + float(logq[tok])
@@ -271,9 +283,19 @@ def test_both_trainers_use_the_one_distillation_module():
 def test_medusa_keeps_its_data_cache_key():
     """Moving the data parameters into DistillConfig left Medusa's data keys as they were."""
     key = medusa_training.TrainConfig(samples=2, max_sampled_prompt=300, distill_bfloat16=True).distill_config().key()
-    assert key == {"num_heads": 4, "max_new_tokens": 128, "gen_batch": 16, "prompt_rows": False,
-                   "max_continued_prompt": None, "samples": 2, "sample_temperature": 0.7, "seed": 0,
-                   "distill_bfloat16": True, "sampler": "sample_rows", "max_sampled_prompt": 300}
+    assert key == {
+        "num_heads": 4,
+        "max_new_tokens": 128,
+        "gen_batch": 16,
+        "prompt_rows": False,
+        "max_continued_prompt": None,
+        "samples": 2,
+        "sample_temperature": 0.7,
+        "seed": 0,
+        "distill_bfloat16": True,
+        "sampler": "sample_rows",
+        "max_sampled_prompt": 300,
+    }
 
 
 @pytest.mark.parametrize("prompt_rows", [False, True])
@@ -282,19 +304,26 @@ def test_rows_carry_segments_positions_and_next_tokens(tiny_target, prompt_rows,
     is seq[position + 1], a segment's positions are consecutive; the cached copy reads back the same."""
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
     prompts = [random_prompt(50, 5)[0], random_prompt(51, 7)[0]]
-    config = DistillConfig(num_heads=2, max_new_tokens=8, gen_batch=2, prompt_rows=prompt_rows, samples=1,
-                           sample_temperature=1.5)
+    config = DistillConfig(
+        num_heads=2, max_new_tokens=8, gen_batch=2, prompt_rows=prompt_rows, samples=1, sample_temperature=1.5
+    )
     data = distill_cached(tiny_target, "tiny", prompts, config, progress=False)
-    seqs = [list(p) + list(new) for p, new in data.sequences] + [list(data.sequences[j][0]) + list(b) for j, b in data.sampled]
+    seqs = [list(p) + list(new) for p, new in data.sequences] + [
+        list(data.sequences[j][0]) + list(b) for j, b in data.sampled
+    ]
     seen = set()
     for s in torch.unique(data.segment).tolist():
         rows = torch.nonzero(data.segment == s)[:, 0]
         assert rows.tolist() == list(range(int(rows[0]), int(rows[-1]) + 1))  # consecutive rows
         pos = data.position[rows]
         assert pos.tolist() == list(range(int(pos[0]), int(pos[0]) + len(rows)))
-        match = [i for i, q in enumerate(seqs) if len(q) > int(pos[-1]) + 1
-                 and data.token[rows].tolist() == q[int(pos[0]) + 1 : int(pos[-1]) + 2]
-                 and torch.allclose(data.hidden[rows], last_hidden(tiny_target, torch.tensor(q))[pos], atol=1e-5)]
+        match = [
+            i
+            for i, q in enumerate(seqs)
+            if len(q) > int(pos[-1]) + 1
+            and data.token[rows].tolist() == q[int(pos[0]) + 1 : int(pos[-1]) + 2]
+            and torch.allclose(data.hidden[rows], last_hidden(tiny_target, torch.tensor(q))[pos], atol=1e-5)
+        ]
         assert match, f"segment {s} is no sequence's rows"
         seen.add(match[0])
         assert (int(pos[0]) == 0) == (prompt_rows and bool(data.greedy_rows()[rows[0]]))
@@ -308,12 +337,23 @@ def test_rows_carry_segments_positions_and_next_tokens(tiny_target, prompt_rows,
 
 # ---- training ----------------------------------------------------------------------------------
 
-PROMPTS = [("p0", "x", random_prompt(20, 4)[0]), ("p1", "x", random_prompt(21, 6)[0]),
-           ("p2", "y", random_prompt(22, 9)[0]), ("p3", "y", random_prompt(23, 5)[0])]
+PROMPTS = [
+    ("p0", "x", random_prompt(20, 4)[0]),
+    ("p1", "x", random_prompt(21, 6)[0]),
+    ("p2", "y", random_prompt(22, 9)[0]),
+    ("p3", "y", random_prompt(23, 5)[0]),
+]
 MAX_NEW = 20
-CONFIG = EagleConfig(data=DistillConfig(num_heads=2, max_new_tokens=MAX_NEW, gen_batch=4, prompt_rows=True, samples=1,
-                                        sample_temperature=1.0),
-                     heldout=0.25, epochs=150, batch_rows=64, lr=3e-3, warmup=0.05)
+CONFIG = EagleConfig(
+    data=DistillConfig(
+        num_heads=2, max_new_tokens=MAX_NEW, gen_batch=4, prompt_rows=True, samples=1, sample_temperature=1.0
+    ),
+    heldout=0.25,
+    epochs=150,
+    batch_rows=64,
+    lr=3e-3,
+    warmup=0.05,
+)
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +381,9 @@ def test_training_lowers_the_loss_and_caches(trained, tiny_target, tmp_path):
     acc = trained.accuracy
     assert set(acc["split"]) == {"before", "after"} and set(acc["depth"]) == {1, 2, 3}
     assert (acc["rows"] > 0).all()
-    again = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], CONFIG, folder=trained.folder, progress=False)
+    again = train_or_load(
+        tiny_target, "tiny", [p for _, _, p in PROMPTS], CONFIG, folder=trained.folder, progress=False
+    )
     assert again.log["cached"] and again.log["steps"] == trained.log["steps"]
     for (name, a), (_, b) in zip(trained.head.state_dict().items(), again.head.state_dict().items()):
         assert torch.equal(a, b), name
@@ -426,8 +468,13 @@ def test_cross_entropy_on_sampled_rows_is_the_full_one_when_all_are_drawn(tiny_t
     head = random_head(tiny_target, 6)
     g = torch.Generator().manual_seed(1)
     n, h = 9, tiny_target.config.hidden_size
-    args = (torch.randn(1, n, h, generator=g), torch.randint(3, 60, (1, n), generator=g), torch.arange(n)[None],
-            torch.randn(1, n, h, generator=g), torch.tensor([[True] * (n - 1) + [False]]))
+    args = (
+        torch.randn(1, n, h, generator=g),
+        torch.randint(3, 60, (1, n), generator=g),
+        torch.arange(n)[None],
+        torch.randn(1, n, h, generator=g),
+        torch.tensor([[True] * (n - 1) + [False]]),
+    )
     with torch.no_grad():
         full, parts = eagle_loss(head, *args, EagleConfig(noise=0.0))
         drawn, _ = eagle_loss(head, *args, EagleConfig(noise=0.0, ce_rows=n - 1), torch.Generator().manual_seed(0))
@@ -438,16 +485,28 @@ def test_cross_entropy_on_sampled_rows_is_the_full_one_when_all_are_drawn(tiny_t
 
 # ---- replay: a collection of the head's ranks answers every static tree -----------------------
 
-REPLAY_TREES = {"chain4": Tree.chain(4), "kary2x10": Tree.kary(2, 10), "sparse12": Tree.sparse(12),
-                "gappy": Tree.from_paths([(0,), (2,), (0, 1), (2, 0), (2, 0, 3)]), "wide5": Tree.wide(5)}
+REPLAY_TREES = {
+    "chain4": Tree.chain(4),
+    "kary2x10": Tree.kary(2, 10),
+    "sparse12": Tree.sparse(12),
+    "gappy": Tree.from_paths([(0,), (2,), (0, 1), (2, 0), (2, 0, 3)]),
+    "wide5": Tree.wide(5),
+}
 
 
 @pytest.fixture(scope="module")
 def eagle_collection(tiny_target, trained):
     from specnb.analysis.collection import CollectConfig
 
-    return eagle_training.collect_eagle(tiny_target, trained.head, PROMPTS, CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
-                                        depth=4, tree=Tree.sparse(6), progress=False)
+    return eagle_training.collect_eagle(
+        tiny_target,
+        trained.head,
+        PROMPTS,
+        CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
+        depth=4,
+        tree=Tree.sparse(6),
+        progress=False,
+    )
 
 
 @pytest.mark.parametrize("max_new", [MAX_NEW, 11])
@@ -460,15 +519,18 @@ def test_replayed_steps_equal_real_steps(tiny_target, trained, eagle_collection,
     for name, tree in REPLAY_TREES.items():
         replayed = replay_steps(eagle_collection, tree, max_new_tokens=max_new)
         for pid, _, ids in PROMPTS:
-            real = speculative_generate(tiny_target, EagleDrafter(tiny_target, trained.head), ids[None], tree, max_new,
-                                        eos_token_id=())
+            real = speculative_generate(
+                tiny_target, EagleDrafter(tiny_target, trained.head), ids[None], tree, max_new, eos_token_id=()
+            )
             assert [step_tuple(s) for s in replayed[pid]] == [step_tuple(s) for s in real.steps], (name, pid)
             accepted += sum(s.num_accepted for s in real.steps)
             deep += sum(s.num_accepted >= 2 for s in real.steps)
     assert accepted > 40 and deep > 5  # drafts are accepted, beyond depth 1 too: the comparison is not vacuous
     for p in eagle_collection.prompts:  # the collection's own run
         run = replay_steps(eagle_collection, Tree.sparse(6))[p.prompt_id]
-        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run] == [tuple(r) for r in p.run_steps.tolist()]
+        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run] == [
+            tuple(r) for r in p.run_steps.tolist()
+        ]
 
 
 def test_depth_ranks_follow_the_continuation_not_a_shift(eagle_collection):
@@ -476,9 +538,13 @@ def test_depth_ranks_follow_the_continuation_not_a_shift(eagle_collection):
     reads predicted features, not the target's): the collection stores them per depth."""
     import numpy as np
 
-    differ = sum(int((p.head_ranks[: len(p.tokens) - 1, 1] != p.head_ranks[1:, 0]).sum()) for p in eagle_collection.prompts)
+    differ = sum(
+        int((p.head_ranks[: len(p.tokens) - 1, 1] != p.head_ranks[1:, 0]).sum()) for p in eagle_collection.prompts
+    )
     assert differ > 0
-    assert all(p.head_ranks.shape == (len(p.tokens), 4) and p.head_ranks.dtype == np.int16 for p in eagle_collection.prompts)
+    assert all(
+        p.head_ranks.shape == (len(p.tokens), 4) and p.head_ranks.dtype == np.int16 for p in eagle_collection.prompts
+    )
 
 
 def test_replay_refuses_a_tree_deeper_than_the_collection(eagle_collection):
@@ -492,13 +558,23 @@ def test_replay_refuses_a_tree_deeper_than_the_collection(eagle_collection):
 def eagle_dynamic_collection(tiny_target, trained):
     from specnb.analysis.collection import CollectConfig
 
-    return eagle_training.collect_eagle(tiny_target, trained.head, PROMPTS, CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
-                                        depth=4, tree=Tree.sparse(6), progress=False, dynamic=(12, 3))
+    return eagle_training.collect_eagle(
+        tiny_target,
+        trained.head,
+        PROMPTS,
+        CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
+        depth=4,
+        tree=Tree.sparse(6),
+        progress=False,
+        dynamic=(12, 3),
+    )
 
 
 @pytest.mark.parametrize("budget", [1, 5, 12])
 @pytest.mark.parametrize("max_new", [MAX_NEW, 9])
-def test_redrafted_dynamic_trees_replay_real_dynamic_runs(tiny_target, trained, eagle_dynamic_collection, budget, max_new):
+def test_redrafted_dynamic_trees_replay_real_dynamic_runs(
+    tiny_target, trained, eagle_dynamic_collection, budget, max_new
+):
     """EAGLE-2's trees re-drafted at every position from one collection (the largest budget, 12)
     replay every smaller budget step for step as real EagleDynamicDrafter runs take them."""
     from specnb.analysis.replay import replay_dynamic, replay_steps

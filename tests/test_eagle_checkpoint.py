@@ -12,8 +12,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import random_prompt, tiny_model
+
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.trees import Tree
 from specnb.drafters.eagle import EagleDrafter, EagleHead, causal_visible
@@ -70,19 +70,33 @@ def test_a_folder_in_the_published_key_names_loads_and_drafts_exactly(tiny_targe
     """Written by hand as EAGLE publishes: `layers.0.*` keys, the target's embedding as
     embed_tokens.weight, float16 tensors, and a head without fc.bias ("bias": false)."""
     head = random_head(tiny_target, seed=1, bias=False)
-    state = {("layers.0." + k.removeprefix("layer.") if k.startswith("layer.") else k): v.half()
-             for k, v in head.state_dict().items()}
+    state = {
+        ("layers.0." + k.removeprefix("layer.") if k.startswith("layer.") else k): v.half()
+        for k, v in head.state_dict().items()
+    }
     state["embed_tokens.weight"] = tiny_target.get_input_embeddings().weight.detach().half()
     assert "fc.bias" not in state and "layers.0.self_attn.q_proj.weight" in state
     folder = tmp_path / "published"
     folder.mkdir()
     torch.save(state, folder / "pytorch_model.bin")
     c = tiny_target.config
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
-        "vocab_size": c.vocab_size, "torch_dtype": "float16", "bias": False}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": c.hidden_size,
+                "intermediate_size": c.intermediate_size,
+                "num_attention_heads": c.num_attention_heads,
+                "num_key_value_heads": c.num_key_value_heads,
+                "num_hidden_layers": 1,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": c.vocab_size,
+                "torch_dtype": "float16",
+                "bias": False,
+            }
+        )
+    )
     loaded = EagleHead.load(folder, tiny_target)
     assert loaded.fc.bias is None and loaded.dtype == torch.float32
     rounded = copy.deepcopy(head)  # the same head through float16, as the file holds it
@@ -178,9 +192,13 @@ def test_published_entries_match_their_base_models_where_committed():
     vicuna = PUBLISHED["yuhuili/EAGLE-Vicuna-7B-v1.3"]
     assert vicuna.base_model in known_models()
     base = config_of(vicuna.base_model)
-    assert (vicuna.hidden_size, vicuna.intermediate_size, vicuna.num_attention_heads, vicuna.num_key_value_heads,
-            vicuna.vocab_size) == (base.hidden_size, base.intermediate_size, base.num_attention_heads,
-                                   base.num_key_value_heads, base.vocab_size)
+    assert (
+        vicuna.hidden_size,
+        vicuna.intermediate_size,
+        vicuna.num_attention_heads,
+        vicuna.num_key_value_heads,
+        vicuna.vocab_size,
+    ) == (base.hidden_size, base.intermediate_size, base.num_attention_heads, base.num_key_value_heads, base.vocab_size)
 
 
 def test_download_size_is_eagles_fc_layer_and_embedding():
@@ -191,6 +209,9 @@ def test_download_size_is_eagles_fc_layer_and_embedding():
     row = published_download("yuhuili/EAGLE-Vicuna-7B-v1.3")
     layer = 8192 * 4096 + 4096 + 4 * 4096**2 + 3 * 4096 * 11008 + 4096
     assert layer == 235_937_792
-    assert (row.what, row.dtype, row.parameters, row.bytes) == ("EAGLE head", "float32", layer + 32000 * 4096,
-                                                                4 * (layer + 32000 * 4096))
-
+    assert (row.what, row.dtype, row.parameters, row.bytes) == (
+        "EAGLE head",
+        "float32",
+        layer + 32000 * 4096,
+        4 * (layer + 32000 * 4096),
+    )

@@ -14,19 +14,17 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from conftest import random_prompt, tiny_model
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast
 
-from specnb.analysis.collect import collect_units
 from specnb.analysis.collection import CollectConfig, Collection, units_of
-from specnb.analysis.executors import LocalExecutor, RayExecutor, executor_for
+from specnb.experiments.collect import collect_units
+from specnb.experiments.executors import LocalExecutor, RayExecutor, executor_for
 from specnb.io.models import ModelPair
-
-from conftest import random_prompt, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = CollectConfig(max_new_tokens=16, eos_token_id=(), top_k=8, super_k=2, super_depth=2, super_size=4)
@@ -54,7 +52,9 @@ def test_a_failed_unit_is_retried_then_reported_by_name_without_stopping_the_oth
     assert out.results == {"a": "m:a", "flaky": "m:flaky", "b": "m:b"}
     assert [(f.unit, f.attempts, f.error) for f in out.failures] == [("bad", 3, "RuntimeError: bad broke")]
     assert isinstance(out.failures[0].exception, RuntimeError)
-    assert tries == {"a": 1, "bad": 3, "flaky": 2, "b": 1} and out.retried == 3 and out.attempts == {"bad": 3, "flaky": 1}
+    assert (
+        tries == {"a": 1, "bad": 3, "flaky": 2, "b": 1} and out.retried == 3 and out.attempts == {"bad": 3, "flaky": 1}
+    )
     assert seen[-1].done == 3 and seen[-1].failed == 1 and seen[-1].total == 4
     assert [p.done for p in seen] == sorted(p.done for p in seen)
 
@@ -63,7 +63,7 @@ def test_without_ray_naming_it_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(ImportError, match=r'pip install "specnb\[ray\]"'):
         executor_for("ray")
-    with pytest.raises(ImportError, match="pip install ray|pip install \"ray"):
+    with pytest.raises(ImportError, match='pip install ray|pip install "ray'):
         RayExecutor().map(lambda: None, lambda m, u: None, [Item("a")])
     assert isinstance(executor_for("local"), LocalExecutor)
     with pytest.raises(ValueError, match="unknown executor"):
@@ -93,8 +93,15 @@ def local_reference(tmp_path_factory, pair) -> Collection:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        report = collect_units(tmp_path_factory.mktemp("local") / "c", pair, PROMPTS, CONFIG, describe=DESCRIBE,
-                               executor=LocalExecutor(), progress=False)
+        report = collect_units(
+            tmp_path_factory.mktemp("local") / "c",
+            pair,
+            PROMPTS,
+            CONFIG,
+            describe=DESCRIBE,
+            executor=LocalExecutor(),
+            progress=False,
+        )
     finally:
         torch.set_num_threads(threads)
     return report.check().collection
@@ -115,11 +122,12 @@ def assert_same_files(folder: Path, reference: Collection, prompts=PROMPTS) -> N
 def test_two_concurrent_collections_into_one_folder_leave_one_file_per_unit(tmp_path, pair, local_reference):
     folder = tmp_path / "shared"
     script = tmp_path / "collect.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(ROOT / "tests")!r})
         from test_executors import CONFIG, DESCRIBE, PROMPTS
-        from specnb.analysis.collect import collect_units
+        from specnb.experiments.collect import collect_units
         from specnb.io.models import ModelPair
         torch.set_num_threads(1)
         order = list(PROMPTS)[::int(sys.argv[1])]  # one forwards, one backwards: they meet in the middle
@@ -127,14 +135,25 @@ def test_two_concurrent_collections_into_one_folder_leave_one_file_per_unit(tmp_
                                {{p: PROMPTS[p] for p in order}}, CONFIG, describe=DESCRIBE, progress=False)
         report.check()
         print(sorted(r["status"] for r in report.outcome.results.values()))
-    """))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script), step], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for step in ("1", "-1")]
+    """)
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), step], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for step in ("1", "-1")
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     assert_same_files(folder, local_reference)
-    assert not list(folder.glob(".*.tmp")) and sorted(p.name for p in folder.iterdir() if not p.name.endswith(".npz")) == ["collection.json"]
+    assert not list(folder.glob(".*.tmp")) and sorted(
+        p.name for p in folder.iterdir() if not p.name.endswith(".npz")
+    ) == ["collection.json"]
 
 
 # ---- a local Ray instance ----------------------------------------------------------------------
@@ -159,8 +178,16 @@ def test_ray_collection_writes_the_same_files_as_local(tmp_path, ray_local, pair
     prompts = {**PROMPTS, "bad": torch.tensor([[5, 999, 7]])}
     folder = tmp_path / "ray"
     seen = []
-    report = collect_units(f"file://{folder}", pair, prompts, CONFIG, describe=DESCRIBE,
-                           executor=RayExecutor(workers=2), retries=1, progress=seen.append)
+    report = collect_units(
+        f"file://{folder}",
+        pair,
+        prompts,
+        CONFIG,
+        describe=DESCRIBE,
+        executor=RayExecutor(workers=2),
+        retries=1,
+        progress=seen.append,
+    )
     assert report.failed == ["bad"] and report.outcome.failures[0].attempts == 2
     assert "IndexError" in report.outcome.failures[0].error
     assert len(report.outcome.workers) == 2 and len({w.pid for w in report.outcome.workers} | {os.getpid()}) == 3
@@ -181,10 +208,13 @@ def test_killing_a_ray_worker_loses_no_unit_and_duplicates_none(tmp_path, ray_lo
             os.kill(victim, signal.SIGKILL)  # the actor's process, by its id
             killed.update(pid=victim, done=p.done)
 
-    report = collect_units(folder, pair, PROMPTS, CONFIG, describe=DESCRIBE, executor=RayExecutor(workers=2),
-                           retries=2, progress=kill_one)
-    print(f"killed worker {killed['pid']} after {killed['done']} of {len(PROMPTS)} units; "
-          f"{report.outcome.lost_workers} lost, {report.outcome.retried} retried, {len(report.outcome.workers)} workers in all")
+    report = collect_units(
+        folder, pair, PROMPTS, CONFIG, describe=DESCRIBE, executor=RayExecutor(workers=2), retries=2, progress=kill_one
+    )
+    print(
+        f"killed worker {killed['pid']} after {killed['done']} of {len(PROMPTS)} units; "
+        f"{report.outcome.lost_workers} lost, {report.outcome.retried} retried, {len(report.outcome.workers)} workers in all"
+    )
     assert killed["done"] < len(PROMPTS), "killed too late to test anything"
     assert report.outcome.lost_workers >= 1 and not report.outcome.failures
     assert_same_files(folder, local_reference)  # a temporary file the killed actor left is no unit file
@@ -195,8 +225,17 @@ def test_workers_that_cannot_load_the_pair_fail_every_unit_by_name(tmp_path, ray
     then every unit is reported with the loader's own error; nothing is written."""
     missing = ModelPair(str(tmp_path / "no_such_model"), str(tmp_path / "no_such_model"))
     prompts = dict(list(PROMPTS.items())[:3])
-    report = collect_units(tmp_path / "c", missing, prompts, CONFIG, describe=DESCRIBE,
-                           executor=RayExecutor(workers=1, replacements=1), progress=False)
+    report = collect_units(
+        tmp_path / "c",
+        missing,
+        prompts,
+        CONFIG,
+        describe=DESCRIBE,
+        executor=RayExecutor(workers=1, replacements=1),
+        progress=False,
+    )
     assert report.failed == list(prompts) and report.outcome.lost_workers == 2 and not report.outcome.workers
-    assert all("no worker left" in f.error and "no_such_model" in f.error for f in report.outcome.failures), report.outcome.failures[0]
+    assert all("no worker left" in f.error and "no_such_model" in f.error for f in report.outcome.failures), (
+        report.outcome.failures[0]
+    )
     assert not list((tmp_path / "c").glob("*.npz"))

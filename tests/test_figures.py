@@ -9,13 +9,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
 
-from specnb.notebook import plots  # noqa: E402
-from specnb.notebook.legibility import main, problems, saved_problems  # noqa: E402
+from specnb.notebook import plots
+from specnb.notebook.legibility import main, problems, saved_problems
 
 SHAPES = ["chain", "kary2", "kary3", "kary4", "wide", "beams2", "beams4", "sparse", "sequoia", "hindsight", "dynamic"]
 
@@ -73,25 +73,61 @@ def tables():
         for budget in (2, 4, 8, 16, 32, 64):
             tau = 1 + min(budget, 6) * 0.25 + 0.02 * i
             rate = 0.8 / (1 + 0.2 * budget) + 0.01 * i
-            rows.append({"shape": shape, "budget": budget, "tau": tau, "tau_ci_low": tau - 0.2, "tau_ci_high": tau + 0.2,
-                         "acceptance_rate": rate, "acceptance_rate_ci_low": rate * 0.9, "acceptance_rate_ci_high": rate * 1.1,
-                         "tau_all_over_hindsight": 0.7 + 0.02 * i})
+            rows.append(
+                {
+                    "shape": shape,
+                    "budget": budget,
+                    "tau": tau,
+                    "tau_ci_low": tau - 0.2,
+                    "tau_ci_high": tau + 0.2,
+                    "acceptance_rate": rate,
+                    "acceptance_rate_ci_low": rate * 0.9,
+                    "acceptance_rate_ci_high": rate * 1.1,
+                    "tau_all_over_hindsight": 0.7 + 0.02 * i,
+                }
+            )
     replay = pd.DataFrame(rows)
-    depths = pd.DataFrame([{"shape": s, "budget": b, "depth": d, "acceptance": max(0.0, 0.8 ** d - 0.3) if d < 30 else 0.0}
-                           for s in SHAPES for b in (16, 32, 64) for d in range(1, 41)])
+    depths = pd.DataFrame(
+        [
+            {"shape": s, "budget": b, "depth": d, "acceptance": max(0.0, 0.8**d - 0.3) if d < 30 else 0.0}
+            for s in SHAPES
+            for b in (16, 32, 64)
+            for d in range(1, 41)
+        ]
+    )
     methods = ["chain:4", "kary2:8", "confidence0.4/chain:8", "early_exit24/chain:4", "merged/kary2:8", "hf_assisted:4"]
-    speed = pd.DataFrame([{"pair": pair, "shape": m.split(":")[0], "budget": int(m.split(":")[1]),
-                           "speedup": 0.6 + rng.random()} for pair in ("A -> B", "C -> B") for m in methods])
-    category = pd.DataFrame([{"pair": pair, "shape": "chain", "budget": 4, "category": c, "prompts": n, "tau": 2.0 + 0.1 * k,
-                              "tau_ci_low": 1.8, "tau_ci_high": 2.4}
-                             for pair in ("A -> B", "C -> B") for k, (c, n) in enumerate([("coding", 3), ("math", 4), ("rag", 1)])])
+    speed = pd.DataFrame(
+        [
+            {"pair": pair, "shape": m.split(":")[0], "budget": int(m.split(":")[1]), "speedup": 0.6 + rng.random()}
+            for pair in ("A -> B", "C -> B")
+            for m in methods
+        ]
+    )
+    category = pd.DataFrame(
+        [
+            {
+                "pair": pair,
+                "shape": "chain",
+                "budget": 4,
+                "category": c,
+                "prompts": n,
+                "tau": 2.0 + 0.1 * k,
+                "tau_ci_low": 1.8,
+                "tau_ci_high": 2.4,
+            }
+            for pair in ("A -> B", "C -> B")
+            for k, (c, n) in enumerate([("coding", 3), ("math", 4), ("rag", 1)])
+        ]
+    )
     return replay, depths, speed, category
 
 
 def test_every_helper_saves_a_legible_figure(tmp_path, tables):
     replay, depths, speed, category = tables
     plots.replay_vs_budget(replay, "tau", plots.TAU, "tau on the run trajectory", tmp_path / "tau.png")
-    plots.replay_vs_budget(replay[replay["shape"] != "oracle"], "acceptance_rate", plots.RATE, "rate", tmp_path / "rate.png")
+    plots.replay_vs_budget(
+        replay[replay["shape"] != "oracle"], "acceptance_rate", plots.RATE, "rate", tmp_path / "rate.png"
+    )
     plots.depth_acceptance(depths, tmp_path / "depth.png")
     plots.speed_bars(speed, tmp_path / "speed.png")
     plots.category_bars(category, "tau", path=tmp_path / "category.png")
@@ -118,8 +154,18 @@ def test_the_best_budget_figure_is_legible_whatever_budgets_win(tmp_path, case):
     for batch in (1, 2, 4):
         for shape in ("chain", "kary2"):
             for budget in (1, 2, 4, 8, 16):
-                peak = {"spread": 3 - np.log2(batch), "one budget": 0, "two budgets": 1 if shape == "chain" else 0}[case]
+                peak = {"spread": 3 - np.log2(batch), "one budget": 0, "two budgets": 1 if shape == "chain" else 0}[
+                    case
+                ]
                 score = -abs(np.log2(budget) - peak)
-                rows.append({"batch": batch, "shape": shape, "budget": budget, "tokens_per_s": 10 + score, "speedup": 1 + score / 10})
+                rows.append(
+                    {
+                        "batch": batch,
+                        "shape": shape,
+                        "budget": budget,
+                        "tokens_per_s": 10 + score,
+                        "speedup": 1 + score / 10,
+                    }
+                )
     plots.best_budget_vs_batch(pd.DataFrame(rows), tmp_path / "best.png")
     assert saved_problems(tmp_path / "best.png") == []

@@ -5,17 +5,16 @@ import copy
 
 import pytest
 import torch
+from conftest import random_prompt, tiny_model
+from stats import ALPHA, chi_square_pvalue
+from test_acceptance import broken_accept
 
 import specnb
 import specnb.core.generation
-from specnb.core.drafting import as_drafter
 from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate, summarize
-
-from conftest import random_prompt, tiny_model
 from specnb.core.cache import new_cache
+from specnb.core.drafting import as_drafter
 from specnb.core.verification import prefill
-from stats import ALPHA, chi_square_pvalue
-from test_acceptance import broken_accept
 
 TREES = {
     "chain4": Tree.chain(4),
@@ -67,7 +66,9 @@ def test_greedy_speculative_equals_greedy(arch, name, draft_kind, tiny_target, t
             # rank-0 chain (cut to the step's tree), and nothing off it
             for st in result.steps:
                 assert st.accepted_ranks == (0,) * st.num_accepted
-                assert st.num_accepted == rank0_chain(tree.truncated(st.tree_depth)) or st.num_tokens < st.num_accepted + 1
+                assert (
+                    st.num_accepted == rank0_chain(tree.truncated(st.tree_depth)) or st.num_tokens < st.num_accepted + 1
+                )
         if draft_kind == "agrees_with_nothing":
             assert s.acceptance_rate < 0.2
 
@@ -79,7 +80,9 @@ def test_eos_inside_an_accepted_path(tiny_target):
     first = plain.tokens.tolist().index(eos)  # the first occurrence stops generation
     reference = autoregressive_generate(tiny_target, ids, max_new_tokens=30, eos_token_id=eos)
     assert reference.tokens.tolist() == plain.tokens[: first + 1].tolist()
-    result = speculative_generate(tiny_target, tiny_target, ids, tree=Tree.chain(4), max_new_tokens=30, eos_token_id=eos)
+    result = speculative_generate(
+        tiny_target, tiny_target, ids, tree=Tree.chain(4), max_new_tokens=30, eos_token_id=eos
+    )
     assert result.tokens.tolist() == reference.tokens.tolist()
     last = result.steps[-1]
     if first % 5 != 4:  # EOS is not the bonus position of a 5-token step: it cut an accepted path
@@ -90,7 +93,9 @@ def test_eos_inside_an_accepted_path(tiny_target):
 def test_max_new_tokens_exact_with_deep_tree(tiny_target, max_new):
     ids = random_prompt(5)
     reference = autoregressive_generate(tiny_target, ids, max_new_tokens=max_new, eos_token_id=())
-    result = speculative_generate(tiny_target, tiny_target, ids, tree=Tree.chain(4), max_new_tokens=max_new, eos_token_id=())
+    result = speculative_generate(
+        tiny_target, tiny_target, ids, tree=Tree.chain(4), max_new_tokens=max_new, eos_token_id=()
+    )
     assert result.tokens.tolist() == reference.tokens.tolist()
     assert len(result.tokens) == max_new
     assert result.steps[-1].num_drafted == (max_new - 1) % 5  # the last tree was cut to fit
@@ -101,15 +106,18 @@ def test_drafter_cache_is_reused_across_steps_and_prompts(tiny_target, tiny_draf
     for seed in (1, 2, 1):
         ids = random_prompt(seed)
         reference = autoregressive_generate(tiny_target, ids, max_new_tokens=15, eos_token_id=())
-        result = speculative_generate(tiny_target, drafter, ids, tree=Tree.kary(2, 6), max_new_tokens=15, eos_token_id=())
+        result = speculative_generate(
+            tiny_target, drafter, ids, tree=Tree.kary(2, 6), max_new_tokens=15, eos_token_id=()
+        )
         assert result.tokens.tolist() == reference.tokens.tolist()
 
 
 def count_forwards(model):
     """Calls of `model`'s forward and the query tokens each one fed, recorded by a hook."""
     calls: list[int] = []
-    handle = model.register_forward_hook(lambda module, args, kwargs, out: calls.append(kwargs["input_ids"].shape[1]),
-                                         with_kwargs=True)
+    handle = model.register_forward_hook(
+        lambda module, args, kwargs, out: calls.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     return calls, handle
 
 
@@ -118,7 +126,9 @@ def test_the_prompt_goes_through_the_first_verify(tiny_target, tiny_draft):
     calls, handle = count_forwards(tiny_target)
     try:
         ids = random_prompt(2, length=9)
-        result = speculative_generate(tiny_target, tiny_draft, ids, tree=Tree.kary(2, 6), max_new_tokens=12, eos_token_id=())
+        result = speculative_generate(
+            tiny_target, tiny_draft, ids, tree=Tree.kary(2, 6), max_new_tokens=12, eos_token_id=()
+        )
     finally:
         handle.remove()
     assert len(calls) == len(result.steps)
@@ -269,7 +279,9 @@ def test_a_drafter_may_shape_its_own_tree(tiny_target, tiny_draft):
     assert {s.num_drafted for s in result.steps} >= {2, 3, 4}  # the drafter's trees, not chain(3)
     assert all(s.num_accepted >= 1 and s.accepted_ranks[0] == 0 for s in result.steps[:-1])
     # sampled, with gaps in the ranks: allowed because the proposals are deterministic
-    sampled = speculative_generate(tiny_target, drafter, ids, tree=Tree.chain(3), max_new_tokens=25, temperature=1.0, eos_token_id=())
+    sampled = speculative_generate(
+        tiny_target, drafter, ids, tree=Tree.chain(3), max_new_tokens=25, temperature=1.0, eos_token_id=()
+    )
     assert sampled.tokens.numel() == 25
 
 
@@ -280,4 +292,6 @@ class TooDeepDrafter(OwnTreeDrafter):
 
 def test_a_drafter_tree_deeper_than_allowed_is_refused(tiny_target, tiny_draft):
     with pytest.raises(ValueError, match="deeper"):
-        speculative_generate(tiny_target, TooDeepDrafter(tiny_target, tiny_draft), random_prompt(4), tree=Tree.chain(3), max_new_tokens=8)
+        speculative_generate(
+            tiny_target, TooDeepDrafter(tiny_target, tiny_draft), random_prompt(4), tree=Tree.chain(3), max_new_tokens=8
+        )

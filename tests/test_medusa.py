@@ -5,21 +5,20 @@ published key layout."""
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import numpy as np
-
 import pytest
 import torch
+from conftest import random_prompt, step_tuple
 
-from conftest import random_prompt, step_tuple, tiny_model
 from specnb.core.acceptance import TypicalAcceptance, greedy_accept, typical_accept, typical_thresholds
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.sampling import top_tokens
 from specnb.core.trees import Tree
 from specnb.drafters.hidden_rows import final_norm, last_hidden
-from specnb.drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks
+from specnb.drafters.medusa import MedusaDrafter, MedusaHeads
 from specnb.io.medusa_checkpoint import check_layout, load_checkpoint
 
 K = 3
@@ -34,7 +33,12 @@ def random_heads(target: torch.nn.Module, seed: int = 0, share: bool = True) -> 
     return heads
 
 
-TREES = [Tree.chain(3), Tree.kary(2, 7), Tree.sparse(12).truncated(K), Tree.from_paths([(0,), (2,), (0, 1), (2, 0), (2, 0, 3)])]
+TREES = [
+    Tree.chain(3),
+    Tree.kary(2, 7),
+    Tree.sparse(12).truncated(K),
+    Tree.from_paths([(0,), (2,), (0, 1), (2, 0), (2, 0, 3)]),
+]
 
 
 @pytest.mark.parametrize("tree", TREES, ids=lambda t: t.describe())
@@ -57,10 +61,12 @@ def test_heads_read_the_row_before_the_root(tiny_target):
     tree = Tree.kary(3, 12)
     drafts = []
     original = drafter.draft
+
     def spy(tokens, step_tree, sampling, generator=None):
         d = original(tokens, step_tree, sampling, generator)
         drafts.append((tokens.clone(), step_tree, d.tokens.clone()))
         return d
+
     drafter.draft = spy
     speculative_generate(tiny_target, drafter, prompt, tree, 16, eos_token_id=())
     assert len(drafts) > 3
@@ -74,15 +80,24 @@ def test_heads_read_the_row_before_the_root(tiny_target):
 
 def test_sampling_runs_with_deterministic_proposals(tiny_target):
     drafter = MedusaDrafter(tiny_target, random_heads(tiny_target))
-    out = speculative_generate(tiny_target, drafter, random_prompt(2, 6), Tree.sparse(10).truncated(K), 16, temperature=0.8,
-                               seed=1, eos_token_id=())
+    out = speculative_generate(
+        tiny_target,
+        drafter,
+        random_prompt(2, 6),
+        Tree.sparse(10).truncated(K),
+        16,
+        temperature=0.8,
+        seed=1,
+        eos_token_id=(),
+    )
     assert out.tokens.numel() == 16 and out.method == "speculative"
 
 
 def test_tree_deeper_than_heads_refused(tiny_target):
     with pytest.raises(ValueError, match="Medusa heads"):
-        speculative_generate(tiny_target, MedusaDrafter(tiny_target, random_heads(tiny_target)),
-                             random_prompt(0), Tree.chain(K + 1), 8)
+        speculative_generate(
+            tiny_target, MedusaDrafter(tiny_target, random_heads(tiny_target)), random_prompt(0), Tree.chain(K + 1), 8
+        )
 
 
 # ---- typical acceptance -----------------------------------------------------------------------
@@ -102,7 +117,9 @@ def test_typical_accept_hand_checked():
     tokens = torch.tensor([3, 1, 0, 2, 0, 1])
     v = 4
     p = torch.full((7, v), 0.0)
-    p[0] = torch.tensor([0.5, 0.3, 0.15, 0.05])  # node 0 (tok 3): .05 fails; node 1 (tok 1): passes; node 2 (tok 0): passes
+    p[0] = torch.tensor(
+        [0.5, 0.3, 0.15, 0.05]
+    )  # node 0 (tok 3): .05 fails; node 1 (tok 1): passes; node 2 (tok 0): passes
     p[1] = torch.tensor([0.25, 0.25, 0.25, 0.25])
     p[2] = torch.tensor([0.97, 0.01, 0.01, 0.01])  # child node 4 (tok 0) passes
     p[3] = torch.tensor([0.25, 0.25, 0.25, 0.25])
@@ -132,11 +149,20 @@ def test_typical_on_one_hot_p_is_greedy():
 def test_typical_generation_is_labelled_lossy(tiny_target):
     drafter = MedusaDrafter(tiny_target, random_heads(tiny_target))
     prompt = random_prompt(4, 6)
-    out = speculative_generate(tiny_target, drafter, prompt, Tree.sparse(10).truncated(K), 16, temperature=0.7,
-                               typical=TypicalAcceptance(), eos_token_id=())
+    out = speculative_generate(
+        tiny_target,
+        drafter,
+        prompt,
+        Tree.sparse(10).truncated(K),
+        16,
+        temperature=0.7,
+        typical=TypicalAcceptance(),
+        eos_token_id=(),
+    )
     assert "lossy" in out.method and TypicalAcceptance().lossy
-    greedy = speculative_generate(tiny_target, drafter, prompt, Tree.sparse(10).truncated(K), 16, typical=TypicalAcceptance(),
-                                  eos_token_id=())
+    greedy = speculative_generate(
+        tiny_target, drafter, prompt, Tree.sparse(10).truncated(K), 16, typical=TypicalAcceptance(), eos_token_id=()
+    )
     assert greedy.tokens.tolist() == autoregressive_generate(tiny_target, prompt, 16, eos_token_id=()).tokens.tolist()
 
 
@@ -152,7 +178,9 @@ def test_save_load_round_trip_in_published_layout(tiny_target, tmp_path, share):
     heads.save(tmp_path / "heads", "tiny")
     state, config = load_checkpoint(tmp_path / "heads")
     v, h = tiny_target.config.vocab_size, tiny_target.config.hidden_size
-    assert sorted(state) == sorted(f"{i}.{k}" for i in range(K) for k in ("0.linear.weight", "0.linear.bias", "1.weight"))
+    assert sorted(state) == sorted(
+        f"{i}.{k}" for i in range(K) for k in ("0.linear.weight", "0.linear.bias", "1.weight")
+    )
     assert state["0.0.linear.weight"].shape == (h, h) and state["2.1.weight"].shape == (v, h)
     assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (K, 1) and "config_disagrees" not in config
     loaded = MedusaHeads.load(tmp_path / "heads", tiny_target)
@@ -207,17 +235,26 @@ def test_load_reads_heads_from_keys_not_config(tmp_path, tiny_target):
 
 # ---- training, collection, replay -----------------------------------------------------------------
 
-from specnb.analysis import distillation  # noqa: E402
 from specnb.analysis.collection import CollectConfig  # noqa: E402
-from specnb.analysis.distillation import DistillConfig, continuation_view, distill, distill_cached, heldout_prompts  # noqa: E402
 from specnb.analysis.head_collection import accuracy_by_depth, rank_accuracy  # noqa: E402
-from specnb.analysis.medusa_training import (  # noqa: E402
-    TrainConfig, collect_heads, heads_loss, heldout_rank_accuracy, split_prompts, train_or_load,
-)
 from specnb.analysis.replay import replay, replay_steps  # noqa: E402
 from specnb.analysis.tree_design import medusa_tree  # noqa: E402
+from specnb.training import distillation  # noqa: E402
+from specnb.training.distillation import DistillConfig, continuation_view, distill, distill_cached, heldout_prompts  # noqa: E402
+from specnb.training.medusa import (  # noqa: E402
+    TrainConfig,
+    collect_heads,
+    heads_loss,
+    heldout_rank_accuracy,
+    split_prompts,
+    train_or_load,
+)
 
-PROMPTS = [("p0", "x", random_prompt(20, 2)[0]), ("p1", "x", random_prompt(21, 6)[0]), ("p2", "y", random_prompt(22, 9)[0])]
+PROMPTS = [
+    ("p0", "x", random_prompt(20, 2)[0]),
+    ("p1", "x", random_prompt(21, 6)[0]),
+    ("p2", "y", random_prompt(22, 9)[0]),
+]
 MAX_NEW = 20
 
 
@@ -227,7 +264,10 @@ def test_distill_rows_are_the_targets_hidden_states(tiny_target, prompt_rows):
     data = distill(tiny_target, prompts, K, 12, batch=1, eos_token_id=-1, progress=False, prompt_rows=prompt_rows)
     for i, (prompt, new) in enumerate(data.sequences):
         seq = torch.tensor(prompt + new)
-        assert list(new) == autoregressive_generate(tiny_target, seq[None, : len(prompt)], 12, eos_token_id=()).tokens.tolist()
+        assert (
+            list(new)
+            == autoregressive_generate(tiny_target, seq[None, : len(prompt)], 12, eos_token_id=()).tokens.tolist()
+        )
         mine = torch.nonzero(data.prompt == i)[:, 0]
         hidden, labels, soft = data.hidden[mine], data.labels[mine], data.soft_row[mine]
         first = 0 if prompt_rows else len(prompt) - 1 - K  # the first row with a label (head K in the continuation)
@@ -265,9 +305,12 @@ def test_data_without_prompt_rows_is_a_view_of_the_data_with_them(tiny_target, t
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
     config = DistillConfig(num_heads=K, max_new_tokens=10, gen_batch=2, samples=1, seed=3)
     calls = []
-    monkeypatch.setattr("specnb.analysis.distillation.distill", lambda *a, **k: calls.append(k["prompt_rows"]) or wide)
+    monkeypatch.setattr("specnb.training.distillation.distill", lambda *a, **k: calls.append(k["prompt_rows"]) or wide)
     assert torch.equal(distill_cached(tiny_target, "tiny", prompts, config, progress=False).hidden, view.hidden)
-    assert torch.equal(distill_cached(tiny_target, "tiny", prompts, replace(config, prompt_rows=True), progress=False).hidden, wide.hidden)
+    assert torch.equal(
+        distill_cached(tiny_target, "tiny", prompts, replace(config, prompt_rows=True), progress=False).hidden,
+        wide.hidden,
+    )
     assert calls == [True]  # one distillation, with prompt rows, for both
 
 
@@ -285,16 +328,20 @@ def test_sampled_continuations_add_rows_of_the_same_prompt(tiny_target):
         first = len(data.sequences[j][0]) - 1 - K
         rows = torch.nonzero(data.prompt == j)[:, 0]
         plain = last_hidden(tiny_target, seq[:-1])[first : len(seq) - 2]
-        block = [r for r in rows.tolist() if r + len(plain) <= len(data.hidden)
-                 and torch.allclose(data.hidden[r : r + len(plain)], plain, atol=1e-5)]
+        block = [
+            r
+            for r in rows.tolist()
+            if r + len(plain) <= len(data.hidden) and torch.allclose(data.hidden[r : r + len(plain)], plain, atol=1e-5)
+        ]
         assert len(block) == 1, "each sampled continuation's rows are in the data once"
         for d in range(1, K + 1):  # labelled by the sampled tokens
             assert data.labels[block[0] : block[0] + len(plain), d - 1].tolist() == [
                 int(seq[t + 1 + d]) if len(data.sequences[j][0]) <= t + 1 + d < len(seq) else -100
-                for t in range(first, first + len(plain))]
-    assert len(data.hidden) == len(greedy.hidden) + sum(len(greedy.sequences[j][0]) + len(new) - 2 - (len(greedy.sequences[j][0]) - 1 - K)
-                                                        for j, new in data.sampled)
-
+                for t in range(first, first + len(plain))
+            ]
+    assert len(data.hidden) == len(greedy.hidden) + sum(
+        len(greedy.sequences[j][0]) + len(new) - 2 - (len(greedy.sequences[j][0]) - 1 - K) for j, new in data.sampled
+    )
 
 
 def test_continuations_end_at_eos_and_repeat_with_the_seed(tiny_target):
@@ -309,23 +356,37 @@ def test_continuations_end_at_eos_and_repeat_with_the_seed(tiny_target):
     for j, new in data.sampled:  # a sampled row stops at its eos too (the batch goes on feeding it padding)
         assert eos not in new[:-1] and (new[-1] == eos or len(new) == 12)
     again = distill(tiny_target, prompts, K, 12, batch=2, eos_token_id=eos, progress=False, samples=3, temperature=1.5)
-    other = distill(tiny_target, prompts, K, 12, batch=2, eos_token_id=eos, progress=False, samples=3, temperature=1.5,
-                    seed=1)
+    other = distill(
+        tiny_target, prompts, K, 12, batch=2, eos_token_id=eos, progress=False, samples=3, temperature=1.5, seed=1
+    )
     assert again.sampled == data.sampled and torch.equal(again.hidden, data.hidden)
     assert other.sampled != data.sampled and other.sequences == data.sequences
+
 
 def test_long_prompts_get_no_sampled_continuations(tiny_target):
     prompts = [random_prompt(36, 5)[0], random_prompt(37, 12)[0], random_prompt(38, 6)[0]]
     full = distill(tiny_target, prompts, K, 6, batch=3, eos_token_id=-1, progress=False, samples=2, temperature=1.5)
-    data = distill(tiny_target, prompts, K, 6, batch=3, eos_token_id=-1, progress=False, samples=2, temperature=1.5,
-                   max_sampled_prompt=8)
+    data = distill(
+        tiny_target,
+        prompts,
+        K,
+        6,
+        batch=3,
+        eos_token_id=-1,
+        progress=False,
+        samples=2,
+        temperature=1.5,
+        max_sampled_prompt=8,
+    )
     assert sorted(j for j, _ in data.sampled) == [0, 0, 2, 2] and data.sequences == full.sequences
     for j in (0, 2):  # the short prompts' sampled rows: the target's own on prompt + that continuation
         for new in [n for i, n in data.sampled if i == j]:
             seq = torch.tensor(list(prompts[j].tolist()) + list(new))
             plain = last_hidden(tiny_target, seq[:-1])[len(prompts[j]) - 1 - K : len(seq) - 2]
             rows = data.hidden[(data.prompt == j) & ~data.greedy_rows()]
-            assert any(torch.allclose(rows[r : r + len(plain)], plain, atol=1e-5) for r in range(len(rows) - len(plain) + 1))
+            assert any(
+                torch.allclose(rows[r : r + len(plain)], plain, atol=1e-5) for r in range(len(rows) - len(plain) + 1)
+            )
     assert int(((data.prompt == 1) & ~data.greedy_rows()).sum()) == 0
 
 
@@ -352,8 +413,9 @@ def test_bfloat16_distillation(tiny_target, native, monkeypatch):
 
 def test_long_prompts_give_prompt_rows_only(tiny_target):
     prompts = [random_prompt(32, 5)[0], random_prompt(33, 12)[0]]
-    data = distill(tiny_target, prompts, K, 6, batch=2, eos_token_id=-1, progress=False, prompt_rows=True,
-                   max_continued_prompt=8)
+    data = distill(
+        tiny_target, prompts, K, 6, batch=2, eos_token_id=-1, progress=False, prompt_rows=True, max_continued_prompt=8
+    )
     assert [len(new) for _, new in data.sequences] == [6, 0]
     long = data.prompt == 1
     assert torch.allclose(data.hidden[long], last_hidden(tiny_target, prompts[1])[: 12 - 2], atol=1e-5)
@@ -371,8 +433,16 @@ def test_heldout_prompts_are_spread_and_splits_span_categories():
 
 @pytest.mark.parametrize("soft", [False, True])
 def test_soft_and_hard_training_both_learn(tiny_target, soft, tmp_path):
-    cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=100, batch_size=64, lr=1e-2, heldout=0.0,
-                      num_layers=2, soft_labels=soft)
+    cfg = TrainConfig(
+        num_heads=K,
+        max_new_tokens=MAX_NEW,
+        epochs=100,
+        batch_size=64,
+        lr=1e-2,
+        heldout=0.0,
+        num_layers=2,
+        soft_labels=soft,
+    )
     out = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, folder=tmp_path, progress=False)
     assert out.heads.num_layers == 2 and out.log["loss_last"] < 0.5 * out.log["loss_first"]
     again = MedusaHeads.load(str(tmp_path), tiny_target)
@@ -395,16 +465,31 @@ def test_sampled_softmax_with_every_unseen_token_is_the_full_softmax(tiny_target
     with torch.no_grad():
         full = heads_loss(heads, x, labels, none, x, None, None)
         seen = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None)
-        sampled = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None,
-                             negatives=unseen)
-        lifted = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None,
-                            negatives=unseen[:5], shift=math.log(len(unseen) / 5))
+        sampled = heads_loss(
+            heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None, negatives=unseen
+        )
+        lifted = heads_loss(
+            heads,
+            x,
+            torch.where(labels >= 0, remap[labels.clamp_min(0)], -100),
+            none,
+            x,
+            vocab,
+            None,
+            negatives=unseen[:5],
+            shift=math.log(len(unseen) / 5),
+        )
     torch.testing.assert_close(sampled, full)
     assert float(seen) < float(full)  # the seen-only softmax leaves the unseen tokens' mass out
     z = [heads(x)[d] for d in range(K)]  # by hand: five unseen columns, each counted len(unseen) / 5 times
-    want = sum(torch.nn.functional.cross_entropy(
-        torch.cat([z[d][:, vocab], z[d][:, unseen[:5]] + math.log(len(unseen) / 5)], -1),
-        torch.where(labels[:, d] >= 0, remap[labels[:, d].clamp_min(0)], -100), ignore_index=-100) for d in range(K))
+    want = sum(
+        torch.nn.functional.cross_entropy(
+            torch.cat([z[d][:, vocab], z[d][:, unseen[:5]] + math.log(len(unseen) / 5)], -1),
+            torch.where(labels[:, d] >= 0, remap[labels[:, d].clamp_min(0)], -100),
+            ignore_index=-100,
+        )
+        for d in range(K)
+    )
     torch.testing.assert_close(lifted, want)
 
 
@@ -412,10 +497,22 @@ def test_sampled_softmax_pushes_unseen_tokens_down(tiny_target, tmp_path):
     """The seen-only softmax never lowers a token that is no label; the sampled one does."""
     top_unseen = {}
     for vocab in ("seen", "sampled"):
-        cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=60, batch_size=64, lr=1e-2, heldout=0.0,
-                          loss_vocab=vocab, negatives=64)
-        out = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, folder=tmp_path / vocab, progress=False)
-        data = distill_cached(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg.distill_config(), progress=False)  # its rows
+        cfg = TrainConfig(
+            num_heads=K,
+            max_new_tokens=MAX_NEW,
+            epochs=60,
+            batch_size=64,
+            lr=1e-2,
+            heldout=0.0,
+            loss_vocab=vocab,
+            negatives=64,
+        )
+        out = train_or_load(
+            tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, folder=tmp_path / vocab, progress=False
+        )
+        data = distill_cached(
+            tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg.distill_config(), progress=False
+        )  # its rows
         seen = torch.zeros(out.heads.vocab_size, dtype=torch.bool)
         seen[data.labels[data.labels >= 0]] = True
         with torch.no_grad():
@@ -427,16 +524,26 @@ def test_sampled_softmax_pushes_unseen_tokens_down(tiny_target, tmp_path):
 @pytest.fixture(scope="module")
 def trained(tiny_target, tmp_path_factory):
     """Heads trained on the test prompts' own continuations (a memorising fit: drafts get accepted)."""
-    cfg = TrainConfig(num_heads=K, max_new_tokens=MAX_NEW, epochs=300, batch_size=64, lr=1e-2, heldout=0.0,
-                      loss_vocab="full", share_lm_head=False)
-    return train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg,
-                         folder=tmp_path_factory.mktemp("heads"), progress=False)
+    cfg = TrainConfig(
+        num_heads=K,
+        max_new_tokens=MAX_NEW,
+        epochs=300,
+        batch_size=64,
+        lr=1e-2,
+        heldout=0.0,
+        loss_vocab="full",
+        share_lm_head=False,
+    )
+    return train_or_load(
+        tiny_target, "tiny", [p for _, _, p in PROMPTS], cfg, folder=tmp_path_factory.mktemp("heads"), progress=False
+    )
 
 
 def test_training_learns_and_caches(trained, tiny_target):
     assert trained.log["loss_last"] < 0.5 * trained.log["loss_first"] and not trained.log["cached"]
-    again = train_or_load(tiny_target, "tiny", [p for _, _, p in PROMPTS], TrainConfig(), folder=trained.folder,
-                          progress=False)
+    again = train_or_load(
+        tiny_target, "tiny", [p for _, _, p in PROMPTS], TrainConfig(), folder=trained.folder, progress=False
+    )
     assert again.log["cached"]
     x = torch.randn(5, tiny_target.config.hidden_size)
     assert torch.equal(again.heads(x), trained.heads(x))
@@ -444,14 +551,23 @@ def test_training_learns_and_caches(trained, tiny_target):
 
 @pytest.fixture(scope="module")
 def head_collection(tiny_target, trained):
-    return collect_heads(tiny_target, trained.heads, PROMPTS, CollectConfig(MAX_NEW, top_k=8, run_tree="sparse:6",
-                                                                            eos_token_id=()), progress=False)
+    return collect_heads(
+        tiny_target,
+        trained.heads,
+        PROMPTS,
+        CollectConfig(MAX_NEW, top_k=8, run_tree="sparse:6", eos_token_id=()),
+        progress=False,
+    )
 
 
 def medusa_trees(collection):
     acc = [[max(a, 1e-3) for a in row] for row in rank_accuracy(collection, 8)]
-    return {"chain3": Tree.chain(3), "kary2": Tree.kary(2, 9), "gaps": Tree.from_paths([(1,), (3,), (3, 0), (3, 2)]),
-            "medusa12": medusa_tree(acc, 12)}
+    return {
+        "chain3": Tree.chain(3),
+        "kary2": Tree.kary(2, 9),
+        "gaps": Tree.from_paths([(1,), (3,), (3, 0), (3, 2)]),
+        "medusa12": medusa_tree(acc, 12),
+    }
 
 
 @pytest.mark.parametrize("max_new", [MAX_NEW, 11])
@@ -460,26 +576,33 @@ def test_replayed_steps_equal_real_steps(tiny_target, trained, head_collection, 
     for name, tree in medusa_trees(head_collection).items():
         replayed = replay_steps(head_collection, tree, max_new_tokens=max_new)
         for pid, _, ids in PROMPTS:
-            real = speculative_generate(tiny_target, MedusaDrafter(tiny_target, trained.heads), ids[None], tree, max_new,
-                                        eos_token_id=())
+            real = speculative_generate(
+                tiny_target, MedusaDrafter(tiny_target, trained.heads), ids[None], tree, max_new, eos_token_id=()
+            )
             assert [step_tuple(s) for s in replayed[pid]] == [step_tuple(s) for s in real.steps], (name, pid)
             accepted += sum(s.num_accepted for s in real.steps)
     assert accepted > 20  # the heads do get drafts accepted: the comparison is not vacuous
     for p in head_collection.prompts:  # the collection's own run, too
         run = replay_steps(head_collection, head_collection.config.run.truncated(K))[p.prompt_id]
-        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run] == [tuple(r) for r in p.run_steps.tolist()]
+        assert [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run] == [
+            tuple(r) for r in p.run_steps.tolist()
+        ]
 
 
 def test_one_token_prompt_refused(tiny_target, trained):
     with pytest.raises(ValueError, match="one token"):
-        collect_heads(tiny_target, trained.heads, [("a", "x", random_prompt(1, 1)[0])], CollectConfig(8), progress=False)
+        collect_heads(
+            tiny_target, trained.heads, [("a", "x", random_prompt(1, 1)[0])], CollectConfig(8), progress=False
+        )
 
 
 def test_accuracy_tables(head_collection):
     acc = accuracy_by_depth(head_collection, ks=(1, 8))
     top1 = acc[acc.k == 1].set_index("head").top_k_accuracy
     ranks = rank_accuracy(head_collection, 8)
-    assert top1[1] == pytest.approx(ranks[0][0]) and acc[acc.k == 8].top_k_accuracy.iloc[0] == pytest.approx(sum(ranks[0]))
+    assert top1[1] == pytest.approx(ranks[0][0]) and acc[acc.k == 8].top_k_accuracy.iloc[0] == pytest.approx(
+        sum(ranks[0])
+    )
     table = replay(head_collection, {("chain", 1): Tree.chain(1)})
     # every position, the last of each prompt (no room for a draft) counted as a miss
     hits = sum(int((p.head_ranks[: len(p.tokens) - 1, 0] == 0).sum()) for p in head_collection.prompts)
@@ -493,7 +616,9 @@ def explore_graph(acc, n):
     for _ in range(n - 1):
         best, best_v = None, -1.0
         for v in sorted(chosen, key=lambda p: (len(p), p)):
-            for nb in ([v[:-1] + (v[-1] + 1,)] if v[-1] + 1 < len(acc[len(v) - 1]) else []) + ([v + (0,)] if len(v) < len(acc) else []):
+            for nb in ([v[:-1] + (v[-1] + 1,)] if v[-1] + 1 < len(acc[len(v) - 1]) else []) + (
+                [v + (0,)] if len(v) < len(acc) else []
+            ):
                 if nb not in chosen and value(nb) > best_v:
                     best, best_v = nb, value(nb)
         chosen.append(best)
@@ -523,7 +648,7 @@ def test_trees_are_designed_on_other_prompts_than_they_are_scored_on(head_collec
     half of the test prompts and scored on the other half; trained heads are designed from the
     training split's held-out rows and scored on every test prompt."""
 
-    from specnb.notebook.learned_study import tree_design
+    from specnb.experiments.learned_study import tree_design
 
     loaded = tree_design(head_collection, None)
     ids = [p.prompt_id for p in head_collection.prompts]
@@ -541,9 +666,14 @@ def test_learned_reading_names_a_winner_only_outside_the_spread():
     interval; a lead inside it is reported as within the spread."""
     import pandas as pd
 
-    from specnb.notebook.learned_study import learned_reading
-    rows = [("A", "sparse", "preset", 8, 2.0, 1.9, 2.1), ("B", "kary8", "preset", 8, 1.5, 1.4, 1.6),
-            ("A", "sparse", "preset", 16, 2.0, 1.7, 2.3), ("B", "kary8", "preset", 16, 1.95, 1.8, 2.1)]
+    from specnb.experiments.learned_study import learned_reading
+
+    rows = [
+        ("A", "sparse", "preset", 8, 2.0, 1.9, 2.1),
+        ("B", "kary8", "preset", 8, 1.5, 1.4, 1.6),
+        ("A", "sparse", "preset", 16, 2.0, 1.7, 2.3),
+        ("B", "kary8", "preset", 16, 1.95, 1.8, 2.1),
+    ]
     taus = pd.DataFrame(rows, columns=["drafter", "shape", "kind", "budget", "tau", "tau_ci_low", "tau_ci_high"])
     accuracy = pd.DataFrame(columns=["drafter", "depth", "k", "top_k_accuracy"])
     text = learned_reading(accuracy, taus, pd.DataFrame(), None)

@@ -19,8 +19,15 @@ from specnb.notebook.runner import notebooks, resolve
 
 def tiny(tied: bool) -> LlamaConfig:
     # head size 16: q, o 64 x 64; k, v 64 x 32 (2 kv heads); gate, up 64 x 128; down 128 x 64
-    return LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    return LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
 
 
 # per layer: q 4096 + k 2048 + v 2048 + o 4096 + gate 8192 + up 8192 + down 8192 = 36864 Linear values
@@ -55,7 +62,9 @@ def test_nf4_weights_by_hand(tied):
 def test_kv_cache_by_hand():
     # 2 (k, v) x 2 layers x 2 kv heads x 16 head size x 10 tokens x 2 bytes
     assert kv_cache_bytes(tiny(False), 10) == 2 * 2 * 2 * 16 * 10 * 2 == 2560
-    explicit = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=32, num_hidden_layers=3)
+    explicit = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=32, num_hidden_layers=3
+    )
     assert kv_cache_bytes(explicit, 1) == 2 * 3 * 1 * 32 * 1 * 2
 
 
@@ -75,8 +84,10 @@ def test_pair_memory_adds_up():
 def test_every_t4_pair_fits_a_t4():
     pairs = profile_pairs("t4")
     across = [(p.draft, p.target) for p in pairs if not p.shares_vocabulary]
-    assert across == [("meta-llama/Llama-3.2-1B", "meta-llama/Llama-2-7b-hf"),
-                      ("Felladrin/Llama-160M-Chat-v1", "meta-llama/Llama-3.2-3B")]
+    assert across == [
+        ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-2-7b-hf"),
+        ("Felladrin/Llama-160M-Chat-v1", "meta-llama/Llama-3.2-3B"),
+    ]
     budget = profile_budget("t4")
     longest = max(p.get("max_new_tokens", 0) for p in resolve("t4", {}, [], notebooks()).values())
     assert budget.new_tokens == longest >= 64 and budget.tree == 128 and budget.prompt == 1024
@@ -89,7 +100,9 @@ def test_every_t4_pair_fits_a_t4():
     llama2 = next(r for r in rows if r.target == "meta-llama/Llama-2-7b-hf")
     assert 4.0e9 < llama2.target_weights < 4.3e9
     assert "fits in 14 GB" in memory_markdown("t4")
-    assert "Across tokenizers" in memory_markdown("t4") and "Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B" in memory_markdown("t4")
+    assert "Across tokenizers" in memory_markdown(
+        "t4"
+    ) and "Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B" in memory_markdown("t4")
 
 
 def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_readme_says_so():
@@ -106,14 +119,19 @@ def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_readme_says
     assert rows["FasterDecoding/medusa-vicuna-7b-v1.3"].bytes == 5 * (4096 * 4096 + 4096 + 32000 * 4096) * 2
     assert rows["JackFram/llama-160m"].dtype == "float32"
     eagle = 8192 * 4096 + 4096 + 4 * 4096**2 + 3 * 4096 * 11008 + 4096 + 32000 * 4096
-    assert (rows["yuhuili/EAGLE-Vicuna-7B-v1.3"].what, rows["yuhuili/EAGLE-Vicuna-7B-v1.3"].bytes) == ("EAGLE head", 4 * eagle)
+    assert (rows["yuhuili/EAGLE-Vicuna-7B-v1.3"].what, rows["yuhuili/EAGLE-Vicuna-7B-v1.3"].bytes) == (
+        "EAGLE head",
+        4 * eagle,
+    )
     total = sum(r.bytes for r in rows.values())
     assert 39e9 < total < 41e9 and total > FREE_DRIVE
     table = download_markdown("t4")
     assert f"**{total / 1e9:.1f} GB**" in table and "keep the Hugging Face cache on the Colab VM's own disk" in table
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert f"{total / 1e9:.1f} GB" in readme, "the README's download figure is the profile's"
-    assert drive_warning("t4", {"HF_HOME": "/content/drive/MyDrive/hf"}).startswith("warning: the Hugging Face cache is on Google Drive")
+    assert drive_warning("t4", {"HF_HOME": "/content/drive/MyDrive/hf"}).startswith(
+        "warning: the Hugging Face cache is on Google Drive"
+    )
     assert drive_warning("t4", {"HF_HOME": "/root/.cache/huggingface"}) is None
 
 
@@ -127,7 +145,9 @@ def test_the_t4_time_estimate_adds_up_from_its_parts_and_is_the_readmes():
 
     table = est.estimate("t4")
     assert set(table["notebook"]) == {"set-up", "01", "02", "03", "04", "05", "06"}
-    assert (table["seconds"] >= 0).all() and abs(table["seconds"].sum() - (table["count"] * table["each_s"]).sum()) < 1e-6
+    assert (table["seconds"] >= 0).all() and abs(
+        table["seconds"].sum() - (table["count"] * table["each_s"]).sum()
+    ) < 1e-6
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert est.estimate_markdown("t4") in readme, "the README's T4 estimate is this module's output"
     c = est.Costs(est.T4Figures())

@@ -5,8 +5,16 @@ import pytest
 import torch
 
 from specnb import GenerationResult, Step, steps_table, summarize, summary_table
-from specnb.io.prompts import (BUILTIN, SPEC_BENCH_SHA256, PromptRequestError, describe, load_prompts, read_jsonl,
-                               spec_bench_digest, spec_bench_file)
+from specnb.io.prompts import (
+    BUILTIN,
+    SPEC_BENCH_SHA256,
+    PromptRequestError,
+    describe,
+    load_prompts,
+    read_jsonl,
+    spec_bench_digest,
+    spec_bench_file,
+)
 
 
 def result(steps, total=1.0, prefill=0.1):
@@ -85,7 +93,9 @@ def test_spec_bench_ships_with_the_package():
 
 
 def test_prompt_requests_that_cannot_be_filled_are_refused():
-    with pytest.raises(PromptRequestError, match=r"max_prompts=6.*give only 2 \(writing 1, coding 1\).*lower max_prompts to 2"):
+    with pytest.raises(
+        PromptRequestError, match=r"max_prompts=6.*give only 2 \(writing 1, coding 1\).*lower max_prompts to 2"
+    ):
         load_prompts("builtin", per_category=3, categories=["coding", "writing"], limit=6)
     with pytest.raises(PromptRequestError, match=r"no category \['poetry'\]; they have \['writing'"):
         load_prompts("spec_bench", categories=["coding", "poetry"])
@@ -102,13 +112,31 @@ def test_prompt_requests_that_cannot_be_filled_are_refused():
 def test_nothing_in_the_project_reads_shared_beside_it():
     """A user's clone has no `shared` folder beside it: no code, notebook, script or test may reach for it."""
     import subprocess
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     pattern = "[.][.]/" + "shared|shared/" + "data"  # written apart so this file does not match itself
-    found = subprocess.run(["git", "-C", str(root), "grep", "-n", "-E", pattern, "--", "specnb", "notebooks",
-                            "benchmarks", "scripts", "tests", "run_notebooks.sh", "run_tests.sh", ".ci"],
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(root),
+            "grep",
+            "-n",
+            "-E",
+            pattern,
+            "--",
+            "specnb",
+            "notebooks",
+            "benchmarks",
+            "scripts",
+            "tests",
+            "run_notebooks.sh",
+            "run_tests.sh",
+            ".ci",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if found.returncode == 128:
         pytest.skip(f"not a git checkout: {found.stderr.strip()}")
     assert found.stdout == "", f"lines that reach for the shared folder beside the project:\n{found.stdout}"
@@ -119,7 +147,7 @@ def test_node_frequency_reads_steps_back_from_csv(tmp_path):
     import pandas as pd
 
     from specnb import Tree
-    from specnb.notebook.tables import node_frequency
+    from specnb.experiments.tables import node_frequency
 
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
     steps = pd.DataFrame({"accepted_ranks": ["", "0", "0/0", "1"]})
@@ -129,4 +157,3 @@ def test_node_frequency_reads_steps_back_from_csv(tmp_path):
         assert set(freq) == set(tree.paths)
     freq = node_frequency(pd.read_csv(tmp_path / "steps.csv"), tree)
     assert freq == {(0,): 0.5, (1,): 0.25, (0, 0): 0.25}
-

@@ -30,8 +30,19 @@ def test_every_expected_model_is_committed():
 def test_config_values(hub_id):
     c = config_of(hub_id)
     assert isinstance(c, LlamaConfig)
-    got = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-           c.head_dim, c.vocab_size, c.max_position_embeddings, c.tie_word_embeddings, c.bos_token_id, c.eos_token_id)
+    got = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+        c.vocab_size,
+        c.max_position_embeddings,
+        c.tie_word_embeddings,
+        c.bos_token_id,
+        c.eos_token_id,
+    )
     assert got == EXPECTED[hub_id]
     model = hub_model(hub_id)
     assert len(model.source) > 80, "say where the values came from"
@@ -40,8 +51,12 @@ def test_config_values(hub_id):
     rope = c.rope_parameters
     if llama3:
         assert rope["rope_theta"] == 500000.0 and rope["rope_type"] == "llama3"
-        assert (rope["factor"], rope["high_freq_factor"], rope["low_freq_factor"],
-                rope["original_max_position_embeddings"]) == (32.0, 4.0, 1.0, 8192)
+        assert (
+            rope["factor"],
+            rope["high_freq_factor"],
+            rope["low_freq_factor"],
+            rope["original_max_position_embeddings"],
+        ) == (32.0, 4.0, 1.0, 8192)
     else:
         assert rope["rope_theta"] == 10000.0 and rope["rope_type"] == "default"
 

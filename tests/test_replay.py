@@ -12,11 +12,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import random_prompt, step_tuple, tiny_model
+from stats import ALPHA
+from test_generation import TREES  # chain, k-ary, wide, beams, sparse and a Medusa tree with rank gaps
 
-import specnb.analysis.collect as collect_module
+import specnb.experiments.collect as collect_module
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
-from specnb.analysis.collect import collect
-from specnb.analysis.collection import LEGACY_UNITS_FILE, PARAMS_FILE, Collection, CollectConfig, units_of
+from specnb.analysis.collection import LEGACY_UNITS_FILE, PARAMS_FILE, CollectConfig, Collection, units_of
 from specnb.analysis.replay import (
     acceptance_vector,
     dynamic_tree,
@@ -31,11 +33,8 @@ from specnb.analysis.replay import (
 from specnb.analysis.tree_design import hindsight_trees, prefix_value, sequoia_trees
 from specnb.core.drafting import ModelDrafter
 from specnb.core.sampling import SamplingConfig
+from specnb.experiments.collect import collect
 from specnb.io.models import truncate_layers
-
-from conftest import random_prompt, step_tuple, tiny_model
-from stats import ALPHA
-from test_generation import TREES  # chain, k-ary, wide, beams, sparse and a Medusa tree with rank gaps
 
 MAX_NEW = 24
 
@@ -44,6 +43,7 @@ def sequoia(collection, budgets):
     """Sequoia's DP trees for the collection's measured acceptance vector, per budget."""
     trees = sequoia_trees(acceptance_vector(collection), max(budgets))
     return {n: trees[n] for n in budgets}
+
 
 PROMPTS = {f"p{i}": random_prompt(10 + i, length=6 + i) for i in range(3)}
 
@@ -63,8 +63,10 @@ def collections(tmp_path_factory, tiny_target, drafts):
 
 
 def real_runs(target, draft, tree, max_new=MAX_NEW, eos=()):
-    return {pid: speculative_generate(target, draft, ids, tree=tree, max_new_tokens=max_new, eos_token_id=eos)
-            for pid, ids in PROMPTS.items()}
+    return {
+        pid: speculative_generate(target, draft, ids, tree=tree, max_new_tokens=max_new, eos_token_id=eos)
+        for pid, ids in PROMPTS.items()
+    }
 
 
 def assert_same_steps(replayed, real):
@@ -74,7 +76,9 @@ def assert_same_steps(replayed, real):
 
 def assert_row_equals_summary(row, summary):
     assert row["steps"] == summary.num_steps and row["accepted"] == summary.num_accepted
-    assert row["tau"] == pytest.approx(summary.tau) and row["acceptance_length"] == pytest.approx(summary.acceptance_length)
+    assert row["tau"] == pytest.approx(summary.tau) and row["acceptance_length"] == pytest.approx(
+        summary.acceptance_length
+    )
     assert row["acceptance_rate"] == pytest.approx(summary.acceptance_rate, nan_ok=True)
     for d, v in enumerate(summary.depth_acceptance, 1):
         assert row[f"depth_{d}_acceptance"] == pytest.approx(v)
@@ -99,8 +103,9 @@ def test_the_collection_run_is_stored_and_replays_exactly(collections, draft_nam
     replayed = replay_steps(c, c.config.run)
     for p in c.prompts:
         assert p.run_steps.shape[1] == 4 and len(p.run_steps) > 0
-        assert [tuple(int(x) for x in row) for row in p.run_steps] == \
-            [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in replayed[p.prompt_id]]
+        assert [tuple(int(x) for x in row) for row in p.run_steps] == [
+            (s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in replayed[p.prompt_id]
+        ]
 
 
 def test_continuation_is_the_target_greedy_output(tiny_target, collections):
@@ -119,22 +124,31 @@ def test_data_driven_trees_replay_exactly_and_the_ceiling_beats_every_shape(tiny
     for tree in designed.values():
         assert_same_steps(replay_steps(c, tree), real_runs(tiny_target, drafts["early"], tree))
     counts = prefix_counts(c)
-    shapes = {(s, n): Tree.preset(s, n) for s in ("chain", "wide", "sparse", "kary2", "kary3", "beams2") for n in (6, 12)}
+    shapes = {
+        (s, n): Tree.preset(s, n) for s in ("chain", "wide", "sparse", "kary2", "kary3", "beams2") for n in (6, 12)
+    }
     table = replay(c, designed | shapes, mode="all").set_index(["shape", "budget"])
     for n in (6, 12):
         best = table.loc[("hindsight", n), "accepted"]
         assert best == prefix_value(designed[("hindsight", n)], counts)  # sum of counts = replayed acceptance
-        assert all(best >= table.loc[(s, n), "accepted"] for s in ("chain", "wide", "sparse", "kary2", "kary3", "beams2", "sequoia"))
+        assert all(
+            best >= table.loc[(s, n), "accepted"]
+            for s in ("chain", "wide", "sparse", "kary2", "kary3", "beams2", "sequoia")
+        )
 
 
 def test_eos_and_shorter_generations_replay_exactly(tmp_path, tiny_target, drafts, collections):
     draft = drafts["early"]
     # a shorter generation replayed from the 24-token collection
     for tree in (TREES["chain4"], TREES["sparse16"]):
-        assert_same_steps(replay_steps(collections["early"], tree, max_new_tokens=13), real_runs(tiny_target, draft, tree, 13))
+        assert_same_steps(
+            replay_steps(collections["early"], tree, max_new_tokens=13), real_runs(tiny_target, draft, tree, 13)
+        )
     # EOS: a token the continuation reaches mid-way ends every run there
     eos = int(collections["early"].prompts[0].tokens[9])
-    c = collect(tmp_path / "eos", tiny_target, draft, PROMPTS, CollectConfig(max_new_tokens=MAX_NEW, eos_token_id=(eos,)))
+    c = collect(
+        tmp_path / "eos", tiny_target, draft, PROMPTS, CollectConfig(max_new_tokens=MAX_NEW, eos_token_id=(eos,))
+    )
     assert c.prompts[0].stopped and len(c.prompts[0].tokens) <= 10
     for tree in (TREES["chain4"], TREES["kary2x10"], Tree.chain(9)):
         assert_same_steps(replay_steps(c, tree), real_runs(tiny_target, draft, tree, eos=eos))
@@ -171,8 +185,15 @@ def test_collection_resumes_after_an_interruption(tmp_path, monkeypatch, tiny_ta
     monkeypatch.setattr(collect_module, "collect_prompt", lambda *a, **k: calls.append(a[3]) or original(*a, **k))
     resumed = collect(folder, tiny_target, drafts["early"], PROMPTS, config)
     assert calls == ["p1", "p2"], "finished prompts are never collected twice"
-    assert sorted(p.name for p in folder.glob("*.npz")) == sorted(names) == sorted(p.name for p in (tmp_path / "fresh").glob("*.npz"))
-    assert resumed.config == fresh.config and json.loads((folder / "collection.json").read_text())["config"]["super_k"] == 2
+    assert (
+        sorted(p.name for p in folder.glob("*.npz"))
+        == sorted(names)
+        == sorted(p.name for p in (tmp_path / "fresh").glob("*.npz"))
+    )
+    assert (
+        resumed.config == fresh.config
+        and json.loads((folder / "collection.json").read_text())["config"]["super_k"] == 2
+    )
     for a, b in zip(resumed.prompts, fresh.prompts):
         assert a.prompt_id == b.prompt_id and a.arrays().keys() == b.arrays().keys()
         for k in a.arrays():
@@ -199,8 +220,16 @@ def test_a_collection_of_the_earlier_layout_still_loads(tmp_path, tiny_target, d
     units = Sweep(folder / LEGACY_UNITS_FILE, ("prompt_id",))
     for i, p in enumerate(c.prompts):
         write_arrays(folder / f"{p.prompt_id}-{i:08x}.npz", p.arrays())
-        units.add({"prompt_id": p.prompt_id}, [], meta={"category": p.category, "file": f"{p.prompt_id}-{i:08x}.npz",
-                                                         "stopped": p.stopped, **{f"{k}_s": v for k, v in p.times.items()}})
+        units.add(
+            {"prompt_id": p.prompt_id},
+            [],
+            meta={
+                "category": p.category,
+                "file": f"{p.prompt_id}-{i:08x}.npz",
+                "stopped": p.stopped,
+                **{f"{k}_s": v for k, v in p.times.items()},
+            },
+        )
     old = Collection.load(folder)
     assert [p.prompt_id for p in old.prompts] == [p.prompt_id for p in c.prompts] and old.config == c.config
     assert replay(old, {("chain", 4): TREES["chain4"]}).equals(replay(c, {("chain", 4): TREES["chain4"]}))
@@ -210,7 +239,9 @@ def test_a_collection_of_the_earlier_layout_still_loads(tmp_path, tiny_target, d
 
 @pytest.fixture(scope="module")
 def super_collection(tmp_path_factory, tiny_target, drafts):
-    config = CollectConfig(max_new_tokens=16, eos_token_id=(), top_k=8, super_k=3, super_depth=3, super_size=9, super_chunk=5)
+    config = CollectConfig(
+        max_new_tokens=16, eos_token_id=(), top_k=8, super_k=3, super_depth=3, super_size=9, super_chunk=5
+    )
     return collect(tmp_path_factory.mktemp("super"), tiny_target, drafts["early"], PROMPTS, config)
 
 
@@ -260,16 +291,21 @@ def test_dynamic_trees_replay_equals_real_steps(tiny_target, drafts, super_colle
         for s in steps[p.prompt_id]:
             tree, _ = dynamic_tree(c, p.prompt_id, s.position, budget)
             seq = torch.tensor([p.prompt.tolist() + p.tokens[: s.position].tolist()])
-            real = speculative_generate(tiny_target, drafts["early"], seq, tree=tree,
-                                        max_new_tokens=c.config.max_new_tokens - s.position, eos_token_id=())
+            real = speculative_generate(
+                tiny_target,
+                drafts["early"],
+                seq,
+                tree=tree,
+                max_new_tokens=c.config.max_new_tokens - s.position,
+                eos_token_id=(),
+            )
             assert step_tuple(real.steps[0])[1:] == step_tuple(s)[1:], (p.prompt_id, s.position)
     dyn = replay_dynamic(c, [budget], mode="all").iloc[0]
     orc = oracle(c, [budget], mode="all").iloc[0]
     assert dyn["accepted"] <= orc["accepted"] and orc["acceptance_length"] <= budget
     top = position_table(c, budget)
     assert top["accepted"].sum() == dyn["accepted"]
-    assert (replay_dynamic(c, [budget], mode="trajectory").iloc[0]["steps"]
-            == sum(len(v) for v in steps.values()))
+    assert replay_dynamic(c, [budget], mode="trajectory").iloc[0]["steps"] == sum(len(v) for v in steps.values())
 
 
 @pytest.mark.parametrize("k", [None, 1, 3])
@@ -333,7 +369,9 @@ def test_pooled_rows_carry_intervals_across_prompts(collections):
     per = replay(c, tree, mode="trajectory", per_prompt=True)
     assert row["tau_ci_low"] <= row["tau"] <= row["tau_ci_high"]
     assert (row["tau_ci_low"], row["tau_ci_high"]) == ratio_interval(per["tokens"], per["steps"])
-    assert (row["acceptance_rate_ci_low"], row["acceptance_rate_ci_high"]) == ratio_interval(per["accepted"], per["drafted"])
+    assert (row["acceptance_rate_ci_low"], row["acceptance_rate_ci_high"]) == ratio_interval(
+        per["accepted"], per["drafted"]
+    )
 
 
 def test_replay_refuses_what_it_cannot_replay(collections, super_collection):
@@ -368,18 +406,32 @@ def real_sampled(sampling_pair):
     target, draft = sampling_pair
     out = {}
     for pid, name, tree in SAMPLED_CASES:
-        out[name] = np.array([
-            speculative_generate(target, draft, PROMPTS[pid], tree=tree, max_new_tokens=tree.depth + 1,
-                                 temperature=1.0, seed=seed, eos_token_id=()).steps[0].num_accepted
-            for seed in range(REAL_RUNS)
-        ])
+        out[name] = np.array(
+            [
+                speculative_generate(
+                    target,
+                    draft,
+                    PROMPTS[pid],
+                    tree=tree,
+                    max_new_tokens=tree.depth + 1,
+                    temperature=1.0,
+                    seed=seed,
+                    eos_token_id=(),
+                )
+                .steps[0]
+                .num_accepted
+                for seed in range(REAL_RUNS)
+            ]
+        )
     return out
 
 
 def sampled_z(collection, real):
     """z of replayed minus real mean accepted length at each case's prompt (position 0)."""
     zs = {}
-    first = {p.prompt_id: int(sum(len(q.tokens) for q in collection.prompts[:i])) for i, p in enumerate(collection.prompts)}
+    first = {
+        p.prompt_id: int(sum(len(q.tokens) for q in collection.prompts[:i])) for i, p in enumerate(collection.prompts)
+    }
     for pid, name, tree in SAMPLED_CASES:
         per_sample = sampled_accepted(collection, tree)[first[pid]]  # [R] at position 0
         se = np.sqrt(per_sample.var(ddof=1) / len(per_sample) + real[name].var(ddof=1) / len(real[name]))
@@ -388,8 +440,9 @@ def sampled_z(collection, real):
 
 
 def sampled_collection(folder, pair):
-    config = CollectConfig(max_new_tokens=3, eos_token_id=(), temperature=1.0, samples=300, sample_chunk=300,
-                           cover_tree="kary3:12")
+    config = CollectConfig(
+        max_new_tokens=3, eos_token_id=(), temperature=1.0, samples=300, sample_chunk=300, cover_tree="kary3:12"
+    )
     return collect(folder, *pair, {pid: PROMPTS[pid] for pid, _, _ in SAMPLED_CASES}, config)
 
 
@@ -450,7 +503,13 @@ def test_dynamic_replay_equals_the_dynamic_drafter(tiny_target, drafts, super_co
     drafter = DynamicTreeDrafter(drafts["early"], n=budget, top_k=c.config.super_k, max_depth=c.config.super_depth)
     compared = 0
     for p in c.prompts:
-        real = speculative_generate(tiny_target, drafter, torch.tensor([p.prompt.tolist()]), max_new_tokens=c.config.max_new_tokens, eos_token_id=())
+        real = speculative_generate(
+            tiny_target,
+            drafter,
+            torch.tensor([p.prompt.tolist()]),
+            max_new_tokens=c.config.max_new_tokens,
+            eos_token_id=(),
+        )
         assert real.tokens.tolist() == p.tokens.tolist()
         assert [step_tuple(s) for s in real.steps] == [step_tuple(s) for s in replayed[p.prompt_id]]
         compared += len(real.steps)

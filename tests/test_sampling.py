@@ -1,6 +1,7 @@
 """core/sampling.py: `top_tokens`' order (value descending, ties by the lower index) against a
 reference sort, on rows built to hit its fast path and its fallback (ties at the k-th score,
 -0.0 beside 0.0, NaN, k past the row's end)."""
+
 import math
 
 import pytest
@@ -12,22 +13,26 @@ from specnb.core.sampling import top_tokens
 def reference(row: list[float], k: int) -> list[int]:
     """Python's sort: float value descending (NaN above everything, -0.0 below 0.0, as their bits
     order), then the lower index."""
+
     def key(i: int) -> tuple:
         v = row[i]
         if math.isnan(v):
             return (0, 0.0, i)
         return (1, -v, 0 if math.copysign(1.0, v) > 0 else 1, i)
+
     return sorted(range(len(row)), key=key)[:k]
 
 
 @pytest.mark.parametrize("k", [1, 3, 10, 40])
 def test_top_tokens_orders_as_the_reference_sort(k):
     g = torch.Generator().manual_seed(k)
-    rows = [torch.randn(40, generator=g),  # no ties: the fast path
-            torch.randint(0, 4, (40,), generator=g).float(),  # many ties, at the k-th score too
-            torch.tensor([0.0, -0.0] * 20),  # -0.0 and 0.0 compare equal as floats, not as keys
-            torch.tensor([1.0, float("nan")] + [0.5] * 38),
-            torch.full((40,), 2.0)]  # every score tied
+    rows = [
+        torch.randn(40, generator=g),  # no ties: the fast path
+        torch.randint(0, 4, (40,), generator=g).float(),  # many ties, at the k-th score too
+        torch.tensor([0.0, -0.0] * 20),  # -0.0 and 0.0 compare equal as floats, not as keys
+        torch.tensor([1.0, float("nan")] + [0.5] * 38),
+        torch.full((40,), 2.0),
+    ]  # every score tied
     scores = torch.stack(rows)
     got = top_tokens(scores, k)
     assert got.shape == (len(rows), min(k, 40))

@@ -6,7 +6,7 @@ simulated (no hub reaches this machine); the real no-network path is exercised a
 import time
 
 import pytest
-import torch
+from conftest import tiny_model
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 from transformers import AutoModelForCausalLM
 
@@ -14,8 +14,6 @@ import specnb.io.sources as sources
 from specnb.io.embedded import EMBEDDED_MODELS
 from specnb.io.models import load_model, load_pair
 from specnb.io.sources import ModelSourceError, check_sources, resolve_source
-
-from conftest import tiny_model
 
 
 def hub_error(cls, message):
@@ -80,7 +78,9 @@ def test_offline_mode_uses_the_cache_only(no_weights, monkeypatch, tmp_path):
 
 def test_gated_and_missing_repositories_say_what_to_do(hub, no_weights, monkeypatch):
     monkeypatch.setattr(sources, "in_hub_cache", lambda repo: False)
-    hub["meta-llama/Llama-2-7b-hf"] = hub_error(GatedRepoError, "Access to model meta-llama/Llama-2-7b-hf is restricted")
+    hub["meta-llama/Llama-2-7b-hf"] = hub_error(
+        GatedRepoError, "Access to model meta-llama/Llama-2-7b-hf is restricted"
+    )
     hub["org/typo"] = hub_error(RepositoryNotFoundError, "Repository Not Found")
     with pytest.raises(ModelSourceError) as e:
         resolve_source("meta-llama/Llama-2-7b-hf")
@@ -114,15 +114,21 @@ def test_folders_and_embedded_names(tmp_path, no_weights):
 
 def test_a_notebook_sweep_checks_every_pair_first(hub, no_weights, monkeypatch, tmp_path):
     from specnb.drafters.methods import method_trees
+    from specnb.experiments import sweeps as ex
+    from specnb.experiments.pairs import Pair
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
-    from specnb.notebook import experiments as ex
-    from specnb.notebook.pair_specs import Pair
 
     monkeypatch.setattr(sources, "in_hub_cache", lambda repo: False)
     hub["meta-llama/Llama-2-7b-hf"] = hub_error(GatedRepoError, "restricted")
     pairs = [Pair("smollm2-135m", "smollm2-135m"), Pair("meta-llama/Llama-2-7b-hf", "JackFram/llama-160m")]
     with pytest.raises(ModelSourceError, match="Llama-2-7b-hf"):
-        ex.run_pairs(Sweep(tmp_path / "s.jsonl", ex.UNIT_KEY), pairs, [Prompt("p", "c", "hi")],
-                     method_trees(["chain:2"]), 4, progress=False)
+        ex.run_pairs(
+            Sweep(tmp_path / "s.jsonl", ex.UNIT_KEY),
+            pairs,
+            [Prompt("p", "c", "hi")],
+            method_trees(["chain:2"]),
+            4,
+            progress=False,
+        )
     assert not (tmp_path / "s.jsonl").exists()  # nothing ran, nothing was stored

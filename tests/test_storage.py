@@ -32,7 +32,8 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
     """Kill a real process midway through a sweep, resume it, and count rows."""
     path = tmp_path / "sweep.jsonl"
     script = tmp_path / "work.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
         from specnb.io.storage import Sweep
         s = Sweep({str(path)!r}, key=["i"])
@@ -44,7 +45,8 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path):
             if i == 15 and len(sys.argv) > 1:
                 print("ready", flush=True)
                 time.sleep(60)
-    """))
+    """)
+    )
     proc = subprocess.Popen([sys.executable, str(script), "stop"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     os.kill(proc.pid, signal.SIGKILL)
@@ -92,4 +94,3 @@ def test_result_folder_keeps_whole_files_and_the_first_writers_json(tmp_path, ur
     np.testing.assert_array_equal(folder.read_arrays("u.npz")["x"], np.arange(3))
     assert folder.read_arrays("u.npz", ["x"]).keys() == {"x"}
     assert sorted(p.name for p in root.iterdir()) == [".v.npz.0123456789ab.tmp", "params.json", "u.npz"]
-

@@ -8,15 +8,20 @@ positions, and KV bytes are exact."""
 
 import pytest
 import torch
-
-from specnb import DynamicTreeDrafter, EarlyExitDrafter, ModelDrafter, Tree, autoregressive_generate, speculative_generate
-from specnb.core.cache import new_cache
-from specnb.core.sampling import sample
-from specnb.core.streaming import StreamingCache, kv_bytes
-from specnb.core.verification import prefill
-
 from conftest import random_prompt, tiny_model
 from stats import ALPHA, chi_square_pvalue
+
+from specnb import (
+    DynamicTreeDrafter,
+    EarlyExitDrafter,
+    ModelDrafter,
+    Tree,
+    autoregressive_generate,
+    speculative_generate,
+)
+from specnb.core.cache import new_cache
+from specnb.core.streaming import StreamingCache, kv_bytes
+from specnb.core.verification import prefill
 
 TREES = [Tree.chain(4), Tree.kary(2, 10), Tree.sparse(12), Tree.from_paths([(0,), (2,), (0, 1), (0, 1, 3)])]
 
@@ -28,8 +33,9 @@ def test_greedy_speculative_equals_streaming_greedy(tiny_target, tiny_draft, tre
     for seed in (1, 2):
         ids = random_prompt(seed, length=6 + seed)
         reference = autoregressive_generate(tiny_target, ids, max_new_tokens=80, eos_token_id=(), cache_policy=policy)
-        result = speculative_generate(tiny_target, tiny_draft, ids, tree=tree, max_new_tokens=80, eos_token_id=(),
-                                      cache_policy=policy)
+        result = speculative_generate(
+            tiny_target, tiny_draft, ids, tree=tree, max_new_tokens=80, eos_token_id=(), cache_policy=policy
+        )
         assert result.tokens.tolist() == reference.tokens.tolist()
         assert result.evictions > 0 and reference.evictions > 0  # cut several times (80 tokens, a limit of 14 + depth)
         full = autoregressive_generate(tiny_target, ids, max_new_tokens=80, eos_token_id=())
@@ -38,13 +44,26 @@ def test_greedy_speculative_equals_streaming_greedy(tiny_target, tiny_draft, tre
 
 def test_a_bounded_draft_cache_changes_proposals_not_output(tiny_target, tiny_draft):
     target_policy = StreamingCache(sink=2, window=16, slack=6)
-    for drafter in (ModelDrafter(tiny_draft, cache_policy=StreamingCache(sink=1, window=5, slack=2)),
-                    ModelDrafter(tiny_draft, cache_policy=StreamingCache(sink=1, window=5, slack=2, positions="original")),
-                    DynamicTreeDrafter(tiny_draft, n=8, top_k=3, max_depth=4, cache_policy=StreamingCache(sink=2, window=6, slack=3))):
+    for drafter in (
+        ModelDrafter(tiny_draft, cache_policy=StreamingCache(sink=1, window=5, slack=2)),
+        ModelDrafter(tiny_draft, cache_policy=StreamingCache(sink=1, window=5, slack=2, positions="original")),
+        DynamicTreeDrafter(
+            tiny_draft, n=8, top_k=3, max_depth=4, cache_policy=StreamingCache(sink=2, window=6, slack=3)
+        ),
+    ):
         ids = random_prompt(3, length=8)
-        reference = autoregressive_generate(tiny_target, ids, max_new_tokens=60, eos_token_id=(), cache_policy=target_policy)
-        result = speculative_generate(tiny_target, drafter, ids, tree=Tree.kary(2, 10), max_new_tokens=60,
-                                      eos_token_id=(), cache_policy=target_policy)
+        reference = autoregressive_generate(
+            tiny_target, ids, max_new_tokens=60, eos_token_id=(), cache_policy=target_policy
+        )
+        result = speculative_generate(
+            tiny_target,
+            drafter,
+            ids,
+            tree=Tree.kary(2, 10),
+            max_new_tokens=60,
+            eos_token_id=(),
+            cache_policy=target_policy,
+        )
         assert result.tokens.tolist() == reference.tokens.tolist()
         assert result.meta["draft_evictions"] > 0 and drafter.kv_bytes() > 0
 
@@ -69,28 +88,48 @@ def test_the_cut_keeps_sinks_and_window_and_rerotates_keys(tiny_target):
 
 def test_kv_bytes_are_exact_and_bounded(tiny_target, tiny_draft):
     config = tiny_target.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
     cache = new_cache(tiny_target)
     prefill(tiny_target, cache, random_prompt(5, length=9))
     assert kv_bytes(cache) == 9 * per_token and kv_bytes(None) == 0
     policy = StreamingCache(sink=4, window=24, slack=4)
     tree = Tree.chain(4)
-    result = speculative_generate(tiny_target, tiny_draft, random_prompt(5, length=9), tree=tree, max_new_tokens=120,
-                                  eos_token_id=(), cache_policy=policy)
+    result = speculative_generate(
+        tiny_target,
+        tiny_draft,
+        random_prompt(5, length=9),
+        tree=tree,
+        max_new_tokens=120,
+        eos_token_id=(),
+        cache_policy=policy,
+    )
     target_bytes = [s.target_kv_bytes for s in result.steps]
     assert max(target_bytes) <= (policy.sink + policy.window + policy.slack) * per_token  # between steps
     assert result.kv_peak_bytes >= max(target_bytes) and result.kv_bytes > 0
-    full = speculative_generate(tiny_target, tiny_draft, random_prompt(5, length=9), tree=tree, max_new_tokens=120, eos_token_id=())
+    full = speculative_generate(
+        tiny_target, tiny_draft, random_prompt(5, length=9), tree=tree, max_new_tokens=120, eos_token_id=()
+    )
     assert full.steps[-1].target_kv_bytes == (9 + 120 - 1) * per_token  # all but the last token
 
 
 def test_a_self_draft_on_the_target_cache_is_refused(tiny_target):
     with pytest.raises(ValueError, match="cannot run with a cache policy"):
-        speculative_generate(tiny_target, EarlyExitDrafter(tiny_target, 1), random_prompt(1), max_new_tokens=4,
-                             cache_policy=StreamingCache(sink=2, window=8))
+        speculative_generate(
+            tiny_target,
+            EarlyExitDrafter(tiny_target, 1),
+            random_prompt(1),
+            max_new_tokens=4,
+            cache_policy=StreamingCache(sink=2, window=8),
+        )
 
 
-def streaming_first_two(target, prompt, policy):  # noqa: D401
+def streaming_first_two(target, prompt, policy):
     """The exact distribution of the first two tokens of the streaming model: the second is drawn
     after the cut that precedes the first generated token (the prompt fills the cache to the limit)."""
     cache = new_cache(target)
@@ -120,8 +159,17 @@ def test_sampled_streaming_follows_the_streaming_distribution():
     drafter = ModelDrafter(draft)
     samples = []
     for seed in range(6000):
-        r = speculative_generate(target, drafter, prompt, tree=Tree.chain(3), max_new_tokens=3, temperature=1.0,
-                                 seed=seed, eos_token_id=(), cache_policy=policy)
+        r = speculative_generate(
+            target,
+            drafter,
+            prompt,
+            tree=Tree.chain(3),
+            max_new_tokens=3,
+            temperature=1.0,
+            seed=seed,
+            eos_token_id=(),
+            cache_policy=policy,
+        )
         samples.append(tuple(r.tokens[:2].tolist()))
         # step 1 is the root alone (the prompt fills the cache to the limit); step 2, after the cut,
         # verifies a drafted node for the second token
@@ -138,10 +186,11 @@ def test_long_generations_run_past_eos_and_the_reading_warns_of_a_window_that_ne
     import copy
 
     from conftest import random_prompt, tiny_model
+
     from specnb import autoregressive_generate
+    from specnb.experiments import long_generation as lg
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
-    from specnb.notebook import long_generation as lg
     from specnb.notebook.readings import long_reading
 
     model = copy.deepcopy(tiny_model(0, scale=30.0))
@@ -153,8 +202,20 @@ def test_long_generations_run_past_eos_and_the_reading_warns_of_a_window_that_ne
     tables = {}
     for stop in (False, True):
         store = Sweep(tmp_path / f"long-{stop}.jsonl", key=lg.UNIT_KEY)
-        lg.run_long(store, model, None, None, prompt, ["autoregressive", "ngram/chain:2"], [8], 2, "cache", 40,
-                    progress=False, stop_at_eos=stop)
+        lg.run_long(
+            store,
+            model,
+            None,
+            None,
+            prompt,
+            ["autoregressive", "ngram/chain:2"],
+            [8],
+            2,
+            "cache",
+            40,
+            progress=False,
+            stop_at_eos=stop,
+        )
         tables[stop] = lg.long_table(store.meta_frame())
     ran, stopped = tables[False], tables[True]
     assert (ran["tokens"] == 40).all() and (ran.loc[ran["window"] == 8, "evictions"] > 0).all()

@@ -6,10 +6,9 @@ depth (one forward per level), which is why the compared trees share their depth
 
 import pytest
 import torch
+from conftest import random_prompt, tiny_model
 
 from specnb import DynamicTreeDrafter, ModelDrafter, NgramDrafter, Tree, speculative_generate
-
-from conftest import random_prompt, tiny_model
 
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
 TREES = [Tree.chain(3), Tree.kary(2, 14), Tree.kary(4, 84), Tree.beams(8, 24)]  # all of depth 3
@@ -44,8 +43,11 @@ def test_syncs_per_step_do_not_grow_with_the_tree(monkeypatch, tiny_target, noth
     for tree in TREES:
         drafter = ModelDrafter(nothing_draft)
         results = []
-        run = lambda: results.append(speculative_generate(  # noqa: E731
-            tiny_target, drafter, ids, tree=tree, max_new_tokens=10, temperature=temperature, eos_token_id=()))
+        run = lambda: results.append(
+            speculative_generate(  # noqa: E731
+                tiny_target, drafter, ids, tree=tree, max_new_tokens=10, temperature=temperature, eos_token_id=()
+            )
+        )
         run()  # warm: the first call of a tree makes its index tensors
         per_step[tree.num_nodes] = count_conversions(monkeypatch, run) / len(results[-1].steps)
     assert len(set(per_step.values())) == 1, per_step
@@ -54,14 +56,22 @@ def test_syncs_per_step_do_not_grow_with_the_tree(monkeypatch, tiny_target, noth
 def test_syncs_do_not_grow_with_ngram_or_dynamic_trees(monkeypatch, tiny_target, nothing_draft):
     """Per step, for drafters that shape their own trees (4 or 40 nodes, depth at most 3)."""
     ids = torch.cat([random_prompt(6, length=5)] * 3, dim=1)  # repeats: the n-gram drafter finds matches
-    makers = {"ngram": lambda n: (NgramDrafter(), Tree.kary(2, n) if n > 4 else Tree.chain(3)),
-              "dynamic": lambda n: (DynamicTreeDrafter(nothing_draft, n=n, top_k=8, max_depth=3), Tree.chain(3))}
+    makers = {
+        "ngram": lambda n: (NgramDrafter(), Tree.kary(2, n) if n > 4 else Tree.chain(3)),
+        "dynamic": lambda n: (DynamicTreeDrafter(nothing_draft, n=n, top_k=8, max_depth=3), Tree.chain(3)),
+    }
     for name, make in makers.items():
         per_step = {}
         for n in (4, 40):
             drafter, tree = make(n)
             result = []
-            count = count_conversions(monkeypatch, lambda: result.append(speculative_generate(
-                tiny_target, drafter, ids, tree=tree.truncated(3), max_new_tokens=8, eos_token_id=())))
+            count = count_conversions(
+                monkeypatch,
+                lambda: result.append(
+                    speculative_generate(
+                        tiny_target, drafter, ids, tree=tree.truncated(3), max_new_tokens=8, eos_token_id=()
+                    )
+                ),
+            )
             per_step[n] = count / len(result[0].steps)
         assert per_step[4] == per_step[40], (name, per_step)

@@ -9,16 +9,15 @@ import json
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_model
 
 from specnb import Tree
-from specnb.io.storage import Sweep
 from specnb.analysis.cost_model import cost_table, draft_seconds, draft_widths, expected_tau
 from specnb.bench.attention_grid import GRID_KEY, HEAD_SHAPES, HeadShape, grid, grid_table, run_grid, speedup_table
 from specnb.bench.timing import environment_row, measure, measure_interleaved
 from specnb.bench.verify_curve import CURVE_KEY, curve_shape, curve_table, verify_curve
+from specnb.io.storage import Sweep
 from specnb.notebook.readings import curve_reading, recommendation
-
-from conftest import tiny_model
 
 
 def test_measure_warms_up_repeats_and_sets_up_each_run():
@@ -106,8 +105,15 @@ def test_unsupported_implementation_is_stored_as_skipped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(attention, "flex_unsupported", lambda device, dtype: "not here, for this test")
     store = Sweep(tmp_path / "g.jsonl", GRID_KEY)
-    run_grid(store, grid([1], [5], [3], ["chain"]), HeadShape("tiny", 2, 2, 8), ("sdpa", "flex"),
-             warmup=0, repeats=1, progress=False)
+    run_grid(
+        store,
+        grid([1], [5], [3], ["chain"]),
+        HeadShape("tiny", 2, 2, 8),
+        ("sdpa", "flex"),
+        warmup=0,
+        repeats=1,
+        progress=False,
+    )
     table = grid_table(store).set_index("impl")
     assert table.loc["flex", "status"] == "skipped" and table.loc["flex", "note"] == "not here, for this test"
     assert table.loc["sdpa", "status"] == "ok"
@@ -137,8 +143,9 @@ def test_verify_curve_cost_table_and_recommendation(tmp_path):
 
 
 def _curve(points: dict[int, float], model: str = "m") -> pd.DataFrame:
-    return pd.DataFrame([{"model": model, "role": "target", "kind": "verify", "tokens": t, "median_ms": ms}
-                         for t, ms in points.items()])
+    return pd.DataFrame(
+        [{"model": model, "role": "target", "kind": "verify", "tokens": t, "median_ms": ms} for t, ms in points.items()]
+    )
 
 
 def test_curve_shape_reads_a_step_and_a_slope_from_the_points():

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import random_prompt
+
 from specnb.core.drafting import ModelDrafter
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.sampling import SamplingConfig, top_tokens
-from specnb.core.topk_head import MIN_WEIGHT, TopKHead, draft_head
 from specnb.core.trees import Tree
+from specnb.kernels.topk_head import MIN_WEIGHT, TopKHead, draft_head
 
 pytestmark = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN without bfloat16")
 
@@ -80,8 +80,11 @@ def pair():
     return tiny_model(0), tiny_model(1)
 
 
-@pytest.mark.parametrize("tree", [Tree.chain(4), Tree.kary(2, 10), Tree.sparse(12),
-                                  Tree.from_paths([(0,), (2,), (0, 1), (2, 0)])], ids=["chain", "kary", "sparse", "gappy"])
+@pytest.mark.parametrize(
+    "tree",
+    [Tree.chain(4), Tree.kary(2, 10), Tree.sparse(12), Tree.from_paths([(0,), (2,), (0, 1), (2, 0)])],
+    ids=["chain", "kary", "sparse", "gappy"],
+)
 def test_drafts_equal_the_model_heads(pair, tree):
     """The same drafts, step after step, with the TopKHead as with the model's own head; the output is
     the target's greedy output."""
@@ -92,8 +95,9 @@ def test_drafts_equal_the_model_heads(pair, tree):
         prompt = random_prompt(length, length + 10)
         plain = speculative_generate(target, ModelDrafter(draft, head=None), prompt, tree, 16, eos_token_id=())
         fast = speculative_generate(target, ModelDrafter(draft, head=head), prompt, tree, 16, eos_token_id=())
-        assert [(s.num_drafted, s.num_accepted, s.accepted_ranks) for s in fast.steps] == \
-               [(s.num_drafted, s.num_accepted, s.accepted_ranks) for s in plain.steps]
+        assert [(s.num_drafted, s.num_accepted, s.accepted_ranks) for s in fast.steps] == [
+            (s.num_drafted, s.num_accepted, s.accepted_ranks) for s in plain.steps
+        ]
         assert fast.tokens.tolist() == autoregressive_generate(target, prompt, 16, eos_token_id=()).tokens.tolist()
 
 
@@ -103,12 +107,16 @@ def test_used_only_where_exact(pair, monkeypatch):
     lm = draft.get_output_embeddings()
     head = TopKHead(lm.weight, lm.bias)
     calls = []
-    monkeypatch.setattr(TopKHead, "__call__", lambda self, x, k=0: calls.append(k) or torch.nn.functional.linear(x, lm.weight, lm.bias))
+    monkeypatch.setattr(
+        TopKHead, "__call__", lambda self, x, k=0: calls.append(k) or torch.nn.functional.linear(x, lm.weight, lm.bias)
+    )
     prompt = random_prompt(3, 8)[0]
     ModelDrafter(draft, head=head).draft(prompt, Tree.kary(2, 6), SamplingConfig())
     assert calls and all(k >= 1 for k in calls)
     calls.clear()
-    ModelDrafter(draft, head=head).draft(prompt, Tree.kary(2, 6), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    ModelDrafter(draft, head=head).draft(
+        prompt, Tree.kary(2, 6), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0)
+    )
     ModelDrafter(draft, head=head, confidence_threshold=0.5).draft(prompt, Tree.chain(4), SamplingConfig())
     assert calls == []
 

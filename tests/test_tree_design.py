@@ -11,10 +11,16 @@ import pytest
 
 from specnb import Tree
 from specnb.analysis.cost_model import expected_tau
-from specnb.notebook.readings import recommendation
-from specnb.analysis.tree_design import (accepted_lengths, expected_accepted, hindsight_trees, prefix_value,
-                                        recommend_budget, sequoia_trees)
+from specnb.analysis.tree_design import (
+    accepted_lengths,
+    expected_accepted,
+    hindsight_trees,
+    prefix_value,
+    recommend_budget,
+    sequoia_trees,
+)
 from specnb.core.trees import SPARSE_ACCEPTANCE
+from specnb.notebook.readings import recommendation
 
 
 def all_trees(n: int, k: int, gaps: bool, max_depth: int | None = None) -> set[frozenset]:
@@ -132,13 +138,14 @@ def test_hindsight_tree_fills_to_the_budget_with_unused_nodes():
 
 def test_recommend_budget_maximises_tau_over_step_time():
     curve = pd.DataFrame(
-        [{"model": "t", "role": "target", "kind": "verify", "nodes": n, "tokens": n + 1, "median_s": 1.0 + 0.1 * n}
-         for n in (0, 4, 16)]
+        [
+            {"model": "t", "role": "target", "kind": "verify", "nodes": n, "tokens": n + 1, "median_s": 1.0 + 0.1 * n}
+            for n in (0, 4, 16)
+        ]
         + [{"model": "d", "role": "draft", "kind": "plain", "nodes": w, "tokens": w, "median_s": 0.05} for w in (1, 16)]
     )
     trees = {("chain", 4): Tree.chain(4), ("wide", 16): Tree.wide(16), ("kary2", 8): Tree.kary(2, 8)}
-    replayed = pd.DataFrame([{"shape": s, "budget": b, "tau": tau} for (s, b), tau in
-                             zip(trees, (2.0, 1.9, 2.2))])
+    replayed = pd.DataFrame([{"shape": s, "budget": b, "tau": tau} for (s, b), tau in zip(trees, (2.0, 1.9, 2.2))])
     cost = recommend_budget(replayed, trees, curve, "t", "d")
     # chain 4: 2.0 / (4 * .05 + 1.4); wide 16: 1.9 / (.05 + 2.6); kary2 8: 2.2 / (3 * .05 + 1.8) (interpolated)
     expect = {"chain": 2.0 / 1.6, "wide": 1.9 / 2.65, "kary2": 2.2 / 1.95}

@@ -9,7 +9,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import user_clone
 
 
@@ -21,10 +20,12 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
     cache = tmp_path / "empty-specnb-cache"
     cache.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECNB_", "VIRTUAL_ENV"))}
-    env.update(SPECNB_CACHE=str(cache), HF_HOME=str(tmp_path / "empty-hf-home"), HF_HUB_OFFLINE="1",
-               SPECNB_CELL_TIMEOUT="900")
-    proc = subprocess.run(["./run_notebooks.sh", "smoke"], cwd=clone, env=env, capture_output=True, text=True,
-                          timeout=2400)
+    env.update(
+        SPECNB_CACHE=str(cache), HF_HOME=str(tmp_path / "empty-hf-home"), HF_HUB_OFFLINE="1", SPECNB_CELL_TIMEOUT="900"
+    )
+    proc = subprocess.run(
+        ["./run_notebooks.sh", "smoke"], cwd=clone, env=env, capture_output=True, text=True, timeout=2400
+    )
     log = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, log
     assert (clone / ".venv" / "bin" / "python").exists(), "the clone set up its own .venv"
@@ -37,11 +38,17 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
         records[stem] = json.loads((folder / "params.json").read_text())
         assert records[stem]["status"] == "finished", (stem, records[stem].get("error"))
     # every notebook that runs prompts says which, how many, and how many per category
-    assert records["01_tree_shapes"]["prompts"] == {"source": "builtin", "count": 2,
-                                                    "per_category": {"writing": 1, "roleplay": 1},
-                                                    "prompt_format": "the tokenizer's chat template"}
-    assert records["02_model_pairs"]["prompts"] == {"source": "spec_bench", "count": 6,
-                                                    "per_category": {"coding": 3, "writing": 3}}
+    assert records["01_tree_shapes"]["prompts"] == {
+        "source": "builtin",
+        "count": 2,
+        "per_category": {"writing": 1, "roleplay": 1},
+        "prompt_format": "the tokenizer's chat template",
+    }
+    assert records["02_model_pairs"]["prompts"] == {
+        "source": "spec_bench",
+        "count": 6,
+        "per_category": {"coding": 3, "writing": 3},
+    }
     assert records["04_long_generation"]["prompts"]["count"] == 1
     medusa = records["05_learned_drafters"]
     assert medusa["training_prompts"]["source"] == "spec_bench" and medusa["training_prompts"]["count"] == 16

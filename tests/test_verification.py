@@ -2,17 +2,21 @@
 
 import pytest
 import torch
+from conftest import random_prompt, tiny_model
+from test_trees import random_tree
 from transformers import DynamicCache
 
 from specnb import Tree
 from specnb.core.cache import new_cache
 from specnb.core.masks import (
-    GROUPED_ATTENTION, grouped_attention, model_mask, prefix_tree_mask, rooted_ancestor_mask, use_attention,
+    GROUPED_ATTENTION,
+    grouped_attention,
+    model_mask,
+    prefix_tree_mask,
+    rooted_ancestor_mask,
+    use_attention,
 )
 from specnb.core.verification import commit, prefill, verify
-
-from conftest import random_prompt, tiny_model
-from test_trees import random_tree
 
 ATOL = 1e-4  # fp32; path logits come from different matmul shapes, so not bit-identical
 
@@ -75,7 +79,6 @@ def test_boolean_mask_on_eager_would_be_wrong():
     assert (bad[1] - reference).abs().max() > 1e-2
 
 
-
 def test_grouped_attention_equals_sdpa_with_repeated_keys():
     """Several queries per row under a dense mask, 3 query heads per key head: the same as sdpa on
     keys repeated per query head, and keys past the mask's length never read (NaN there is harmless)."""
@@ -84,7 +87,8 @@ def test_grouped_attention_equals_sdpa_with_repeated_keys():
     mask = torch.rand(2, 1, 4, 7, generator=g) > 0.4
     mask[..., 0] = True  # every query sees something
     want = torch.nn.functional.scaled_dot_product_attention(
-        q, k[:, :, :7].repeat_interleave(3, 1), v[:, :, :7].repeat_interleave(3, 1), attn_mask=mask, scale=0.3)
+        q, k[:, :, :7].repeat_interleave(3, 1), v[:, :, :7].repeat_interleave(3, 1), attn_mask=mask, scale=0.3
+    )
     k[:, :, 7:], v[:, :, 7:] = float("nan"), float("nan")  # the unwritten tail of a static cache
     got, _ = grouped_attention(torch.nn.Module(), q, k, v, mask, scaling=0.3)
     torch.testing.assert_close(got, want.transpose(1, 2), atol=1e-6, rtol=0)
@@ -101,6 +105,7 @@ def test_use_attention_switches_and_restores():
     with pytest.raises(RuntimeError), use_attention(model, GROUPED_ATTENTION):
         raise RuntimeError("inside")
     assert model.config._attn_implementation == before
+
 
 def test_unsupported_attention_is_refused():
     model = tiny_model(3)

@@ -57,23 +57,36 @@ def draft_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{b:02X}>": 3 + b for b in range(256)}
     for c in "▁abcdefghijklmnopqrstuvwxyz.,":
         vocab.setdefault(c, len(vocab))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges(WORDS_D, vocab), unk_token="<unk>",
-                               byte_fallback=True, fuse_unk=True))
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=_merges(WORDS_D, vocab), unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    )
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
 
 
-def bigram_llama(tokenizer, text: str, vocab_size: int, hot: float = 8.0, cold: float = 0.0, seed: int = 0) -> LlamaForCausalLM:
+def bigram_llama(
+    tokenizer, text: str, vocab_size: int, hot: float = 8.0, cold: float = 0.0, seed: int = 0
+) -> LlamaForCausalLM:
     """vocab_size >= len(tokenizer), a multiple of 4 (RoPE needs an even head size)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=vocab_size, intermediate_size=8, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False,
-        rms_norm_eps=1e-6, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=vocab_size,
+        hidden_size=vocab_size,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config).eval()

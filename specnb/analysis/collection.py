@@ -6,9 +6,9 @@ per *unit*: one prompt collected for the pair under the config (`Unit`). A unit'
 the prompt id and a content hash of (description, config, prompt id, prompt ids) (`unit_name`), and
 it is the unit's whole record: the arrays (`PromptData.arrays`) and a `meta` entry (category, stop,
 timings), written atomically. So a unit is done exactly when its file exists: an interrupted
-collection resumes where it stopped, any number of workers (`analysis.executors`) and restarts leave
+collection resumes where it stopped, any number of workers (`experiments.executors`) and restarts leave
 one file per unit, and the folder needs no index that several writers would have to share. A
-folder made with other parameters is refused (`open_folder`). `analysis.collect` fills it;
+folder made with other parameters is refused (`open_folder`). `experiments.collect` fills it;
 `analysis.replay` reads it (`Collection.load`). Folders of the earlier layout (a prompts.jsonl
 index beside the .npz files) still load.
 """
@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path as FilePath
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class PromptData:
     super_score: np.ndarray | None = None  # float32 [L, M]: cumulative draft log-probability
     super_on_path: np.ndarray | None = None  # int16 [L, D]: sorted index of the on-path node at depth d, M if absent
     alpha: np.ndarray | None = None  # float32 [L, R, N + 1, K]: sampling, per cover row and child rank
-    # Medusa heads (`analysis.medusa_training.collect_heads`): rank of tokens[t + d] under head d + 1
+    # Medusa heads (`training.medusa.collect_heads`): rank of tokens[t + d] under head d + 1
     # at the step that starts with t tokens generated (>= top_k: out); replaces the shifted `ranks`
     head_ranks: np.ndarray | None = None  # int16 [L, K]
 
@@ -216,16 +217,29 @@ def units_of(
     out = []
     for pid, ids in prompts.items():
         flat = tuple(int(i) for i in (ids.reshape(-1).tolist() if hasattr(ids, "reshape") else ids))
-        out.append(Unit(unit_name(str(pid), flat, config, describe), str(pid), (categories or {}).get(pid, ""), flat,
-                        super_trees=subset is None or str(pid) in subset))
+        out.append(
+            Unit(
+                unit_name(str(pid), flat, config, describe),
+                str(pid),
+                (categories or {}).get(pid, ""),
+                flat,
+                super_trees=subset is None or str(pid) in subset,
+            )
+        )
     return out
 
 
-def unit_name(prompt_id: str, prompt: Sequence[int], config: CollectConfig, describe: Mapping[str, Any] | None = None) -> str:
+def unit_name(
+    prompt_id: str, prompt: Sequence[int], config: CollectConfig, describe: Mapping[str, Any] | None = None
+) -> str:
     """A unit's file name: a readable prefix of the prompt id, then a content hash of what decides
     its data: the description (the pair), the config, the prompt id and its ids."""
-    content = {"describe": _params(config, describe)["describe"], "config": _config_to_json(config),
-               "prompt_id": prompt_id, "prompt": [int(i) for i in prompt]}
+    content = {
+        "describe": _params(config, describe)["describe"],
+        "config": _config_to_json(config),
+        "prompt_id": prompt_id,
+        "prompt": [int(i) for i in prompt],
+    }
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prompt_id)[:40].lstrip(".")
     return f"{safe}-{digest}{UNIT_SUFFIX}"
@@ -235,32 +249,49 @@ def as_folder(folder: str | FilePath | ResultFolder) -> ResultFolder:
     return folder if isinstance(folder, ResultFolder) else ResultFolder(str(folder))
 
 
-def open_folder(folder: str | FilePath | ResultFolder, config: CollectConfig, describe: Mapping[str, Any] | None) -> ResultFolder:
+def open_folder(
+    folder: str | FilePath | ResultFolder, config: CollectConfig, describe: Mapping[str, Any] | None
+) -> ResultFolder:
     """The collection folder made with `config` and `describe` (recorded by the first writer); a
     folder made with other parameters or another description, or in the earlier layout, is refused."""
     store = as_folder(folder)
     params = _params(config, describe)
     if store.exists(LEGACY_UNITS_FILE):
-        raise ValueError(f"{store} holds a collection in the earlier layout (prompts.jsonl): it still loads "
-                         "and replays, but collect into a new folder")
+        raise ValueError(
+            f"{store} holds a collection in the earlier layout (prompts.jsonl): it still loads "
+            "and replays, but collect into a new folder"
+        )
     stored = store.create_json(PARAMS_FILE, params)
     if stored != params:
-        raise ValueError(f"{store} holds a collection made with other parameters:\n  stored: {stored}\n  asked:  {params}")
+        raise ValueError(
+            f"{store} holds a collection made with other parameters:\n  stored: {stored}\n  asked:  {params}"
+        )
     return store
 
 
 def save_unit(folder: ResultFolder, name: str, data: PromptData) -> None:
     """Store one unit: its arrays and its record in one file, atomically (the file is the record)."""
-    meta = {"prompt_id": data.prompt_id, "category": data.category, "stopped": data.stopped,
-            "prompt_length": int(len(data.prompt)), "length": int(len(data.tokens)), "times": data.times}
+    meta = {
+        "prompt_id": data.prompt_id,
+        "category": data.category,
+        "stopped": data.stopped,
+        "prompt_length": int(len(data.prompt)),
+        "length": int(len(data.tokens)),
+        "times": data.times,
+    }
     folder.write_arrays(name, {**data.arrays(), META: np.array(json.dumps(meta))})
 
 
 def read_unit(folder: ResultFolder, name: str) -> PromptData:
     arrays = folder.read_arrays(name)
     meta = json.loads(str(arrays.pop(META)))
-    return PromptData(prompt_id=meta["prompt_id"], category=meta["category"], stopped=bool(meta["stopped"]),
-                      times={k: float(v) for k, v in meta["times"].items()}, **arrays)
+    return PromptData(
+        prompt_id=meta["prompt_id"],
+        category=meta["category"],
+        stopped=bool(meta["stopped"]),
+        times={k: float(v) for k, v in meta["times"].items()},
+        **arrays,
+    )
 
 
 def _read_meta(folder: ResultFolder, name: str) -> dict:
@@ -283,7 +314,9 @@ def _location(folder: ResultFolder) -> FilePath | str:
     return folder.location if folder.is_url else FilePath(folder.location)
 
 
-def _load_legacy(folder: ResultFolder, config: CollectConfig, describe: dict, prompt_ids: Iterable[str] | None) -> Collection:
+def _load_legacy(
+    folder: ResultFolder, config: CollectConfig, describe: dict, prompt_ids: Iterable[str] | None
+) -> Collection:
     """A folder of the earlier layout: prompts.jsonl (one `Sweep` line per prompt) beside the .npz."""
     if folder.is_url:
         raise ValueError(f"{folder}: collections of the earlier layout load from a local folder only")
@@ -298,10 +331,15 @@ def _load_legacy(folder: ResultFolder, config: CollectConfig, describe: dict, pr
     for pid in wanted:
         meta = units.meta({"prompt_id": pid})
         arrays = read_arrays(FilePath(folder.location) / meta["file"])
-        prompts.append(PromptData(
-            prompt_id=pid, category=str(meta["category"]), stopped=bool(meta["stopped"]),
-            times={k[:-2]: float(v) for k, v in meta.items() if k.endswith("_s")}, **arrays,
-        ))
+        prompts.append(
+            PromptData(
+                prompt_id=pid,
+                category=str(meta["category"]),
+                stopped=bool(meta["stopped"]),
+                times={k[:-2]: float(v) for k, v in meta.items() if k.endswith("_s")},
+                **arrays,
+            )
+        )
     return Collection(config, describe, tuple(prompts), FilePath(folder.location))
 
 

@@ -18,8 +18,8 @@ Pure: tables in, tables out; no model, no disk.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -82,10 +82,18 @@ class StepCost:
         t_verify = self.t_verify(tree.num_nodes)
         t_step = t_draft + t_verify
         return {
-            "target": self.target, "draft": self.draft, "nodes": tree.num_nodes, "depth": tree.depth,
-            "leaves": len(tree.leaves), "expected_tau": tau, "t_draft_s": t_draft,
-            "t_draft_chain_s": tree.depth * self.t_draft(Tree.chain(1)), "t_verify_s": t_verify,
-            "t_step_s": t_step, "tokens_per_s": tau / t_step, "baseline_tokens_per_s": 1.0 / base,
+            "target": self.target,
+            "draft": self.draft,
+            "nodes": tree.num_nodes,
+            "depth": tree.depth,
+            "leaves": len(tree.leaves),
+            "expected_tau": tau,
+            "t_draft_s": t_draft,
+            "t_draft_chain_s": tree.depth * self.t_draft(Tree.chain(1)),
+            "t_verify_s": t_verify,
+            "t_step_s": t_step,
+            "tokens_per_s": tau / t_step,
+            "baseline_tokens_per_s": 1.0 / base,
             "speedup": tau / t_step * base,
         }
 
@@ -102,11 +110,7 @@ def step_cost(curve: pd.DataFrame, target: str, draft: str) -> StepCost:
 
 
 def cost_table(
-    curve: pd.DataFrame,
-    shapes: Sequence[str],
-    acceptance: Sequence[float],
-    target: str,
-    draft: str,
+    curve: pd.DataFrame, shapes: Sequence[str], acceptance: Sequence[float], target: str, draft: str
 ) -> pd.DataFrame:
     """Expected tokens/s per (tree shape, nodes) from the measured curves (see `StepCost`), with
     tau from the acceptance vector (`expected_tau`), at every measured n > 0. speedup = tokens/s
@@ -120,13 +124,32 @@ def cost_table(
     return pd.DataFrame(rows)[_COST_COLUMNS]
 
 
-_COST_COLUMNS = ["target", "draft", "shape", "nodes", "depth", "leaves", "expected_tau", "t_draft_s",
-                 "t_draft_chain_s", "t_verify_s", "t_step_s", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
+_COST_COLUMNS = [
+    "target",
+    "draft",
+    "shape",
+    "nodes",
+    "depth",
+    "leaves",
+    "expected_tau",
+    "t_draft_s",
+    "t_draft_chain_s",
+    "t_verify_s",
+    "t_step_s",
+    "tokens_per_s",
+    "baseline_tokens_per_s",
+    "speedup",
+]
 
 
-def batch_cost_table(curve: pd.DataFrame, trees: Mapping[tuple[str, int], Tree],
-                     runs: Mapping[tuple[str, int], Sequence[tuple[int, int]]], batches: Sequence[int],
-                     target: str, draft: str) -> pd.DataFrame:
+def batch_cost_table(
+    curve: pd.DataFrame,
+    trees: Mapping[tuple[str, int], Tree],
+    runs: Mapping[tuple[str, int], Sequence[tuple[int, int]]],
+    batches: Sequence[int],
+    target: str,
+    draft: str,
+) -> pd.DataFrame:
     """Expected tokens/s of each (shape, budget) tree at each batch size B, from the batched curves
     (rows of `bench.batch_curve`) and, per prompt in order, the (tokens, steps) a greedy run of that
     tree makes (`runs`, replayed: under greedy decoding a row's steps do not depend on the rows
@@ -145,8 +168,12 @@ def batch_cost_table(curve: pd.DataFrame, trees: Mapping[tuple[str, int], Tree],
     verify_at, width_at = {}, {}
     for b in measured:
         at = curve[curve["batch"] == b]
-        verify_at[b] = at[(at["model"] == target) & (at["role"] == "target")].groupby("nodes")["median_s"].median().sort_index()
-        width_at[b] = at[(at["model"] == draft) & (at["role"] == "draft")].groupby("nodes")["median_s"].median().sort_index()
+        verify_at[b] = (
+            at[(at["model"] == target) & (at["role"] == "target")].groupby("nodes")["median_s"].median().sort_index()
+        )
+        width_at[b] = (
+            at[(at["model"] == draft) & (at["role"] == "draft")].groupby("nodes")["median_s"].median().sort_index()
+        )
         if verify_at[b].empty or width_at[b].empty or 0 not in verify_at[b].index:
             raise ValueError(f"batch {b}: the curve needs the target's verify rows (n = 0 included) and the draft's")
 
@@ -173,11 +200,27 @@ def batch_cost_table(curve: pd.DataFrame, trees: Mapping[tuple[str, int], Tree],
                 seconds, t_draft_b = seconds + d + v, t_draft_b + d
             full_draft, full_verify = t_step(b)
             base = at_batch(verify_at, b, 0)
-            rows.append({"target": target, "draft": draft, "batch": b, "shape": shape, "budget": budget,
-                         "nodes": tree.num_nodes, "depth": tree.depth, "tau": tau, "steps": max(steps),
-                         "t_draft_s": full_draft, "t_verify_s": full_verify, "t_step_s": full_draft + full_verify,
-                         "seconds": seconds, "tokens_per_s": tokens / seconds, "tokens_per_s_row": tokens / seconds / b,
-                         "baseline_tokens_per_s": b / base, "speedup": tokens / seconds * base / b})
+            rows.append(
+                {
+                    "target": target,
+                    "draft": draft,
+                    "batch": b,
+                    "shape": shape,
+                    "budget": budget,
+                    "nodes": tree.num_nodes,
+                    "depth": tree.depth,
+                    "tau": tau,
+                    "steps": max(steps),
+                    "t_draft_s": full_draft,
+                    "t_verify_s": full_verify,
+                    "t_step_s": full_draft + full_verify,
+                    "seconds": seconds,
+                    "tokens_per_s": tokens / seconds,
+                    "tokens_per_s_row": tokens / seconds / b,
+                    "baseline_tokens_per_s": b / base,
+                    "speedup": tokens / seconds * base / b,
+                }
+            )
     return pd.DataFrame(rows)
 
 

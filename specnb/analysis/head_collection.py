@@ -7,7 +7,7 @@ answers every static tree shape and budget of such a drafter exactly, and the ta
                        rank of the continuation's token at every depth of every step
                        (`PromptData.head_ranks`), computed by a function of the drafter's kind
                        (`drafters.medusa.head_ranks`: head d on the row before the root;
-                       `analysis.eagle_training.eagle_ranks`: EAGLE's chain along the continuation)
+                       `training.eagle.eagle_ranks`: EAGLE's chain along the continuation)
     super_tree_arrays  a drafter's dynamic trees at every position (`drafters.dynamic.ScoredTree`s,
                        e.g. `EagleDynamicDrafter.super_trees`) as `PromptData`'s super-tree arrays, so
                        `replay.replay_dynamic` answers every budget up to the trees' size
@@ -27,7 +27,7 @@ for Medusa. A tree deeper than the collected depth cannot be replayed (`replay` 
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,9 +48,16 @@ RANKS = 64  # ranks per depth in rank_accuracy's acc[d][r] (Medusa's code: 10; a
 RankFunction = Callable[[torch.Tensor, int, int], torch.Tensor | tuple[torch.Tensor, dict]]
 
 
-def collect_heads(target: torch.nn.Module, drafter: Drafter, ranks: RankFunction,
-                  prompts: Sequence[tuple[str, str, torch.Tensor]], config: CollectConfig, run_tree: Tree,
-                  describe: dict | None = None, progress: bool = True) -> Collection:
+def collect_heads(
+    target: torch.nn.Module,
+    drafter: Drafter,
+    ranks: RankFunction,
+    prompts: Sequence[tuple[str, str, torch.Tensor]],
+    config: CollectConfig,
+    run_tree: Tree,
+    describe: dict | None = None,
+    progress: bool = True,
+) -> Collection:
     """A greedy `Collection` (module docstring) of prompts (id, category, ids [T]): the
     continuation of each is made by `speculative_generate(target, drafter, ids, run_tree)`, then
     `ranks(prompt + continuation, P, config.top_k)` gives its `head_ranks`."""
@@ -62,29 +69,51 @@ def collect_heads(target: torch.nn.Module, drafter: Drafter, ranks: RankFunction
         if ids.shape[1] < 2:  # its first draft is empty (no row before the root): not a static tree
             raise ValueError(f"prompt {prompt_id!r} has one token; head replay needs prompts of >= 2 tokens")
         t0 = time.perf_counter()
-        run = speculative_generate(target, drafter, ids, run_tree, config.max_new_tokens, eos_token_id=config.eos_token_id)
+        run = speculative_generate(
+            target, drafter, ids, run_tree, config.max_new_tokens, eos_token_id=config.eos_token_id
+        )
         t1 = time.perf_counter()
         seq = torch.cat([ids[0].cpu(), run.tokens])
         r = ranks(seq, ids.shape[1], config.top_k)
         r, super_trees = r if isinstance(r, tuple) else (r, {})
-        out.append(PromptData(
-            prompt_id=str(prompt_id), category=str(category), prompt=ids[0].cpu().numpy(), tokens=run.tokens.numpy(),
-            stopped=bool(len(run.tokens) < config.max_new_tokens), times={"run": t1 - t0, "heads": time.perf_counter() - t1},
-            run_steps=np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32),
-            head_ranks=r.numpy().astype(np.int16), **super_trees))
+        out.append(
+            PromptData(
+                prompt_id=str(prompt_id),
+                category=str(category),
+                prompt=ids[0].cpu().numpy(),
+                tokens=run.tokens.numpy(),
+                stopped=bool(len(run.tokens) < config.max_new_tokens),
+                times={"run": t1 - t0, "heads": time.perf_counter() - t1},
+                run_steps=np.array(
+                    [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32
+                ),
+                head_ranks=r.numpy().astype(np.int16),
+                **super_trees,
+            )
+        )
     describe = dict(describe or {}, run_tree_paths=[list(p) for p in run_tree.paths])
     return Collection(config, describe, tuple(out))
 
 
-def super_tree_arrays(trees: Sequence[ScoredTree], continuation: Sequence[int], size: int, depth: int) -> dict[str, np.ndarray]:
+def super_tree_arrays(
+    trees: Sequence[ScoredTree], continuation: Sequence[int], size: int, depth: int
+) -> dict[str, np.ndarray]:
     """`PromptData`'s super_* arrays from the dynamic tree at every position t (trees[t], rooted
     before continuation[t]): nodes sorted by (cumulative log q descending, depth, path), the order
     that defines every smaller budget's tree (`drafters.dynamic`), at most `size` of them; each
     node's parent (index in that order, -1 the root), sibling rank, depth, token and score; and the
     index of the node on the continuation's path at each depth (`size` where there is none)."""
     length = len(trees)
-    cols = {name: np.zeros((length, size), dtype=dt) for name, dt in
-            [("parent", np.int16), ("rank", np.int16), ("depth", np.int16), ("token", np.int64), ("score", np.float32)]}
+    cols = {
+        name: np.zeros((length, size), dtype=dt)
+        for name, dt in [
+            ("parent", np.int16),
+            ("rank", np.int16),
+            ("depth", np.int16),
+            ("token", np.int64),
+            ("score", np.float32),
+        ]
+    }
     sizes = np.zeros(length, dtype=np.int16)
     on_path = np.full((length, depth), size, dtype=np.int16)
     for t, scored in enumerate(trees):
@@ -131,8 +160,15 @@ def accuracy_by_depth(collection: Collection, ks: Sequence[int] = SHOWN_K, depth
     for d in range(depths):
         ranks = _depth_ranks(collection, d)
         for k in ks:
-            rows.append({"head": d + 1, "depth": d + 1, "k": k, "positions": len(ranks),
-                         "top_k_accuracy": float(np.mean(ranks < k)) if len(ranks) else float("nan")})
+            rows.append(
+                {
+                    "head": d + 1,
+                    "depth": d + 1,
+                    "k": k,
+                    "positions": len(ranks),
+                    "top_k_accuracy": float(np.mean(ranks < k)) if len(ranks) else float("nan"),
+                }
+            )
     return pd.DataFrame(rows)
 
 

@@ -30,8 +30,8 @@ KV cache (float16): 2 (keys and values) x layers x kv heads x head size x tokens
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import pandas as pd
 import torch
@@ -108,22 +108,34 @@ def download_bytes(config: PretrainedConfig, weights_dtype: str) -> int:
     return parameter_count(config) * DTYPE_BYTES[weights_dtype]
 
 
-def medusa_heads_bytes(hidden_size: int, vocab_size: int, heads: int, layers: int = 1, dtype_bytes: int = FLOAT16_BYTES) -> int:
+def medusa_heads_bytes(
+    hidden_size: int, vocab_size: int, heads: int, layers: int = 1, dtype_bytes: int = FLOAT16_BYTES
+) -> int:
     """A Medusa-1 checkpoint of `heads` heads (each `layers` residual blocks H x H + bias, then its
     own V x H projection), as published in float16."""
     return heads * (layers * (hidden_size * hidden_size + hidden_size) + vocab_size * hidden_size) * dtype_bytes
 
 
-def eagle_head_bytes(hidden_size: int, intermediate_size: int, heads: int, kv_heads: int, vocab_size: int,
-                     dtype_bytes: int = FLOAT16_BYTES, bias: bool = True, embedding: bool = False,
-                     head_dim: int | None = None) -> int:
+def eagle_head_bytes(
+    hidden_size: int,
+    intermediate_size: int,
+    heads: int,
+    kv_heads: int,
+    vocab_size: int,
+    dtype_bytes: int = FLOAT16_BYTES,
+    bias: bool = True,
+    embedding: bool = False,
+    head_dim: int | None = None,
+) -> int:
     """An EAGLE-1 checkpoint (`io.eagle_checkpoint`): fc 2H -> H (+ its bias), one Llama-style
     decoder layer without an input norm (q and o H x heads*d, k and v H x kv_heads*d, gate and up
     H x I, down I x H, the post-attention norm H), and the target's embedding V x H where the file
     holds it."""
     d = head_dim or hidden_size // heads
     fc = 2 * hidden_size * hidden_size + (hidden_size if bias else 0)
-    layer = 2 * hidden_size * heads * d + 2 * hidden_size * kv_heads * d + 3 * hidden_size * intermediate_size + hidden_size
+    layer = (
+        2 * hidden_size * heads * d + 2 * hidden_size * kv_heads * d + 3 * hidden_size * intermediate_size + hidden_size
+    )
     return (fc + layer + (vocab_size * hidden_size if embedding else 0)) * dtype_bytes
 
 
@@ -187,13 +199,26 @@ def pair_memory(
     draft_quantization: str | None = None,
 ) -> PairMemory:
     """The estimate for one pair (the names only label it)."""
-    label = (f"{draft}" + (f"[{draft_quantization}]" if draft_quantization else "") + f" -> {target}"
-             + (f"[{target_quantization}]" if target_quantization else ""))
+    label = (
+        f"{draft}"
+        + (f"[{draft_quantization}]" if draft_quantization else "")
+        + f" -> {target}"
+        + (f"[{target_quantization}]" if target_quantization else "")
+    )
     logits = (budget.prompt + budget.new_tokens) * target_config.vocab_size * FLOAT16_BYTES
     return PairMemory(
-        label, target, target_quantization, draft, draft_quantization, budget.total,
-        weight_bytes(target_config, target_quantization).total, weight_bytes(draft_config, draft_quantization).total,
-        kv_cache_bytes(target_config, budget.total), kv_cache_bytes(draft_config, budget.total), logits, usable,
+        label,
+        target,
+        target_quantization,
+        draft,
+        draft_quantization,
+        budget.total,
+        weight_bytes(target_config, target_quantization).total,
+        weight_bytes(draft_config, draft_quantization).total,
+        kv_cache_bytes(target_config, budget.total),
+        kv_cache_bytes(draft_config, budget.total),
+        logits,
+        usable,
     )
 
 

@@ -31,8 +31,8 @@ swap when they are closer than twice it. Both are stored beside every comparison
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -104,7 +104,9 @@ def score(target: torch.nn.Module, prompt_ids: torch.Tensor, new_tokens: torch.T
     seq = torch.cat([prompt, new]).to(device)[None]  # [1, T + n]
     t = prompt.numel()
     # logits at positions t-1 .. t+n-2 predict the new tokens t .. t+n-1
-    logits = target(input_ids=seq, attention_mask=torch.ones_like(seq), use_cache=False).logits[0, t - 1 : t - 1 + n].float()
+    logits = (
+        target(input_ids=seq, attention_mask=torch.ones_like(seq), use_cache=False).logits[0, t - 1 : t - 1 + n].float()
+    )
     logp = torch.log_softmax(logits, dim=-1).gather(-1, new.to(device)[:, None])[:, 0]  # [n]
     top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1).values
     margins = (top2[:, 0] - top2[:, -1]).tolist()

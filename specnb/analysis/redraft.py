@@ -3,7 +3,7 @@ target forward. It answers, for drafters that have no ranks of the target's toke
 another tokenizer, `drafters.cross_tokenizer`), what `replay` answers from ranks.
 
 Under greedy decoding the output of exact speculative decoding is the target's greedy
-continuation c_0, c_1, ... whatever the drafter (`analysis.collect` stores it, in target tokens).
+continuation c_0, c_1, ... whatever the drafter (`experiments.collect` stores it, in target tokens).
 So a step can be re-run by the drafter alone: it drafts after the sequence so far; the target's
 argmax at each verified row is read from the continuation (at the root c_t; at a node whose path is
 c_t .. c_{t+d-1}, the token c_{t+d}; at any other node no child can be accepted, so its argmax does
@@ -18,8 +18,8 @@ anything defined by draft ranks of target tokens (Sequoia's and the hindsight tr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -88,10 +88,16 @@ def _step(position: int, tree: Tree, path: tuple[int, ...], added: int, draft_to
     """The `Step` the loop records (`generation`): the path is already cut at EOS."""
     rows = (0,) + tuple(i + 1 for i in path)
     return Step(
-        position=position, num_drafted=tree.num_nodes, num_accepted=len(path), num_tokens=added,
-        draft_time=0.0, verify_time=0.0, tree_depth=tree.depth,
+        position=position,
+        num_drafted=tree.num_nodes,
+        num_accepted=len(path),
+        num_tokens=added,
+        draft_time=0.0,
+        verify_time=0.0,
+        tree_depth=tree.depth,
         accepted_ranks=tuple(tree.ranks[i] for i in path),
-        child_counts=tuple(len(tree.children[r]) for r in rows), draft_tokens=draft_tokens,
+        child_counts=tuple(len(tree.children[r]) for r in rows),
+        draft_tokens=draft_tokens,
     )
 
 

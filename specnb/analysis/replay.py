@@ -5,7 +5,7 @@ c_0, c_1, ... whatever the tree. At a step that starts with t tokens generated, 
 walks down from the root taking the child whose token is c_t, then c_{t+1}, ...; the child of
 rank r is the draft's r-th most likely token there. So the step accepts the longest prefix of the
 *continuation rank path* (r_t, r_{t+1}, ...) that is a node path of the tree, where r_j is the rank
-of c_j under the draft after c_{<j}, collected once (`analysis.collect`). That gives the acceptance
+of c_j under the draft after c_{<j}, collected once (`experiments.collect`). That gives the acceptance
 of every rank-path tree at every position without running the target on any tree. The real loop's
 two caps are replayed too: the tree is truncated to depth max_new_tokens - t - 1, and a step ends
 at EOS (ranks past the continuation's end count as no match). "Run trajectory" positions are those
@@ -33,7 +33,7 @@ accept there, chosen with hindsight per position. No static or dynamic tree with
 accept more. A large K makes it loose (nearly every next token is somewhere in the top 16).
 
 Sampling. Node v of a gap-free subtree of the cover tree is accepted with probability P(v) =
-P(parent) * prod_{j<i}(1 - alpha_j) * alpha_i at its parent (alphas from `analysis.collect`), so
+P(parent) * prod_{j<i}(1 - alpha_j) * alpha_i at its parent (alphas from `experiments.collect`), so
 the expected accepted length of any gap-free subtree of the sampled tree is sum_v P(v); replay
 averages over samples and positions, with a normal-approximation confidence interval over
 positions. EOS inside a step is not modelled in sampling mode.
@@ -45,8 +45,8 @@ depth_d_acceptance = P(accepted >= d), rank_r_acceptance = Sequoia's acceptance 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -55,7 +55,6 @@ from ..core.generation import Step
 from ..core.trees import Path, Tree
 from . import spread
 from .collection import Collection
-
 
 # ---- replay: positions and per-node acceptance -------------------------------------------------
 
@@ -77,7 +76,9 @@ class _Positions:
             lo, hi = self.offsets[i], self.offsets[i + 1]
             if p.head_ranks is not None:  # Medusa: depth d's rank depends on (t, d), not on t + d alone
                 width = min(depth, p.head_ranks.shape[1])
-                out[lo:hi, :width] = np.minimum(p.head_ranks[: hi - lo, :width].astype(np.int64), collection.config.top_k)
+                out[lo:hi, :width] = np.minimum(
+                    p.head_ranks[: hi - lo, :width].astype(np.int64), collection.config.top_k
+                )
                 continue
             ranks = np.minimum(p.ranks[: hi - lo].astype(np.int64), collection.config.top_k)
             padded = np.concatenate([ranks, np.full(depth, collection.config.top_k)])
@@ -118,7 +119,9 @@ def _static(tree: Tree, positions: _Positions, prob: np.ndarray, tokens: np.ndar
         depth=np.broadcast_to(np.array(tree.depths, dtype=np.int64), shape),
         rank=np.broadcast_to(np.array(tree.ranks, dtype=np.int64), shape),
         parent=np.broadcast_to(np.array(tree.parents, dtype=np.int64), shape),
-        valid=np.ones(shape, dtype=bool), prob=prob, tokens=tokens,
+        valid=np.ones(shape, dtype=bool),
+        prob=prob,
+        tokens=tokens,
     )
 
 
@@ -128,11 +131,17 @@ def _greedy_static(collection: Collection, tree: Tree, positions: _Positions) ->
     top_k = collection.config.top_k
     if tree.num_nodes and max(tree.ranks) >= top_k:
         raise ValueError(f"tree uses rank {max(tree.ranks)}; this collection stored ranks < {top_k} only")
-    heads = collection.prompts[0].head_ranks.shape[1] if collection.prompts and collection.prompts[0].head_ranks is not None else None
+    heads = (
+        collection.prompts[0].head_ranks.shape[1]
+        if collection.prompts and collection.prompts[0].head_ranks is not None
+        else None
+    )
     if heads is not None and tree.depth > heads:
-        raise ValueError(f"a tree of depth {tree.depth} on a head collection of depth {heads} "
-                         f"(`analysis.head_collection`): its nodes below depth {heads} were never ranked; "
-                         f"cut the tree (tree.truncated({heads})) or collect deeper")
+        raise ValueError(
+            f"a tree of depth {tree.depth} on a head collection of depth {heads} "
+            f"(`analysis.head_collection`): its nodes below depth {heads} were never ranked; "
+            f"cut the tree (tree.truncated({heads})) or collect deeper"
+        )
     child = np.zeros((tree.num_nodes + 1, top_k + 1), dtype=np.int64)  # row -> node index + 1, 0 = none
     for i, (parent, rank) in enumerate(zip(tree.parents, tree.ranks)):
         child[parent + 1, rank] = i + 1
@@ -161,9 +170,12 @@ def _sampled_static(collection: Collection, tree: Tree, positions: _Positions) -
     missing = [p for p in tree.paths if p not in row_of]
     if missing:
         raise ValueError(f"tree nodes {missing[:4]} are not in the collected cover tree {collection.config.cover_tree}")
-    alpha = np.concatenate([p.alpha[: hi - lo] for p, lo, hi in
-                            zip(collection.prompts, positions.offsets[:-1], positions.offsets[1:])])  # [T, R, N_c + 1, K]
-    reject_before = np.cumprod(np.concatenate([np.ones(alpha.shape[:3] + (1,)), 1.0 - alpha[..., :-1]], axis=-1), axis=-1)
+    alpha = np.concatenate(
+        [p.alpha[: hi - lo] for p, lo, hi in zip(collection.prompts, positions.offsets[:-1], positions.offsets[1:])]
+    )  # [T, R, N_c + 1, K]
+    reject_before = np.cumprod(
+        np.concatenate([np.ones(alpha.shape[:3] + (1,)), 1.0 - alpha[..., :-1]], axis=-1), axis=-1
+    )
     reach = reject_before * alpha  # [T, R, rows, K]: child i of the row is the accepted one
     n, r = alpha.shape[:2]
     prob = np.zeros((n, r, tree.num_nodes))
@@ -197,8 +209,11 @@ def _dynamic(collection: Collection, budget: int, positions: _Positions) -> _Nod
     prob[rows, on_path[rows, cols]] = 1.0
     accepted = inside.sum(1)
     return _Nodes(
-        depth=cat("super_depth")[:, :budget].astype(np.int64), rank=cat("super_rank")[:, :budget].astype(np.int64),
-        parent=cat("super_parent")[:, :budget].astype(np.int64), valid=valid, prob=prob,
+        depth=cat("super_depth")[:, :budget].astype(np.int64),
+        rank=cat("super_rank")[:, :budget].astype(np.int64),
+        parent=cat("super_parent")[:, :budget].astype(np.int64),
+        valid=valid,
+        prob=prob,
         tokens=np.minimum(accepted + 1, positions.left).astype(float),
     )
 
@@ -209,23 +224,30 @@ def _oracle(collection: Collection, budget: int, positions: _Positions, k: int) 
     cap. Its "tree" is that chain."""
     _check_greedy(collection)
     if not 1 <= k <= collection.config.top_k:
-        raise ValueError(f"the oracle's rank limit k must lie in 1..{collection.config.top_k} (the ranks collected), got {k}")
+        raise ValueError(
+            f"the oracle's rank limit k must lie in 1..{collection.config.top_k} (the ranks collected), got {k}"
+        )
     depth = max(budget, 1)
     ranks = positions.ranks(collection, depth)  # [T, depth]; top_k = out, and past the end
     depths = np.arange(1, depth + 1)
     inside = np.cumprod((ranks < k) & (depths <= positions.cap[:, None]), axis=1).astype(bool)
     shape = ranks.shape
     return _Nodes(
-        depth=np.broadcast_to(depths, shape), rank=np.where(inside, ranks, 0),
-        parent=np.broadcast_to(np.arange(-1, depth - 1), shape), valid=inside, prob=inside.astype(float),
+        depth=np.broadcast_to(depths, shape),
+        rank=np.where(inside, ranks, 0),
+        parent=np.broadcast_to(np.arange(-1, depth - 1), shape),
+        valid=inside,
+        prob=inside.astype(float),
         tokens=np.minimum(inside.sum(1) + 1, positions.left).astype(float),
     )
 
 
 def _check_greedy(collection: Collection) -> None:
     if collection.config.cross_tokenizer:
-        raise ValueError("a cross-tokenizer collection holds no draft ranks of the target's tokens: its trees are "
-                         "re-drafted (analysis.redraft)")
+        raise ValueError(
+            "a cross-tokenizer collection holds no draft ranks of the target's tokens: its trees are "
+            "re-drafted (analysis.redraft)"
+        )
     if collection.sampling:
         raise ValueError("this is a sampling collection; greedy replay needs temperature 0")
 
@@ -256,16 +278,25 @@ def _per_position(nodes: _Nodes, cap: np.ndarray) -> _PerPosition:
     max_depth = int(nodes.depth[in_tree].max()) if in_tree.any() else 0
     max_rank = int(children.max()) if children.size else 0
     weight = np.concatenate([np.ones((n, 1)), prob], axis=1)  # the root is always visited
-    depth_hits = np.stack([(prob * (nodes.depth == d)).sum(1) for d in range(1, max_depth + 1)], axis=1) \
-        if max_depth else np.zeros((n, 0))
-    rank_hits = np.stack([(prob * (nodes.rank == r)).sum(1) for r in range(max_rank)], axis=1) \
-        if max_rank else np.zeros((n, 0))
-    rank_visits = np.stack([(weight * (children > r)).sum(1) for r in range(max_rank)], axis=1) \
-        if max_rank else np.zeros((n, 0))
+    depth_hits = (
+        np.stack([(prob * (nodes.depth == d)).sum(1) for d in range(1, max_depth + 1)], axis=1)
+        if max_depth
+        else np.zeros((n, 0))
+    )
+    rank_hits = (
+        np.stack([(prob * (nodes.rank == r)).sum(1) for r in range(max_rank)], axis=1) if max_rank else np.zeros((n, 0))
+    )
+    rank_visits = (
+        np.stack([(weight * (children > r)).sum(1) for r in range(max_rank)], axis=1) if max_rank else np.zeros((n, 0))
+    )
     return _PerPosition(
-        drafted=in_tree.sum(1).astype(float), accepted=prob.sum(1), tokens=nodes.tokens,
+        drafted=in_tree.sum(1).astype(float),
+        accepted=prob.sum(1),
+        tokens=nodes.tokens,
         tree_depth=np.where(in_tree, nodes.depth, 0).max(1) if width else np.zeros(n, dtype=np.int64),
-        depth_hits=depth_hits, rank_hits=rank_hits, rank_visits=rank_visits,
+        depth_hits=depth_hits,
+        rank_hits=rank_hits,
+        rank_visits=rank_visits,
     )
 
 
@@ -285,15 +316,23 @@ def _pool(per: _PerPosition, keep: np.ndarray, sampling: bool) -> dict[str, floa
     steps = int(keep.sum())
     drafted, accepted, tokens = per.drafted[keep].sum(), per.accepted[keep].sum(), per.tokens[keep].sum()
     row: dict[str, float | int] = {
-        "steps": steps, "drafted": float(drafted), "accepted": float(accepted), "tokens": float(tokens),
+        "steps": steps,
+        "drafted": float(drafted),
+        "accepted": float(accepted),
+        "tokens": float(tokens),
         "acceptance_rate": accepted / drafted if drafted else float("nan"),
         "acceptance_length": accepted / steps if steps else float("nan"),
         "tau": tokens / steps if steps else float("nan"),
     }
     if sampling:  # normal approximation over positions (each the mean of its draft samples)
         se = float(np.std(per.tokens[keep], ddof=1) / np.sqrt(steps)) if steps > 1 else float("nan")
-        row.update({"tau_se": se, "tau_position_ci_low": row["tau"] - 1.96 * se,
-                    "tau_position_ci_high": row["tau"] + 1.96 * se})
+        row.update(
+            {
+                "tau_se": se,
+                "tau_position_ci_low": row["tau"] - 1.96 * se,
+                "tau_position_ci_high": row["tau"] + 1.96 * se,
+            }
+        )
     depth = int(per.tree_depth[keep].max()) if steps else 0
     for d in range(1, depth + 1):
         row[f"depth_{d}_acceptance"] = float(per.depth_hits[keep, d - 1].sum() / steps)
@@ -327,8 +366,10 @@ def _intervals(per: _PerPosition, keep: np.ndarray, positions: _Positions) -> di
     """tau and acceptance rate with their 95% bootstrap intervals over prompts (`analysis.spread`)."""
     sums = lambda v: np.bincount(positions.prompt[keep], weights=v[keep], minlength=len(positions.offsets) - 1)  # noqa: E731
     steps = np.bincount(positions.prompt[keep], minlength=len(positions.offsets) - 1).astype(float)
-    return {**spread.interval_columns("tau", sums(per.tokens), steps),
-            **spread.interval_columns("acceptance_rate", sums(per.accepted), sums(per.drafted))}
+    return {
+        **spread.interval_columns("tau", sums(per.tokens), steps),
+        **spread.interval_columns("acceptance_rate", sums(per.accepted), sums(per.drafted)),
+    }
 
 
 # ---- replay: public API ------------------------------------------------------------------------
@@ -396,8 +437,15 @@ def oracle(
     return _per_budget(collection, budgets, nodes, label, mode, max_new_tokens, per_prompt)
 
 
-def _per_budget(collection: Collection, budgets: Iterable[int], nodes_of, label_of, mode: str,
-                max_new_tokens: int | None, per_prompt: bool) -> pd.DataFrame:
+def _per_budget(
+    collection: Collection,
+    budgets: Iterable[int],
+    nodes_of,
+    label_of,
+    mode: str,
+    max_new_tokens: int | None,
+    per_prompt: bool,
+) -> pd.DataFrame:
     """Rows of trees that depend on the position (dynamic trees, the oracle), one budget each."""
     positions = _positions(collection, max_new_tokens)
     rows = []
@@ -430,12 +478,19 @@ def replay_steps(
             in_tree = nodes.valid[j] & (nodes.depth[j] <= positions.cap[j])
             kids = np.bincount(nodes.parent[j][in_tree] + 1, minlength=nodes.valid.shape[1] + 1)
             path = sorted(np.nonzero(nodes.prob[j] > 0)[0], key=lambda v: nodes.depth[j, v])
-            steps.append(Step(
-                position=int(positions.t[j]), num_drafted=int(in_tree.sum()), num_accepted=len(path),
-                num_tokens=int(per.tokens[j]), draft_time=0.0, verify_time=0.0, tree_depth=int(per.tree_depth[j]),
-                accepted_ranks=tuple(int(nodes.rank[j, v]) for v in path),
-                child_counts=tuple(int(kids[v + 1]) for v in [-1] + path),
-            ))
+            steps.append(
+                Step(
+                    position=int(positions.t[j]),
+                    num_drafted=int(in_tree.sum()),
+                    num_accepted=len(path),
+                    num_tokens=int(per.tokens[j]),
+                    draft_time=0.0,
+                    verify_time=0.0,
+                    tree_depth=int(per.tree_depth[j]),
+                    accepted_ranks=tuple(int(nodes.rank[j, v]) for v in path),
+                    child_counts=tuple(int(kids[v + 1]) for v in [-1] + path),
+                )
+            )
         out[p.prompt_id] = tuple(steps)
     return out
 
@@ -454,12 +509,17 @@ def position_table(collection: Collection, tree: Tree | int, max_new_tokens: int
     else:
         nodes = _dynamic(collection, int(tree), positions)
     per = _per_position(nodes, positions.cap)
-    return pd.DataFrame({
-        "prompt_id": [collection.prompts[i].prompt_id for i in positions.prompt],
-        "category": [collection.prompts[i].category for i in positions.prompt],
-        "position": positions.t, "drafted": per.drafted, "accepted": per.accepted, "tokens": per.tokens,
-        "on_trajectory": _trajectory(per, positions) if not collection.sampling else False,
-    })
+    return pd.DataFrame(
+        {
+            "prompt_id": [collection.prompts[i].prompt_id for i in positions.prompt],
+            "category": [collection.prompts[i].category for i in positions.prompt],
+            "position": positions.t,
+            "drafted": per.drafted,
+            "accepted": per.accepted,
+            "tokens": per.tokens,
+            "on_trajectory": _trajectory(per, positions) if not collection.sampling else False,
+        }
+    )
 
 
 def sampled_accepted(collection: Collection, tree: Tree, max_new_tokens: int | None = None) -> np.ndarray:
@@ -487,7 +547,9 @@ def dynamic_tree(collection: Collection, prompt_id: str, position: int, budget: 
 # ---- data-driven trees from a collection -------------------------------------------------------
 
 
-def acceptance_vector(collection: Collection, k: int | None = None, max_new_tokens: int | None = None) -> tuple[float, ...]:
+def acceptance_vector(
+    collection: Collection, k: int | None = None, max_new_tokens: int | None = None
+) -> tuple[float, ...]:
     """Sequoia's acceptance vector measured on every position: a_r = share of positions whose next
     target token is the draft's rank-r token (greedy: a node whose path matches the continuation
     has its rank-r child accepted exactly then). k: entries (default the collection's top_k)."""

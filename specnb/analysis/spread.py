@@ -14,7 +14,7 @@ names a winner only where the interval excludes 1.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -1,7 +1,7 @@
 """Data-driven draft trees: the best tree for a measured acceptance vector, the best static tree in
 hindsight, and the budget that maximises expected tokens per second.
 
-What it holds (pure functions: no model, no disk; the data come from `specnb.replay`):
+What it holds (pure functions: no model, no disk; the data come from `analysis.replay`):
     sequoia_trees      Sequoia's dynamic programme (Chen et al. 2024, Sec. 3.1): for every budget
                        n up to a maximum, the tree of n nodes (optionally of bounded depth) with the
                        most expected accepted tokens when the rank-r child of an accepted node is
@@ -25,13 +25,13 @@ Conventions: acceptance length = accepted draft tokens per step (bonus EXCLUDED)
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .cost_model import StepCost, expected_tau, step_cost
 from ..core.trees import Path, Tree
+from .cost_model import StepCost, expected_tau, step_cost
 
 _NEG = -np.inf
 
@@ -164,7 +164,7 @@ def accepted_lengths(rank_paths: np.ndarray | Sequence[Sequence[int]], tree: Tre
     the longest prefix of the position's continuation rank path that is a node path of the tree;
     rank_paths: int [N, D], entry d the rank of the continuation's token at depth d + 1 under the
     draft there, any negative value or a rank the tree lacks ending the path (no token, not drafted;
-    a rank that stands for "not among the top k", as `eagle_training.chain_ranks` writes k, must
+    a rank that stands for "not among the top k", as `training.eagle.chain_ranks` writes k, must
     exceed the tree's largest rank)."""
     nodes = set(tree.paths)
     out = np.zeros(len(rank_paths), dtype=np.int64)
@@ -207,11 +207,7 @@ def _fill(paths: list[Path], n: int) -> list[Path]:
 
 
 def recommend_budget(
-    replayed: pd.DataFrame,
-    trees: Mapping[tuple[str, int], Tree],
-    curve: pd.DataFrame,
-    target: str,
-    draft: str,
+    replayed: pd.DataFrame, trees: Mapping[tuple[str, int], Tree], curve: pd.DataFrame, target: str, draft: str
 ) -> pd.DataFrame:
     """Expected tokens/s of each replayed tree on the device the curves were measured on.
 

@@ -42,8 +42,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -178,7 +179,9 @@ class AttentionInputs:
         if q.dim() != 4 or q.shape[0] != B or q.shape[2] != M:
             raise ValueError(f"q must be [B={B}, Hq, M={M}, D], got {tuple(q.shape)}")
         if k.shape != v.shape or k.dim() != 4 or k.shape[0] != B or k.shape[2] != S or k.shape[3] != q.shape[3]:
-            raise ValueError(f"k and v must be [B={B}, Hkv, P + M={S}, D={q.shape[3]}], got {tuple(k.shape)}, {tuple(v.shape)}")
+            raise ValueError(
+                f"k and v must be [B={B}, Hkv, P + M={S}, D={q.shape[3]}], got {tuple(k.shape)}, {tuple(v.shape)}"
+            )
         if q.shape[1] % k.shape[1]:
             raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
         if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
@@ -235,8 +238,13 @@ def prepare(inputs: AttentionInputs, impl: str = "sdpa") -> Prepared:
 
     Raises `Unsupported` (with the reason) where `impl` cannot run on this torch and device.
     """
-    builders = {"sdpa": _prepare_sdpa, "per_sequence": _prepare_per_sequence, "eager": _prepare_eager,
-                "flex": _prepare_flex, CAUSAL: _prepare_causal}
+    builders = {
+        "sdpa": _prepare_sdpa,
+        "per_sequence": _prepare_per_sequence,
+        "eager": _prepare_eager,
+        "flex": _prepare_flex,
+        CAUSAL: _prepare_causal,
+    }
     if impl not in builders:
         raise ValueError(f"unknown tree attention {impl!r}; choose from {IMPLEMENTATIONS + (CAUSAL,)}")
     with torch.inference_mode():
@@ -450,18 +458,23 @@ def _prepare_flex(x: AttentionInputs) -> Callable[[], torch.Tensor]:
         # Compile for this shape now (`_flex_kernel`: static shapes on CPU, dynamic on CUDA). A grid
         # has many shapes, so lift dynamo's recompile limit for this call and fail loudly rather than
         # fall back, uncompiled, to a kernel that materialises every score (the wrong thing to time).
-        with torch._dynamo.config.patch(recompile_limit=100_000, accumulated_recompile_limit=100_000,
-                                        fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(
+            recompile_limit=100_000, accumulated_recompile_limit=100_000, fail_on_recompile_limit_hit=True
+        ):
             run()
     except Exception as e:  # inductor raises many kinds (no compiler, unsupported dtype, ...)
-        where = f"{torch.cuda.get_device_name(x.q.device)} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability(x.q.device)))}, kernel options {options or 'default'})" if on_cuda else "CPU"
-        raise Unsupported(f"FlexAttention failed to compile or run on {where}: {type(e).__name__}: {str(e)[:300]}") from e
+        where = (
+            f"{torch.cuda.get_device_name(x.q.device)} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability(x.q.device)))}, kernel options {options or 'default'})"
+            if on_cuda
+            else "CPU"
+        )
+        raise Unsupported(
+            f"FlexAttention failed to compile or run on {where}: {type(e).__name__}: {str(e)[:300]}"
+        ) from e
     return run
 
 
-def check_against_reference(
-    inputs: AttentionInputs, impls: Sequence[str] = IMPLEMENTATIONS
-) -> list[dict]:
+def check_against_reference(inputs: AttentionInputs, impls: Sequence[str] = IMPLEMENTATIONS) -> list[dict]:
     """One row per implementation: its max abs error against the eager reference on real rows,
     the tolerance for the dtype, and whether it passed (or why it was skipped)."""
     reference = tree_attention(inputs, REFERENCE)

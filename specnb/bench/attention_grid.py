@@ -11,8 +11,9 @@ prefix length, draft tokens and tree shape.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -80,10 +81,16 @@ class GridPoint:
     def tree_batch(self, ragged: bool) -> TreeBatch:
         """ragged: prefix lengths spread from `prefix` down to about prefix / 2 (batch > 1)."""
         tree = self.tree()
-        return TreeBatch.spread(self.prefix, tree, self.batch) if ragged else TreeBatch.uniform(self.prefix, tree, self.batch)
+        return (
+            TreeBatch.spread(self.prefix, tree, self.batch)
+            if ragged
+            else TreeBatch.uniform(self.prefix, tree, self.batch)
+        )
 
 
-def grid(batches: Iterable[int], prefixes: Iterable[int], nodes: Iterable[int], shapes: Iterable[str]) -> list[GridPoint]:
+def grid(
+    batches: Iterable[int], prefixes: Iterable[int], nodes: Iterable[int], shapes: Iterable[str]
+) -> list[GridPoint]:
     """Every combination, cheapest first (so an interrupted run has the small points)."""
     points = [GridPoint(b, p, n, s) for s, b, p, n in itertools.product(shapes, batches, prefixes, nodes)]
     return sorted(points, key=lambda g: (g.batch * (g.prefix + g.nodes) * g.nodes, g.shape))
@@ -110,8 +117,18 @@ def run_grid(
     for i, point in enumerate(tqdm(todo, desc="attention grid", disable=not progress)):
         batch = point.tree_batch(ragged)
         x = random_inputs(batch, heads.heads, heads.head_dim, heads.kv_heads, dtype, device, seed=i)
-        rows = {impl: {"impl": impl, **env, "heads": heads.heads, "kv_heads": heads.kv_heads,
-                       "head_dim": heads.head_dim, "status": "ok", "note": ""} for impl in impls}
+        rows = {
+            impl: {
+                "impl": impl,
+                **env,
+                "heads": heads.heads,
+                "kv_heads": heads.kv_heads,
+                "head_dim": heads.head_dim,
+                "status": "ok",
+                "note": "",
+            }
+            for impl in impls
+        }
         runs: dict[str, Callable[[], Any]] = {}
         for impl in impls:
             if impl in unsupported:
@@ -132,8 +149,16 @@ def run_grid(
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         tree = batch.trees[0]
-        store.add(point.key(), list(rows.values()), meta={"leaves": len(tree.leaves), "depth": tree.depth,
-                                                        "prefix_lens": "/".join(map(str, batch.prefix_lens)), "ragged": ragged})
+        store.add(
+            point.key(),
+            list(rows.values()),
+            meta={
+                "leaves": len(tree.leaves),
+                "depth": tree.depth,
+                "prefix_lens": "/".join(map(str, batch.prefix_lens)),
+                "ragged": ragged,
+            },
+        )
         del x
 
 
@@ -154,8 +179,9 @@ def speedup_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per grid point: per_sequence_over_tree = t(per_sequence) / t(sdpa) (how much one
     tree call saves), mask_overhead = t(sdpa) / t(causal), and each implementation's median."""
     ok = table[table["status"] == "ok"]
-    wide = ok.pivot_table(index=list(GRID_KEY) + ["leaves", "depth", "device", "dtype", "torch"],
-                          columns="impl", values="median_s").reset_index()
+    wide = ok.pivot_table(
+        index=list(GRID_KEY) + ["leaves", "depth", "device", "dtype", "torch"], columns="impl", values="median_s"
+    ).reset_index()
     if {"per_sequence", "sdpa"} <= set(wide.columns):
         wide["per_sequence_over_tree"] = wide["per_sequence"] / wide["sdpa"]
     if {"sdpa", CAUSAL} <= set(wide.columns):

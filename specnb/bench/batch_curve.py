@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -24,8 +24,8 @@ from ..core.batch import prefill_batch
 from ..core.masks import rooted_ancestor_mask
 from ..core.ragged import RaggedCache, block_forward, discard
 from ..core.trees import Tree
-from ..io.cpu_linear import linear_path
 from ..io.storage import Sweep
+from ..kernels.cpu_linear import linear_path
 from .timing import environment_row, measure
 
 BATCH_CURVE_KEY = ("model", "role", "batch", "prefix", "nodes", "shape", "device", "dtype", "torch", "linear")
@@ -42,9 +42,19 @@ def ragged_prefix(model: torch.nn.Module, batch: int, prefix: int, seed: int = 0
     return ragged
 
 
-def batch_curve(store: Sweep, model: torch.nn.Module, model_name: str, role: str, prefix: int,
-                batches: Sequence[int], nodes: Sequence[int], shape: str = "sparse", warmup: int = 1,
-                repeats: int = 2, progress: bool = True) -> None:
+def batch_curve(
+    store: Sweep,
+    model: torch.nn.Module,
+    model_name: str,
+    role: str,
+    prefix: int,
+    batches: Sequence[int],
+    nodes: Sequence[int],
+    shape: str = "sparse",
+    warmup: int = 1,
+    repeats: int = 2,
+    progress: bool = True,
+) -> None:
     """Every (B, n) point not yet in `store`: role "target": one verification of an n-node `shape`
     tree per row (n = 0: the roots alone); role "draft": one forward of n tokens per row (n = a
     level's width). The block is discarded after every call, so each one sees the same cache."""
@@ -56,11 +66,18 @@ def batch_curve(store: Sweep, model: torch.nn.Module, model_name: str, role: str
         ragged = ragged_prefix(model, b, prefix)
         for n in tqdm(todo, desc=f"{model_name} {role} batch {b}", disable=not progress):
             ids, positions, visible, valid = _block(model, ragged, role, n, shape)
-            timing = measure(lambda: block_forward(model, ragged, ids, positions, visible, valid), model.device,
-                             warmup, repeats, setup=lambda: discard(ragged))
+            timing = measure(
+                lambda: block_forward(model, ragged, ids, positions, visible, valid),
+                model.device,
+                warmup,
+                repeats,
+                setup=lambda: discard(ragged),
+            )
             discard(ragged)
-            store.add(_key(model_name, role, b, prefix, n, shape, env),
-                      [{**timing.row(), "tokens": ids.numel(), "measured": time.strftime("%Y-%m-%d %H:%M:%S")}])
+            store.add(
+                _key(model_name, role, b, prefix, n, shape, env),
+                [{**timing.row(), "tokens": ids.numel(), "measured": time.strftime("%Y-%m-%d %H:%M:%S")}],
+            )
 
 
 def batch_curve_table(store: Sweep) -> pd.DataFrame:
@@ -89,5 +106,12 @@ def _block(model: torch.nn.Module, ragged: RaggedCache, role: str, n: int, shape
 
 
 def _key(model: str, role: str, batch: int, prefix: int, nodes: int, shape: str, env: dict) -> dict:
-    return {"model": model, "role": role, "batch": batch, "prefix": prefix, "nodes": nodes, "shape": shape,
-            **{k: env[k] for k in ("device", "dtype", "torch", "linear")}}
+    return {
+        "model": model,
+        "role": role,
+        "batch": batch,
+        "prefix": prefix,
+        "nodes": nodes,
+        "shape": shape,
+        **{k: env[k] for k in ("device", "dtype", "torch", "linear")},
+    }

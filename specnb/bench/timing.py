@@ -15,8 +15,9 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 

@@ -13,7 +13,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,8 +24,8 @@ from tqdm.auto import tqdm
 from ..core.cache import crop, new_cache
 from ..core.trees import Tree
 from ..core.verification import prefill, verify
-from ..io.cpu_linear import linear_path
 from ..io.storage import Sweep
+from ..kernels.cpu_linear import linear_path
 from .timing import Timing, environment_row, measure_interleaved
 
 # the machine is part of the key, so one store can hold (and share between notebooks) curves of several
@@ -109,25 +110,58 @@ def verify_curve(
             timings = verify_and_forward(model, cache, tree, None, warmup, repeats)
         tokens = max(n, 1) if role == "draft" else n + 1
         for kind in kinds:
-            store.add(key(kind, n), [{**timings[kind].row(), "tokens": tokens, "depth": tree.depth,
-                                      "leaves": len(tree.leaves), "measured": time.strftime("%Y-%m-%d %H:%M:%S")}])
+            store.add(
+                key(kind, n),
+                [
+                    {
+                        **timings[kind].row(),
+                        "tokens": tokens,
+                        "depth": tree.depth,
+                        "leaves": len(tree.leaves),
+                        "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    }
+                ],
+            )
 
 
 def curve_key(model: str, role: str, kind: str, prefix: int, nodes: int, shape: str, env: dict) -> dict:
     """The store key of one curve point (`CURVE_KEY`); env: `timing.environment_row` of the model
-    and its "linear" path (`io.cpu_linear.linear_path`)."""
-    return {"model": model, "role": role, "kind": kind, "prefix": prefix, "nodes": nodes, "shape": shape,
-            **{k: env[k] for k in ("device", "dtype", "torch", "linear")}}
+    and its "linear" path (`kernels.cpu_linear.linear_path`)."""
+    return {
+        "model": model,
+        "role": role,
+        "kind": kind,
+        "prefix": prefix,
+        "nodes": nodes,
+        "shape": shape,
+        **{k: env[k] for k in ("device", "dtype", "torch", "linear")},
+    }
 
 
-def missing_points(store: Sweep, model_name: str, role: str, prefix_len: int, nodes: Sequence[int],
-                   shape: str = "sparse", env: dict | None = None) -> list[int]:
+def missing_points(
+    store: Sweep,
+    model_name: str,
+    role: str,
+    prefix_len: int,
+    nodes: Sequence[int],
+    shape: str = "sparse",
+    env: dict | None = None,
+) -> list[int]:
     """The n of `nodes` whose points `verify_curve` would still measure on this machine (env)."""
-    return [n for n in nodes if any(curve_key(model_name, role, k, prefix_len, n, shape, env) not in store for k in KINDS[role])]
+    return [
+        n
+        for n in nodes
+        if any(curve_key(model_name, role, k, prefix_len, n, shape, env) not in store for k in KINDS[role])
+    ]
 
 
-def curve_table(store: Sweep, models: Sequence[str] | None = None, prefix: int | None = None,
-                device: str | None = None, linear: str | None = None) -> pd.DataFrame:
+def curve_table(
+    store: Sweep,
+    models: Sequence[str] | None = None,
+    prefix: int | None = None,
+    device: str | None = None,
+    linear: str | None = None,
+) -> pd.DataFrame:
     """The stored rows (milliseconds added), optionally only these models, prefix, device and linear
     path (rows stored before the path was recorded have none and match no path)."""
     out = store.frame()
@@ -164,7 +198,14 @@ def curve_shape(curve: pd.DataFrame, model: str | None = None, kind: str = "veri
     first_tokens, first_ms = int(rest.index[0]), float(rest.iloc[0])
     last_tokens, last_ms = int(rest.index[-1]), float(rest.iloc[-1])
     slope = float(np.polyfit(rest.index.to_numpy(float), rest.to_numpy(float), 1)[0]) if len(rest) > 1 else float("nan")
-    return {"decode_ms": decode, "first_tokens": first_tokens, "first_ms": first_ms, "step_ms": first_ms - decode,
-            "step_per_token_ms": (first_ms - decode) / (first_tokens - 1), "slope_ms": slope,
-            "last_tokens": last_tokens, "last_ms": last_ms,
-            "step_share": (first_ms - decode) / (last_ms - decode) if last_ms != decode else float("nan")}
+    return {
+        "decode_ms": decode,
+        "first_tokens": first_tokens,
+        "first_ms": first_ms,
+        "step_ms": first_ms - decode,
+        "step_per_token_ms": (first_ms - decode) / (first_tokens - 1),
+        "slope_ms": slope,
+        "last_tokens": last_tokens,
+        "last_ms": last_ms,
+        "step_share": (first_ms - decode) / (last_ms - decode) if last_ms != decode else float("nan"),
+    }

@@ -26,7 +26,7 @@ Both sampling rules are computed for every row at once (`sibling_alphas`, `one_h
 on the row's p, q and children, not on the rounds' outcome. Drawing one uniform u_i per child and
 taking the first child with u_i < alpha_i is the sequential rule, exactly; so a step reads the
 device twice (the accepted children, then the corrected token), however many nodes the tree has.
-`analysis.collect` stores the same alphas to replay sampled trees.
+`experiments.collect` stores the same alphas to replay sampled trees.
 
 - `typical_accept` (LOSSY, opt-in): Medusa's typical acceptance, `TypicalAcceptance`.
 """
@@ -69,11 +69,7 @@ def greedy_accept(tree: Tree, tokens: torch.Tensor, target_argmax: torch.Tensor)
 
 
 def speculative_accept(
-    tree: Tree,
-    tokens: torch.Tensor,
-    p: torch.Tensor,
-    q: torch.Tensor | None,
-    generator: torch.Generator | None,
+    tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, generator: torch.Generator | None
 ) -> Acceptance:
     """tokens: long [N]; p: target probabilities [N + 1, V]; q: draft probabilities [N + 1, V]
     (rows of leaves are not read). Children must have been drawn without replacement from q at
@@ -196,8 +192,13 @@ def typical_thresholds(p: torch.Tensor, rule: TypicalAcceptance) -> torch.Tensor
     return torch.clamp(rule.delta * torch.exp(-entropy), max=rule.epsilon)
 
 
-def typical_accept(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, target_argmax: torch.Tensor,
-                   rule: TypicalAcceptance = TypicalAcceptance()) -> Acceptance:
+def typical_accept(
+    tree: Tree,
+    tokens: torch.Tensor,
+    p: torch.Tensor,
+    target_argmax: torch.Tensor,
+    rule: TypicalAcceptance = TypicalAcceptance(),
+) -> Acceptance:
     """LOSSY typical acceptance (`TypicalAcceptance`). tokens: long [N]; p: target probabilities
     [N + 1, V] (rows as in verification); target_argmax: long [N + 1], the next token's source."""
     n = tree.num_nodes

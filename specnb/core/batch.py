@@ -27,8 +27,8 @@ Padding is never realigned: a row's tokens keep the slots their positions name (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -113,8 +113,13 @@ class BatchModelDrafter:
         return kv_bytes(None if self.ragged is None else self.ragged.cache)
 
     @torch.inference_mode()
-    def draft(self, sequences: Sequence[Sequence[int]], tree: Tree, sampling: SamplingConfig,
-              generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def draft(
+        self,
+        sequences: Sequence[Sequence[int]],
+        tree: Tree,
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(tokens long [B, N], q float32 [B, N + 1, V] or None when greedy) for the rows'
         sequences (each ending with its root)."""
         if not sampling.greedy and tree.has_rank_gaps:
@@ -122,7 +127,11 @@ class BatchModelDrafter:
         logits = self._advance(sequences)  # [B, V]
         b, n = len(sequences), tree.num_nodes
         out = torch.zeros(b, n, dtype=torch.long, device=logits.device)
-        q = None if sampling.greedy else torch.zeros(b, n + 1, logits.shape[-1], dtype=torch.float32, device=logits.device)
+        q = (
+            None
+            if sampling.greedy
+            else torch.zeros(b, n + 1, logits.shape[-1], dtype=torch.float32, device=logits.device)
+        )
         parents_logits = logits[:, None]  # [B, P, V]
         parent_rows = [0]  # their rows in q (0 = the root)
         fed_nodes: list[int] = []  # nodes fed so far, in scratch-column order
@@ -133,8 +142,9 @@ class BatchModelDrafter:
             else:
                 probs = probabilities(parents_logits, sampling)  # [B, P, V]
                 q[:, parent_rows] = probs
-                choices = torch.stack([sample_without_replacement(probs[i], level.width, g)
-                                       for i, g in enumerate(generators)])
+                choices = torch.stack(
+                    [sample_without_replacement(probs[i], level.width, g) for i, g in enumerate(generators)]
+                )
             out[:, level.nodes.start : level.nodes.stop] = choices[:, list(level.parent_rows), list(level.ranks)]
             if not level.fed:
                 break
@@ -157,9 +167,11 @@ class BatchModelDrafter:
             held = self.committed[b]
             if seq[: len(held)] != held or len(seq) <= len(held):
                 raise ValueError("a row's sequence must extend what its draft cache holds")
-            new.append(list(seq[len(held):]))
+            new.append(list(seq[len(held) :]))
         block, columns = causal_block(self.ragged, new)
-        root_logits = block_forward(self.model, self.ragged, *block, logits_to_keep=1)[:, -1].float()  # [B, V]: each root
+        root_logits = block_forward(self.model, self.ragged, *block, logits_to_keep=1)[
+            :, -1
+        ].float()  # [B, V]: each root
         commit(self.ragged, columns)
         self.committed = [list(seq) for seq in sequences]
         return root_logits
@@ -222,8 +234,10 @@ def speculative_generate_batch(
             tokens, q = drafter.draft(rows_seq, tree, sampling, [generators[i] for i in active])
             trees = [tree] * len(active)
         else:
-            drafts = [drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i])  # host ids
-                      for i, seq in zip(active, rows_seq)]
+            drafts = [
+                drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i])  # host ids
+                for i, seq in zip(active, rows_seq)
+            ]
             trees = [d.tree or tree for d in drafts]
             width = max(t.num_nodes for t in trees)
             tokens = torch.zeros(len(active), width, dtype=torch.long, device=device)
@@ -243,7 +257,9 @@ def speculative_generate_batch(
             if sampling.greedy:
                 result = greedy_accept(t, row_tokens, row_logits.argmax(-1))
             elif typical is not None:
-                result = typical_accept(t, row_tokens, probabilities(row_logits, sampling), row_logits.argmax(-1), typical)
+                result = typical_accept(
+                    t, row_tokens, probabilities(row_logits, sampling), row_logits.argmax(-1), typical
+                )
             else:
                 p = probabilities(row_logits, sampling)
                 row_q = None if q is None else match_vocab(q[r, : k + 1], p)
@@ -272,16 +288,25 @@ def speculative_generate_batch(
         for d in drafter:
             d.release()
     method = f"speculative_batch_{typical.name}" if typical is not None and not sampling.greedy else "speculative_batch"
-    rows = tuple(GenerationResult(tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
-                                  steps=tuple(steps[i]), prompt_length=len(sequences[i]), prefill_time=prefill_time,
-                                  total_time=total, peak_memory_bytes=peak_memory(device), method=method,
-                                  meta={"batch_size": len(sequences)})
-                 for i in range(len(sequences)))
+    rows = tuple(
+        GenerationResult(
+            tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
+            steps=tuple(steps[i]),
+            prompt_length=len(sequences[i]),
+            prefill_time=prefill_time,
+            total_time=total,
+            peak_memory_bytes=peak_memory(device),
+            method=method,
+            meta={"batch_size": len(sequences)},
+        )
+        for i in range(len(sequences))
+    )
     return BatchResult(rows, total, prefill_time)
 
 
-def _verify_rows(target: torch.nn.Module, ragged: RaggedCache, roots: list[int], trees: list[Tree],
-                 tokens: torch.Tensor) -> torch.Tensor:
+def _verify_rows(
+    target: torch.nn.Module, ragged: RaggedCache, roots: list[int], trees: list[Tree], tokens: torch.Tensor
+) -> torch.Tensor:
     """Logits [B, N + 1, V] of every row's root and nodes (row r's tree: `trees[r]`, its first
     nodes of `tokens[r]`; the block is as wide as the largest tree, the rest padding)."""
     b = len(roots)
@@ -336,7 +361,11 @@ def autoregressive_generate_batch(
         t1 = clock.now()
         finished = []
         for r, i in enumerate(active):
-            token = int(logits[r].argmax()) if sampling.greedy else sample(probabilities(logits[r], sampling), generators[i])
+            token = (
+                int(logits[r].argmax())
+                if sampling.greedy
+                else sample(probabilities(logits[r], sampling), generators[i])
+            )
             steps[i].append(Step(len(new[i]), 0, 0, 1, 0.0, t1 - t0, child_counts=(0,)))
             new[i].append(token)
             if token in eos or len(new[i]) >= max_new_tokens:
@@ -347,9 +376,17 @@ def autoregressive_generate_batch(
             select_rows(ragged, stay)
             active = [active[r] for r in stay]
     total = clock.now() - start
-    rows = tuple(GenerationResult(tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
-                                  steps=tuple(steps[i]), prompt_length=len(sequences[i]), prefill_time=prefill_time,
-                                  total_time=total, peak_memory_bytes=peak_memory(device), method="autoregressive_batch",
-                                  meta={"batch_size": len(sequences)})
-                 for i in range(len(sequences)))
+    rows = tuple(
+        GenerationResult(
+            tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
+            steps=tuple(steps[i]),
+            prompt_length=len(sequences[i]),
+            prefill_time=prefill_time,
+            total_time=total,
+            peak_memory_bytes=peak_memory(device),
+            method="autoregressive_batch",
+            meta={"batch_size": len(sequences)},
+        )
+        for i in range(len(sequences))
+    )
     return BatchResult(rows, total, prefill_time)

@@ -10,7 +10,7 @@ saves those layers' state before it drafts and puts it back after (`layer_states
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache

@@ -34,18 +34,18 @@ first token whose draft probability is below t (transformers' `assistant_confide
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable
 
 import torch
 from transformers import DynamicCache
 
+from ..kernels.topk_head import TopKHead, draft_head
 from .acceptance import Acceptance
 from .cache import cache_length, crop, keep_positions, new_cache
 from .forward import forward
 from .sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
 from .streaming import StreamingCache, kv_bytes
-from .topk_head import TopKHead, draft_head
 from .trees import Tree
 
 
@@ -69,11 +69,7 @@ class Drafter:
     evictions: int = 0  # times a bounded draft cache was cut (`streaming.StreamingCache`)
 
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         """tokens: long [1, T] or [T], the sequence so far; its last token is the tree's root."""
         raise NotImplementedError
@@ -120,8 +116,13 @@ class ModelDrafter(Drafter):
     TopKHead to use.
     """
 
-    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0,
-                 cache_policy: StreamingCache | None = None, head: TopKHead | str | None = "auto") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        confidence_threshold: float = 0.0,
+        cache_policy: StreamingCache | None = None,
+        head: TopKHead | str | None = "auto",
+    ) -> None:
         if not 0.0 <= confidence_threshold <= 1.0:
             raise ValueError(f"confidence_threshold must lie in [0, 1], got {confidence_threshold}")
         if isinstance(head, str) and head != "auto":
@@ -158,8 +159,10 @@ class ModelDrafter(Drafter):
 
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         if not sampling.greedy and tree.has_rank_gaps:
-            raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1): a model "
-                             "drafter's rank-r child is its r-th draw without replacement from q")
+            raise ValueError(
+                "sampling needs a tree whose sibling ranks have no gaps (0..k-1): a model "
+                "drafter's rank-r child is its r-th draw without replacement from q"
+            )
         if self.confidence_threshold > 0.0 and tree != Tree.chain(tree.num_nodes):
             raise ValueError(f"confidence_threshold applies to chains; got a tree of {tree.describe()}")
 
@@ -180,7 +183,7 @@ class ModelDrafter(Drafter):
         copies > 1 (sampling only): `tree` is a forest of that many copies of one tree side by side
         under the root, copy s's depth-1 ranks being s * w .. s * w + w - 1; each copy is an
         independent sample (the root's children are drawn without replacement within a copy, not
-        across copies). `analysis.collect` drafts many samples in one pass this way."""
+        across copies). `experiments.collect` drafts many samples in one pass this way."""
         self.check_request(tree, sampling)
         if copies > 1 and sampling.greedy:
             raise ValueError("copies > 1 draws independent samples: it needs sampling (temperature > 0)")
@@ -213,8 +216,13 @@ class ModelDrafter(Drafter):
                     return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
             if not level.fed:
                 break
-            logits = self._feed(tree, level.fed, out[fed], len(seq) - 1 + level.depth - self._shift,
-                                widths[level.depth] if ranked else 0).float()
+            logits = self._feed(
+                tree,
+                level.fed,
+                out[fed],
+                len(seq) - 1 + level.depth - self._shift,
+                widths[level.depth] if ranked else 0,
+            ).float()
             parent_rows = fed + 1
         return Draft(out, q)
 
@@ -238,13 +246,20 @@ class ModelDrafter(Drafter):
         head = self.head if k else None
         chain_so_far = len(nodes) == 1 and list(tree.node_path(nodes[0])[:-1]) == self._fed
         if chain_so_far and position == cache_length(self._cache):  # sees everything cached, at the
-            self._fed += list(nodes)                                # cache's own next position:
+            self._fed += list(nodes)  # cache's own next position:
             return forward(self.model, self._cache, ids, head=head, k=k)  # the model's unmasked path
         visible = self._visible(len(nodes))
         visible[:, self._held :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
         self._fed += list(nodes)
-        return forward(self.model, self._cache, ids, torch.full((len(nodes),), position), visible,  # host: positions
-                       head=head, k=k)
+        return forward(
+            self.model,
+            self._cache,
+            ids,
+            torch.full((len(nodes),), position),
+            visible,  # host: positions
+            head=head,
+            k=k,
+        )
 
     def _visible(self, new: int) -> torch.Tensor:
         """Bool [new, cache length + new], True over the committed sequence, False elsewhere."""
@@ -291,9 +306,12 @@ class ModelDrafter(Drafter):
         positions = None
         if self._evicted and self.cache_policy.positions == "original":
             positions = torch.arange(start, len(seq))  # host: their true indices
-        logits = forward(self.model, self._cache, new, positions, logits_to_keep=1, head=self.head if k else None, k=k)[-1]
+        logits = forward(self.model, self._cache, new, positions, logits_to_keep=1, head=self.head if k else None, k=k)[
+            -1
+        ]
         self._committed = list(seq)
         return logits.float()
+
 
 def as_drafter(drafter: Drafter | torch.nn.Module) -> Drafter:
     """A drafter as given, or a transformers model wrapped in `ModelDrafter`."""
@@ -301,5 +319,7 @@ def as_drafter(drafter: Drafter | torch.nn.Module) -> Drafter:
         return drafter
     if isinstance(drafter, torch.nn.Module):
         return ModelDrafter(drafter)
-    raise TypeError(f"expected a specnb Drafter (a subclass of specnb.Drafter) or a transformers model, "
-                    f"got {type(drafter).__name__}")
+    raise TypeError(
+        f"expected a specnb Drafter (a subclass of specnb.Drafter) or a transformers model, "
+        f"got {type(drafter).__name__}"
+    )

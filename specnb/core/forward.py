@@ -2,7 +2,7 @@
 
 Every tree-shaped forward in specnb goes through `forward`: the target's verification of root + tree
 (`verification`), the draft's level-by-level tree (`drafting`), dynamic trees (`drafters.dynamic`),
-and the collection's super-trees and draft samples (`analysis.collect`). The mask and the position
+and the collection's super-trees and draft samples (`experiments.collect`). The mask and the position
 ids go in as forward arguments of an unmodified transformers model (`masks`).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from ..kernels.topk_head import TopKHead
 from .cache import cache_length
 from .masks import model_mask
-from .topk_head import TopKHead
 
 
 @torch.inference_mode()
@@ -46,11 +46,14 @@ def forward(
         if visible.shape != (n, cache_length(cache) + n):
             raise ValueError(f"visible must be [{n}, {cache_length(cache) + n}], got {tuple(visible.shape)}")
         mask = model_mask(visible.to(device)[None, None], model, model.dtype)
-    inputs = {"input_ids": input_ids.reshape(1, n).to(device),
-              "position_ids": None if positions is None else positions.reshape(1, n).to(device),
-              "attention_mask": mask, "cache": cache, "use_cache": True}
+    inputs = {
+        "input_ids": input_ids.reshape(1, n).to(device),
+        "position_ids": None if positions is None else positions.reshape(1, n).to(device),
+        "attention_mask": mask,
+        "cache": cache,
+        "use_cache": True,
+    }
     if head is not None:
         hidden = model.model(**inputs).last_hidden_state[0]  # [n, H]
         return head(hidden[-logits_to_keep:] if logits_to_keep else hidden, k)
     return model(**inputs, logits_to_keep=logits_to_keep).logits[0]
-

@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 import torch
 
@@ -16,7 +16,16 @@ from .acceptance import Acceptance, TypicalAcceptance, greedy_accept, speculativ
 from .cache import cache_length, new_cache
 from .drafting import Draft, Drafter, as_drafter
 from .masks import attention_implementation
-from .runtime import Clock, check_input, cut_at_eos, eos_ids, make_generator, match_vocab, peak_memory, reset_peak_memory
+from .runtime import (
+    Clock,
+    check_input,
+    cut_at_eos,
+    eos_ids,
+    make_generator,
+    match_vocab,
+    peak_memory,
+    reset_peak_memory,
+)
 from .sampling import SamplingConfig, probabilities, sample
 from .streaming import StreamingCache, kv_bytes
 from .trees import Tree
@@ -88,8 +97,10 @@ def speculative_generate(
     """
     drafter = as_drafter(drafter)
     if cache_policy is not None and drafter.shares_target_cache:
-        raise ValueError("a drafter that shares the target's cache cannot run with a cache policy (its layers "
-                         "would be cut under it); give the target the policy and use a separate draft model")
+        raise ValueError(
+            "a drafter that shares the target's cache cannot run with a cache policy (its layers "
+            "would be cut under it); give the target the policy and use a separate draft model"
+        )
     tree = tree or drafter.default_tree or Tree.chain(4)
     sampling = SamplingConfig(temperature, top_k, top_p)
     drafter.check_request(tree, sampling)
@@ -138,7 +149,9 @@ def speculative_generate(
         if sampling.greedy:
             result = greedy_accept(step_tree, draft.tokens, logits.argmax(-1))
         elif typical is not None:
-            result = typical_accept(step_tree, draft.tokens, probabilities(logits, sampling), logits.argmax(-1), typical)
+            result = typical_accept(
+                step_tree, draft.tokens, probabilities(logits, sampling), logits.argmax(-1), typical
+            )
         else:
             p = probabilities(logits, sampling)
             q = None if draft.q is None else match_vocab(draft.q, p)
@@ -149,8 +162,13 @@ def speculative_generate(
         drafter.observe(draft, result)
 
         added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
-        steps.append(replace(step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1, draft.draft_tokens),
-                             target_kv_bytes=kv_bytes(cache), draft_kv_bytes=drafter.kv_bytes()))
+        steps.append(
+            replace(
+                step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1, draft.draft_tokens),
+                target_kv_bytes=kv_bytes(cache),
+                draft_kv_bytes=drafter.kv_bytes(),
+            )
+        )
         new.extend(added)
         seq.extend(added)
         if stopped:
@@ -247,7 +265,12 @@ def _drafted_tree(draft: Draft, requested: Tree) -> Tree:
 
 
 def step_record(
-    position: int, tree: Tree, result: Acceptance, added: list[int], draft_time: float, verify_time: float,
+    position: int,
+    tree: Tree,
+    result: Acceptance,
+    added: list[int],
+    draft_time: float,
+    verify_time: float,
     draft_tokens: int | None = None,
 ) -> Step:
     """The record of one target call: the verified `tree`, its acceptance, the tokens it `added`

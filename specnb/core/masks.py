@@ -6,7 +6,7 @@ and the position ids go in as forward arguments.
 
 `grouped_attention` (registered as GROUPED_ATTENTION, switched on with `use_attention`) is sdpa for
 many query tokens per row under a dense mask without repeating grouped key/value heads: what a
-batch of branches decoded together over one prompt needs (`analysis.medusa_training.continuations`).
+batch of branches decoded together over one prompt needs (`training.medusa.continuations`).
 
 Pitfall (shared/docs/ANCHORS.md): `sdpa` reads a boolean mask as "True = attend", but `eager` adds
 the mask to the scores, so a boolean mask there is silently wrong (True becomes +1). `model_mask`
@@ -16,8 +16,8 @@ flex attention with a dense tensor) cannot take an arbitrary mask and are refuse
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -72,9 +72,16 @@ def model_mask(mask: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype) -
 GROUPED_ATTENTION = "specnb_grouped_sdpa"
 
 
-def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor, scaling: float | None = None, dropout: float = 0.0,
-                      **kwargs) -> tuple[torch.Tensor, None]:
+def grouped_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """sdpa of query [B, Hq, q, D] on key/value [B, Hkv, L, D] under a boolean mask [B, 1, q, L']
     (True = attend), for transformers' attention interface. The Hq / Hkv query heads that share a
     key head are stacked along the query axis, so grouped keys are read as they are (transformers'
@@ -88,8 +95,13 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     groups = heads // key.shape[1]
     length = attention_mask.shape[-1]
     out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, key.shape[1], groups * q, dim), key[:, :, :length], value[:, :, :length],
-        attn_mask=attention_mask.repeat(1, 1, groups, 1), dropout_p=dropout, scale=scaling)
+        query.reshape(b, key.shape[1], groups * q, dim),
+        key[:, :, :length],
+        value[:, :, :length],
+        attn_mask=attention_mask.repeat(1, 1, groups, 1),
+        dropout_p=dropout,
+        scale=scaling,
+    )
     return out.reshape(b, heads, q, dim).transpose(1, 2).contiguous(), None
 
 

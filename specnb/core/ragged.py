@@ -60,8 +60,15 @@ class RaggedCache:
 
 
 @torch.inference_mode()
-def block_forward(model: torch.nn.Module, ragged: RaggedCache, ids: torch.Tensor, positions: torch.Tensor,
-                  visible: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+def block_forward(
+    model: torch.nn.Module,
+    ragged: RaggedCache,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    visible: torch.Tensor,
+    valid: torch.Tensor,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
     """Logits [B, M', V] (model dtype; M' = M, or the last `logits_to_keep` columns) of one block.
 
     ids, positions: long [B, M]; each row's own position ids. visible: bool [B, M, S + M], which
@@ -74,8 +81,10 @@ def block_forward(model: torch.nn.Module, ragged: RaggedCache, ids: torch.Tensor
     width = ragged.width
     scratch = width - ragged.base
     if visible.shape != (b, m, scratch + m) or valid.shape != (b, m) or b != ragged.rows:
-        raise ValueError(f"block of {b} rows x {m}: visible must be [{b}, {m}, {scratch + m}], valid [{b}, {m}]; "
-                         f"got {tuple(visible.shape)}, {tuple(valid.shape)} for a cache of {ragged.rows} rows")
+        raise ValueError(
+            f"block of {b} rows x {m}: visible must be [{b}, {m}, {scratch + m}], valid [{b}, {m}]; "
+            f"got {tuple(visible.shape)}, {tuple(valid.shape)} for a cache of {ragged.rows} rows"
+        )
     lengths = torch.tensor(ragged.lengths, device=device)
     columns = torch.arange(ragged.base, device=device)
     committed = (columns[None, :] < lengths[:, None])[:, None, :].expand(b, m, ragged.base)  # [B, M, base]
@@ -86,9 +95,14 @@ def block_forward(model: torch.nn.Module, ragged: RaggedCache, ids: torch.Tensor
     tail[:, :, scratch:] &= valid[:, :, None]
     tail[:, :, scratch:] |= torch.eye(m, dtype=torch.bool, device=device)[None]  # every entry sees itself
     mask = torch.cat([committed & valid[:, :, None], tail], dim=2)  # [B, M, width + M]
-    out = model(input_ids=ids.to(device), position_ids=positions.to(device),
-                attention_mask=model_mask(mask[:, None], model, model.dtype),
-                cache=ragged.cache, use_cache=True, logits_to_keep=logits_to_keep)
+    out = model(
+        input_ids=ids.to(device),
+        position_ids=positions.to(device),
+        attention_mask=model_mask(mask[:, None], model, model.dtype),
+        cache=ragged.cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    )
     return out.logits
 
 

@@ -10,7 +10,7 @@ seeded generators.
     make_generator  a torch.Generator on a device, seeded (None: from entropy)
     match_vocab     draft probabilities padded or cut to the target's vocabulary size
 
-`speculative_generate`, `autoregressive_generate`, transformers' baselines (`analysis.baselines`),
+`speculative_generate`, `autoregressive_generate`, transformers' baselines (`bench.baselines`),
 the merged drafter's per-component times and the timing harness (`bench.timing`) all use these, so
 a time, a stop token or a refused input means the same everywhere.
 """
@@ -18,7 +18,7 @@ a time, a stop token or a refused input means the same everywhere.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

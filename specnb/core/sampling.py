@@ -9,7 +9,7 @@ CDF: a few uniform draws per row instead of the vocabulary-sized noise `torch.mu
 (which dominated batched sampling on a CPU); exact, as a statistical test checks.
 
 `top_tokens` is the one ranking rule of specnb: the draft's rank-r token is the r-th largest logit,
-ties broken by the lower token id. Every drafter and the collector of `analysis.collect` rank with
+ties broken by the lower token id. Every drafter and the collector of `experiments.collect` rank with
 it, so ranks agree between them on every device (CUDA's `topk` has no fixed order among ties).
 """
 
@@ -97,9 +97,7 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return probs
 
 
-def sample_without_replacement(
-    probs: torch.Tensor, k: int, generator: torch.Generator | None
-) -> torch.Tensor:
+def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
     """Long [..., k]: k draws without replacement from each row of `probs`, in draw order.
 
     Gumbel-top-k (Kool et al. 2019): the top-k of log p + Gumbel noise are distributed as k
@@ -118,8 +116,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample_rows(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None,
-                block: int = 256) -> torch.Tensor:
+def sample_rows(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None, block: int = 256
+) -> torch.Tensor:
     """Long [n]: one draw per row from softmax(logits / temperature), exact up to float32 rounding
     (and a 2^-20 share of the mass kept off the last token so rounding cannot step past it). logits: [n, V].
 

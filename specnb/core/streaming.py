@@ -96,8 +96,14 @@ def kv_bytes(cache: DynamicCache | None) -> int:
     the tensors themselves; a cropped layer counts what it holds, not the storage it came from)."""
     if cache is None:
         return 0
-    return int(sum(t.numel() * t.element_size() for layer in cache.layers if layer.is_initialized
-                   for t in (layer.keys, layer.values)))
+    return int(
+        sum(
+            t.numel() * t.element_size()
+            for layer in cache.layers
+            if layer.is_initialized
+            for t in (layer.keys, layer.values)
+        )
+    )
 
 
 def _rotation(model: torch.nn.Module, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +113,9 @@ def _rotation(model: torch.nn.Module, delta: int) -> tuple[torch.Tensor, torch.T
     if inv_freq is None:
         raise ValueError(f"{type(model).__name__} has no rotary embedding to re-rotate: use positions='original'")
     if getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
-        raise ValueError("rotary scaling that depends on the sequence length cannot be re-rotated: use positions='original'")
+        raise ValueError(
+            "rotary scaling that depends on the sequence length cannot be re-rotated: use positions='original'"
+        )
     angles = -float(delta) * inv_freq.float()
     angles = torch.cat([angles, angles])  # the model's cat(freqs, freqs) layout
     return angles.cos(), angles.sin()

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Sequence
 
 import torch
 
@@ -204,9 +204,7 @@ class Tree:
     def has_rank_gaps(self) -> bool:
         """True if some node has a rank-r child but no rank r-1 sibling (Medusa allows it; lossless
         sampling, whose rank r is the r-th draw, does not)."""
-        return any(
-            [self.ranks[c] for c in kids] != list(range(len(kids))) for kids in self.children
-        )
+        return any([self.ranks[c] for c in kids] != list(range(len(kids))) for kids in self.children)
 
     @cached_property
     def leaves(self) -> tuple[int, ...]:
@@ -253,12 +251,15 @@ class Tree:
         for depth in range(1, self.depth + 1):
             nodes = self.level(depth)
             fed = tuple(i for i in nodes if self.children[i + 1])
-            out.append(Level(
-                depth=depth, nodes=nodes,
-                parent_rows=tuple(slot[self.parents[i]] for i in nodes),
-                ranks=tuple(self.ranks[i] for i in nodes),
-                fed=fed,
-            ))
+            out.append(
+                Level(
+                    depth=depth,
+                    nodes=nodes,
+                    parent_rows=tuple(slot[self.parents[i]] for i in nodes),
+                    ranks=tuple(self.ranks[i] for i in nodes),
+                    fed=fed,
+                )
+            )
             slot = {i: r for r, i in enumerate(fed)}
         return tuple(out)
 
@@ -336,7 +337,9 @@ class Level:
 
     depth: int
     nodes: range  # the level's node indices (contiguous in canonical order)
-    parent_rows: tuple[int, ...]  # per node: its parent's row among the previous level's fed nodes (depth 1: 0, the root)
+    parent_rows: tuple[
+        int, ...
+    ]  # per node: its parent's row among the previous level's fed nodes (depth 1: 0, the root)
     ranks: tuple[int, ...]  # per node: its sibling rank
     fed: tuple[int, ...]  # the level's nodes that have children, in order: fed to the draft for the next level
 

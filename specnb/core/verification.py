@@ -23,7 +23,9 @@ from .trees import Tree
 
 
 @torch.inference_mode()
-def prefill(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def prefill(
+    model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """Append `tokens` (long [1, T], T >= 1) to the cache; returns float32 logits [1, V] at the last
     token only (the LM head over a whole prompt is wasted work, about 11% of a 700-token prefill of
     Qwen2.5-1.5B on CPU; transformers' generate skips it too). positions: long [T], default the

@@ -66,13 +66,22 @@ class CrossTokenizerDrafter(Drafter):
     tree whose tokens the accepted text begins with (the draft-side accepted path).
     """
 
-    def __init__(self, drafter: Drafter | torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any,
-                 lookbehind: int = LOOKBEHIND) -> None:
+    def __init__(
+        self,
+        drafter: Drafter | torch.nn.Module,
+        draft_tokenizer: Any,
+        target_tokenizer: Any,
+        lookbehind: int = LOOKBEHIND,
+    ) -> None:
         self.inner = as_drafter(drafter)
         if self.inner.shares_target_cache:
-            raise ValueError("a drafter on the target's own cache shares its vocabulary: it needs no cross-tokenizer drafting")
+            raise ValueError(
+                "a drafter on the target's own cache shares its vocabulary: it needs no cross-tokenizer drafting"
+            )
         self.draft_text = draft_tokenizer if isinstance(draft_tokenizer, TokenText) else TokenText.of(draft_tokenizer)
-        self.target_text = target_tokenizer if isinstance(target_tokenizer, TokenText) else TokenText.of(target_tokenizer)
+        self.target_text = (
+            target_tokenizer if isinstance(target_tokenizer, TokenText) else TokenText.of(target_tokenizer)
+        )
         if lookbehind < 1:
             raise ValueError(f"lookbehind must be >= 1, got {lookbehind}")
         self.lookbehind = lookbehind
@@ -111,11 +120,7 @@ class CrossTokenizerDrafter(Drafter):
 
     @torch.inference_mode()
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         """tokens: long [1, T] or [T], the target's sequence so far (its last token is the root).
         `sampling` and `generator` are unused: the draft proposes its greedy ranking (module

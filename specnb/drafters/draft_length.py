@@ -74,11 +74,7 @@ class AdaptiveLength(Drafter):
         self.lengths = []
 
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         request = tree.truncated(self.length)
         self.lengths.append(self.length)

@@ -54,21 +54,25 @@ class DynamicTreeDrafter(ModelDrafter):
     out and the drafter's `default_tree` (depth `max_depth`) is used.
     """
 
-    def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6,
-                 cache_policy: StreamingCache | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        n: int = 32,
+        top_k: int = 8,
+        max_depth: int = 6,
+        cache_policy: StreamingCache | None = None,
+    ) -> None:
         if n < 1 or top_k < 1 or max_depth < 1:
             raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
-        super().__init__(model, cache_policy=cache_policy, head=None)  # scores read every child's log q: the model's head
+        super().__init__(
+            model, cache_policy=cache_policy, head=None
+        )  # scores read every child's log q: the model's head
         self.n, self.top_k, self.max_depth = n, top_k, max_depth
         self.default_tree = Tree.chain(max_depth)
 
     @torch.inference_mode()
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         scored = self.expand(tokens, self.max_depth)
         if scored.tree.depth > tree.depth:  # near max_new_tokens: cut the same top-n tree
@@ -86,7 +90,9 @@ class DynamicTreeDrafter(ModelDrafter):
         n = self.n if n is None else n
         seq = tokens.reshape(-1).tolist()
         if max_depth < 1:
-            return ScoredTree(Tree(()), torch.zeros(0, dtype=torch.long, device=self.model.device), torch.zeros(0))  # host: scores
+            return ScoredTree(
+                Tree(()), torch.zeros(0, dtype=torch.long, device=self.model.device), torch.zeros(0)
+            )  # host: scores
         root_logits = self._advance(seq)
         scores: dict[Path, float] = {}
         token: dict[Path, int] = {}
@@ -105,7 +111,9 @@ class DynamicTreeDrafter(ModelDrafter):
                 visible[i, base + len(self._fed) + i] = True
             self._fed += level
             ids = torch.tensor([token[p] for p in level])  # host: moved by forward
-            logits = forward(self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth - self._shift), visible)  # host: positions
+            logits = forward(
+                self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth - self._shift), visible
+            )  # host: positions
             self._add_children(level, [scores[p] for p in level], logits, scores, token)
             chosen = top_n(scores, n)
         tree = Tree.from_paths(chosen)
@@ -115,7 +123,9 @@ class DynamicTreeDrafter(ModelDrafter):
             torch.tensor([scores[p] for p in tree.paths], dtype=torch.float32),  # host: scores
         )
 
-    def _add_children(self, paths: list[Path], base: list[float], logits: torch.Tensor, scores: dict, token: dict) -> None:
+    def _add_children(
+        self, paths: list[Path], base: list[float], logits: torch.Tensor, scores: dict, token: dict
+    ) -> None:
         """Score the top_k children of each path from its logits (rows of `logits`), one device read."""
         logq = torch.log_softmax(logits.float(), dim=-1)
         top = top_tokens(logq, self.top_k)  # [k, top_k], ties to the lower token id

@@ -73,22 +73,33 @@ class EagleHead(torch.nn.Module):
     predicted features [B, T, H]; `visible` says which of the L = cached + T rows each new row
     attends to. `project(g)` is the target's LM head on predicted features (float32 logits)."""
 
-    def __init__(self, config: PretrainedConfig, layer: torch.nn.Module, rotary: torch.nn.Module, embedding: torch.Tensor,
-                 lm_head: torch.Tensor, dtype: torch.dtype = torch.float32, bias: bool = True,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer: torch.nn.Module,
+        rotary: torch.nn.Module,
+        embedding: torch.Tensor,
+        lm_head: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.config = config  # the one-layer config: its attention implementation reads the masks
         self.fc = torch.nn.Linear(2 * hidden, hidden, bias=bias, device=device or embedding.device, dtype=dtype)
         self.layer = layer
-        self.layer.input_layernorm = torch.nn.Identity()  # EAGLE-1's layer 0 has no input norm (its fc output goes in as is)
+        self.layer.input_layernorm = (
+            torch.nn.Identity()
+        )  # EAGLE-1's layer 0 has no input norm (its fc output goes in as is)
         self.rotary = rotary
         self.register_buffer("embedding", embedding.detach(), persistent=False)  # [V, H], the target's, frozen
         self.register_buffer("lm_head", lm_head.detach(), persistent=False)  # [V, H], the target's, frozen
 
     @classmethod
-    def from_target(cls, target: torch.nn.Module, dtype: torch.dtype = torch.float32, seed: int = 0,
-                    bias: bool = True) -> EagleHead:
+    def from_target(
+        cls, target: torch.nn.Module, dtype: torch.dtype = torch.float32, seed: int = 0, bias: bool = True
+    ) -> EagleHead:
         """A freshly initialised head for `target`, on its device; trainable weights in `dtype`
         (float32 by default whatever the target's dtype, as Medusa's heads), initialised from `seed`."""
         device = target.get_output_embeddings().weight.device
@@ -104,8 +115,10 @@ class EagleHead(torch.nn.Module):
         inner = getattr(target, "model", None)
         layers = getattr(inner, "layers", None)
         if layers is None or getattr(inner, "rotary_emb", None) is None:
-            raise ValueError(f"{type(target).__name__} has no model.layers / model.rotary_emb: an EAGLE head "
-                             "builds its layer from the target's own decoder layer class")
+            raise ValueError(
+                f"{type(target).__name__} has no model.layers / model.rotary_emb: an EAGLE head "
+                "builds its layer from the target's own decoder layer class"
+            )
         lm_head = target.get_output_embeddings().weight
         with torch.device("meta") if str(device) == "meta" else contextlib.nullcontext():
             layer = type(layers[0])(config, 0)
@@ -117,16 +130,28 @@ class EagleHead(torch.nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                cache: DynamicCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        cache: DynamicCache | None = None,
+    ) -> torch.Tensor:
         # features: [B, T, H] (any float dtype); tokens, positions: long [B, T]; visible: bool [B, T, L]
         device = self.fc.weight.device
         embedded = torch.nn.functional.embedding(tokens.to(device), self.embedding).to(self.dtype)
         x = self.fc(torch.cat([embedded, features.to(device, self.dtype)], -1))  # [B, T, H]
         positions = positions.to(device)
         mask = model_mask(visible.to(device)[:, None], self, self.dtype)
-        return self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
-                          position_embeddings=self.rotary(x, positions))
+        return self.layer(
+            x,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=self.rotary(x, positions),
+        )
 
     def project(self, g: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., V] of predicted features g [..., H] under the target's LM head."""
@@ -135,8 +160,13 @@ class EagleHead(torch.nn.Module):
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def save(self, folder: str | Path, base_model: str | None = None, dtype: torch.dtype | None = None,
-             embedding: bool = False) -> Path:
+    def save(
+        self,
+        folder: str | Path,
+        base_model: str | None = None,
+        dtype: torch.dtype | None = None,
+        embedding: bool = False,
+    ) -> Path:
         """fc and the layer (not the target's LM head) in the published layout (`io.eagle_checkpoint`),
         cast to `dtype` (default: as they are); config.json is the head's one-layer config with
         "bias" and "base_model_name_or_path" (default: the target's name). embedding: write the
@@ -144,8 +174,11 @@ class EagleHead(torch.nn.Module):
         config = json.loads(self.config.to_json_string(use_diff=False))
         name = config.pop("_name_or_path", "")
         config.pop("dtype", None)  # the target's dtype: torch_dtype says the file's, as EAGLE's configs do
-        config.update(bias=self.fc.bias is not None, base_model_name_or_path=base_model or name,
-                      torch_dtype=str(dtype or self.dtype).removeprefix("torch."))
+        config.update(
+            bias=self.fc.bias is not None,
+            base_model_name_or_path=base_model or name,
+            torch_dtype=str(dtype or self.dtype).removeprefix("torch."),
+        )
         return save_checkpoint(folder, self.state_dict(), config, dtype, self.embedding if embedding else None)
 
     @classmethod
@@ -165,7 +198,9 @@ class EagleHead(torch.nn.Module):
         head.load_state_dict({k: v.to(weight.device, dtype) for k, v in checkpoint.state.items()}, assign=True)
         left = [n for n, t in [*head.named_parameters(), *head.named_buffers()] if t.is_meta]
         if left:  # a layer class with tensors outside its state dict: nothing would fill them
-            raise RuntimeError(f"{type(head.layer).__name__} keeps {left} outside its state dict: not loadable from a checkpoint")
+            raise RuntimeError(
+                f"{type(head.layer).__name__} keeps {left} outside its state dict: not loadable from a checkpoint"
+            )
         return head.eval()
 
 
@@ -199,7 +234,7 @@ class EagleDrafter(Drafter):
         self._features: list[torch.Tensor] = []  # target features of tokens committed, committed + 1, ... not yet fed
         self._prefill_read = False
 
-    def bind_target_cache(self, cache) -> None:  # noqa: ANN001 (a DynamicCache; unused: only the features matter)
+    def bind_target_cache(self, cache) -> None:
         self._target_rows.bind()
 
     def release(self) -> None:
@@ -210,13 +245,15 @@ class EagleDrafter(Drafter):
 
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         if not sampling.greedy and tree.has_rank_gaps:
-            raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1): an EAGLE head's "
-                             "rank-r child is its r-th draw without replacement from q")
+            raise ValueError(
+                "sampling needs a tree whose sibling ranks have no gaps (0..k-1): an EAGLE head's "
+                "rank-r child is its r-th draw without replacement from q"
+            )
 
     def observe(self, draft: Draft, acceptance: Acceptance) -> None:
         # the verify rows are [pending..., root, nodes]: the root's and the accepted nodes' features are the target's
         n = draft.tokens.numel()
-        rows = self._target_rows.rows[self._target_rows.rows.shape[0] - (n + 1):]
+        rows = self._target_rows.rows[self._target_rows.rows.shape[0] - (n + 1) :]
         keep = torch.tensor([0] + [i + 1 for i in acceptance.path], dtype=torch.long, device=rows.device)
         self._features.append(rows.index_select(0, keep))
 
@@ -227,9 +264,12 @@ class EagleDrafter(Drafter):
             if len(self._indices) > 64:
                 self._indices.clear()
             self._indices[key] = [
-                tuple(torch.tensor(v, dtype=torch.long, device=device) for v in (
-                    lv.parent_rows, lv.ranks, lv.fed, [lv.parent_rows[i - lv.nodes.start] for i in lv.fed]))
-                for lv in tree.levels]
+                tuple(
+                    torch.tensor(v, dtype=torch.long, device=device)
+                    for v in (lv.parent_rows, lv.ranks, lv.fed, [lv.parent_rows[i - lv.nodes.start] for i in lv.fed])
+                )
+                for lv in tree.levels
+            ]
         return self._indices[key]
 
     def _commit(self, seq: list[int]) -> torch.Tensor:
@@ -242,20 +282,23 @@ class EagleDrafter(Drafter):
         feats = torch.cat(self._features) if self._features else None  # [m, H]
         m = 0 if feats is None else feats.shape[0]
         if self._committed + m != len(seq) - 1:
-            raise RuntimeError(f"the EAGLE drafter holds features of {self._committed + m} tokens for a sequence of "
-                               f"{len(seq)} (it reads the target's features inside speculative_generate only)")
+            raise RuntimeError(
+                f"the EAGLE drafter holds features of {self._committed + m} tokens for a sequence of "
+                f"{len(seq)} (it reads the target's features inside speculative_generate only)"
+            )
         if self._cache is None:
             self._cache = new_cache(self.head)
         start = self._committed
-        ids = torch.tensor(seq[start + 1:], dtype=torch.long)  # host: moved by the head
+        ids = torch.tensor(seq[start + 1 :], dtype=torch.long)  # host: moved by the head
         positions = torch.arange(start, len(seq) - 1)  # host: moved by the head
         out = self.head(feats[None], ids[None], positions[None], causal_visible(m, start)[None], self._cache)
         self._committed, self._features = len(seq) - 1, []
         return out[0, -1]
 
     @torch.inference_mode()
-    def draft(self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig,
-              generator: torch.Generator | None = None) -> Draft:
+    def draft(
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Draft:
         self.check_request(tree, sampling)
         seq = tokens.reshape(-1).tolist()
         device = self.head.fc.weight.device
@@ -306,8 +349,9 @@ class EagleDynamicDrafter(EagleDrafter):
     top-n tree is cut there, as `DynamicTreeDrafter` does); the default tree is a chain of
     `max_depth`. EAGLE-2's settings: n = 60 (total_token), top_k = 10, depth 6."""
 
-    def __init__(self, target: torch.nn.Module, head: EagleHead, n: int = 60, top_k: int = 10,
-                 max_depth: int = 6) -> None:
+    def __init__(
+        self, target: torch.nn.Module, head: EagleHead, n: int = 60, top_k: int = 10, max_depth: int = 6
+    ) -> None:
         if n < 1 or top_k < 1 or max_depth < 1:
             raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
         super().__init__(target, head, Tree.chain(max_depth))
@@ -317,8 +361,9 @@ class EagleDynamicDrafter(EagleDrafter):
         """Any request: only its depth is read."""
 
     @torch.inference_mode()
-    def draft(self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig,
-              generator: torch.Generator | None = None) -> Draft:
+    def draft(
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Draft:
         scored = self.expand(tokens, self.max_depth if tree.depth > 0 else 0)
         cut = scored.tree.truncated(tree.depth)
         return Draft(scored.tokens[: cut.num_nodes], None, cut)
@@ -351,7 +396,9 @@ class EagleDynamicDrafter(EagleDrafter):
         n = len(seq) - 1
         self._cache = new_cache(self.head)
         positions = torch.arange(n)  # host: moved by the head
-        g = self.head(features[None], seq[1:][None], positions[None], causal_visible(n, 0)[None], self._cache)[0]  # [n, H]
+        g = self.head(features[None], seq[1:][None], positions[None], causal_visible(n, 0)[None], self._cache)[
+            0
+        ]  # [n, H]
         out = []
         try:
             for r in range(n - 1, first_root - 1, -1):
@@ -367,7 +414,9 @@ class EagleDynamicDrafter(EagleDrafter):
         device = self.head.fc.weight.device
         scores: dict[tuple[int, ...], float] = {}
         token: dict[tuple[int, ...], int] = {}
-        feature: dict[tuple[int, ...], torch.Tensor] = {(): g_root}  # a fed node's output: its children's parent feature
+        feature: dict[tuple[int, ...], torch.Tensor] = {
+            (): g_root
+        }  # a fed node's output: its children's parent feature
         self._score_children([()], [0.0], self.head.project(g_root[None]), scores, token)
         chosen = top_n(scores, self.n)
         fed: list[tuple[int, ...]] = []
@@ -395,11 +444,15 @@ class EagleDynamicDrafter(EagleDrafter):
         finally:
             crop(self._cache, committed)
         out = Tree.from_paths(chosen)
-        return ScoredTree(out, torch.tensor([token[p] for p in out.paths], dtype=torch.long, device=device),
-                          torch.tensor([scores[p] for p in out.paths], dtype=torch.float32))  # host: scores
+        return ScoredTree(
+            out,
+            torch.tensor([token[p] for p in out.paths], dtype=torch.long, device=device),
+            torch.tensor([scores[p] for p in out.paths], dtype=torch.float32),
+        )  # host: scores
 
-    def _score_children(self, paths: list[tuple[int, ...]], base: list[float], logits: torch.Tensor,
-                        scores: dict, token: dict) -> None:
+    def _score_children(
+        self, paths: list[tuple[int, ...]], base: list[float], logits: torch.Tensor, scores: dict, token: dict
+    ) -> None:
         """Score the top_k children of each path from its logits (rows of `logits` [P, V])."""
         logq = torch.log_softmax(logits.float(), dim=-1)
         top = top_tokens(logq, self.top_k)  # [P, top_k]

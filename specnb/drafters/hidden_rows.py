@@ -1,11 +1,11 @@
 """The target's last hidden rows, what learned draft heads read (Medusa, EAGLE).
 
-    final_norm      the target's final norm: its output is the LM head's input, the "last hidden state"
-    FinalNormRows   that output of the target's last forward, captured by a forward hook while a
-                    drafter is bound to a generation (`Drafter.bind_target_cache` ... `release`):
-                    the heads read the verify pass's rows without a forward of their own
-    last_hidden     the same rows of a whole sequence from one plain causal forward (collections,
-                    tests: what the heads read in a real run, up to float rounding)
+final_norm      the target's final norm: its output is the LM head's input, the "last hidden state"
+FinalNormRows   that output of the target's last forward, captured by a forward hook while a
+                drafter is bound to a generation (`Drafter.bind_target_cache` ... `release`):
+                the heads read the verify pass's rows without a forward of their own
+last_hidden     the same rows of a whole sequence from one plain causal forward (collections,
+                tests: what the heads read in a real run, up to float rounding)
 """
 
 from __future__ import annotations

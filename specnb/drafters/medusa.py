@@ -30,7 +30,7 @@ a load re-shares them when they equal the target's weight.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -38,15 +38,17 @@ from ..core.acceptance import Acceptance
 from ..core.drafting import Draft, Drafter
 from ..core.sampling import SamplingConfig, top_tokens
 from ..core.trees import Tree
-from .hidden_rows import FinalNormRows
 from ..io.medusa_checkpoint import check_layout, load_checkpoint, save_checkpoint
+from .hidden_rows import FinalNormRows
 
 
 class ResBlock(torch.nn.Module):
     """x + SiLU(linear(x)); zero weight and bias at init, so the block starts as the identity
     (Medusa zeroes the weight only: its bias keeps PyTorch's default init)."""
 
-    def __init__(self, hidden_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, hidden_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(hidden_size, hidden_size, device=device, dtype=dtype)
         torch.nn.init.zeros_(self.linear.weight)
@@ -67,14 +69,23 @@ class MedusaHeads(torch.nn.ModuleList):
     d + 1 positions after the one h belongs to (the module docstring); the blocks and the
     projections may differ in dtype (float32 trainable blocks on a float16 target's LM head)."""
 
-    def __init__(self, num_heads: int, hidden_size: int, vocab_size: int, num_layers: int = 1,
-                 lm_head: torch.Tensor | None = None, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        hidden_size: int,
+        vocab_size: int,
+        num_layers: int = 1,
+        lm_head: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         if num_heads < 1 or num_layers < 1:
             raise ValueError(f"need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
         heads = []
         for _ in range(num_heads):
-            blocks = [ResBlock(hidden_size, device, dtype) for _ in range(num_layers)]  # independent (Medusa repeats one)
+            blocks = [
+                ResBlock(hidden_size, device, dtype) for _ in range(num_layers)
+            ]  # independent (Medusa repeats one)
             proj = torch.nn.Linear(hidden_size, vocab_size, bias=False, device="meta")
             heads.append(torch.nn.Sequential(*blocks, proj))
         super().__init__(heads)
@@ -93,8 +104,14 @@ class MedusaHeads(torch.nn.ModuleList):
         return all(h[-1].weight is first for h in self) and not first.requires_grad
 
     @classmethod
-    def from_target(cls, target: torch.nn.Module, num_heads: int, num_layers: int = 1,
-                    share_lm_head: bool = True, dtype: torch.dtype = torch.float32) -> MedusaHeads:
+    def from_target(
+        cls,
+        target: torch.nn.Module,
+        num_heads: int,
+        num_layers: int = 1,
+        share_lm_head: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> MedusaHeads:
         """Heads for `target`, on its device: W2 = its LM head (shared and frozen, in the target's
         dtype, or one trainable copy per head in `dtype`, as Medusa-1 does), the residual blocks the
         identity, in `dtype`. float32 by default whatever the target's dtype: trainable parameters
@@ -123,8 +140,9 @@ class MedusaHeads(torch.nn.ModuleList):
 
     def _check_projection(self, weight: torch.Tensor) -> None:
         if tuple(weight.shape) != (self.vocab_size, self.hidden_size):
-            raise ValueError(f"LM head of shape {tuple(weight.shape)}; these heads need "
-                             f"({self.vocab_size}, {self.hidden_size})")
+            raise ValueError(
+                f"LM head of shape {tuple(weight.shape)}; these heads need ({self.vocab_size}, {self.hidden_size})"
+            )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         out = []
@@ -153,10 +171,14 @@ class MedusaHeads(torch.nn.ModuleList):
         proj = state[f"0.{layers}.weight"]
         heads = cls(num_heads, proj.shape[1], proj.shape[0], layers, device="meta")  # no memory, no random init
         shared = lm_head is not None and all(
-            torch.equal(state[f"{h}.{layers}.weight"].to(lm_head.device, lm_head.dtype), lm_head) for h in range(num_heads))
+            torch.equal(state[f"{h}.{layers}.weight"].to(lm_head.device, lm_head.dtype), lm_head)
+            for h in range(num_heads)
+        )
         if shared:
             state = {k: v for k, v in state.items() if not k.endswith(f".{layers}.weight")}
-        heads.load_state_dict(dict(state), strict=not shared, assign=True)  # the tensors themselves: their dtype and device
+        heads.load_state_dict(
+            dict(state), strict=not shared, assign=True
+        )  # the tensors themselves: their dtype and device
         if shared:
             heads.share_lm_head(lm_head)
         return heads
@@ -222,7 +244,7 @@ class MedusaDrafter(Drafter):
         self._target_rows.rows = None
         self._h: torch.Tensor | None = None  # [H]: the row the next draft reads
 
-    def bind_target_cache(self, cache) -> None:  # noqa: ANN001 (a DynamicCache; unused: only the hidden rows matter)
+    def bind_target_cache(self, cache) -> None:
         self._target_rows.bind()
 
     def release(self) -> None:
@@ -231,8 +253,10 @@ class MedusaDrafter(Drafter):
 
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         if tree.depth > self.heads.num_heads:
-            raise ValueError(f"a tree of depth {tree.depth} needs {tree.depth} Medusa heads; these are "
-                             f"{self.heads.num_heads}: use a tree of depth <= {self.heads.num_heads}")
+            raise ValueError(
+                f"a tree of depth {tree.depth} needs {tree.depth} Medusa heads; these are "
+                f"{self.heads.num_heads}: use a tree of depth <= {self.heads.num_heads}"
+            )
 
     def observe(self, draft: Draft, acceptance: Acceptance) -> None:
         # the verify rows are [pending..., root, nodes]: the last N + 1 captured ones
@@ -241,8 +265,9 @@ class MedusaDrafter(Drafter):
         self._h = self._target_rows.rows[self._target_rows.rows.shape[0] - (n + 1) + row]
 
     @torch.inference_mode()
-    def draft(self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig,
-              generator: torch.Generator | None = None) -> Draft:
+    def draft(
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Draft:
         self.check_request(tree, sampling)
         h = self._h
         if h is None and self._target_rows.rows is not None and tokens.numel() >= 2:

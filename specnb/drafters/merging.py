@@ -17,7 +17,7 @@ replacement from one q).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -84,11 +84,7 @@ class MergedDrafter(Drafter):
             drafter.bind_target_cache(cache)
 
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         trie = TokenTrie()
         sources: list[list[int]] = []
@@ -138,4 +134,3 @@ class MergedDrafter(Drafter):
             else:
                 next_token = acceptance.next_token
             drafter.observe(own, Acceptance(tuple(path), next_token, acceptance.tokens[: len(path)]))
-

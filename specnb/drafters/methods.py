@@ -34,8 +34,9 @@ In tables, a method's `shape` is the spec before the colon ("ngram/kary2", "dyna
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -43,16 +44,26 @@ from ..core.acceptance import TypicalAcceptance
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.streaming import StreamingCache
 from ..core.trees import Tree
+from .cross_tokenizer import CrossTokenizerDrafter
 from .draft_length import AdaptiveLength
 from .dynamic import DynamicTreeDrafter
 from .medusa import MedusaDrafter, MedusaHeads
 from .merging import MergedDrafter
 from .ngram import NgramDrafter
-from .cross_tokenizer import CrossTokenizerDrafter
 from .self_draft import EarlyExitDrafter
 
 HF_METHODS = ("hf_assisted", "hf_uag", "hf_prompt_lookup")
-DRAFTERS = ("draft", "ngram", "early_exit", "merged", "adaptive", "confidence", "xtok", "medusa", "medusa_typical_lossy")
+DRAFTERS = (
+    "draft",
+    "ngram",
+    "early_exit",
+    "merged",
+    "adaptive",
+    "confidence",
+    "xtok",
+    "medusa",
+    "medusa_typical_lossy",
+)
 CROSS = "xtok"
 MEDUSA = ("medusa", "medusa_typical_lossy")
 DYNAMIC = "dynamic"
@@ -128,7 +139,9 @@ def parse_method(spec: str) -> Method:
     """A `Method` from its spec (module docstring); a ValueError names the accepted forms."""
     m = _SPEC.match(spec.strip())
     if not m:
-        raise ValueError(f"method {spec!r} must be [drafter/]shape:budget, e.g. chain:4, ngram/kary2:8, dynamic:16, hf_assisted:4")
+        raise ValueError(
+            f"method {spec!r} must be [drafter/]shape:budget, e.g. chain:4, ngram/kary2:8, dynamic:16, hf_assisted:4"
+        )
     drafter, arg, shape, budget = m["drafter"] or "draft", m["arg"], m["shape"], int(m["budget"])
     if budget < 1:
         raise ValueError(f"method {spec!r}: the budget must be >= 1")
@@ -137,7 +150,9 @@ def parse_method(spec: str) -> Method:
     if drafter == CROSS and shape in HF_METHODS:
         raise ValueError(f"method {spec!r}: transformers' cross-tokenizer method is hf_uag:{budget}")
     if drafter not in DRAFTERS:
-        raise ValueError(f"method {spec!r}: unknown drafter {drafter!r}; use one of {DRAFTERS[1:]} (or none for the draft model)")
+        raise ValueError(
+            f"method {spec!r}: unknown drafter {drafter!r}; use one of {DRAFTERS[1:]} (or none for the draft model)"
+        )
     needs_arg = drafter in ("early_exit", "confidence")
     if needs_arg != (arg is not None):
         raise ValueError(
@@ -191,9 +206,13 @@ def build_drafter(
     if method.drafter == CROSS:
         if target_tokenizer is None or draft_tokenizer is None:
             raise ValueError(f"method {method.spec} needs the target's and the draft's tokenizers")
-        inner = (DynamicTreeDrafter(draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1],
-                                    cache_policy=cache_policy)
-                 if method.shape == DYNAMIC else model())
+        inner = (
+            DynamicTreeDrafter(
+                draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1], cache_policy=cache_policy
+            )
+            if method.shape == DYNAMIC
+            else model()
+        )
         return CrossTokenizerDrafter(inner, draft_tokenizer, target_tokenizer)
     if method.drafter == "draft":
         return model()
@@ -208,5 +227,7 @@ def build_drafter(
     if method.drafter == "confidence":
         return model(confidence_threshold=float(method.arg))
     if method.drafter == DYNAMIC:
-        return DynamicTreeDrafter(draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1], cache_policy=cache_policy)
+        return DynamicTreeDrafter(
+            draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1], cache_policy=cache_policy
+        )
     raise AssertionError(method)

@@ -31,7 +31,7 @@ the last one, and cleared by `reset`. A lookup costs O(matches), not O(sequence 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -84,11 +84,7 @@ class NgramDrafter(Drafter):
         self.last_matches = 0
 
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         """tokens: long [1, T] or [T], the sequence so far. `sampling` and `generator` are unused:
         the proposals are the same in both modes."""

@@ -43,13 +43,20 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 ANCHOR = b"\n"  # neutral left context: a newline ends every pre-token and joins with nothing after it
 # strings whose encoding must give back their own bytes (a leading space, digits, code, non-ASCII)
-ROUND_TRIPS = ("Hello world", " two  spaces\nand a newline", "x = f(1, 2)  # ok", "caf\u00e9 na\u00efve", "\u4f60\u597d 42")
+ROUND_TRIPS = (
+    "Hello world",
+    " two  spaces\nand a newline",
+    "x = f(1, 2)  # ok",
+    "caf\u00e9 na\u00efve",
+    "\u4f60\u597d 42",
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,8 +98,10 @@ class TokenText:
                 else:
                     pieces[i] = piece.replace("\u2581", " ").encode()
         else:
-            raise ValueError(f"tokenizer {name!r}: decoder {sorted(kinds)} has no byte rule (byte-level BPE or "
-                             "SentencePiece-style BPE are supported)")
+            raise ValueError(
+                f"tokenizer {name!r}: decoder {sorted(kinds)} has no byte rule (byte-level BPE or "
+                "SentencePiece-style BPE are supported)"
+            )
         specials = {}
         for i, token in added.items():
             if token.special:
@@ -114,8 +123,10 @@ class TokenText:
                 got = out.join(out.encode(s))
                 want = (b" " if out.prefix_space and not s.startswith(" ") else b"") + s.encode()
                 if got != want:
-                    raise ValueError(f"tokenizer {name!r}: the tokens of {s!r} give back {got!r}, not {want!r}; "
-                                     "its normalizer or pre-tokenizer changes text, which cross-tokenizer drafting needs unchanged")
+                    raise ValueError(
+                        f"tokenizer {name!r}: the tokens of {s!r} give back {got!r}, not {want!r}; "
+                        "its normalizer or pre-tokenizer changes text, which cross-tokenizer drafting needs unchanged"
+                    )
         return out
 
     def encode(self, text: str) -> list[int]:
@@ -266,8 +277,11 @@ def _decoder_kinds(state: Mapping) -> set[str]:
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet read backwards: symbol -> byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + list(
-        range(ord("\u00ae"), ord("\u00ff") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+        + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    )
     symbols, extra = printable[:], 0
     for b in range(256):
         if b not in printable:

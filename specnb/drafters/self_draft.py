@@ -100,11 +100,7 @@ class EarlyExitDrafter(ModelDrafter):
         self._target_cache = cache
 
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         if self._target_cache is None:
             return super().draft(tokens, tree, sampling, generator)
@@ -127,8 +123,14 @@ class EarlyExitDrafter(ModelDrafter):
         # the tree levels go on top of the target's cache (ModelDrafter.draft); nothing of them is
         # kept: the target's layers are restored after the draft
         self._cache, self._committed, self._fed = self._target_cache, list(seq), []
-        return forward(self.model, self._cache, torch.tensor(seq[-1:]), logits_to_keep=1,  # host: moved by forward
-                       head=self.head if k else None, k=k)[-1].float()
+        return forward(
+            self.model,
+            self._cache,
+            torch.tensor(seq[-1:]),
+            logits_to_keep=1,  # host: moved by forward
+            head=self.head if k else None,
+            k=k,
+        )[-1].float()
 
 
 def quantized_self_draft(

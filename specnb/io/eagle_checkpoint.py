@@ -31,9 +31,10 @@ What it holds:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -66,14 +67,33 @@ class PublishedEagle(PublishedCheckpoint):
 # 2024-04-08) that the 1.4 GB pytorch_model.bin of a 0.24B head "saves weights in fp32" and holds the
 # target's embedding: 4 x (0.236B + 32000 x 4096) = 1.47 GB matches, float16 (0.73 GB) does not.
 # Assumed the same for the Llama-2-chat head (the same training code, the same 0.24B).
-PUBLISHED = {h.repo_id: h for h in (
-    PublishedEagle("yuhuili/EAGLE-Vicuna-7B-v1.3", "lmsys/vicuna-7b-v1.3", "float32", hidden_size=4096,
-                   intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                   holds_embedding=True),
-    PublishedEagle("yuhuili/EAGLE-llama2-chat-7B", "meta-llama/Llama-2-7b-chat-hf", "float32", hidden_size=4096,
-                   intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                   holds_embedding=True),
-)}
+PUBLISHED = {
+    h.repo_id: h
+    for h in (
+        PublishedEagle(
+            "yuhuili/EAGLE-Vicuna-7B-v1.3",
+            "lmsys/vicuna-7b-v1.3",
+            "float32",
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32000,
+            holds_embedding=True,
+        ),
+        PublishedEagle(
+            "yuhuili/EAGLE-llama2-chat-7B",
+            "meta-llama/Llama-2-7b-chat-hf",
+            "float32",
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32000,
+            holds_embedding=True,
+        ),
+    )
+}
 
 
 def checkpoint_folder(name_or_path: str | os.PathLike) -> Path:
@@ -83,7 +103,7 @@ def checkpoint_folder(name_or_path: str | os.PathLike) -> Path:
 
 def published_key(key: str) -> str:
     """EagleHead's key -> the published one (`layer.X` -> `layers.0.X`; fc.* as is)."""
-    return PUBLISHED_LAYER + key[len(LAYER):] if key.startswith(LAYER) else key
+    return PUBLISHED_LAYER + key[len(LAYER) :] if key.startswith(LAYER) else key
 
 
 def to_published(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -94,16 +114,22 @@ def to_published(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {published_key(k): v for k, v in state.items()}
 
 
-def from_published(state: Mapping[str, torch.Tensor], file: str | os.PathLike = "the state dict"
-                   ) -> dict[str, torch.Tensor]:
+def from_published(
+    state: Mapping[str, torch.Tensor], file: str | os.PathLike = "the state dict"
+) -> dict[str, torch.Tensor]:
     """A published state dict under EagleHead's keys, embed_tokens.weight dropped. Keys of another
     layout (two layers, EAGLE-3's midlayer.* / d2t / lm_head) are refused, naming `file`."""
     bad = [k for k in state if k != EMBEDDING and not k.startswith(("fc.", PUBLISHED_LAYER))]
     if bad:
-        raise ValueError(f"{file} is not an EAGLE-1 head: keys {sorted(bad)[:4]} are none of fc.*, {PUBLISHED_LAYER}* "
-                         f"and {EMBEDDING} (a head of another EAGLE version, or of more than one layer?)")
-    return {(LAYER + k[len(PUBLISHED_LAYER):] if k.startswith(PUBLISHED_LAYER) else k): v
-            for k, v in state.items() if k != EMBEDDING}
+        raise ValueError(
+            f"{file} is not an EAGLE-1 head: keys {sorted(bad)[:4]} are none of fc.*, {PUBLISHED_LAYER}* "
+            f"and {EMBEDDING} (a head of another EAGLE version, or of more than one layer?)"
+        )
+    return {
+        (LAYER + k[len(PUBLISHED_LAYER) :] if k.startswith(PUBLISHED_LAYER) else k): v
+        for k, v in state.items()
+        if k != EMBEDDING
+    }
 
 
 @dataclass(frozen=True)
@@ -127,8 +153,13 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> EagleCheckpoint:
     return EagleCheckpoint(from_published(state, file), read_config(folder), file, embedding)
 
 
-def save_checkpoint(folder: str | os.PathLike, state: Mapping[str, torch.Tensor], config: Mapping[str, Any],
-                    dtype: torch.dtype | None = None, embedding: torch.Tensor | None = None) -> Path:
+def save_checkpoint(
+    folder: str | os.PathLike,
+    state: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    dtype: torch.dtype | None = None,
+    embedding: torch.Tensor | None = None,
+) -> Path:
     """Write pytorch_model.bin (EagleHead's `state` under the published keys; atomically) and
     config.json (`config` as given). dtype: cast the tensors; default as they are. embedding: the
     target's [V, H], written as embed_tokens.weight as the published files hold it (default none:
@@ -140,8 +171,9 @@ def save_checkpoint(folder: str | os.PathLike, state: Mapping[str, torch.Tensor]
     return folder
 
 
-def check_checkpoint(checkpoint: EagleCheckpoint, expected: Mapping[str, tuple[int, ...]], hidden_size: int,
-                     vocab_size: int) -> None:
+def check_checkpoint(
+    checkpoint: EagleCheckpoint, expected: Mapping[str, tuple[int, ...]], hidden_size: int, vocab_size: int
+) -> None:
     """ValueError unless the checkpoint fits the head a target needs: `expected` holds EagleHead's
     keys and shapes for that target (its hidden size and vocabulary, read from its embedding); the
     config's hidden size and vocabulary, the embedding the file holds, fc's bias against the
@@ -151,25 +183,37 @@ def check_checkpoint(checkpoint: EagleCheckpoint, expected: Mapping[str, tuple[i
     config_file = file.parent / CONFIG
     said = config.get("hidden_size")
     if said is not None and int(said) != hidden_size:
-        raise ValueError(f"{config_file}: hidden_size {said}, but the target's hidden size is {hidden_size}: this EAGLE "
-                         "head was trained for another model (use the head published for this target)")
+        raise ValueError(
+            f"{config_file}: hidden_size {said}, but the target's hidden size is {hidden_size}: this EAGLE "
+            "head was trained for another model (use the head published for this target)"
+        )
     said = config.get("vocab_size")
     if said is not None and int(said) != vocab_size:
-        raise ValueError(f"{config_file}: vocab_size {said}, but the target's embedding has {vocab_size} rows: this "
-                         "EAGLE head was trained for another vocabulary")
+        raise ValueError(
+            f"{config_file}: vocab_size {said}, but the target's embedding has {vocab_size} rows: this "
+            "EAGLE head was trained for another vocabulary"
+        )
     if checkpoint.embedding_shape is not None and checkpoint.embedding_shape != (vocab_size, hidden_size):
-        raise ValueError(f"{file}: {EMBEDDING} has shape {list(checkpoint.embedding_shape)}, expected "
-                         f"{[vocab_size, hidden_size]} (the target's embedding): a head for another model")
+        raise ValueError(
+            f"{file}: {EMBEDDING} has shape {list(checkpoint.embedding_shape)}, expected "
+            f"{[vocab_size, hidden_size]} (the target's embedding): a head for another model"
+        )
     if ("fc.bias" in checkpoint.state) != checkpoint.bias:
-        raise ValueError(f"{file}: {'holds' if 'fc.bias' in checkpoint.state else 'has no'} fc.bias, but {config_file} "
-                         f"says bias {'true' if checkpoint.bias else 'false'} (absent means true, as EAGLE reads it)")
+        raise ValueError(
+            f"{file}: {'holds' if 'fc.bias' in checkpoint.state else 'has no'} fc.bias, but {config_file} "
+            f"says bias {'true' if checkpoint.bias else 'false'} (absent means true, as EAGLE reads it)"
+        )
     missing = sorted(published_key(k) for k in expected if k not in checkpoint.state)
     extra = sorted(published_key(k) for k in checkpoint.state if k not in expected)
     if missing or extra:
-        raise ValueError(f"{file}: an EAGLE-1 head for this target needs {sorted(map(published_key, expected))}; "
-                         f"missing {missing}, not expected {extra}")
+        raise ValueError(
+            f"{file}: an EAGLE-1 head for this target needs {sorted(map(published_key, expected))}; "
+            f"missing {missing}, not expected {extra}"
+        )
     for key, shape in expected.items():
         got = tuple(checkpoint.state[key].shape)
         if got != tuple(shape):
-            raise ValueError(f"{file}: {published_key(key)} has shape {list(got)}, expected {list(shape)} for this target "
-                             f"(hidden size {hidden_size}; the layer's sizes from the target's config)")
+            raise ValueError(
+                f"{file}: {published_key(key)} has shape {list(got)}, expected {list(shape)} for this target "
+                f"(hidden size {hidden_size}; the layer's sizes from the target's config)"
+            )

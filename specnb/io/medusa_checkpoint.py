@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -40,9 +41,14 @@ class PublishedHeads(PublishedCheckpoint):
 
 
 # Medusa-1 for Vicuna-7B v1.3 (Cai et al. 2024): 5 heads of one block (its config says 2 heads: see above)
-PUBLISHED = {h.repo_id: h for h in (
-    PublishedHeads("FasterDecoding/medusa-vicuna-7b-v1.3", "lmsys/vicuna-7b-v1.3", "float16", num_heads=5, num_layers=1),
-)}
+PUBLISHED = {
+    h.repo_id: h
+    for h in (
+        PublishedHeads(
+            "FasterDecoding/medusa-vicuna-7b-v1.3", "lmsys/vicuna-7b-v1.3", "float16", num_heads=5, num_layers=1
+        ),
+    )
+}
 
 WEIGHTS = "medusa_lm_head.pt"
 WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
@@ -58,27 +64,42 @@ def check_layout(state: Mapping[str, torch.Tensor]) -> tuple[int, int]:
     """(K heads, L blocks per head) of a state dict in the published layout; ValueError otherwise."""
     bad = [k for k in state if not _KEY.match(k)]
     if bad:
-        raise ValueError(f"not a Medusa head state dict: keys {bad[:4]} are not {{h}}.{{l}}.linear.weight/bias or {{h}}.{{L}}.weight")
+        raise ValueError(
+            f"not a Medusa head state dict: keys {bad[:4]} are not {{h}}.{{l}}.linear.weight/bias or {{h}}.{{L}}.weight"
+        )
     heads = 1 + max(int(_KEY.match(k)[1]) for k in state)
     layers = max(int(_KEY.match(k)[2]) for k in state)
     want = {f"{h}.{l}.linear.{w}" for h in range(heads) for l in range(layers) for w in ("weight", "bias")}
     want |= {f"{h}.{layers}.weight" for h in range(heads)}
     if set(state) != want:
-        raise ValueError(f"Medusa state dict of {heads} heads x {layers} layers: missing {sorted(want - set(state))[:4]}, "
-                         f"extra {sorted(set(state) - want)[:4]}")
+        raise ValueError(
+            f"Medusa state dict of {heads} heads x {layers} layers: missing {sorted(want - set(state))[:4]}, "
+            f"extra {sorted(set(state) - want)[:4]}"
+        )
     return heads, layers
 
 
-def save_checkpoint(folder: str | os.PathLike, state: Mapping[str, torch.Tensor], base_model: str,
-                    dtype: torch.dtype | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    folder: str | os.PathLike,
+    state: Mapping[str, torch.Tensor],
+    base_model: str,
+    dtype: torch.dtype | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
     """Write config.json and medusa_lm_head.pt (atomically: a temporary name, then a rename).
     dtype: cast the tensors (e.g. torch.float16, as published); default as they are."""
     heads, layers = check_layout(state)
     folder = Path(folder)
     projection = state[f"0.{layers}.weight"]
     write_state(folder, WEIGHTS, state, dtype)
-    config = {"base_model_name_or_path": base_model, "medusa_num_heads": heads, "medusa_num_layers": layers,
-              "hidden_size": projection.shape[1], "vocab_size": projection.shape[0], **(extra or {})}
+    config = {
+        "base_model_name_or_path": base_model,
+        "medusa_num_heads": heads,
+        "medusa_num_layers": layers,
+        "hidden_size": projection.shape[1],
+        "vocab_size": projection.shape[0],
+        **(extra or {}),
+    }
     write_config(folder, config)
     return folder
 

@@ -64,7 +64,7 @@ class HubModel:
 
 
 def file_name(hub_id: str) -> str:
-    """"org/name" -> "org--name.json" (the hub cache's `models--org--name` spelling)."""
+    """ "org/name" -> "org--name.json" (the hub cache's `models--org--name` spelling)."""
     return hub_id.replace("/", "--") + ".json"
 
 
@@ -85,8 +85,15 @@ def hub_model(hub_id: str) -> HubModel:
     facts = TokenizerFacts(**record["tokenizer"])
     if facts.family not in FAMILIES:
         raise ValueError(f"{path.name}: tokenizer family {facts.family!r} is not one of {FAMILIES}")
-    return HubModel(hub_id, record["source"], record["config"], record["generation_config"], facts,
-                    record["weights_dtype"], record["gated"])
+    return HubModel(
+        hub_id,
+        record["source"],
+        record["config"],
+        record["generation_config"],
+        facts,
+        record["weights_dtype"],
+        record["gated"],
+    )
 
 
 def config_of(hub_id: str) -> PretrainedConfig:

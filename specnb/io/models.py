@@ -35,8 +35,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..kernels.cpu_linear import PackedLinear, check_linear_path, pack_linears
 from . import embedded
-from .cpu_linear import PackedLinear, check_linear_path, pack_linears
 from .model_configs import hub_model, known_models
 from .sources import Source, check_sources, resolve_source
 
@@ -55,7 +55,6 @@ CROSS_TOKENIZER = (
     "into target tokens), transformers' hf_uag:4 (universal assisted generation), and "
     "load_pair(..., cross_tokenizer=True)"
 )
-
 
 
 def default_device() -> torch.device:
@@ -110,9 +109,7 @@ def _conversation(name_or_path: str) -> str | None:
 
 def _check_quantization(quantization: str | None) -> None:
     if quantization not in QUANTIZATIONS:
-        raise ValueError(
-            f"unknown quantization {quantization!r}; allowed: {', '.join(map(repr, QUANTIZATIONS))}"
-        )
+        raise ValueError(f"unknown quantization {quantization!r}; allowed: {', '.join(map(repr, QUANTIZATIONS))}")
 
 
 def _load_causal_lm(
@@ -165,7 +162,7 @@ def load_model(
     layers: keep only the first `layers` decoder layers (then the final norm and LM head): an
         early-exit copy of the model, e.g. a draft made from the target itself (LayerSkip-style,
         but as a separate model with its own cache).
-    cpu_linear: how a float32 CPU model runs its linear layers (`io.cpu_linear`): "stock" (torch's
+    cpu_linear: how a float32 CPU model runs its linear layers (`kernels.cpu_linear`): "stock" (torch's
         nn.Linear) or "onednn" (oneDNN on prepacked weights: a verify of a few tokens costs less
         more than a decode); ignored on CUDA, in half precision and for 4-bit layers.
     """
@@ -231,9 +228,7 @@ def check_pair(
     if target_vocab == draft_vocab:
         return
     differing = sorted(
-        token
-        for token in target_vocab.keys() | draft_vocab.keys()
-        if target_vocab.get(token) != draft_vocab.get(token)
+        token for token in target_vocab.keys() | draft_vocab.keys() if target_vocab.get(token) != draft_vocab.get(token)
     )
     raise ValueError(
         f"target tokenizer {target_name!r} (vocab size {len(target_vocab)}) and draft "
@@ -290,12 +285,22 @@ class ModelPair:
     draft_quantization: str | None = None
     draft_layers: int | None = None  # keep only the draft's first layers (early-exit self-draft)
     dtype: str | None = None  # weights and 4-bit compute (`model_dtype`); None: the device's default
-    cpu_linear: str = "stock"  # a CPU float32 model's linear layers (`io.cpu_linear`): "stock" or "onednn"
+    cpu_linear: str = "stock"  # a CPU float32 model's linear layers (`kernels.cpu_linear`): "stock" or "onednn"
 
-    def load(self, device: str | torch.device | None = None) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+    def load(
+        self, device: str | torch.device | None = None
+    ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
         """`load_pair` of these names: (target, draft, tokenizer) on `device` (default: CUDA if seen)."""
-        return load_pair(self.target, self.draft, self.target_quantization, self.draft_quantization,
-                         device=device, dtype=self.dtype, draft_layers=self.draft_layers, cpu_linear=self.cpu_linear)
+        return load_pair(
+            self.target,
+            self.draft,
+            self.target_quantization,
+            self.draft_quantization,
+            device=device,
+            dtype=self.dtype,
+            draft_layers=self.draft_layers,
+            cpu_linear=self.cpu_linear,
+        )
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
@@ -305,14 +310,9 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
         encoded = cast(
             BatchEncoding,
             tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}],
-                add_generation_prompt=True,
-                return_dict=True,
-                return_tensors="pt",
+                [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True, return_tensors="pt"
             ),
         )
     else:
         encoded = tokenizer(text, return_tensors="pt")
     return torch.as_tensor(encoded["input_ids"], dtype=torch.long)  # host: prompts live on the CPU
-
-

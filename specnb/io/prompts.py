@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Sequence
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -34,12 +35,28 @@ class Prompt:
 
 
 BUILTIN: tuple[Prompt, ...] = (
-    Prompt("b01", "writing", "Write a short, friendly note inviting your neighbours to a garden party on Saturday afternoon."),
-    Prompt("b02", "roleplay", "You are a museum guide. Describe the oldest object in your museum to a group of children."),
-    Prompt("b03", "reasoning", "A train leaves at 9:40 and arrives at 13:05. How long is the journey? Explain step by step."),
+    Prompt(
+        "b01",
+        "writing",
+        "Write a short, friendly note inviting your neighbours to a garden party on Saturday afternoon.",
+    ),
+    Prompt(
+        "b02", "roleplay", "You are a museum guide. Describe the oldest object in your museum to a group of children."
+    ),
+    Prompt(
+        "b03",
+        "reasoning",
+        "A train leaves at 9:40 and arrives at 13:05. How long is the journey? Explain step by step.",
+    ),
     Prompt("b04", "math", "What is the sum of the first twenty odd numbers? Show your working."),
-    Prompt("b05", "coding", "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."),
-    Prompt("b06", "extraction", "List every city named in this sentence: 'We flew from Lisbon to Oslo, then took the train to Bergen.'"),
+    Prompt(
+        "b05", "coding", "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
+    ),
+    Prompt(
+        "b06",
+        "extraction",
+        "List every city named in this sentence: 'We flew from Lisbon to Oslo, then took the train to Bergen.'",
+    ),
     Prompt("b07", "stem", "Explain in three sentences why the sky looks blue during the day."),
     Prompt("b08", "humanities", "Summarise the main causes of the French Revolution in a short paragraph."),
     Prompt("b09", "translation", "Translate into French: 'The library opens at nine and closes at six on weekdays.'"),
@@ -119,7 +136,8 @@ def source_prompts(source: str | Path) -> list[Prompt]:
     if source == "auto":
         raise PromptRequestError(
             "prompts='auto' is gone: Spec-Bench ships with specnb, so there is nothing to fall back from. "
-            "Use 'spec_bench' (480 prompts, 13 categories), 'builtin' (13 short ones) or a JSONL path.")
+            "Use 'spec_bench' (480 prompts, 13 categories), 'builtin' (13 short ones) or a JSONL path."
+        )
     return read_jsonl(source)
 
 
@@ -141,8 +159,9 @@ def load_prompts(
     if categories is not None:
         missing = [c for c in categories if c not in have]
         if missing:
-            raise PromptRequestError(f"prompts {source!r} have no categor{'y' if len(missing) == 1 else 'ies'} "
-                                     f"{missing}; they have {have}")
+            raise PromptRequestError(
+                f"prompts {source!r} have no categor{'y' if len(missing) == 1 else 'ies'} {missing}; they have {have}"
+            )
         wanted = set(categories)
         prompts = [p for p in prompts if p.category in wanted]
     by_category: dict[str, list[Prompt]] = {}
@@ -156,7 +175,8 @@ def load_prompts(
         raise PromptRequestError(
             f"max_prompts={limit}, but prompts {source!r} with categories={list(categories) if categories else None} "
             f"and per_category={per_category} give only {len(ordered)} ({counts}): lower max_prompts to "
-            f"{len(ordered)}, or raise per_category, or widen categories, or choose a larger source")
+            f"{len(ordered)}, or raise per_category, or widen categories, or choose a larger source"
+        )
     return ordered[:limit] if limit is not None else ordered
 
 
@@ -182,8 +202,12 @@ class PromptSummary:
 
     def record(self) -> dict:
         """The JSON form params.json keeps."""
-        return {"source": self.source, "count": self.count, "per_category": dict(self.per_category),
-                **({"prompt_format": self.prompt_format} if self.prompt_format else {})}
+        return {
+            "source": self.source,
+            "count": self.count,
+            "per_category": dict(self.per_category),
+            **({"prompt_format": self.prompt_format} if self.prompt_format else {}),
+        }
 
 
 def describe(prompts: Sequence, source: str | Path, prompt_format: str = "") -> PromptSummary:

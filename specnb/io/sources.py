@@ -24,9 +24,9 @@ refuses a profile that names gated models when no token is visible (`token_visib
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from . import embedded
 
@@ -35,7 +35,7 @@ TOKEN_HELP = (
     "Pass a Hugging Face token. In a notebook: a Colab secret named HF_TOKEN (the key icon, notebook "
     "access on), or `huggingface_hub.login()`. For ./run_notebooks.sh, whose papermill kernels see no "
     "Colab secret, put it in the environment first: on Colab, in a cell, `import os; from google.colab "
-    "import userdata; os.environ[\"HF_TOKEN\"] = userdata.get(\"HF_TOKEN\")` (or `%env HF_TOKEN=hf_...`), "
+    'import userdata; os.environ["HF_TOKEN"] = userdata.get("HF_TOKEN")` (or `%env HF_TOKEN=hf_...`), '
     "then `!./run_notebooks.sh t4` (a `!export HF_TOKEN=...` line does not carry over: each ! line is a "
     "shell of its own); elsewhere `export HF_TOKEN=...` or `huggingface-cli login`."
 )
@@ -59,8 +59,10 @@ class Source:
 
 def offline() -> bool:
     """HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to a true value."""
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def token_visible() -> bool:
@@ -87,8 +89,10 @@ def resolve_source(name: str, check_access: bool = True) -> Source:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelSourceError(f"model {name!r} is a folder without a config.json: not a model folder "
-                                   "(save one with model.save_pretrained(folder) and tokenizer.save_pretrained(folder))")
+            raise ModelSourceError(
+                f"model {name!r} is a folder without a config.json: not a model folder "
+                "(save one with model.save_pretrained(folder) and tokenizer.save_pretrained(folder))"
+            )
         return Source(name, "folder", "folder")
     if not _looks_like_hub_id(name):
         raise ModelSourceError(_unknown(name, "it is not a hub id either (those look like org/name)"))
@@ -96,8 +100,13 @@ def resolve_source(name: str, check_access: bool = True) -> Source:
     if offline():
         if cached:
             return Source(name, "hub", "cached")
-        raise ModelSourceError(_unknown(name, "offline mode is set (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE) and "
-                                              "it is not in the local Hugging Face cache"))
+        raise ModelSourceError(
+            _unknown(
+                name,
+                "offline mode is set (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE) and "
+                "it is not in the local Hugging Face cache",
+            )
+        )
     if not check_access:
         return Source(name, "hub", "found")
     answer, detail = _ask_hub(name)
@@ -109,13 +118,24 @@ def resolve_source(name: str, check_access: bool = True) -> Source:
         raise ModelSourceError(
             f"model {name!r} is gated on the Hugging Face hub and this session has no access to it. Accept its "
             f"licence at https://huggingface.co/{name} (Llama-2 and Llama-3.2 each have their own), wait for the "
-            f"grant, then pass a token. {TOKEN_HELP}")
+            f"grant, then pass a token. {TOKEN_HELP}"
+        )
     if answer == "not found":
-        raise ModelSourceError(_unknown(name, "the hub says no such repository exists (or it is private: "
-                                              f"then pass a token with access; {TOKEN_HELP})"))
-    raise ModelSourceError(_unknown(name, f"the Hugging Face hub could not be reached ({detail}) and it is not in "
-                                          "the local cache; check the network, or set HF_HUB_OFFLINE=1 to use "
-                                          "only cached models"))
+        raise ModelSourceError(
+            _unknown(
+                name,
+                "the hub says no such repository exists (or it is private: "
+                f"then pass a token with access; {TOKEN_HELP})",
+            )
+        )
+    raise ModelSourceError(
+        _unknown(
+            name,
+            f"the Hugging Face hub could not be reached ({detail}) and it is not in "
+            "the local cache; check the network, or set HF_HUB_OFFLINE=1 to use "
+            "only cached models",
+        )
+    )
 
 
 def check_sources(names: Iterable[str]) -> dict[str, Source]:
@@ -127,8 +147,11 @@ def check_sources(names: Iterable[str]) -> dict[str, Source]:
         except ModelSourceError as e:
             problems.append(str(e))
     if problems:
-        raise ModelSourceError("\n".join(problems) if len(problems) == 1 else
-                               f"{len(problems)} models cannot be loaded:\n- " + "\n- ".join(problems))
+        raise ModelSourceError(
+            "\n".join(problems)
+            if len(problems) == 1
+            else f"{len(problems)} models cannot be loaded:\n- " + "\n- ".join(problems)
+        )
     return sources
 
 
@@ -138,8 +161,10 @@ def _looks_like_hub_id(name: str) -> bool:
 
 
 def _unknown(name: str, why: str) -> str:
-    return (f"model {name!r} cannot be loaded: it is not one of specnb's embedded models "
-            f"({', '.join(sorted(embedded.EMBEDDED_MODELS))}), not a local folder, and {why}.")
+    return (
+        f"model {name!r} cannot be loaded: it is not one of specnb's embedded models "
+        f"({', '.join(sorted(embedded.EMBEDDED_MODELS))}), not a local folder, and {why}."
+    )
 
 
 def _ask_hub(repo_id: str) -> tuple[str, str]:

@@ -20,10 +20,11 @@ import platform
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,12 +56,12 @@ def environment() -> dict[str, Any]:
 def git_commit() -> str | None:
     root = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -268,7 +269,9 @@ class Sweep:
     def __len__(self) -> int:
         return len(self._units)
 
-    def add(self, key: Mapping[str, Any], rows: Iterable[Mapping[str, Any]], meta: Mapping[str, Any] | None = None) -> None:
+    def add(
+        self, key: Mapping[str, Any], rows: Iterable[Mapping[str, Any]], meta: Mapping[str, Any] | None = None
+    ) -> None:
         """Store a finished unit (no-op if its key is already stored); durable on return."""
         k = self._key(key)
         if k in self._units:

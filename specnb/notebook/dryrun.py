@@ -49,11 +49,11 @@ import shutil
 import sys
 import tempfile
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -81,14 +81,23 @@ TRAINING_TEXT = (
     "def main():\n    print('hello, world')\n    return 0\n"
     "Numbers: 0 1 2 3 4 5 6 7 8 9 10 12 20 42 100 1829 2024. Questions? Answers! Lists: a, b; c.\n"
 )
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_SPECIAL = (
-    ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-     "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
-     "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
-    + [f"<|reserved_special_token_{i}|>" for i in range(3, 248)]
-)  # ids 128000 .. 128255
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_SPECIAL = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_2|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+] + [f"<|reserved_special_token_{i}|>" for i in range(3, 248)]  # ids 128000 .. 128255
 
 
 @dataclass(frozen=True)
@@ -120,9 +129,15 @@ def standin_config(model: HubModel) -> PretrainedConfig:
     config = config_of(model.hub_id)
     shape = FAMILY_SHAPES[model.tokenizer.family]
     heads, kv_heads, head_dim = tiny_heads(config.num_attention_heads, config.num_key_value_heads)
-    if shape.hidden % heads or any(n % 64 for n in (shape.hidden, shape.intermediate, heads * head_dim, kv_heads * head_dim)):
+    if shape.hidden % heads or any(
+        n % 64 for n in (shape.hidden, shape.intermediate, heads * head_dim, kv_heads * head_dim)
+    ):
         raise ValueError(f"stand-in sizes of {model.hub_id} do not suit bitsandbytes' CPU kernel")
-    config.hidden_size, config.intermediate_size, config.num_hidden_layers = shape.hidden, shape.intermediate, shape.layers
+    config.hidden_size, config.intermediate_size, config.num_hidden_layers = (
+        shape.hidden,
+        shape.intermediate,
+        shape.layers,
+    )
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = heads, kv_heads, head_dim
     config.specnb_standin = f"tiny random stand-in for {model.hub_id} (specnb.notebook.dryrun), not the real model"
     return config
@@ -141,16 +156,22 @@ def family_tokenizer(family: str, vocab_size: int) -> PreTrainedTokenizerFast:
         special = ["<unk>", "<s>", "</s>"]
         vocab = {t: i for i, t in enumerate(special + [f"<0x{b:02X}>" for b in range(256)])}
         vocab = _fill(vocab, trained["vocab"], vocab_size)
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=trained["merges"], unk_token="<unk>", byte_fallback=True,
-                                   fuse_unk=True))
+        tok = Tokenizer(
+            models.BPE(vocab=vocab, merges=trained["merges"], unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+        )
         # Llama-2's tokenizer.json: no split on spaces, "▁" before the first word; decoding undoes both
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
         bos, eos, unk = "<s>", "</s>", "<unk>"
     elif family == "llama3":
-        split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        split = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         trained = _train_bpe(split, text, alphabet=pre_tokenizers.ByteLevel.alphabet())
         special = LLAMA3_SPECIAL
         vocab = _fill({}, trained["vocab"], vocab_size - len(special))
@@ -162,9 +183,12 @@ def family_tokenizer(family: str, vocab_size: int) -> PreTrainedTokenizerFast:
         raise ValueError(f"unknown tokenizer family {family!r}; known: {FAMILIES}")
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     bos_id = tok.token_to_id(bos)
-    template = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
-    tok.post_processor = (processors.Sequence([processors.ByteLevel(trim_offsets=False), template])
-                          if family == "llama3" else template)
+    template = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+    )
+    tok.post_processor = (
+        processors.Sequence([processors.ByteLevel(trim_offsets=False), template]) if family == "llama3" else template
+    )
     if tok.get_vocab_size() != vocab_size:
         raise AssertionError(f"{family} tokenizer has {tok.get_vocab_size()} tokens, not {vocab_size}")
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, unk_token=unk)
@@ -218,7 +242,9 @@ def standin_weights(model: torch.nn.Module, hub_id: str, family: str) -> None:
 
 
 def _normal(key: str, shape: torch.Size) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode())))  # host: stand-in weights, saved to disk
+    return torch.randn(
+        shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode()))
+    )  # host: stand-in weights, saved to disk
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,8 +281,10 @@ def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> 
     hub_ids = sorted(set(hub_ids if hub_ids is not None else known + buildable))
     unknown = [h for h in hub_ids if h not in known and h not in buildable]
     if unknown:
-        raise KeyError(f"no committed config for {unknown} (or for the base model of published heads); stand-ins exist "
-                       f"for {known} and the published heads {buildable}")
+        raise KeyError(
+            f"no committed config for {unknown} (or for the base model of published heads); stand-ins exist "
+            f"for {known} and the published heads {buildable}"
+        )
     digest = standin_digest(hub_ids)
     commit = digest[:40]  # the snapshot's "commit hash"
     hub = home / "hub"
@@ -341,9 +369,13 @@ def _fill_heads(heads: PublishedHeads, snapshot: Path) -> str:
     state = {}
     for k in range(heads.num_heads):
         for layer in range(heads.num_layers):
-            state[f"{k}.{layer}.linear.weight"] = _normal(f"{heads.repo_id}/{k}.{layer}", torch.Size((h, h))) * 0.1 / math.sqrt(h)
+            state[f"{k}.{layer}.linear.weight"] = (
+                _normal(f"{heads.repo_id}/{k}.{layer}", torch.Size((h, h))) * 0.1 / math.sqrt(h)
+            )
             state[f"{k}.{layer}.linear.bias"] = torch.zeros(h)  # host: stand-in weights, saved to disk
-        state[f"{k}.{heads.num_layers}.weight"] = lm_head + MEMBER_NOISE * _normal(f"{heads.repo_id}/{k}", torch.Size((v, h)))
+        state[f"{k}.{heads.num_layers}.weight"] = lm_head + MEMBER_NOISE * _normal(
+            f"{heads.repo_id}/{k}", torch.Size((v, h))
+        )
     save_checkpoint(snapshot, state, heads.base_model, dtype=heads.torch_dtype)
     return f"tiny random stand-in for {heads.repo_id} ({heads.num_heads} heads, {heads.dtype}; specnb.notebook.dryrun)"
 
@@ -362,7 +394,9 @@ def _fill_eagle(head: PublishedEagle, snapshot: Path) -> str:
     h = net.config.hidden_size
     with torch.no_grad():
         eagle.fc.weight.copy_(_normal(f"{head.repo_id}/fc.weight", eagle.fc.weight.shape) * 0.1 / math.sqrt(2 * h))
-        eagle.fc.weight[:, :h] += torch.eye(h)  # host: stand-in weights; the embedding half of concat(embedding, feature)
+        eagle.fc.weight[:, :h] += torch.eye(
+            h
+        )  # host: stand-in weights; the embedding half of concat(embedding, feature)
         if eagle.fc.bias is not None:
             eagle.fc.bias.zero_()
     first = net.model.layers[0].state_dict()
@@ -376,8 +410,10 @@ def _refuse_real_model(repo: Path) -> None:
         return
     snapshots = [p for p in (repo / "snapshots").glob("*") if p.is_dir()]
     if not snapshots or not all((s / MARKER).is_file() for s in snapshots):
-        raise RuntimeError(f"{repo} holds a model that is not a specnb stand-in: refusing to replace it. "
-                           "Build stand-ins into a folder of their own (HF_HOME for the dry run only).")
+        raise RuntimeError(
+            f"{repo} holds a model that is not a specnb stand-in: refusing to replace it. "
+            "Build stand-ins into a folder of their own (HF_HOME for the dry run only)."
+        )
 
 
 @contextlib.contextmanager
@@ -406,13 +442,21 @@ def _write_json(path: Path, record: dict) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.dryrun", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m specnb.notebook.dryrun",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="install stand-ins into HOME/hub (use HF_HOME=HOME HF_HUB_OFFLINE=1 to load them)")
     b.add_argument("--home", type=Path, required=True, help="a folder of its own, never your real HF_HOME")
-    b.add_argument("hub_ids", nargs="*", metavar="HUB_ID", help=f"default: all of {', '.join(known_models())}, and the published heads (Medusa's, EAGLE's) "
-                   "of those models")
+    b.add_argument(
+        "hub_ids",
+        nargs="*",
+        metavar="HUB_ID",
+        help=f"default: all of {', '.join(known_models())}, and the published heads (Medusa's, EAGLE's) "
+        "of those models",
+    )
     args = ap.parse_args(argv)
     try:
         built = install_standins(args.home, args.hub_ids or None)

@@ -128,7 +128,9 @@ def _indistinct_series(ax: Axes) -> list[str]:
             continue
         style = (mcolors.to_hex(line.get_color()), str(line.get_marker()), str(line.get_linestyle()))
         if style in seen and seen[style] != label:
-            out.append(f"indistinguishable series in {_name(ax)}: {seen[style]!r} and {label!r} share colour, marker and style")
+            out.append(
+                f"indistinguishable series in {_name(ax)}: {seen[style]!r} and {label!r} share colour, marker and style"
+            )
         seen.setdefault(style, label)
     return out
 
@@ -168,8 +170,10 @@ def _plotted(ax: Axes) -> tuple[list[np.ndarray], list[np.ndarray]]:
 def _axis_beyond_data(ax: Axes) -> list[str]:
     """A limit far past everything the axes (and the axes sharing that axis) plot."""
     out = []
-    for axis, index, lim, scale, shared in (("x", 0, ax.get_xlim(), ax.get_xscale(), ax.get_shared_x_axes()),
-                                            ("y", 1, ax.get_ylim(), ax.get_yscale(), ax.get_shared_y_axes())):
+    for axis, index, lim, scale, shared in (
+        ("x", 0, ax.get_xlim(), ax.get_xscale(), ax.get_shared_x_axes()),
+        ("y", 1, ax.get_ylim(), ax.get_yscale(), ax.get_shared_y_axes()),
+    ):
         values = [v for sibling in shared.get_siblings(ax) for v in _plotted(sibling)[index]]
         values = np.concatenate(values) if values else np.zeros(0)
         values = values[np.isfinite(values)]
@@ -191,7 +195,11 @@ def _axis_beyond_data(ax: Axes) -> list[str]:
 
 
 def _name(ax: Axes) -> str:
-    return repr(ax.get_title()) if ax.get_title() else f"axes at {tuple(round(v, 2) for v in ax.get_position().bounds[:2])}"
+    return (
+        repr(ax.get_title())
+        if ax.get_title()
+        else f"axes at {tuple(round(v, 2) for v in ax.get_position().bounds[:2])}"
+    )
 
 
 def saved_problems(path) -> list[str]:

@@ -43,8 +43,11 @@ def styles(names) -> dict[str, dict]:
     colours = sns.color_palette("tab10", 10)
     out = {}
     for i, name in enumerate(dict.fromkeys(names)):
-        out[name] = {"color": colours[i % 10], "marker": MARKERS[i % len(MARKERS)],
-                     "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)]}
+        out[name] = {
+            "color": colours[i % 10],
+            "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)],
+        }
     return out
 
 
@@ -68,7 +71,9 @@ def depth_acceptance(depths: pd.DataFrame, path=None) -> plt.Figure:
         ax.set_xlabel("depth d")
     axes[0][0].set_ylabel("P(accepted >= d draft tokens)")
     handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
-    axes[0][-1].legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="shape")
+    axes[0][-1].legend(
+        handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="shape"
+    )
     fig.suptitle("per-depth acceptance: steps that accepted at least d draft tokens / steps", fontsize=10)
     return save(fig, path)
 
@@ -98,12 +103,27 @@ def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Fi
     ax.scatter([x[0]], [0], s=160, color="black", zorder=2)
     ax.annotate("root", (x[0], 0), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=8)
     freqs = [frequency.get(p, 0.0) for p in tree.paths]
-    sc = ax.scatter([x[i + 1] for i in range(tree.num_nodes)], [-d for d in tree.depths], c=freqs,
-                    cmap=cmap, vmin=0, vmax=1, s=160, edgecolors="black", zorder=3)
+    sc = ax.scatter(
+        [x[i + 1] for i in range(tree.num_nodes)],
+        [-d for d in tree.depths],
+        c=freqs,
+        cmap=cmap,
+        vmin=0,
+        vmax=1,
+        s=160,
+        edgecolors="black",
+        zorder=3,
+    )
     if tree.num_nodes <= 40:
         for i, f in enumerate(freqs):
-            ax.annotate(f"{f:.2f}", (x[i + 1], -tree.depths[i]), xytext=(0, -15), textcoords="offset points",
-                        ha="center", fontsize=7)
+            ax.annotate(
+                f"{f:.2f}",
+                (x[i + 1], -tree.depths[i]),
+                xytext=(0, -15),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+            )
     fig.colorbar(sc, ax=ax, label="accepted in this fraction of steps")
     ax.set_ylim(-tree.depth - 0.45, 0.45)  # room for the labels above the root and below the leaves
     ax.set_xlim(-0.7, width - 0.3)
@@ -146,10 +166,21 @@ def category_bars(table: pd.DataFrame, metric: str = "tau", min_prompts: int = M
         for i, (method, style) in enumerate(styles(methods).items()):
             m = d[d["method"] == method].set_index("category").reindex(categories)
             x = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
-            err = [(m[metric] - m[f"{metric}_ci_low"]).clip(lower=0), (m[f"{metric}_ci_high"] - m[metric]).clip(lower=0)] \
-                if f"{metric}_ci_low" in m else None
-            ax.bar(x, m[metric], width, yerr=err, color=style["color"], label=method, capsize=2,
-                   error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
+            err = (
+                [(m[metric] - m[f"{metric}_ci_low"]).clip(lower=0), (m[f"{metric}_ci_high"] - m[metric]).clip(lower=0)]
+                if f"{metric}_ci_low" in m
+                else None
+            )
+            ax.bar(
+                x,
+                m[metric],
+                width,
+                yerr=err,
+                color=style["color"],
+                label=method,
+                capsize=2,
+                error_kw={"elinewidth": 0.8, "ecolor": "0.25"},
+            )
         ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
         ax.set_title(pair, fontsize=9)
         ax.set_xlabel("prompt category")
@@ -158,12 +189,15 @@ def category_bars(table: pd.DataFrame, metric: str = "tau", min_prompts: int = M
     if not pairs:
         axes[0][0].text(0.5, 0.5, f"no category has {min_prompts} prompts", ha="center", transform=axes[0][0].transAxes)
         axes[0][0].set_axis_off()
-    fig.suptitle(f"{'tau' if metric == 'tau' else metric} per category, pooled over its prompts\n"
-                 f"95% bootstrap intervals over prompts; categories with >= {min_prompts} prompts", fontsize=10)
+    fig.suptitle(
+        f"{'tau' if metric == 'tau' else metric} per category, pooled over its prompts\n"
+        f"95% bootstrap intervals over prompts; categories with >= {min_prompts} prompts",
+        fontsize=10,
+    )
     return save(fig, path)
 
 
-# ---- tree attention timing (notebook 03): tables from `specnb.timing` -----------------------
+# ---- tree attention timing (notebook 03): tables from `bench.timing` -----------------------
 
 IMPL_ORDER = ("eager", "per_sequence", "sdpa", "flex", "causal")
 IMPL_LABEL = {
@@ -197,8 +231,14 @@ def _timed_lines(ax: plt.Axes, data: pd.DataFrame, x: str) -> None:
     for impl in [i for i in IMPL_ORDER if i in set(data["impl"])] + sorted(set(data["impl"]) - set(IMPL_ORDER)):
         d = data[data["impl"] == impl].sort_values(x)
         color = palette.get(impl)
-        ax.plot(d[x], d["median_ms"], marker="o", color=color, label=IMPL_LABEL.get(impl, impl),
-                ls="--" if impl == "causal" else "-")
+        ax.plot(
+            d[x],
+            d["median_ms"],
+            marker="o",
+            color=color,
+            label=IMPL_LABEL.get(impl, impl),
+            ls="--" if impl == "causal" else "-",
+        )
         ax.fill_between(d[x], d["q25_ms"], d["q75_ms"], color=color, alpha=0.2, lw=0)
 
 
@@ -221,7 +261,9 @@ def _log2_ticks(ax: plt.Axes, values) -> None:
     ax.minorticks_off()
 
 
-def attention_time_vs_nodes(grid: pd.DataFrame, batch: int | None = None, shape: str | None = None, path=None) -> plt.Figure:
+def attention_time_vs_nodes(
+    grid: pd.DataFrame, batch: int | None = None, shape: str | None = None, path=None
+) -> plt.Figure:
     """Time of one attention call against draft tokens, one line per implementation, one panel per
     prefix length (at the smallest batch and the first tree shape unless given)."""
     data = _ok(grid)
@@ -239,11 +281,13 @@ def attention_time_vs_nodes(grid: pd.DataFrame, batch: int | None = None, shape:
         ax.set_xlabel("draft tokens in the tree (N)")
         ax.set_ylabel("time per attention call (ms)")
         ax.set_title(f"prefix {prefix} tokens", fontsize=10)
-    for ax in list(axes.flat)[len(prefixes):]:
+    for ax in list(axes.flat)[len(prefixes) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle(f"one tree-attention call, batch {batch}, {shape} trees\nmedian, band = interquartile range\n"
-                 f"{_machine(data)}", fontsize=9)
+    fig.suptitle(
+        f"one tree-attention call, batch {batch}, {shape} trees\nmedian, band = interquartile range\n{_machine(data)}",
+        fontsize=9,
+    )
     return save(fig, path)
 
 
@@ -266,12 +310,16 @@ def tree_speedup(speed: pd.DataFrame, shape: str | None = None, path=None) -> pl
         ax.set_ylabel("per-sequence time / tree time (x)")
         ax.set_title(f"batch {batch}", fontsize=10)
         ax.legend(title="prefix (tokens)", fontsize=8)
-    fig.suptitle(f"speedup of one tree call over one call per root-to-leaf sequence ({shape} trees)\n"
-                 f"{_machine(speed)}", fontsize=9)
+    fig.suptitle(
+        f"speedup of one tree call over one call per root-to-leaf sequence ({shape} trees)\n{_machine(speed)}",
+        fontsize=9,
+    )
     return save(fig, path)
 
 
-def attention_time_vs_prefix_and_batch(grid: pd.DataFrame, nodes: int | None = None, shape: str | None = None, path=None) -> plt.Figure:
+def attention_time_vs_prefix_and_batch(
+    grid: pd.DataFrame, nodes: int | None = None, shape: str | None = None, path=None
+) -> plt.Figure:
     """Two panels: time against prefix length (smallest batch) and against batch size (longest
     prefix), one line per implementation, at `nodes` draft tokens (default: nearest to 64)."""
     data = _ok(grid)
@@ -302,27 +350,41 @@ def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figur
     Right: expected tokens/s of each tree shape from the cost model, against the target alone."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 4.3))
     target = curve[curve["role"] == "target"]
-    for kind, label, ls in (("verify", "verify: root + N nodes, tree mask", "-"),
-                            ("plain", "plain forward of N + 1 tokens", "--")):
+    for kind, label, ls in (
+        ("verify", "verify: root + N nodes, tree mask", "-"),
+        ("plain", "plain forward of N + 1 tokens", "--"),
+    ):
         d = target[target["kind"] == kind].sort_values("nodes")
         if not d.empty:
             left.plot(d["nodes"], d["median_ms"], marker="o", ls=ls, label=label)
             left.fill_between(d["nodes"], d["q25_s"] * 1e3, d["q75_s"] * 1e3, alpha=0.2, lw=0)
     left.set_xlabel("draft tokens in the tree (N)")
     left.set_ylabel("time of one target forward (ms)")
-    left.set_title(f"{target['model'].iloc[0]}, {target['prefix'].iloc[0]} tokens cached; {_machine(target)}", fontsize=9)
+    left.set_title(
+        f"{target['model'].iloc[0]}, {target['prefix'].iloc[0]} tokens cached; {_machine(target)}", fontsize=9
+    )
     left.set_ylim(bottom=0)
     left.legend(fontsize=8)
     sns.lineplot(data=cost, x="nodes", y="tokens_per_s", hue="shape", marker="o", ax=right)
     right.axhline(cost["baseline_tokens_per_s"].iloc[0], color="black", ls="--", lw=1, label="target alone")
     best = cost.loc[cost["tokens_per_s"].idxmax()]
-    right.scatter([best["nodes"]], [best["tokens_per_s"]], s=160, facecolors="none", edgecolors="red", zorder=5,
-                  label=f"best: {best['shape']} {int(best['nodes'])}")
+    right.scatter(
+        [best["nodes"]],
+        [best["tokens_per_s"]],
+        s=160,
+        facecolors="none",
+        edgecolors="red",
+        zorder=5,
+        label=f"best: {best['shape']} {int(best['nodes'])}",
+    )
     _log2_ticks(right, cost["nodes"])
     right.set_xlabel("draft tokens in the tree (N)")
     right.set_ylabel("expected tokens/s")
-    right.set_title(f"draft {cost['draft'].iloc[0]}: tau / (draft time + verify time);\n"
-                    "tau = expected tokens per target call, bonus included", fontsize=9)
+    right.set_title(
+        f"draft {cost['draft'].iloc[0]}: tau / (draft time + verify time);\n"
+        "tau = expected tokens per target call, bonus included",
+        fontsize=9,
+    )
     right.legend(fontsize=8)
     return save(fig, path)
 
@@ -332,7 +394,9 @@ def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figur
 DESIGNED = ("sequoia", "hindsight", "dynamic", "oracle")
 
 
-def replay_vs_budget(table: pd.DataFrame, metric: str = "tau", label: str = TAU, title: str = "", path=None) -> plt.Figure:
+def replay_vs_budget(
+    table: pd.DataFrame, metric: str = "tau", label: str = TAU, title: str = "", path=None
+) -> plt.Figure:
     """A replayed metric against the budget: preset shapes thin, data-driven trees bold, the
     per-position oracle dashed; with `<metric>_ci_low` / `_ci_high` columns, their band (95%
     bootstrap interval over prompts)."""
@@ -344,7 +408,9 @@ def replay_vs_budget(table: pd.DataFrame, metric: str = "tau", label: str = TAU,
         kw = {**style[shape], "linestyle": "--" if shape == "oracle" else style[shape]["linestyle"]}
         ax.plot(t["budget"], t[metric], lw=2.6 if bold else 1.2, ms=5, label=shape, alpha=1.0 if bold else 0.8, **kw)
         if f"{metric}_ci_low" in t and t[f"{metric}_ci_low"].notna().any():
-            ax.fill_between(t["budget"], t[f"{metric}_ci_low"], t[f"{metric}_ci_high"], color=kw["color"], alpha=0.12, lw=0)
+            ax.fill_between(
+                t["budget"], t[f"{metric}_ci_low"], t[f"{metric}_ci_high"], color=kw["color"], alpha=0.12, lw=0
+            )
     budgets = sorted(table["budget"].unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(budgets, [str(b) for b in budgets])
@@ -429,9 +495,17 @@ def depth_accuracy(accuracy: pd.DataFrame, ks: tuple[int, ...] = (1, 5), path=No
 def learned_drafters(taus: pd.DataFrame, path=None) -> plt.Figure:
     """tau against the budget, a line per drafter, one panel per kind of tree: the best preset
     static tree at each budget, the designed trees (Sequoia's per-depth tree), the dynamic trees."""
-    panels = [("best preset tree", taus[taus["kind"] == "preset"].groupby(["drafter", "budget"], sort=False)["tau"].max()),
-              ("Sequoia's tree (per-depth accuracies)", taus[taus["shape"] == "sequoia_per_depth"].groupby(["drafter", "budget"], sort=False)["tau"].max()),
-              ("dynamic tree (top-N by cumulative log q)", taus[taus["kind"] == "dynamic"].groupby(["drafter", "budget"], sort=False)["tau"].max())]
+    panels = [
+        ("best preset tree", taus[taus["kind"] == "preset"].groupby(["drafter", "budget"], sort=False)["tau"].max()),
+        (
+            "Sequoia's tree (per-depth accuracies)",
+            taus[taus["shape"] == "sequoia_per_depth"].groupby(["drafter", "budget"], sort=False)["tau"].max(),
+        ),
+        (
+            "dynamic tree (top-N by cumulative log q)",
+            taus[taus["kind"] == "dynamic"].groupby(["drafter", "budget"], sort=False)["tau"].max(),
+        ),
+    ]
     panels = [(title, s.reset_index()) for title, s in panels if len(s)]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 2.2, 4.2), sharey=True, squeeze=False)
     style = styles(taus["drafter"].unique())
@@ -479,12 +553,22 @@ def learned_speed(speed: pd.DataFrame, path=None) -> plt.Figure:
     low, high = data["speedup"] - data["speedup_ci_low"], data["speedup_ci_high"] - data["speedup"]
     ok = data["speedup_ci_low"].notna()
     if ok.any():
-        ax.errorbar(data["speedup"][ok], [i for i, o in zip(y, ok) if o], xerr=[low[ok], high[ok]], fmt="none", color="black", lw=1)
+        ax.errorbar(
+            data["speedup"][ok],
+            [i for i, o in zip(y, ok) if o],
+            xerr=[low[ok], high[ok]],
+            fmt="none",
+            color="black",
+            lw=1,
+        )
     ax.set_yticks(list(y), data["method"])
     ax.axvline(1.0, color="black", lw=1, ls="--")
     ax.set_xlabel("speedup over the target alone (x), measured in the same run")
     ax.set_ylabel("drafter and tree (shape:draft tokens)")
-    ax.set_title("wall clock against the target alone, same run\n(error bars: 95% interval over prompts; none below 3 prompts)", fontsize=10)
+    ax.set_title(
+        "wall clock against the target alone, same run\n(error bars: 95% interval over prompts; none below 3 prompts)",
+        fontsize=10,
+    )
     return save(fig, path)
 
 
@@ -498,8 +582,11 @@ def typical_vs_lossless(quality: pd.DataFrame, path=None) -> plt.Figure:
     right.set_ylabel("perplexity under the target")
     for ax in (left, right):
         ax.set_xlabel("acceptance rule (typical_lossy is LOSSY)")
-    fig.suptitle(f"typical acceptance (lossy) vs lossless sampling at T={quality['temperature'].iloc[0]:g} "
-                 "(bars: mean over prompts, 95% interval)", fontsize=10)
+    fig.suptitle(
+        f"typical acceptance (lossy) vs lossless sampling at T={quality['temperature'].iloc[0]:g} "
+        "(bars: mean over prompts, 95% interval)",
+        fontsize=10,
+    )
     return save(fig, path)
 
 
@@ -523,8 +610,15 @@ def batch_speed(measured: pd.DataFrame, versus: pd.DataFrame | None = None, path
         alone = data[data["method"] == "autoregressive"].set_index("batch")["decode_tokens_per_s"]
         for method, d in versus.groupby("method", sort=False):
             d = d.sort_values("batch")
-            axes[2].plot(d["batch"], d["predicted_tokens_per_s"] / d["batch"].map(alone), color=style[method]["color"],
-                         ls="--", lw=1.0, marker="x", label=f"{method}, predicted (decoding steps)")
+            axes[2].plot(
+                d["batch"],
+                d["predicted_tokens_per_s"] / d["batch"].map(alone),
+                color=style[method]["color"],
+                ls="--",
+                lw=1.0,
+                marker="x",
+                label=f"{method}, predicted (decoding steps)",
+            )
     axes[2].axhline(1.0, color="black", lw=0.8, ls=":")
     titles = ("tokens/s of the whole batch", "tokens/s per row", "speedup over the target alone at the same batch")
     for ax, title, label in zip(axes, titles, ("tokens/s (all rows)", "tokens/s per row", "speedup (x)")):
@@ -570,7 +664,10 @@ def best_budget_vs_batch(cost: pd.DataFrame, path=None) -> plt.Figure:
     right.set_xticks(sorted(cost["budget"].unique()), [str(b) for b in sorted(cost["budget"].unique())])
     right.set_xlabel("draft tokens per row (the best shape at each budget)")
     right.set_ylabel("expected speedup (x)")
-    right.set_title("expected speedup over the target alone at the same batch;\n"
-                    "tau per row replayed (bonus included), costs measured at each batch", fontsize=9)
+    right.set_title(
+        "expected speedup over the target alone at the same batch;\n"
+        "tau per row replayed (bonus included), costs measured at each batch",
+        fontsize=9,
+    )
     legend_outside(right, "batch")
     return save(fig, path)

@@ -29,11 +29,21 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from ..analysis.memory import (DTYPE_BYTES, GB, PairMemory, TokenBudget, download_bytes, eagle_head_bytes,
-                               medusa_heads_bytes, memory_table, pair_memory, parameter_count)
+from ..analysis.memory import (
+    DTYPE_BYTES,
+    GB,
+    PairMemory,
+    TokenBudget,
+    download_bytes,
+    eagle_head_bytes,
+    medusa_heads_bytes,
+    memory_table,
+    pair_memory,
+    parameter_count,
+)
 from ..bench.attention_grid import head_shape
 from ..drafters.methods import parse_method
-from .long_generation import TARGET_ALONE
+from ..experiments.long_generation import TARGET_ALONE
 from ..io.checkpoints import published_checkpoints
 from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
@@ -78,7 +88,9 @@ def profile_budget(profile: str, longest_prompt: int = LONGEST_PROMPT) -> TokenB
     trees = []
     for p in params.values():
         trees += list(p.get("budgets", [])) + list(p.get("dynamic_budgets", [])) + list(p.get("verify_nodes", []))
-        methods = list(p.get("methods", []) or []) + [m for pair in p.get("pairs", []) for m in pair.get("methods") or []]
+        methods = list(p.get("methods", []) or []) + [
+            m for pair in p.get("pairs", []) for m in pair.get("methods") or []
+        ]
         trees += [parse_method(m).budget for m in methods if m != TARGET_ALONE]  # 04 runs the target alone too
     return TokenBudget(longest_prompt, new_tokens, max(trees))
 
@@ -88,8 +100,16 @@ def profile_memory(profile: str, longest_prompt: int = LONGEST_PROMPT, usable: i
     tokenizers included (they run the cross-tokenizer methods)."""
     budget = profile_budget(profile, longest_prompt)
     return [
-        pair_memory(p.target, config_of(p.target), p.draft, config_of(p.draft), budget, usable,
-                    p.target_quantization, p.draft_quantization)
+        pair_memory(
+            p.target,
+            config_of(p.target),
+            p.draft,
+            config_of(p.draft),
+            budget,
+            usable,
+            p.target_quantization,
+            p.draft_quantization,
+        )
         for p in profile_pairs(profile)
     ]
 
@@ -128,8 +148,16 @@ def published_download(repo_id: str) -> Download:
         base = config_of(h.base_model)
         size = medusa_heads_bytes(base.hidden_size, base.vocab_size, h.num_heads, h.num_layers, size_of)
         return Download(repo_id, "Medusa heads", h.dtype, size // size_of, size)
-    size = eagle_head_bytes(h.hidden_size, h.intermediate_size, h.num_attention_heads, h.num_key_value_heads,
-                            h.vocab_size, size_of, h.bias, h.holds_embedding)
+    size = eagle_head_bytes(
+        h.hidden_size,
+        h.intermediate_size,
+        h.num_attention_heads,
+        h.num_key_value_heads,
+        h.vocab_size,
+        size_of,
+        h.bias,
+        h.holds_embedding,
+    )
     return Download(repo_id, "EAGLE head", h.dtype, size // size_of, size)
 
 
@@ -152,18 +180,24 @@ def download_markdown(profile: str = "t4") -> str:
     total = sum(r.bytes for r in rows)
     lines = ["| repository | what | parameters | files | download |", "|---|---|---|---|---|"]
     lines += [f"| {r.name} | {r.what} | {r.parameters / 1e9:.2f} B | {r.dtype} | {r.bytes / GB:.2f} GB |" for r in rows]
-    lines += [f"| **total** | | | | **{total / GB:.1f} GB** |", "",
-              f"GB = 10^9 bytes; parameters counted from the committed configs (a published head's from its base model's "
-              f"config or its own config's sizes), times the bytes of the dtype the hub's files hold (an estimate: "
-              f"tokenizers and configs add a few MB). {drive_note(total)}"]
+    lines += [
+        f"| **total** | | | | **{total / GB:.1f} GB** |",
+        "",
+        f"GB = 10^9 bytes; parameters counted from the committed configs (a published head's from its base model's "
+        f"config or its own config's sizes), times the bytes of the dtype the hub's files hold (an estimate: "
+        f"tokenizers and configs add a few MB). {drive_note(total)}",
+    ]
     return "\n".join(lines)
 
 
 def drive_note(total: int) -> str:
-    return (f"More than a free Google Drive's {FREE_DRIVE / GB:.0f} GB: keep the Hugging Face cache on the Colab VM's "
-            "own disk (the default, ~/.cache/huggingface: re-downloaded after a disconnect, a few minutes) and put only "
-            "outputs/ on Drive (SPECNB_OUTPUTS)." if total > FREE_DRIVE else
-            f"Within a free Google Drive's {FREE_DRIVE / GB:.0f} GB.")
+    return (
+        f"More than a free Google Drive's {FREE_DRIVE / GB:.0f} GB: keep the Hugging Face cache on the Colab VM's "
+        "own disk (the default, ~/.cache/huggingface: re-downloaded after a disconnect, a few minutes) and put only "
+        "outputs/ on Drive (SPECNB_OUTPUTS)."
+        if total > FREE_DRIVE
+        else f"Within a free Google Drive's {FREE_DRIVE / GB:.0f} GB."
+    )
 
 
 def drive_warning(profile: str, environ: dict[str, str]) -> str | None:
@@ -175,39 +209,57 @@ def drive_warning(profile: str, environ: dict[str, str]) -> str | None:
     total = sum(r.bytes for r in profile_downloads(profile))
     if total <= FREE_DRIVE:
         return None
-    return (f"warning: the Hugging Face cache is on Google Drive ({cache}) and profile {profile} downloads "
-            f"~{total / GB:.0f} GB. {drive_note(total)}")
+    return (
+        f"warning: the Hugging Face cache is on Google Drive ({cache}) and profile {profile} downloads "
+        f"~{total / GB:.0f} GB. {drive_note(total)}"
+    )
 
 
 def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> str:
     """The README's table: one row per pair, then the assumptions and the refused pairs."""
     budget = profile_budget(profile, longest_prompt)
     table = memory_table(profile_memory(profile, longest_prompt, usable))
-    lines = ["| pair | target weights | draft weights (fp16) | KV cache, target + draft | logits | total | fits in "
-             f"{usable / GB:g} GB |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| pair | target weights | draft weights (fp16) | KV cache, target + draft | logits | total | fits in "
+        f"{usable / GB:g} GB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in table.itertuples():
         quant = r.target_quantization or "fp16"
-        lines.append(f"| {r.draft} -> {r.target} | {r.target_weights_gb:.2f} ({quant}) | {r.draft_weights_gb:.2f} | "
-                     f"{r.target_kv_gb:.3f} + {r.draft_kv_gb:.3f} | {r.logits_gb:.3f} | **{r.total_gb:.2f}** | "
-                     f"{'yes' if r.fits else 'NO'} |")
+        lines.append(
+            f"| {r.draft} -> {r.target} | {r.target_weights_gb:.2f} ({quant}) | {r.draft_weights_gb:.2f} | "
+            f"{r.target_kv_gb:.3f} + {r.draft_kv_gb:.3f} | {r.logits_gb:.3f} | **{r.total_gb:.2f}** | "
+            f"{'yes' if r.fits else 'NO'} |"
+        )
     across = [p for p in profile_pairs(profile) if not p.shares_vocabulary]
-    lines += ["", f"GB = 10^9 bytes. Tokens per sequence: {budget.total} = the longest prompt, assumed "
-                  f"{budget.prompt} + max_new_tokens {budget.new_tokens} + the root + the largest tree, "
-                  f"{budget.tree} nodes (the largest of any notebook of profile `{profile}`), in both caches. Logits: "
-                  f"one forward over prompt + generated tokens in float16 (perplexity scoring)."]
+    lines += [
+        "",
+        f"GB = 10^9 bytes. Tokens per sequence: {budget.total} = the longest prompt, assumed "
+        f"{budget.prompt} + max_new_tokens {budget.new_tokens} + the root + the largest tree, "
+        f"{budget.tree} nodes (the largest of any notebook of profile `{profile}`), in both caches. Logits: "
+        f"one forward over prompt + generated tokens in float16 (perplexity scoring).",
+    ]
     if "03_tree_attention_timing" in resolve(profile, {}, [], notebooks()):
-        lines.append(f"Notebook 03's largest attention-grid point, run before its models load: "
-                     f"{grid_bytes(profile) / GB:.2f} GB.")
+        lines.append(
+            f"Notebook 03's largest attention-grid point, run before its models load: "
+            f"{grid_bytes(profile) / GB:.2f} GB."
+        )
     if across:
-        lines.append("Across tokenizers (cross-tokenizer methods only; the shared-vocabulary ones are refused before "
-                     "any weights load): " + "; ".join(f"{p.draft} -> {p.target}" for p in across)
-                     + ". Their draft cache is counted at the same number of tokens (its own tokenizer's count differs a little).")
+        lines.append(
+            "Across tokenizers (cross-tokenizer methods only; the shared-vocabulary ones are refused before "
+            "any weights load): "
+            + "; ".join(f"{p.draft} -> {p.target}" for p in across)
+            + ". Their draft cache is counted at the same number of tokens (its own tokenizer's count differs a little)."
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.profile_memory", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m specnb.notebook.profile_memory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("profile", nargs="?", default="t4")
     ap.add_argument("--prompt", type=int, default=LONGEST_PROMPT, help="the longest prompt, tokens")
     ap.add_argument("--usable-gb", type=float, default=T4_USABLE / GB, help="GB the device offers")

@@ -26,15 +26,19 @@ from ..analysis.spread import MIN_PROMPTS
 from ..bench.verify_curve import curve_shape
 
 if TYPE_CHECKING:
-    from ..analysis.collect import CollectReport
+    from ..experiments.collect import CollectReport
 
 
 # where each notebook's budget recommendation takes its tau and its costs (`recommendation`)
-RECOMMENDATION_01 = ("tau replayed from this notebook's collection of the pair on its prompts (measured); draft and "
-                     "verify costs from the curves measured on this machine")
-RECOMMENDATION_03 = ("tau from the `acceptance` parameter (an assumed per-rank vector, through Sequoia's model of "
-                     "independent ranks: not measured here; notebook 01 measures the pair's); draft and verify costs "
-                     "from the curves measured on this machine")
+RECOMMENDATION_01 = (
+    "tau replayed from this notebook's collection of the pair on its prompts (measured); draft and "
+    "verify costs from the curves measured on this machine"
+)
+RECOMMENDATION_03 = (
+    "tau from the `acceptance` parameter (an assumed per-rank vector, through Sequoia's model of "
+    "independent ranks: not measured here; notebook 01 measures the pair's); draft and verify costs "
+    "from the curves measured on this machine"
+)
 
 
 def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataFrame) -> str:
@@ -55,18 +59,23 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
     if len(presets):
         frac = presets.groupby("shape")["tau_all_over_hindsight"].mean().sort_values(ascending=False)
         if frac.notna().any():
-            lines.append("- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
-                         + ", ".join(f"{k} {v:.2f}" for k, v in frac.items()))
+            lines.append(
+                "- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
+                + ", ".join(f"{k} {v:.2f}" for k, v in frac.items())
+            )
     same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
     ties, bad = int(agreement["tie_steps"].sum()), int(agreement["mismatched_steps"].sum())
     parts = ", ".join(f"{r.method} ({r.source}, {r.prompts} prompts)" for r in agreement.itertuples())
-    extra = (f", {ties} differ at a draft rank within the tie margin (numerical)" if ties else "") + \
-            (f", **{bad} differ for no numerical reason (a bug to report)**" if bad else "")
+    extra = (f", {ties} differ at a draft rank within the tie margin (numerical)" if ties else "") + (
+        f", **{bad} differ for no numerical reason (a bug to report)**" if bad else ""
+    )
     lines.append(f"- replay against real runs: {same}/{compared} steps identical{extra}: {parts}")
     best = speed.iloc[0]
     verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
-    lines.append(f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
-                 f"tokens, {best['speedup']:.2f}x the target alone: speculation {verdict}")
+    lines.append(
+        f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
+        f"tokens, {best['speedup']:.2f}x the target alone: speculation {verdict}"
+    )
     return "\n".join(lines)
 
 
@@ -76,8 +85,10 @@ def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:
     counts = table.groupby("category")["prompts"].max()
     shown = counts[counts >= min_prompts]
     pooled = counts[counts < min_prompts]
-    lines = [f"Per-category values need at least {min_prompts} prompts in a category (below that a "
-             "category's value is one or two prompts' value, and its interval is not defined)."]
+    lines = [
+        f"Per-category values need at least {min_prompts} prompts in a category (below that a "
+        "category's value is one or two prompts' value, and its interval is not defined)."
+    ]
     lines.append("- plotted: " + (", ".join(f"{c} ({n} prompts)" for c, n in shown.items()) or "none"))
     if len(pooled):
         lines.append("- pooled into the overall tables only: " + ", ".join(f"{c} ({n})" for c, n in pooled.items()))
@@ -102,13 +113,17 @@ def pairs_reading(table: pd.DataFrame, versus: pd.DataFrame | None = None) -> st
         line = f"- highest tau overall: {best['shape']} with {best['budget']} tokens ({best['tau']:.2f})"
         if t["tokens_per_s"].notna().any():
             fastest = t.loc[t["tokens_per_s"].idxmax()]
-            line += (f"; highest tokens/s measured: {fastest['shape']} with {fastest['budget']} tokens, "
-                     f"{fastest['speedup']:.2f}x the target alone{_interval(fastest, 'speedup')}")
+            line += (
+                f"; highest tokens/s measured: {fastest['shape']} with {fastest['budget']} tokens, "
+                f"{fastest['speedup']:.2f}x the target alone{_interval(fastest, 'speedup')}"
+            )
         lines.append(line)
         if versus is not None and len(versus):
             for r in versus[versus["pair"] == pair].itertuples():
-                lines.append(f"- {r.ours} against {r.theirs}: {r.speed_ratio:.2f}x the tokens/s (95% interval over "
-                             f"{r.prompts} prompts {r.speed_ratio_ci_low:.2f}-{r.speed_ratio_ci_high:.2f}): **{r.verdict}**")
+                lines.append(
+                    f"- {r.ours} against {r.theirs}: {r.speed_ratio:.2f}x the tokens/s (95% interval over "
+                    f"{r.prompts} prompts {r.speed_ratio_ci_low:.2f}-{r.speed_ratio_ci_high:.2f}): **{r.verdict}**"
+                )
         rate_trend = t.groupby("budget")["acceptance_rate"].mean()
         if len(rate_trend) > 1:
             direction = "falls" if rate_trend.iloc[-1] < rate_trend.iloc[0] else "rises"
@@ -133,7 +148,7 @@ def pairs_reading(table: pd.DataFrame, versus: pd.DataFrame | None = None) -> st
 
 
 def _interval(row: pd.Series, metric: str) -> str:
-    """" (95% interval a-b)" from a row's `<metric>_ci_low/high`, or "" where there is none."""
+    """ " (95% interval a-b)" from a row's `<metric>_ci_low/high`, or "" where there is none."""
     low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
     return f" (95% interval {low:.2f}-{high:.2f})" if low == low and high == high and low is not None else ""
 
@@ -152,9 +167,11 @@ def _fastest_per_target(table: pd.DataFrame) -> list[str]:
         parts = "; ".join(f"{r.pair}: {r.shape}:{r.budget} {r.speedup:.2f}x" for r in per_pair.itertuples())
         best = per_pair.loc[per_pair["speedup"].idxmax()]
         verdict = "pays" if best["speedup"] > 1 else "does not pay: the target alone is faster"
-        lines.append(f"**Target {name}**, fastest method per draft (tokens/s over the target alone, same run): {parts}. "
-                     f"Best: {best['pair']} with {best['shape']}:{best['budget']}, {best['speedup']:.2f}x: "
-                     f"speculation {verdict}.")
+        lines.append(
+            f"**Target {name}**, fastest method per draft (tokens/s over the target alone, same run): {parts}. "
+            f"Best: {best['pair']} with {best['shape']}:{best['budget']}, {best['speedup']:.2f}x: "
+            f"speculation {verdict}."
+        )
     return lines
 
 
@@ -166,7 +183,9 @@ def greedy_summary(table: pd.DataFrame) -> str:
     bad = int(table["greedy_mismatches"].sum()) if "greedy_mismatches" in table else total - exact - ties
     out = f"greedy outputs against the target's own: {exact}/{total} exact"
     if ties:
-        out += f", {ties} numerical ties (the target's top two logits closer than the tie margin where they first differ)"
+        out += (
+            f", {ties} numerical ties (the target's top two logits closer than the tie margin where they first differ)"
+        )
     if bad:
         out += f", **{bad} mismatches** (not explained by a tie: a bug to report)"
     return out
@@ -191,20 +210,31 @@ def curve_reading(curve: pd.DataFrame, model: str | None = None) -> str:
     """Markdown: the verify curve's shape as measured (`verify_curve.curve_shape`): where it steps,
     where it slopes, and what the largest tree costs in decodes."""
     c = curve_shape(curve, model)
-    out = (f"Verify cost as measured: one decode (1 token) {c['decode_ms']:.0f} ms; {c['first_tokens']} tokens "
-           f"{c['first_ms']:.0f} ms ({c['first_ms'] / c['decode_ms']:.2f}x a decode: +{c['step_per_token_ms']:.1f} ms per "
-           f"added token over that first stretch)")
+    out = (
+        f"Verify cost as measured: one decode (1 token) {c['decode_ms']:.0f} ms; {c['first_tokens']} tokens "
+        f"{c['first_ms']:.0f} ms ({c['first_ms'] / c['decode_ms']:.2f}x a decode: +{c['step_per_token_ms']:.1f} ms per "
+        f"added token over that first stretch)"
+    )
     if c["last_tokens"] > c["first_tokens"]:
-        out += (f"; from {c['first_tokens']} to {c['last_tokens']} tokens {c['slope_ms']:+.1f} ms per further token "
-                f"(least squares), {c['last_ms']:.0f} ms at {c['last_tokens']} ({c['last_ms'] / c['decode_ms']:.2f}x a decode)")
-    added = ("the first added token accounts" if c["first_tokens"] == 2
-             else f"the first {c['first_tokens'] - 1} added tokens account")
+        out += (
+            f"; from {c['first_tokens']} to {c['last_tokens']} tokens {c['slope_ms']:+.1f} ms per further token "
+            f"(least squares), {c['last_ms']:.0f} ms at {c['last_tokens']} ({c['last_ms'] / c['decode_ms']:.2f}x a decode)"
+        )
+    added = (
+        "the first added token accounts"
+        if c["first_tokens"] == 2
+        else f"the first {c['first_tokens'] - 1} added tokens account"
+    )
     if c["step_share"] >= 0.6 and c["last_tokens"] > c["first_tokens"]:
-        shape = (f"mostly a step: {added} for {c['step_share']:.0%} of the "
-                 f"largest tree's extra cost, so a bigger tree costs little more than a small one")
+        shape = (
+            f"mostly a step: {added} for {c['step_share']:.0%} of the "
+            f"largest tree's extra cost, so a bigger tree costs little more than a small one"
+        )
     elif c["last_tokens"] > c["first_tokens"]:
-        shape = (f"mostly a slope: {added} for {c['step_share']:.0%} of "
-                 f"the largest tree's extra cost, the rest grows with the tree")
+        shape = (
+            f"mostly a slope: {added} for {c['step_share']:.0%} of "
+            f"the largest tree's extra cost, the rest grows with the tree"
+        )
     else:
         shape = "one tree size measured: no slope to read"
     return out + f". The curve is {shape}."
@@ -221,18 +251,28 @@ def long_reading(table: pd.DataFrame) -> str:
                 part += f", tau {row.tau:.2f}"
             parts.append(part)
         first = t["first_difference"].dropna()
-        diverge = f"first differs from full-cache greedy at token {int(first.min())}" if len(first) else "never differs from full-cache greedy"
-        lines.append(f"- window {window}: " + "; ".join(parts) + f"; output {diverge}, perplexity {t['perplexity'].mean():.2f}")
+        diverge = (
+            f"first differs from full-cache greedy at token {int(first.min())}"
+            if len(first)
+            else "never differs from full-cache greedy"
+        )
+        lines.append(
+            f"- window {window}: " + "; ".join(parts) + f"; output {diverge}, perplexity {t['perplexity'].mean():.2f}"
+        )
         idle = t[t["evictions"] == 0]["method"].tolist()
         if idle:
-            lines.append(f"  - **warning: window {window} never evicted** for {', '.join(idle)}: the generation ended "
-                         f"before the cache held sink + {window} tokens, so these rows say nothing about streaming "
-                         "(raise max_new_tokens, lower the window, or keep stop_at_eos False)")
+            lines.append(
+                f"  - **warning: window {window} never evicted** for {', '.join(idle)}: the generation ended "
+                f"before the cache held sink + {window} tokens, so these rows say nothing about streaming "
+                "(raise max_new_tokens, lower the window, or keep stop_at_eos False)"
+            )
     spec = table[table["method"] != "autoregressive"]
     exact, total = int(spec["streaming_exact"].sum()), int(spec["prompts"].sum())
     ties = int(spec["streaming_ties"].sum())
-    lines.append(f"- speculative outputs equal to the streaming target's own greedy output (same policy): {exact}/{total} exact"
-                 + (f", {ties} numerical ties" if ties else ""))
+    lines.append(
+        f"- speculative outputs equal to the streaming target's own greedy output (same policy): {exact}/{total} exact"
+        + (f", {ties} numerical ties" if ties else "")
+    )
     return "\n".join(lines)
 
 
@@ -240,11 +280,12 @@ def collection_reading(report: CollectReport) -> str:
     """Markdown: units collected / total, by how many workers on how many nodes, failures by prompt id."""
     o = report.outcome
     written = sum(r["status"] == "written" for r in o.results.values())
-    text = (f"**{len(report.collection.prompts)} / {len(report.units)} units collected**: {report.present} already there, "
-            f"{written} written now by {len(o.workers)} worker(s) on {len({w.node for w in o.workers})} node(s) "
-            f"in {o.seconds:.1f} s ({o.lost_workers} workers lost, {o.retried} attempts retried).")
+    text = (
+        f"**{len(report.collection.prompts)} / {len(report.units)} units collected**: {report.present} already there, "
+        f"{written} written now by {len(o.workers)} worker(s) on {len({w.node for w in o.workers})} node(s) "
+        f"in {o.seconds:.1f} s ({o.lost_workers} workers lost, {o.retried} attempts retried)."
+    )
     if o.failures:
         failed = "; ".join(f"`{pid}` ({f.attempts} attempts; {f.error})" for pid, f in zip(report.failed, o.failures))
         text += f"\n\n**Failed units, left out of everything below:** {failed}. Rerun the notebook to try them again."
     return text
-

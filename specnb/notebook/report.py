@@ -51,7 +51,9 @@ def report_notebook(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> nb
         if cell.cell_type == "code" and set(cell.metadata.get("tags", [])) & set(HIDDEN_CELL_TAGS):
             continue
         if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+            cell.outputs = [
+                o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+            ]
         cells.append(cell)
     if parameters:
         rows = "\n".join(f"| `{k}` | `{_short(v)}` |" for k, v in parameters.items() if k != "run_dir")
@@ -89,20 +91,39 @@ def write_index(outputs: Path) -> None:
         files = sorted(p.name for p in folder.iterdir() if p.suffix in (".html", ".ipynb", ".csv", ".png"))
         figure = headline(folder, folder / f"{info.get('notebook')}.ipynb")
         rows.append((info, folder.relative_to(outputs), files, figure))
-    md = ["# specnb runs", "", "| notebook | run | profile | status | started | duration (s) | commit | appendix | files |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = [
+        "# specnb runs",
+        "",
+        "| notebook | run | profile | status | started | duration (s) | commit | appendix | files |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     body = []
     for info, rel, files, figure in rows:
         stem = str(info.get("notebook"))
         commit = (info.get("environment", {}).get("git_commit") or "")[:12]
-        forms = [(label, f) for label, f in (("report", stem + REPORT_SUFFIX), ("full notebook", stem + ".html")) if f in files]
+        forms = [
+            (label, f)
+            for label, f in (("report", stem + REPORT_SUFFIX), ("full notebook", stem + ".html"))
+            if f in files
+        ]
         others = [f for f in files if f not in {f for _, f in forms}]
-        md.append(f"| {stem} | {rel.name} | {info.get('profile')} | {info.get('status')} | {info.get('started')} | "
-                  f"{info.get('duration_s', '')} | {commit} | " + " ".join(f"[{label}]({rel / f})" for label, f in forms)
-                  + " | " + " ".join(f"[{f}]({rel / f})" for f in others) + " |")
+        md.append(
+            f"| {stem} | {rel.name} | {info.get('profile')} | {info.get('status')} | {info.get('started')} | "
+            f"{info.get('duration_s', '')} | {commit} | "
+            + " ".join(f"[{label}]({rel / f})" for label, f in forms)
+            + " | "
+            + " ".join(f"[{f}]({rel / f})" for f in others)
+            + " |"
+        )
         link = lambda f, text=None: f'<a href="{html.escape(str(rel / f))}">{html.escape(text or f)}</a>'  # noqa: E731
-        image = (f'<a href="{html.escape(str(rel / figure))}"><img src="{html.escape(str(rel / figure))}" '
-                 f'alt="{html.escape(stem)}: {html.escape(figure)}" style="max-width:420px;max-height:280px"></a>') if figure else ""
+        image = (
+            (
+                f'<a href="{html.escape(str(rel / figure))}"><img src="{html.escape(str(rel / figure))}" '
+                f'alt="{html.escape(stem)}: {html.escape(figure)}" style="max-width:420px;max-height:280px"></a>'
+            )
+            if figure
+            else ""
+        )
         body.append(
             f"<tr><td><b>{html.escape(stem)}</b><br>{html.escape(rel.name)}<br>profile {html.escape(str(info.get('profile')))}"
             f"<br>{html.escape(str(info.get('status')))}, {info.get('duration_s', '')} s<br>{html.escape(str(info.get('started')))}"
@@ -118,7 +139,9 @@ def write_index(outputs: Path) -> None:
         "table{border-collapse:collapse}tr{border-bottom:1px solid #ccc}</style>"
         "<h1>specnb runs</h1><p>Each run: its headline figure, its appendix as a report (no code) and as the full "
         "executed notebook, and its tables and figures.</p>"
-        "<table><tr><th>run</th><th>headline figure</th><th>appendix</th><th>files</th></tr>" + "".join(body) + "</table>\n"
+        "<table><tr><th>run</th><th>headline figure</th><th>appendix</th><th>files</th></tr>"
+        + "".join(body)
+        + "</table>\n"
     )
 
 

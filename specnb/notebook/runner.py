@@ -37,9 +37,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -79,13 +80,19 @@ def declared_parameters(notebook: Path) -> dict[str, Any]:
     """The notebook's parameters cell (the first code cell tagged 'parameters'): name -> default
     value, each a literal (`name: type = value  # help`, as papermill reads it)."""
     cells = json.loads(Path(notebook).read_text()).get("cells", [])
-    tagged = [c for c in cells if c.get("cell_type") == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    tagged = [
+        c for c in cells if c.get("cell_type") == "code" and "parameters" in c.get("metadata", {}).get("tags", [])
+    ]
     if not tagged:
         raise RunnerError(f"{Path(notebook).name}: no cell tagged 'parameters'")
     source = "".join(tagged[0]["source"])
     out: dict[str, Any] = {}
     for node in ast.parse(source).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
         if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
             try:
                 out[target.id] = ast.literal_eval(node.value)
@@ -133,9 +140,15 @@ def _load_chain(name: str, folder: Path, seen: tuple[str, ...] = ()) -> tuple[di
         sections = {k: dict(v or {}) for k, v in sections.items()}
     runner = data.pop("runner", None) or {}
     unknown = sorted(set(runner) - set(RUNNER_KEYS))
-    if unknown or not isinstance(runner.get("env", {}) or {}, dict) or not isinstance(runner.get("standins", False), bool):
-        raise RunnerError(f"{path}: runner: takes env (a mapping of names to strings) and standins (true or "
-                          f"false){f'; unknown {unknown}' if unknown else ''}")
+    if (
+        unknown
+        or not isinstance(runner.get("env", {}) or {}, dict)
+        or not isinstance(runner.get("standins", False), bool)
+    ):
+        raise RunnerError(
+            f"{path}: runner: takes env (a mapping of names to strings) and standins (true or "
+            f"false){f'; unknown {unknown}' if unknown else ''}"
+        )
     env = dict(settings.env) | {str(k): str(v) for k, v in (runner.get("env") or {}).items()}
     settings = RunnerSettings(tuple(sorted(env.items())), runner.get("standins", settings.standins))
     for section, values in data.items():
@@ -159,11 +172,7 @@ def applied_environment(env: dict[str, str]) -> Iterator[None]:
 
 
 def resolve(
-    profile: str,
-    overrides: dict[str, Any],
-    extra_files: list[Path],
-    books: list[Path],
-    profiles: Path = PROFILES,
+    profile: str, overrides: dict[str, Any], extra_files: list[Path], books: list[Path], profiles: Path = PROFILES
 ) -> dict[str, dict[str, Any]]:
     """Parameters per notebook: defaults <- profile <- -f files <- -p overrides, all checked."""
     layers = [load_profile(profile, profiles)] + [_read_yaml(f) for f in extra_files]
@@ -216,8 +225,14 @@ def run_folder_for(outputs: Path, notebook: str, base_id: str) -> tuple[Path, bo
         n += 1
 
 
-def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: list[str] | None,
-        outputs: Path, books_folder: Path = NOTEBOOKS) -> int:
+def run(
+    profile: str,
+    overrides: dict[str, Any],
+    extra_files: list[Path],
+    only: list[str] | None,
+    outputs: Path,
+    books_folder: Path = NOTEBOOKS,
+) -> int:
     """Every selected notebook through papermill, after the profile's runner settings (environment,
     stand-ins); 0 if all finished, 1 if one failed."""
     books = notebooks(books_folder, only)
@@ -239,8 +254,11 @@ def run(profile: str, overrides: dict[str, Any], extra_files: list[Path], only: 
             from .dryrun import install_standins
 
             names, heads = hub_models(resolved), published_heads(resolved)
-            print(f"== stand-ins of {len(names)} hub models and of published heads: {', '.join(heads) or 'none'}; in "
-                  f"{env['HF_HOME']}", flush=True)
+            print(
+                f"== stand-ins of {len(names)} hub models and of published heads: {', '.join(heads) or 'none'}; in "
+                f"{env['HF_HOME']}",
+                flush=True,
+            )
             install_standins(env["HF_HOME"], names + heads)
         return _run_books(profile, books, resolved, settings, outputs)
 
@@ -253,8 +271,9 @@ def cell_timeout() -> int | None:
     return int(value) if value else None
 
 
-def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, Any]], settings: RunnerSettings,
-               outputs: Path) -> int:
+def _run_books(
+    profile: str, books: list[Path], resolved: dict[str, dict[str, Any]], settings: RunnerSettings, outputs: Path
+) -> int:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -265,24 +284,37 @@ def _run_books(profile: str, books: list[Path], resolved: dict[str, dict[str, An
         folder, resumed = run_folder_for(outputs, nb.stem, run_id(profile, params))
         folder.mkdir(parents=True, exist_ok=True)
         print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
-        record = {"notebook": nb.stem, "profile": profile, "parameters": params, "environment": environment(),
-                  "runner": asdict(settings) | {"env": dict(settings.env)},
-                  "status": "running", "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        record = {
+            "notebook": nb.stem,
+            "profile": profile,
+            "parameters": params,
+            "environment": environment(),
+            "runner": asdict(settings) | {"env": dict(settings.env)},
+            "status": "running",
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         write_json(folder / "params.json", record)
         executed = folder / f"{nb.stem}.ipynb"
         start = time.perf_counter()
         try:
             papermill.execute_notebook(
-                str(nb), str(executed), parameters={**params, "run_dir": str(folder.resolve())},
-                cwd=str(nb.parent), progress_bar=False, log_output=True, kernel_name="python3",
+                str(nb),
+                str(executed),
+                parameters={**params, "run_dir": str(folder.resolve())},
+                cwd=str(nb.parent),
+                progress_bar=False,
+                log_output=True,
+                kernel_name="python3",
                 execution_timeout=cell_timeout(),
             )
             record["status"] = "finished"
         except (PapermillExecutionError, TimeoutError) as e:
             record["status"] = "failed"
-            record["error"] = (f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
-                               if isinstance(e, PapermillExecutionError) else
-                               f"a cell ran past SPECNB_CELL_TIMEOUT={cell_timeout()} s ({e}); rerun to resume")
+            record["error"] = (
+                f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
+                if isinstance(e, PapermillExecutionError)
+                else f"a cell ran past SPECNB_CELL_TIMEOUT={cell_timeout()} s ({e}); rerun to resume"
+            )
             failures.append(f"{nb.stem}: {record['error']}")
             print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
         record["duration_s"] = round(time.perf_counter() - start, 1)
@@ -316,8 +348,10 @@ def check_tokens(resolved: dict[str, dict[str, Any]]) -> None:
 
     gated = [h for h in hub_models(resolved) if hub_model(h).gated]
     if gated and not offline() and not token_visible():
-        raise RunnerError(f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated on the Hugging Face hub, and "
-                          f"no token is visible to this process or to the notebooks it starts. {TOKEN_HELP}")
+        raise RunnerError(
+            f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated on the Hugging Face hub, and "
+            f"no token is visible to this process or to the notebooks it starts. {TOKEN_HELP}"
+        )
 
 
 def hub_models(resolved: dict[str, dict[str, Any]]) -> list[str]:
@@ -397,8 +431,11 @@ def _parse_value(text: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.runner", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m specnb.notebook.runner",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the numbered notebooks")
     r.add_argument("profile", nargs="?", default="cpu")

@@ -28,8 +28,9 @@ import inspect
 import json
 import os
 import time
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, MutableMapping
+from typing import Any
 
 import torch
 
@@ -46,8 +47,9 @@ def parameters_of(namespace: MutableMapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in namespace.items() if not k.startswith("_") and k not in SKIP and isinstance(v, simple)}
 
 
-def apply_profile(notebook: str, namespace: MutableMapping[str, Any], profile: str,
-                  books: Path = NOTEBOOKS) -> dict[str, list[str]]:
+def apply_profile(
+    notebook: str, namespace: MutableMapping[str, Any], profile: str, books: Path = NOTEBOOKS
+) -> dict[str, list[str]]:
     """Set the parameters of `profile` in `namespace`, except those the user edited (their value
     differs from the parameters cell's literal). Returns {"set": [...], "kept": [...]}: the names the
     profile set, and the names where the user's edit won over a different profile value."""
@@ -95,10 +97,17 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
     outputs = Path(outputs) if outputs is not None else default_outputs()
     folder = outputs / notebook / time.strftime("interactive-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "params.json", {
-        "notebook": notebook, "profile": namespace.get("profile"), "parameters": parameters_of(namespace),
-        "environment": environment(), "status": "interactive", "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    })
+    write_json(
+        folder / "params.json",
+        {
+            "notebook": notebook,
+            "profile": namespace.get("profile"),
+            "parameters": parameters_of(namespace),
+            "environment": environment(),
+            "status": "interactive",
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+    )
     namespace["run_dir"] = str(folder)
     return folder
 
@@ -119,13 +128,18 @@ def show_prompts(run: str | Path, summary: PromptSummary, key: str = "prompts") 
 def interact(**options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`ipywidgets.interact(**options)` as a decorator, or under the runner one call of the function
     with its defaults (see the module docstring)."""
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if os.environ.get("SPECNB_HEADLESS"):
-            defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
-                        if p.default is not inspect.Parameter.empty}
+            defaults = {
+                k: p.default
+                for k, p in inspect.signature(fn).parameters.items()
+                if p.default is not inspect.Parameter.empty
+            }
             fn(**defaults)
             return fn
         from ipywidgets import interact as widget
 
         return widget(**options)(fn)
+
     return decorate

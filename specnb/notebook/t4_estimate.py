@@ -39,9 +39,9 @@ from ..analysis.memory import FLOAT16_BYTES, download_bytes, weight_bytes
 from ..bench.attention_grid import head_shape
 from ..core.trees import Tree
 from ..drafters.methods import parse_method
+from ..experiments.long_generation import TARGET_ALONE
 from ..io.checkpoints import published_checkpoints
 from ..io.model_configs import config_of, hub_model
-from .long_generation import TARGET_ALONE
 from .profile_memory import LONGEST_PROMPT, profile_downloads, published_download
 from .runner import RunnerError, notebooks, resolve
 
@@ -68,8 +68,15 @@ def qwen25_3b_nf4_bytes() -> int:
     """The nf4 weight bytes of Qwen2.5-3B, the model of bitsandbytes' published T4 figures (its
     config.json sizes: hidden 2048, intermediate 11008, 36 layers, 16 heads, 2 key-value heads,
     vocabulary 151936, tied embeddings)."""
-    config = Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    config = Qwen2Config(
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
     return weight_bytes(config, "4bit").total
 
 
@@ -91,17 +98,22 @@ class Costs:
     def draft(self, draft: str) -> float:
         """One float16 forward of the draft at batch 1."""
         config = config_of(draft)
-        return max(config.num_hidden_layers * self.f.launch_per_layer_s,
-                   weight_bytes(config, None).total / self.f.bandwidth_bytes_per_s)
+        return max(
+            config.num_hidden_layers * self.f.launch_per_layer_s,
+            weight_bytes(config, None).total / self.f.bandwidth_bytes_per_s,
+        )
 
-    def generation(self, target: str, quantization: str | None, draft: str | None, tree: Tree | None, tokens: int,
-                   prompt: int) -> float:
+    def generation(
+        self, target: str, quantization: str | None, draft: str | None, tree: Tree | None, tokens: int, prompt: int
+    ) -> float:
         """One generation with its prefill and its perplexity pass: the target alone (tree None), a
         speculative run with a draft model, or with heads (draft None: drafting costs nothing)."""
         fixed = self.verify(target, quantization, prompt) + self.verify(target, quantization, prompt + tokens)
         if tree is None:
             return fixed + tokens * self.step(target, quantization)
-        per_step = self.verify(target, quantization, tree.num_nodes + 1) + (tree.depth * self.draft(draft) if draft else 0.0)
+        per_step = self.verify(target, quantization, tree.num_nodes + 1) + (
+            tree.depth * self.draft(draft) if draft else 0.0
+        )
         return fixed + tokens / self.f.tau * per_step
 
     def load(self, name: str) -> float:
@@ -121,23 +133,43 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
     """One row per (notebook, part): how many of it, seconds each, seconds in all (an estimate)."""
     p = resolve(profile, {}, [], notebooks())
     c, f = Costs(figures), figures
-    rows = [_row("set-up", "pip install (assumption)", 1, f.setup_s),
-            _row("set-up", "downloads", sum(d.bytes for d in profile_downloads(profile)) / f.download_bytes_per_s, 1.0)]
+    rows = [
+        _row("set-up", "pip install (assumption)", 1, f.setup_s),
+        _row("set-up", "downloads", sum(d.bytes for d in profile_downloads(profile)) / f.download_bytes_per_s, 1.0),
+    ]
     prompt = f.prompt_tokens
 
     a = p["01_tree_shapes"]
     t, tq, d = a["target"], a["target_quantization"], a["draft"]
     n, prompts = a["max_new_tokens"], a["max_prompts"]
-    rows += [_row("01", "load target and draft", 1, c.load(t) + c.load(d)),
-             _row("01", "collection: chain:4 run + teacher-forced draft pass", prompts,
-                  c.generation(t, tq, d, Tree.chain(4), n, prompt) + c.draft(d)),
-             _row("01", f"super-trees (depth {a['super_depth']}, chunks of 8 positions)", min(a["super_prompts"] or prompts, prompts),
-                  math.ceil(n / 8) * a["super_depth"] * c.draft(d)),
-             _row("01", "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, n, prompt)),
-             _row("01", "check runs: methods", a["check_prompts"] * len(a["check_methods"]),
-                  c.generation(t, tq, d, Tree.sparse(16), n, prompt)),
-             _row("01", "verify-cost curve", (a["verify_repeats"] + 1),
-                  sum(c.verify(t, tq, k + 1) for k in a["verify_nodes"]) + len(a["verify_nodes"]) * c.draft(d))]
+    rows += [
+        _row("01", "load target and draft", 1, c.load(t) + c.load(d)),
+        _row(
+            "01",
+            "collection: chain:4 run + teacher-forced draft pass",
+            prompts,
+            c.generation(t, tq, d, Tree.chain(4), n, prompt) + c.draft(d),
+        ),
+        _row(
+            "01",
+            f"super-trees (depth {a['super_depth']}, chunks of 8 positions)",
+            min(a["super_prompts"] or prompts, prompts),
+            math.ceil(n / 8) * a["super_depth"] * c.draft(d),
+        ),
+        _row("01", "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, n, prompt)),
+        _row(
+            "01",
+            "check runs: methods",
+            a["check_prompts"] * len(a["check_methods"]),
+            c.generation(t, tq, d, Tree.sparse(16), n, prompt),
+        ),
+        _row(
+            "01",
+            "verify-cost curve",
+            (a["verify_repeats"] + 1),
+            sum(c.verify(t, tq, k + 1) for k in a["verify_nodes"]) + len(a["verify_nodes"]) * c.draft(d),
+        ),
+    ]
 
     b = p["02_model_pairs"]
     n2, prompts2, rounds2 = b["max_new_tokens"], b["max_prompts"], b["rounds"]  # every timed run, rounds times
@@ -153,14 +185,32 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
         loaded |= {t, d}
         if t not in targets_seen:
             targets_seen.add(t)
-            rows.append(_row("02", f"{label}: target alone", prompts2 * rounds2, c.generation(t, tq, None, None, n2, prompt)))
-        run = [m for m in methods if (m.shared_vocabulary <= shared) and not (b["replay"] and m.replayable and m.spec not in b["measure"])]
+            rows.append(
+                _row("02", f"{label}: target alone", prompts2 * rounds2, c.generation(t, tq, None, None, n2, prompt))
+            )
+        run = [
+            m
+            for m in methods
+            if (m.shared_vocabulary <= shared) and not (b["replay"] and m.replayable and m.spec not in b["measure"])
+        ]
         replayed = [m for m in methods if shared and b["replay"] and m.replayable and m.spec not in b["measure"]]
-        rows.append(_row("02", f"{label}: {len(run)} methods end to end", prompts2 * len(run) * rounds2,
-                         sum(c.generation(t, tq, d, m.tree, n2, prompt) for m in run) / max(len(run), 1)))
+        rows.append(
+            _row(
+                "02",
+                f"{label}: {len(run)} methods end to end",
+                prompts2 * len(run) * rounds2,
+                sum(c.generation(t, tq, d, m.tree, n2, prompt) for m in run) / max(len(run), 1),
+            )
+        )
         if replayed:
-            rows.append(_row("02", f"{label}: one collection for {len(replayed)} replayed trees", prompts2,
-                             c.generation(t, tq, d, Tree.chain(4), n2, prompt) + c.draft(d) * (1 + math.ceil(n2 / 8) * 6)))
+            rows.append(
+                _row(
+                    "02",
+                    f"{label}: one collection for {len(replayed)} replayed trees",
+                    prompts2,
+                    c.generation(t, tq, d, Tree.chain(4), n2, prompt) + c.draft(d) * (1 + math.ceil(n2 / 8) * 6),
+                )
+            )
 
     g = p["03_tree_attention_timing"]
     heads = head_shape(g["attention_shape"])
@@ -174,19 +224,31 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
                 per_impl = {"per_sequence": leaves * one, "eager": 3 * one}
                 calls += sum(per_impl.get(i, one) for i in g["impls"]) * (g["warmup"] + g["repeats"])
     t, tq, d = g["target"], g["target_quantization"], g["draft"]
-    rows += [_row("03", "attention grid (every implementation, warm-up and repeats)", 1, calls),
-             _row("03", "FlexAttention compile (assumption)", int("flex" in g["impls"]), f.flex_compile_s),
-             _row("03", "load target and draft", 1, c.load(t) + c.load(d)),
-             _row("03", "verify-cost curve", g["verify_repeats"] + 1,
-                  sum(c.verify(t, tq, k + 1) for k in g["verify_nodes"]) + len(g["verify_nodes"]) * c.draft(d))]
+    rows += [
+        _row("03", "attention grid (every implementation, warm-up and repeats)", 1, calls),
+        _row("03", "FlexAttention compile (assumption)", int("flex" in g["impls"]), f.flex_compile_s),
+        _row("03", "load target and draft", 1, c.load(t) + c.load(d)),
+        _row(
+            "03",
+            "verify-cost curve",
+            g["verify_repeats"] + 1,
+            sum(c.verify(t, tq, k + 1) for k in g["verify_nodes"]) + len(g["verify_nodes"]) * c.draft(d),
+        ),
+    ]
 
     h = p["04_long_generation"]
     t, tq, d = h["target"], h["target_quantization"], h["draft"]
     windows = len({0, *h["windows"]})
     for m in h["methods"]:
         tree = None if m == TARGET_ALONE else parse_method(m).tree
-        rows.append(_row("04", f"{m}: {h['max_new_tokens']} tokens x {windows} caches", h["max_prompts"] * windows,
-                         c.generation(t, tq, d if tree is not None else None, tree, h["max_new_tokens"], prompt)))
+        rows.append(
+            _row(
+                "04",
+                f"{m}: {h['max_new_tokens']} tokens x {windows} caches",
+                h["max_prompts"] * windows,
+                c.generation(t, tq, d if tree is not None else None, tree, h["max_new_tokens"], prompt),
+            )
+        )
     rows.append(_row("04", "load target and draft", 1, c.load(t) + c.load(d)))
 
     m = p["05_learned_drafters"]
@@ -197,39 +259,90 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
     loaded = m["heads"] != "train" or m["eagle_heads"] != "train"
     measured = m["test_prompts"] // 2 if loaded else m["test_prompts"]  # loaded heads: trees designed on the other half
     rounds = m.get("rounds", 1)
-    rows += [_row("05", "load target, heads" + (", EAGLE head" if eagle else "") + " and draft", 1,
-                  c.load(t) + c.load(m["heads"]) + (c.load(eagle) if eagle else 0.0) + (c.load(d) if d else 0.0)),
-             _row("05", "head collections (a Medusa run and an EAGLE run per test prompt)", 2 * m["test_prompts"],
-                  c.generation(t, tq, None, tree, n5, prompt)),
-             _row("05", "draft-model collection (the measured prompts)", measured if d else 0,
-                  c.generation(t, tq, d, Tree.chain(4), n5, prompt) + c.draft(d or t)),
-             # one head forward (a decoder layer and the LM head) per depth and position: two layers' launches (assumption)
-             _row("05", "EAGLE-2 trees re-drafted at every position (head forwards only, depth x tokens)", m["test_prompts"],
-                  n5 * m.get("eagle_depth", 6) * 2 * c.f.launch_per_layer_s),
-             _row("05", "timed: target alone, 3 best static trees, EAGLE-2's and the draft's dynamic trees", measured * rounds,
-                  c.generation(t, tq, None, None, n5, prompt) + 3 * c.generation(t, tq, None, speed_tree, n5, prompt)
-                  + ((1 + bool(m.get("draft_dynamic"))) * c.generation(t, tq, d, speed_tree, n5, prompt) if d else 0.0)),
-             _row("05", "typical vs lossless: target sample + 2 runs", m["typical_prompts"],
-                  c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt))]
+    rows += [
+        _row(
+            "05",
+            "load target, heads" + (", EAGLE head" if eagle else "") + " and draft",
+            1,
+            c.load(t) + c.load(m["heads"]) + (c.load(eagle) if eagle else 0.0) + (c.load(d) if d else 0.0),
+        ),
+        _row(
+            "05",
+            "head collections (a Medusa run and an EAGLE run per test prompt)",
+            2 * m["test_prompts"],
+            c.generation(t, tq, None, tree, n5, prompt),
+        ),
+        _row(
+            "05",
+            "draft-model collection (the measured prompts)",
+            measured if d else 0,
+            c.generation(t, tq, d, Tree.chain(4), n5, prompt) + c.draft(d or t),
+        ),
+        # one head forward (a decoder layer and the LM head) per depth and position: two layers' launches (assumption)
+        _row(
+            "05",
+            "EAGLE-2 trees re-drafted at every position (head forwards only, depth x tokens)",
+            m["test_prompts"],
+            n5 * m.get("eagle_depth", 6) * 2 * c.f.launch_per_layer_s,
+        ),
+        _row(
+            "05",
+            "timed: target alone, 3 best static trees, EAGLE-2's and the draft's dynamic trees",
+            measured * rounds,
+            c.generation(t, tq, None, None, n5, prompt)
+            + 3 * c.generation(t, tq, None, speed_tree, n5, prompt)
+            + ((1 + bool(m.get("draft_dynamic"))) * c.generation(t, tq, d, speed_tree, n5, prompt) if d else 0.0),
+        ),
+        _row(
+            "05",
+            "typical vs lossless: target sample + 2 runs",
+            m["typical_prompts"],
+            c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt),
+        ),
+    ]
     z = p.get("06_batch_size")
     if z is not None:
         t, tq, d, n6 = z["target"], z["target_quantization"], z["draft"], z["max_new_tokens"]
         chain = Tree.chain(z["k"])
         widest = max(Tree.preset(s, b).num_nodes for s in z["shapes"] for b in z["budgets"])
-        rows += [_row("06", "load target and draft", 1, c.load(t) + c.load(d)),
-                 _row("06", "collection for tau (chain:4 run per prompt)", z["max_prompts"],
-                      c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d)),
-                 _row("06", "each row's batch-1 greedy reference (the target alone)", max(z["batches"]),
-                      c.generation(t, tq, None, None, n6, prompt))]
+        rows += [
+            _row("06", "load target and draft", 1, c.load(t) + c.load(d)),
+            _row(
+                "06",
+                "collection for tau (chain:4 run per prompt)",
+                z["max_prompts"],
+                c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d),
+            ),
+            _row(
+                "06",
+                "each row's batch-1 greedy reference (the target alone)",
+                max(z["batches"]),
+                c.generation(t, tq, None, None, n6, prompt),
+            ),
+        ]
         for b in z["batches"]:
             nodes = sorted({0, *(Tree.preset(s, x).num_nodes for s in z["shapes"] for x in z["budgets"])})
-            rows.append(_row("06", f"batched cost curves at batch {b}", z["curve_repeats"] + 1,
-                             sum(c.verify(t, tq, b * (n + 1)) for n in nodes) + len(nodes) * c.draft(d)))
+            rows.append(
+                _row(
+                    "06",
+                    f"batched cost curves at batch {b}",
+                    z["curve_repeats"] + 1,
+                    sum(c.verify(t, tq, b * (n + 1)) for n in nodes) + len(nodes) * c.draft(d),
+                )
+            )
             alone = n6 * c.verify(t, tq, b)  # one decoding step of b rows per token
-            spec = sum(n6 / f.tau * (c.verify(t, tq, b * (tree.num_nodes + 1)) + tree.depth * c.draft(d))
-                       for tree in (chain, Tree.sparse(widest)))
-            rows.append(_row("06", f"batch {b}: target alone, transformers' batched generate, chain and the best tree",
-                             z["rounds"], 2 * alone + spec))
+            spec = sum(
+                n6 / f.tau * (c.verify(t, tq, b * (tree.num_nodes + 1)) + tree.depth * c.draft(d))
+                for tree in (chain, Tree.sparse(widest))
+            )
+            rows.append(
+                _row(
+                    "06",
+                    f"batch {b}: target alone, transformers' batched generate, chain and the best tree",
+                    z["rounds"],
+                    2 * alone + spec,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -242,13 +355,18 @@ def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures()) -> 
     table = estimate(profile, figures)
     by = table.groupby("notebook", sort=False)["seconds"].sum() / 60
     parts = ", ".join(f"{name} {minutes:.0f} min" for name, minutes in by.items())
-    return (f"**About {table['seconds'].sum() / 60:.0f} min for `./run_notebooks.sh {profile}`** (an estimate: {parts}; "
-            f"`python -m specnb.notebook.t4_estimate {profile}` prints every part and its inputs)")
+    return (
+        f"**About {table['seconds'].sum() / 60:.0f} min for `./run_notebooks.sh {profile}`** (an estimate: {parts}; "
+        f"`python -m specnb.notebook.t4_estimate {profile}` prints every part and its inputs)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.t4_estimate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m specnb.notebook.t4_estimate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("profile", nargs="?", default="t4")
     args = ap.parse_args(argv)
     try:

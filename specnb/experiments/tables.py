@@ -10,7 +10,7 @@ accepted draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -70,14 +70,22 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
 
     def speedup_span(u: pd.DataFrame) -> dict[str, float]:  # against the target alone, on the same prompts
         both = u.merge(base_units, on=[*base_by, "prompt_id"], suffixes=("", "_base"))
-        low, high = spread.speed_ratio_interval(both["num_tokens"], both["total_time"], both["num_tokens_base"],
-                                                both["total_time_base"])
+        low, high = spread.speed_ratio_interval(
+            both["num_tokens"], both["total_time"], both["num_tokens_base"], both["total_time_base"]
+        )
         return {"speedup_ci_low": low, "speedup_ci_high": high}
 
-    spans = pd.DataFrame([{**spread.interval_columns("tau", u["num_tokens"], u["num_steps"]),
-                           **spread.interval_columns("acceptance_rate", u["num_accepted"], u["num_drafted"]),
-                           **speedup_span(u)}
-                          for _, u in g], index=out.index)
+    spans = pd.DataFrame(
+        [
+            {
+                **spread.interval_columns("tau", u["num_tokens"], u["num_steps"]),
+                **spread.interval_columns("acceptance_rate", u["num_accepted"], u["num_drafted"]),
+                **speedup_span(u),
+            }
+            for _, u in g
+        ],
+        index=out.index,
+    )
     out = pd.concat([out, spans], axis=1)
     out["tokens_per_s"] = out["tokens"] / out["time_s"]
     base_speed = base.groupby(base_by)[["num_tokens", "total_time"]].sum()
@@ -90,14 +98,18 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
 def baseline_table(units: pd.DataFrame, by: Sequence[str] = ("pair",)) -> pd.DataFrame:
     """The target's own decoding per group: time to first token, time per output token, tokens/s."""
     base = units[units["shape"] == BASELINE]
-    out = base.groupby(list(by)).agg(
-        prompts=("prompt_id", "nunique"),
-        tokens=("num_tokens", "sum"),
-        time_s=("total_time", "sum"),
-        ttft_s=("ttft_s", "mean"),
-        tpot_s=("tpot_s", "mean"),
-        peak_memory_bytes=("peak_memory_bytes", "max"),
-    ).reset_index()
+    out = (
+        base.groupby(list(by))
+        .agg(
+            prompts=("prompt_id", "nunique"),
+            tokens=("num_tokens", "sum"),
+            time_s=("total_time", "sum"),
+            ttft_s=("ttft_s", "mean"),
+            tpot_s=("tpot_s", "mean"),
+            peak_memory_bytes=("peak_memory_bytes", "max"),
+        )
+        .reset_index()
+    )
     out["tokens_per_s"] = out["tokens"] / out["time_s"]
     return out
 
@@ -130,7 +142,9 @@ def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], flo
 COUNTERPARTS = (("chain", "hf_assisted"), ("xtok/chain", "hf_uag"), ("ngram/chain", "hf_prompt_lookup"))
 
 
-def head_to_head(table: pd.DataFrame, units: pd.DataFrame, matchups: Sequence[tuple[str, str]] | None = None) -> pd.DataFrame:
+def head_to_head(
+    table: pd.DataFrame, units: pd.DataFrame, matchups: Sequence[tuple[str, str]] | None = None
+) -> pd.DataFrame:
     """specnb method against another method of the same pair, same prompts, same run (interleaved,
     `run_sweep`): one row per (pair, ours, theirs) found in a shape table, with tau and tokens/s of
     both, their ratio, its 95% interval over prompts (paired bootstrap, `spread.speed_ratio_interval`)
@@ -151,17 +165,27 @@ def head_to_head(table: pd.DataFrame, units: pd.DataFrame, matchups: Sequence[tu
             a, b = spec.loc[(pair, ours)], spec.loc[(pair, theirs)]
             mine = per_prompt[per_prompt["pair"] == pair]
             both = mine[mine["spec"] == ours].merge(mine[mine["spec"] == theirs], on="prompt_id", suffixes=("_a", "_b"))
-            low, high = spread.speed_ratio_interval(both["num_tokens_a"], both["total_time_a"], both["num_tokens_b"],
-                                                    both["total_time_b"])
-            rows.append({
-                "pair": pair, "ours": ours, "theirs": theirs,
-                "tau_ours": a["tau"], "tau_theirs": b["tau"],
-                "tokens_per_s_ours": a["tokens_per_s"], "tokens_per_s_theirs": b["tokens_per_s"],
-                "speed_ratio": a["tokens_per_s"] / b["tokens_per_s"], "speed_ratio_ci_low": low, "speed_ratio_ci_high": high,
-                "verdict": spread.verdict(low, high), "prompts": len(both),
-                "greedy_equal_ours": f"{int(a['greedy_equal'])}/{int(a['prompts'])}",
-                "greedy_equal_theirs": f"{int(b['greedy_equal'])}/{int(b['prompts'])}",
-            })
+            low, high = spread.speed_ratio_interval(
+                both["num_tokens_a"], both["total_time_a"], both["num_tokens_b"], both["total_time_b"]
+            )
+            rows.append(
+                {
+                    "pair": pair,
+                    "ours": ours,
+                    "theirs": theirs,
+                    "tau_ours": a["tau"],
+                    "tau_theirs": b["tau"],
+                    "tokens_per_s_ours": a["tokens_per_s"],
+                    "tokens_per_s_theirs": b["tokens_per_s"],
+                    "speed_ratio": a["tokens_per_s"] / b["tokens_per_s"],
+                    "speed_ratio_ci_low": low,
+                    "speed_ratio_ci_high": high,
+                    "verdict": spread.verdict(low, high),
+                    "prompts": len(both),
+                    "greedy_equal_ours": f"{int(a['greedy_equal'])}/{int(a['prompts'])}",
+                    "greedy_equal_theirs": f"{int(b['greedy_equal'])}/{int(b['prompts'])}",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -176,13 +200,18 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
         later = later[later["source"] != "replay"]  # replayed steps have no times
     base = later[later["shape"] == BASELINE].groupby("pair")["verify_time"].mean().rename("target_s_per_token")
     spec = later[later["shape"] != BASELINE]
-    out = spec.groupby(["pair", "shape", "budget"], sort=False).agg(
-        steps=("num_tokens", "size"),
-        tau=("num_tokens", "mean"),
-        nodes_per_step=("num_drafted", "mean"),
-        draft_s_per_step=("draft_time", "mean"),
-        verify_s_per_step=("verify_time", "mean"),
-    ).reset_index().merge(base.reset_index(), on="pair", how="left")
+    out = (
+        spec.groupby(["pair", "shape", "budget"], sort=False)
+        .agg(
+            steps=("num_tokens", "size"),
+            tau=("num_tokens", "mean"),
+            nodes_per_step=("num_drafted", "mean"),
+            draft_s_per_step=("draft_time", "mean"),
+            verify_s_per_step=("verify_time", "mean"),
+        )
+        .reset_index()
+        .merge(base.reset_index(), on="pair", how="left")
+    )
     out["draft_cost"] = out["draft_s_per_step"] / out["target_s_per_token"]
     out["verify_cost"] = out["verify_s_per_step"] / out["target_s_per_token"]
     out["predicted_speedup"] = out["tau"] / (out["draft_cost"] + out["verify_cost"])

@@ -7,17 +7,15 @@ and the data-driven trees replayed from it (`replay_table`, `designed_trees`, `r
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..analysis import replay, tree_design
-from ..analysis.collect import CollectReport, collect_units
 from ..analysis.collection import CollectConfig, Collection
 from ..analysis.cost_model import draft_widths
-from ..analysis.executors import Executor, LocalExecutor
 from ..analysis.metrics import step_row
 from ..analysis.quality import TIE_MARGIN
 from ..bench.timing import environment_row
@@ -26,11 +24,13 @@ from ..core.drafting import Drafter
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.methods import DYNAMIC, parse_method
-from ..io.cpu_linear import effective_path, linear_path
 from ..io.models import ModelPair, default_device, default_dtype, load_model, model_dtype, prompt_ids
 from ..io.prompts import Prompt
 from ..io.storage import Sweep
-from .pair_specs import Pair
+from ..kernels.cpu_linear import effective_path, linear_path
+from .collect import CollectReport, collect_units
+from .executors import Executor, LocalExecutor
+from .pairs import Pair
 from .redraft_study import needs_redrafter, redraft_table, redrafts, steps_of
 from .tables import steps_frame
 
@@ -55,7 +55,7 @@ def collect_pair(
     dtype: str | None = None,
     draft_tokenizer=None,
 ) -> CollectReport:
-    """`analysis.collect.collect_units` for a prompt set: ranks kept up to top_k (at least the widest
+    """`experiments.collect.collect_units` for a prompt set: ranks kept up to top_k (at least the widest
     rank any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
     dynamic budget, on the first `super_prompts` prompts (None: all). Resumable in `folder` (a path,
     a shared folder or an fsspec URL). The local executor uses the loaded `target` and `draft`; any
@@ -75,23 +75,42 @@ def collect_pair(
             raise ValueError("a cross-tokenizer collection runs in this process: pass the loaded target and draft")
         config = CollectConfig(max_new_tokens=max_new_tokens, run_tree="chain:4", cross_tokenizer=True)
         drafter = CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer)
-        return collect_units(folder, (target, draft, drafter), ids, config, categories=categories, describe=describe,
-                             retries=retries)
+        return collect_units(
+            folder, (target, draft, drafter), ids, config, categories=categories, describe=describe, retries=retries
+        )
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     config = CollectConfig(
-        max_new_tokens=max_new_tokens, top_k=max(widest + 1, super_k, top_k), super_k=super_k,
-        super_depth=super_depth, super_size=max(dynamic_budgets, default=1),
+        max_new_tokens=max_new_tokens,
+        top_k=max(widest + 1, super_k, top_k),
+        super_k=super_k,
+        super_depth=super_depth,
+        super_size=max(dynamic_budgets, default=1),
     )
     if isinstance(executor, LocalExecutor) and target is not None and draft is not None:
         models: ModelPair | tuple = (target, draft)
     elif pair is not None:
-        models = ModelPair(pair.target, pair.draft, pair.target_quantization, pair.draft_quantization, pair.draft_layers, dtype,
-                           pair.cpu_linear)
+        models = ModelPair(
+            pair.target,
+            pair.draft,
+            pair.target_quantization,
+            pair.draft_quantization,
+            pair.draft_layers,
+            dtype,
+            pair.cpu_linear,
+        )
     else:
         raise ValueError("workers load the pair themselves: pass the pair's names (pair=...)")
-    return collect_units(folder, models, ids, config, categories=categories,
-                         describe=describe, executor=executor, retries=retries,
-                         super_prompts=None if super_prompts is None else [p.id for p in prompts[:super_prompts]])
+    return collect_units(
+        folder,
+        models,
+        ids,
+        config,
+        categories=categories,
+        describe=describe,
+        executor=executor,
+        retries=retries,
+        super_prompts=None if super_prompts is None else [p.id for p in prompts[:super_prompts]],
+    )
 
 
 def cost_curves(
@@ -110,16 +129,23 @@ def cost_curves(
     again: notebooks 01 and 03 share one store (`session.shared_folder`), so the second reuses what
     the first measured (each row says when, in "measured"). models: the pair's (target, draft) if
     loaded; otherwise they are loaded (in `dtype`, `io.models.model_dtype`, with the pair's
-    cpu_linear) only if a point is missing. Curves are kept per linear path (`io.cpu_linear`)."""
+    cpu_linear) only if a point is missing. Curves are kept per linear path (`kernels.cpu_linear`)."""
     device = models[0].device if models else default_device()
     env = environment_row(device, models[0].dtype if models else model_dtype(dtype) or default_dtype(device))
-    env["linear"] = linear_path(models[0]) if models else effective_path(pair.cpu_linear, device, model_dtype(env["dtype"]))
+    env["linear"] = (
+        linear_path(models[0]) if models else effective_path(pair.cpu_linear, device, model_dtype(env["dtype"]))
+    )
     widths = draft_widths(trees)
     names = (pair.target_label, pair.draft_label)
-    if missing_points(store, names[0], "target", prefix, nodes, env=env) or missing_points(store, names[1], "draft", prefix, widths, env=env):
-        target, draft = models or (load_model(pair.target, pair.target_quantization, dtype=dtype, cpu_linear=pair.cpu_linear)[0],
-                                   load_model(pair.draft, pair.draft_quantization, dtype=dtype, layers=pair.draft_layers,
-                                              cpu_linear=pair.cpu_linear)[0])
+    if missing_points(store, names[0], "target", prefix, nodes, env=env) or missing_points(
+        store, names[1], "draft", prefix, widths, env=env
+    ):
+        target, draft = models or (
+            load_model(pair.target, pair.target_quantization, dtype=dtype, cpu_linear=pair.cpu_linear)[0],
+            load_model(
+                pair.draft, pair.draft_quantization, dtype=dtype, layers=pair.draft_layers, cpu_linear=pair.cpu_linear
+            )[0],
+        )
         verify_curve(store, target, names[0], prefix, nodes, repeats=repeats)
         verify_curve(store, draft, names[1], prefix, widths, role="draft", repeats=repeats)
     return curve_table(store, names, prefix, env["device"], env["linear"])
@@ -133,9 +159,14 @@ def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple
     return {("sequoia", n): sequoia[n] for n in budgets} | {("hindsight", n): hindsight[n] for n in budgets}
 
 
-def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], budgets: Sequence[int],
-                 dynamic_budgets: Sequence[int], oracle_k: int | None = None,
-                 redraft_with: Callable[[str, int], Drafter] | None = None) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
+def replay_table(
+    collection: Collection,
+    trees: dict[tuple[str, int], Tree],
+    budgets: Sequence[int],
+    dynamic_budgets: Sequence[int],
+    oracle_k: int | None = None,
+    redraft_with: Callable[[str, int], Drafter] | None = None,
+) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
     """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
     (super-trees needed; on the prompts collected with them) and the per-position "oracle"
     (`replay.oracle`, ranks below `oracle_k`, default the collection's top_k; column `top_k`).
@@ -160,22 +191,37 @@ def replay_table(collection: Collection, trees: dict[tuple[str, int], Tree], bud
         """replayed(mode) -> rows; trajectory rows with tau_all and the ratios on `c`'s prompts."""
         table = replayed("trajectory")
         every_pos = replayed("all")[["shape", "budget", "tau"]].rename(columns={"tau": "tau_all"})
-        for ref, part in (("hindsight", replay.replay(c, hindsight, mode="all")),
-                          ("oracle", replay.oracle(c, budgets, mode="all", k=oracle_k))):
-            every_pos[f"tau_all_over_{ref}"] = every_pos["tau_all"] / every_pos["budget"].map(part.set_index("budget")["tau"])
+        for ref, part in (
+            ("hindsight", replay.replay(c, hindsight, mode="all")),
+            ("oracle", replay.oracle(c, budgets, mode="all", k=oracle_k)),
+        ):
+            every_pos[f"tau_all_over_{ref}"] = every_pos["tau_all"] / every_pos["budget"].map(
+                part.set_index("budget")["tau"]
+            )
         return table.merge(every_pos, on=["shape", "budget"])
 
-    parts = [rows(collection, lambda m: pd.concat([replay.replay(collection, every, mode=m),
-                                                   replay.oracle(collection, budgets, mode=m, k=oracle_k)],
-                                                  ignore_index=True))]
+    parts = [
+        rows(
+            collection,
+            lambda m: pd.concat(
+                [replay.replay(collection, every, mode=m), replay.oracle(collection, budgets, mode=m, k=oracle_k)],
+                ignore_index=True,
+            ),
+        )
+    ]
     if collection.has_super_trees and dynamic_budgets:
         subset = collection.super_tree_prompts()
         parts.append(rows(subset, lambda m: replay.replay_dynamic(subset, dynamic_budgets, mode=m)))
     return pd.concat(parts, ignore_index=True), every
 
 
-def replay_agreement(store: Sweep | None, pair_label: str, collection: Collection, specs: Sequence[str],
-                     redraft_with: Callable[[str, int], Drafter] | None = None) -> pd.DataFrame:
+def replay_agreement(
+    store: Sweep | None,
+    pair_label: str,
+    collection: Collection,
+    specs: Sequence[str],
+    redraft_with: Callable[[str, int], Drafter] | None = None,
+) -> pd.DataFrame:
     """Real runs against the replay, step by step: one row per method with the steps compared and
     how many were identical (position, drafted, accepted and tokens added). The collection's own
     run (its `run_tree`, on every prompt) is always compared, as source "collection run"; `specs`
@@ -190,15 +236,26 @@ def replay_agreement(store: Sweep | None, pair_label: str, collection: Collectio
     for spec in specs:
         method = parse_method(spec)
         dynamic = method.drafter == "dynamic" or method.shape == DYNAMIC
-        mine = steps[(steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)]
+        mine = steps[
+            (steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)
+        ]
         prompts = set(mine["prompt_id"])
         shape = DYNAMIC if dynamic else method.shape
         tree = method.budget if dynamic and not collection.config.cross_tokenizer else method.tree
-        replayed = {pid: s for pid, s in steps_of(collection, shape, tree, redraft_with, method.budget).items()
-                    if pid in prompts}
-        real = {pid: [tuple(int(x) for x in r) for r in g.sort_values("position")[
-                    ["position", "num_drafted", "num_accepted", "num_tokens"]].itertuples(index=False)]
-                for pid, g in mine.groupby("prompt_id")}
+        replayed = {
+            pid: s
+            for pid, s in steps_of(collection, shape, tree, redraft_with, method.budget).items()
+            if pid in prompts
+        }
+        real = {
+            pid: [
+                tuple(int(x) for x in r)
+                for r in g.sort_values("position")[
+                    ["position", "num_drafted", "num_accepted", "num_tokens"]
+                ].itertuples(index=False)
+            ]
+            for pid, g in mine.groupby("prompt_id")
+        }
         rows.append(_agreement_row(spec, "end to end", replayed, real, collection))
     return pd.DataFrame(rows)
 
@@ -216,14 +273,24 @@ def _agreement_row(spec: str, source: str, replayed: dict, real: dict, collectio
         for a, b in zip(ours, theirs):
             if a == b:
                 identical += 1
-            elif margins.get(pid) is not None and margins[pid][a[0] : a[0] + max(a[3], b[3]) + 1].min(initial=np.inf) < threshold:
+            elif (
+                margins.get(pid) is not None
+                and margins[pid][a[0] : a[0] + max(a[3], b[3]) + 1].min(initial=np.inf) < threshold
+            ):
                 ties += 1
     n_real = sum(len(v) for v in real.values())
     n_replayed = sum(len(v) for v in replayed.values())
-    return {"method": spec, "source": source, "prompts": len(replayed), "steps_compared": compared,
-            "identical_steps": identical, "tie_steps": ties, "mismatched_steps": compared - identical - ties,
-            "tau_real": sum(r[3] for v in real.values() for r in v) / max(n_real, 1),
-            "tau_replayed": sum(s.num_tokens for v in replayed.values() for s in v) / max(n_replayed, 1)}
+    return {
+        "method": spec,
+        "source": source,
+        "prompts": len(replayed),
+        "steps_compared": compared,
+        "identical_steps": identical,
+        "tie_steps": ties,
+        "mismatched_steps": compared - identical - ties,
+        "tau_real": sum(r[3] for v in real.values() for r in v) / max(n_real, 1),
+        "tau_replayed": sum(s.num_tokens for v in replayed.values() for s in v) / max(n_replayed, 1),
+    }
 
 
 def collection_dtype(collection: Collection) -> torch.dtype:
@@ -231,8 +298,9 @@ def collection_dtype(collection: Collection) -> torch.dtype:
     return getattr(torch, str(collection.describe.get("draft_dtype", "float32")), torch.float32)
 
 
-def replayed_steps_frame(collection, tree: Tree, shape: str = "",
-                         redraft_with: Callable[[str, int], Drafter] | None = None) -> pd.DataFrame:
+def replayed_steps_frame(
+    collection, tree: Tree, shape: str = "", redraft_with: Callable[[str, int], Drafter] | None = None
+) -> pd.DataFrame:
     """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`).
     A cross-tokenizer collection is re-drafted with the drafter of (shape, tree size), and each
     step's `accepted_ranks` is the accepted path in the DRAFT's tree (`tree`), not in the verified
@@ -240,15 +308,21 @@ def replayed_steps_frame(collection, tree: Tree, shape: str = "",
     if not collection.config.cross_tokenizer:
         return pd.DataFrame([step_row(s) for v in replay.replay_steps(collection, tree).values() for s in v])
     runs = redrafts(collection, shape, tree, tree.num_nodes, needs_redrafter(redraft_with))
-    return pd.DataFrame([{**step_row(s), "accepted_ranks": "/".join(map(str, path))}
-                         for run in runs.values() for s, path in zip(run.steps, run.draft_paths)])
+    return pd.DataFrame(
+        [
+            {**step_row(s), "accepted_ranks": "/".join(map(str, path))}
+            for run in runs.values()
+            for s, path in zip(run.steps, run.draft_paths)
+        ]
+    )
 
 
 def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
     """Tidy per-depth acceptance (P(accepted >= d), run trajectory) from a replay table, in the
     columns of `depth_table`, for the trees a real drafter could build (not the oracle)."""
     cols = [c for c in table.columns if re.fullmatch(r"depth_\d+_acceptance", c)]
-    long = table[table["shape"] != "oracle"].melt(id_vars=["shape", "budget"], value_vars=cols,
-                                                  var_name="depth", value_name="acceptance")
+    long = table[table["shape"] != "oracle"].melt(
+        id_vars=["shape", "budget"], value_vars=cols, var_name="depth", value_name="acceptance"
+    )
     long["depth"] = long["depth"].str.extract(r"(\d+)", expand=False).astype(int)
     return long.dropna(subset=["acceptance"]).sort_values(["budget", "shape", "depth"]).reset_index(drop=True)

@@ -1,6 +1,6 @@
 """Self-distillation data: the target's own continuations of a prompt set and its hidden states,
-the rows every learned drafter here trains on (Medusa-1 heads, `analysis.medusa_training`; EAGLE
-heads, `analysis.eagle_training`).
+the rows every learned drafter here trains on (Medusa-1 heads, `training.medusa`; EAGLE
+heads, `training.eagle`).
 
     DistillConfig    the parameters that decide the data (a frozen dataclass: the data's cache key)
     DistillData      rows (positions) of the target's continuations, prompts concatenated: the last
@@ -36,8 +36,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -54,7 +54,9 @@ DISTILL_FOLDER = "medusa-distill"  # under the cache; named for its first user, 
 
 @dataclass(frozen=True)
 class DistillConfig:
-    num_heads: int = 4  # label depth K: head d's label is the token d + 1 after its row (also decides the first row kept)
+    num_heads: int = (
+        4  # label depth K: head d's label is the token d + 1 after its row (also decides the first row kept)
+    )
     max_new_tokens: int = 128  # continuation tokens per prompt
     gen_batch: int = 16  # prompts generated together
     prompt_rows: bool = False  # also keep the prompt positions (labels: the prompt text)
@@ -68,16 +70,25 @@ class DistillConfig:
     def __post_init__(self) -> None:  # 0.7 and a numpy 0.7 are one config (and one cache key)
         object.__setattr__(self, "sample_temperature", float(self.sample_temperature))
         if self.max_continued_prompt is not None and not self.prompt_rows:
-            raise ValueError("max_continued_prompt leaves long prompts without a continuation: it needs prompt_rows=True")
+            raise ValueError(
+                "max_continued_prompt leaves long prompts without a continuation: it needs prompt_rows=True"
+            )
 
     def key(self) -> dict:
         """The data's cache key (its entries as first written, so data distilled before keep their keys)."""
-        return {"num_heads": self.num_heads, "max_new_tokens": self.max_new_tokens, "gen_batch": self.gen_batch,
-                "prompt_rows": self.prompt_rows, "max_continued_prompt": self.max_continued_prompt,
-                "samples": self.samples, "sample_temperature": self.sample_temperature, "seed": self.seed,
-                **({"distill_bfloat16": True} if self.distill_bfloat16 else {}),  # (keys of older data unchanged)
-                **({"sampler": "sample_rows"} if self.samples else {}),  # (sampled data of older keys drew otherwise)
-                **({"max_sampled_prompt": self.max_sampled_prompt} if self.max_sampled_prompt is not None else {})}
+        return {
+            "num_heads": self.num_heads,
+            "max_new_tokens": self.max_new_tokens,
+            "gen_batch": self.gen_batch,
+            "prompt_rows": self.prompt_rows,
+            "max_continued_prompt": self.max_continued_prompt,
+            "samples": self.samples,
+            "sample_temperature": self.sample_temperature,
+            "seed": self.seed,
+            **({"distill_bfloat16": True} if self.distill_bfloat16 else {}),  # (keys of older data unchanged)
+            **({"sampler": "sample_rows"} if self.samples else {}),  # (sampled data of older keys drew otherwise)
+            **({"max_sampled_prompt": self.max_sampled_prompt} if self.max_sampled_prompt is not None else {}),
+        }
 
 
 @dataclass(frozen=True)
@@ -88,8 +99,12 @@ class DistillData:
     labels: torch.Tensor  # long [R, K]: head d's target token (index d - 1), -100 = none
     soft_row: torch.Tensor  # long [R, K]: the row whose LM-head output is that label's soft target, -1 = none
     prompt: torch.Tensor  # long [R]: the row's prompt index
-    segment: torch.Tensor  # long [R]: the row's sequence (one prompt + one continuation); a segment's rows are consecutive
-    position: torch.Tensor  # long [R]: the row's position t in its sequence (its hidden state is the target's at seq[t])
+    segment: (
+        torch.Tensor
+    )  # long [R]: the row's sequence (one prompt + one continuation); a segment's rows are consecutive
+    position: (
+        torch.Tensor
+    )  # long [R]: the row's position t in its sequence (its hidden state is the target's at seq[t])
     token: torch.Tensor  # long [R]: seq[t + 1], the token after the row
     sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # per prompt: (prompt ids, greedy continuation)
     sampled: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (prompt index, sampled continuation)
@@ -115,7 +130,9 @@ def row_span(prompt_len: int, seq_len: int, num_heads: int, prompt_rows: bool) -
     return first, max(last - first + 1, 0)
 
 
-def sequence_rows(prompt_len: int, seq: Sequence[int], num_heads: int, prompt_rows: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+def sequence_rows(
+    prompt_len: int, seq: Sequence[int], num_heads: int, prompt_rows: bool
+) -> tuple[int, torch.Tensor, torch.Tensor]:
     """(first, labels [n, K], soft [n, K]) for the rows t = first .. first + n - 1 of a sequence
     (prompt + continuation, `seq`; `row_span`): head d at row t gets seq[t + 1 + d] where it exists
     (and lies in the continuation unless `prompt_rows`); its soft target is row t + d (local index,
@@ -135,8 +152,12 @@ def sequence_rows(prompt_len: int, seq: Sequence[int], num_heads: int, prompt_ro
     return first, labels, soft
 
 
-def row_layout(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], sampled: Sequence[tuple[int, Sequence[int]]],
-               num_heads: int, prompt_rows: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_layout(
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    sampled: Sequence[tuple[int, Sequence[int]]],
+    num_heads: int,
+    prompt_rows: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(segment, position, token), long [R] each, for the rows `distill` keeps, in its order: per
     prompt its greedy continuation (with prompt rows if `prompt_rows`), then its sampled ones in
     the order of `sampled` (their rows start in the continuation)."""
@@ -153,10 +174,22 @@ def row_layout(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], sampled
 
 
 @torch.no_grad()  # not inference_mode: the captured rows are training inputs
-def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads: int, max_new_tokens: int,
-            batch: int = 16, eos_token_id: int | None = None, progress: bool = True, prompt_rows: bool = False,
-            max_continued_prompt: int | None = None, samples: int = 0, temperature: float = 0.7,
-            seed: int = 0, bfloat16: bool = False, max_sampled_prompt: int | None = None) -> DistillData:
+def distill(
+    target: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    num_heads: int,
+    max_new_tokens: int,
+    batch: int = 16,
+    eos_token_id: int | None = None,
+    progress: bool = True,
+    prompt_rows: bool = False,
+    max_continued_prompt: int | None = None,
+    samples: int = 0,
+    temperature: float = 0.7,
+    seed: int = 0,
+    bfloat16: bool = False,
+    max_sampled_prompt: int | None = None,
+) -> DistillData:
     """The target's greedy continuations of `prompts` (long [T] each), generated `batch` at a time
     (left padding), and the hidden state of every fed token captured on the way (module docstring);
     `samples` more continuations of each prompt sampled at `temperature` (seeded from `seed`; their
@@ -183,7 +216,9 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
         first, labels, soft = sequence_rows(len(p), p.tolist() + new, num_heads, rows_of_prompt)
         parts[j].append((hidden[first : first + len(labels)], labels, soft))
 
-    long = [j for j in range(len(prompts)) if max_continued_prompt is not None and prompts[j].numel() > max_continued_prompt]
+    long = [
+        j for j in range(len(prompts)) if max_continued_prompt is not None and prompts[j].numel() > max_continued_prompt
+    ]
     order = sorted(set(range(len(prompts))) - set(long), key=lambda i: prompts[i].numel())  # similar lengths pad less
     try:
         for lo in tqdm(range(0, len(order), batch), desc="distill", disable=not progress or not order):
@@ -193,20 +228,21 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
             ids = torch.full((len(group), width), pad, dtype=torch.long, device=target.device)
             mask = torch.zeros_like(ids)
             for i, p in enumerate(group):
-                ids[i, width - len(p):] = p.to(target.device)
-                mask[i, width - len(p):] = 1
+                ids[i, width - len(p) :] = p.to(target.device)
+                mask[i, width - len(p) :] = 1
             sampled_too = [i for i, p in enumerate(group) if max_sampled_prompt is None or len(p) <= max_sampled_prompt]
             source = list(range(len(group))) + [i for i in sampled_too for _ in range(samples)]  # each row's prompt
             generator = torch.Generator(target.device).manual_seed(seed * 1_000_003 + lo)
-            out, hidden = continuations(target, ids, mask, source, len(group), max_new_tokens, temperature, pad, eos,
-                                        generator, captured)
+            out, hidden = continuations(
+                target, ids, mask, source, len(group), max_new_tokens, temperature, pad, eos, generator, captured
+            )
             for b, i in enumerate(source):  # rows 0 .. len(group) - 1: the greedy continuations, first
                 p = group[i]
                 new = out[b].tolist()
                 if eos is not None and eos in new:
                     new = new[: new.index(eos) + 1]
                 greedy_row = b < len(group)
-                keep(members[i], p.cpu(), new, hidden[b, width - len(p):], prompt_rows and greedy_row)
+                keep(members[i], p.cpu(), new, hidden[b, width - len(p) :], prompt_rows and greedy_row)
                 if greedy_row:
                     sequences[members[i]] = (tuple(p.tolist()), tuple(new))
                 else:
@@ -230,14 +266,34 @@ def distill(target: torch.nn.Module, prompts: Sequence[torch.Tensor], num_heads:
             offset += len(labels)
     ordered = tuple(sequences[i] for i in range(len(prompts)))
     segment, position, token = row_layout(ordered, sampled, num_heads, prompt_rows)
-    return DistillData(torch.cat(hidden_rows), torch.cat(label_rows), torch.cat(soft_rows), torch.cat(prompt_of),
-                       segment, position, token, ordered, tuple(sampled), torch.cat(greedy))
+    return DistillData(
+        torch.cat(hidden_rows),
+        torch.cat(label_rows),
+        torch.cat(soft_rows),
+        torch.cat(prompt_of),
+        segment,
+        position,
+        token,
+        ordered,
+        tuple(sampled),
+        torch.cat(greedy),
+    )
 
 
 @torch.no_grad()
-def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, source: Sequence[int], greedy: int,
-                  max_new_tokens: int, temperature: float, pad: int, eos: int | None, generator: torch.Generator,
-                  captured: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def continuations(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    source: Sequence[int],
+    greedy: int,
+    max_new_tokens: int,
+    temperature: float,
+    pad: int,
+    eos: int | None,
+    generator: torch.Generator,
+    captured: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Continue left-padded prompts ids [B, W] (mask [B, W]): row r continues prompt source[r],
     greedily for the first `greedy` rows, sampled at `temperature` (`sample_rows`, `generator`, drawn
     in row order) for the others. Each prompt is prefilled once; its continuations then grow as the
@@ -259,8 +315,9 @@ def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
     prefill = DynamicCache(config=model.config)
     captured.clear()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=prefill, use_cache=True,
-                logits_to_keep=1)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, cache=prefill, use_cache=True, logits_to_keep=1
+    )
     prompt_hidden = captured[0]  # [B, W, H]
     length = width + width_c * max_new_tokens
     cache = StaticCache(config=model.config, max_cache_len=length)  # a growing cache would copy itself every step
@@ -291,8 +348,14 @@ def continuations(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
             visible[:, 0, lanes, slot + lanes] = True
             position = position + 1
             captured.clear()
-            logits = model(input_ids=feed, attention_mask=visible[..., : slot + width_c], position_ids=position,
-                           cache=cache, use_cache=True, cache_position=slot + lanes).logits
+            logits = model(
+                input_ids=feed,
+                attention_mask=visible[..., : slot + width_c],
+                position_ids=position,
+                cache=cache,
+                use_cache=True,
+                cache_position=slot + lanes,
+            ).logits
             logits = logits[row_prompt, row_branch]  # [R, V]
             steps.append(captured[0][host_prompt, host_branch][:, None])  # [R, 1, H]
     return torch.stack(tokens, 1), torch.cat([prompt_hidden[host_prompt], *steps], 1)
@@ -303,7 +366,9 @@ def fast_bfloat16(device: torch.device) -> bool:
     AVX512-BF16 / AMX (oneDNN says so); elsewhere (a T4 among them) they are emulated and slower."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)  # a T4 (sm75) emulates: False
-    return device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (
+        device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
 
 
 def continuation_view(data: DistillData, num_heads: int) -> DistillData:
@@ -313,7 +378,11 @@ def continuation_view(data: DistillData, num_heads: int) -> DistillData:
     instead of the first whose head-K label is generated, and keeps prompt-text labels. Per
     segment (in `row_layout`'s order) the rows from that first one are kept and their labels and
     soft rows rebuilt (`sequence_rows`)."""
-    conts = [(j, cont) for j, (_, new) in enumerate(data.sequences) for cont in [new] + [b for i, b in data.sampled if i == j]]
+    conts = [
+        (j, cont)
+        for j, (_, new) in enumerate(data.sequences)
+        for cont in [new] + [b for i, b in data.sampled if i == j]
+    ]
     counts = torch.bincount(data.segment, minlength=len(conts)).tolist()
     keep, labels, soft = [], [], []
     start = offset = 0
@@ -323,7 +392,9 @@ def continuation_view(data: DistillData, num_heads: int) -> DistillData:
         rows = torch.arange(start, start + counts[s])  # host
         kept = rows[data.position[rows] >= first]
         if len(kept) != len(lab):
-            raise ValueError(f"segment {s}: {len(kept)} rows from position {first}, {len(lab)} expected: not data of this num_heads")
+            raise ValueError(
+                f"segment {s}: {len(kept)} rows from position {first}, {len(lab)} expected: not data of this num_heads"
+            )
         keep.append(kept)
         labels.append(lab)
         soft.append(torch.where(sft >= 0, sft + offset, -1))
@@ -331,12 +402,27 @@ def continuation_view(data: DistillData, num_heads: int) -> DistillData:
         offset += len(lab)
     idx = torch.cat(keep)
     segment, position, token = row_layout(data.sequences, data.sampled, num_heads, False)
-    return DistillData(data.hidden[idx], torch.cat(labels), torch.cat(soft), data.prompt[idx], segment, position, token,
-                       data.sequences, data.sampled, data.greedy_rows()[idx])
+    return DistillData(
+        data.hidden[idx],
+        torch.cat(labels),
+        torch.cat(soft),
+        data.prompt[idx],
+        segment,
+        position,
+        token,
+        data.sequences,
+        data.sampled,
+        data.greedy_rows()[idx],
+    )
 
 
-def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: DistillConfig,
-                   progress: bool = True) -> DistillData:
+def distill_cached(
+    target: torch.nn.Module,
+    model_name: str,
+    prompts: Sequence[torch.Tensor],
+    config: DistillConfig,
+    progress: bool = True,
+) -> DistillData:
     """`distill`, kept under `<cache>/medusa-distill/<key>.pt` (key: model, prompts and
     `DistillConfig.key`), so every trainer and every training recipe on the same data reuses it.
     Data without prompt rows is distilled (or found) with them and viewed (`continuation_view`):
@@ -352,18 +438,47 @@ def distill_cached(target: torch.nn.Module, model_name: str, prompts: Sequence[t
         sequences = tuple((tuple(a), tuple(b)) for a, b in d["sequences"])
         sampled = tuple((int(j), tuple(b)) for j, b in d["sampled"])
         segment, position, token = row_layout(sequences, sampled, config.num_heads, config.prompt_rows)
-        return DistillData(d["hidden"], d["labels"], d["soft_row"], d["prompt"], segment, position, token,
-                           sequences, sampled, d["greedy"])
-    data = distill(target, prompts, config.num_heads, config.max_new_tokens, config.gen_batch, progress=progress,
-                   prompt_rows=config.prompt_rows, max_continued_prompt=config.max_continued_prompt,
-                   samples=config.samples, temperature=config.sample_temperature, seed=config.seed,
-                   bfloat16=config.distill_bfloat16, max_sampled_prompt=config.max_sampled_prompt)
+        return DistillData(
+            d["hidden"],
+            d["labels"],
+            d["soft_row"],
+            d["prompt"],
+            segment,
+            position,
+            token,
+            sequences,
+            sampled,
+            d["greedy"],
+        )
+    data = distill(
+        target,
+        prompts,
+        config.num_heads,
+        config.max_new_tokens,
+        config.gen_batch,
+        progress=progress,
+        prompt_rows=config.prompt_rows,
+        max_continued_prompt=config.max_continued_prompt,
+        samples=config.samples,
+        temperature=config.sample_temperature,
+        seed=config.seed,
+        bfloat16=config.distill_bfloat16,
+        max_sampled_prompt=config.max_sampled_prompt,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"hidden": data.hidden, "labels": data.labels, "soft_row": data.soft_row, "prompt": data.prompt,
-                "greedy": data.greedy_rows(),
-                "sequences": [list(map(list, s)) for s in data.sequences],
-                "sampled": [[j, list(b)] for j, b in data.sampled]}, tmp)
+    torch.save(
+        {
+            "hidden": data.hidden,
+            "labels": data.labels,
+            "soft_row": data.soft_row,
+            "prompt": data.prompt,
+            "greedy": data.greedy_rows(),
+            "sequences": [list(map(list, s)) for s in data.sequences],
+            "sampled": [[j, list(b)] for j, b in data.sampled],
+        },
+        tmp,
+    )
     tmp.replace(path)
     return data
 

@@ -3,7 +3,7 @@
     TrainConfig      the recipe's parameters (a frozen dataclass: the cache key); its data
                      parameters are a `distillation.DistillConfig` (`distill_config`)
     (data)           the target's own continuations and hidden states, labelled for the heads (head
-                     d at row t gets token t+1+d), come from `analysis.distillation`, which EAGLE's
+                     d at row t gets token t+1+d), come from `training.distillation`, which EAGLE's
                      trainer shares
     train_heads      AdamW, linear warmup then cosine (Medusa's lr 1e-3, warmup 10%), loss = sum
                      over heads of cross-entropy (lambda_k = 1 as in Medusa's code) against the hard
@@ -51,26 +51,25 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..analysis import head_collection
+from ..analysis.collection import CollectConfig, Collection
+from ..analysis.tree_design import medusa_tree, sequoia_trees
 from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.hidden_rows import last_hidden
 from ..drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks
 from ..io.embedded import cache_dir
 from ..io.medusa_checkpoint import WEIGHTS, load_checkpoint, save_checkpoint
 from ..io.prompts import interleave
-from . import head_collection
-from .collection import CollectConfig, Collection
 from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
-from .tree_design import medusa_tree, sequoia_trees
-
 
 RANKS = 64  # ranks per head in the held-out accuracy table and Medusa's tree search (Medusa's code: 10;
 # a 64-node tree on weak heads spends nodes on depth-1 ranks beyond 10)
@@ -111,15 +110,23 @@ class TrainConfig:
 
     def distill_config(self) -> DistillConfig:
         """The parameters that decide the distilled data (not the training)."""
-        return DistillConfig(num_heads=self.num_heads, max_new_tokens=self.max_new_tokens, gen_batch=self.gen_batch,
-                             prompt_rows=self.prompt_rows, max_continued_prompt=self.max_continued_prompt,
-                             samples=self.samples, sample_temperature=self.sample_temperature,
-                             max_sampled_prompt=self.max_sampled_prompt, distill_bfloat16=self.distill_bfloat16,
-                             seed=self.seed)
+        return DistillConfig(
+            num_heads=self.num_heads,
+            max_new_tokens=self.max_new_tokens,
+            gen_batch=self.gen_batch,
+            prompt_rows=self.prompt_rows,
+            max_continued_prompt=self.max_continued_prompt,
+            samples=self.samples,
+            sample_temperature=self.sample_temperature,
+            max_sampled_prompt=self.max_sampled_prompt,
+            distill_bfloat16=self.distill_bfloat16,
+            seed=self.seed,
+        )
 
 
-def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K,
-                  chunk: int = 256) -> pd.DataFrame:
+def head_accuracy(
+    heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = SHOWN_K, chunk: int = 256
+) -> pd.DataFrame:
     """One row per (head, k): share of rows with a label whose label is in the head's top k
     (full vocabulary); head d = depth d of a Medusa tree."""
     hits = torch.zeros(heads.num_heads, len(ks))  # host: counts
@@ -132,13 +139,29 @@ def head_accuracy(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor
             for j, k in enumerate(ks):
                 hits[:, j] += ((top[..., :k] == lab[..., None]).any(-1) & (lab >= 0)).sum(-1)
     counts = (labels >= 0).sum(0)
-    return pd.DataFrame([{"head": d + 1, "depth": d + 1, "k": k, "rows": int(counts[d]),
-                          "top_k_accuracy": float(hits[d, j] / max(int(counts[d]), 1))}
-                         for d in range(heads.num_heads) for j, k in enumerate(ks)])
+    return pd.DataFrame(
+        [
+            {
+                "head": d + 1,
+                "depth": d + 1,
+                "k": k,
+                "rows": int(counts[d]),
+                "top_k_accuracy": float(hits[d, j] / max(int(counts[d]), 1)),
+            }
+            for d in range(heads.num_heads)
+            for j, k in enumerate(ks)
+        ]
+    )
 
 
-def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, config: TrainConfig,
-                progress: bool = True, lm_head: torch.Tensor | None = None) -> dict:
+def train_heads(
+    heads: MedusaHeads,
+    data: DistillData,
+    train: torch.Tensor,
+    config: TrainConfig,
+    progress: bool = True,
+    lm_head: torch.Tensor | None = None,
+) -> dict:
     """Train `heads` in place on rows `train` (indices into data); returns a log (losses, seconds).
     lm_head: the target's LM-head weight [V, H], the teacher of `config.soft_labels` (default: the
     heads' shared projection). The parameters stay float32; with `config.bfloat16` (and
@@ -149,7 +172,8 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
     steps = max(1, math.ceil(config.epochs * len(train) / config.batch_size))
     warm = max(1, int(config.warmup * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1))))
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
+    )
     labels = data.labels[train]
     device = heads[0][0].linear.weight.device
     unseen, shift = None, 0.0
@@ -186,10 +210,24 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
     for s in bar:
         rows = order[s * config.batch_size : (s + 1) * config.batch_size]
         x = hidden[rows].to(device)  # [B, H]
-        negatives = None if unseen is None else unseen[torch.randperm(len(unseen), generator=gen)[: config.negatives].to(device)]
+        negatives = (
+            None
+            if unseen is None
+            else unseen[torch.randperm(len(unseen), generator=gen)[: config.negatives].to(device)]
+        )
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed):
-            loss = heads_loss(heads, x, labels[rows].to(device), soft_row[rows].to(device), data.hidden, vocab, teacher,
-                              shared, negatives, shift)
+            loss = heads_loss(
+                heads,
+                x,
+                labels[rows].to(device),
+                soft_row[rows].to(device),
+                data.hidden,
+                vocab,
+                teacher,
+                shared,
+                negatives,
+                shift,
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -197,13 +235,28 @@ def train_heads(heads: MedusaHeads, data: DistillData, train: torch.Tensor, conf
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     heads.eval()
-    return {"steps": steps, "train_rows": len(train), "seconds": time.perf_counter() - start, "bfloat16": mixed,
-            "loss_first": losses[0], "loss_last": sum(losses[-10:]) / len(losses[-10:])}
+    return {
+        "steps": steps,
+        "train_rows": len(train),
+        "seconds": time.perf_counter() - start,
+        "bfloat16": mixed,
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+    }
 
 
-def heads_loss(heads: MedusaHeads, x: torch.Tensor, labels: torch.Tensor, soft_row: torch.Tensor, hidden: torch.Tensor,
-               vocab: torch.Tensor | None, teacher: torch.Tensor | None, shared: torch.Tensor | None = None,
-               negatives: torch.Tensor | None = None, shift: float = 0.0) -> torch.Tensor:
+def heads_loss(
+    heads: MedusaHeads,
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    soft_row: torch.Tensor,
+    hidden: torch.Tensor,
+    vocab: torch.Tensor | None,
+    teacher: torch.Tensor | None,
+    shared: torch.Tensor | None = None,
+    negatives: torch.Tensor | None = None,
+    shift: float = 0.0,
+) -> torch.Tensor:
     """Sum over heads of the cross-entropy of head d's logits on rows x [B, H] (over `vocab`, or the
     whole vocabulary when None) against labels[:, d] (-100 = none; index into vocab) or, with a
     `teacher` ([V or S, H]), against the teacher's distribution on hidden[soft_row[:, d]] (one-hot
@@ -254,16 +307,26 @@ RECIPE = 4  # in the heads' cache key: heads trained by an earlier recipe are tr
 
 
 def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig) -> str:
-    h = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config), RECIPE]).encode())
+    h = hashlib.sha256(
+        json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config), RECIPE]).encode()
+    )
     return h.hexdigest()[:16]
 
 
-def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig,
-                  folder: str | Path | None = None, progress: bool = True) -> TrainedHeads:
+def train_or_load(
+    target: torch.nn.Module,
+    model_name: str,
+    prompts: Sequence[torch.Tensor],
+    config: TrainConfig,
+    folder: str | Path | None = None,
+    progress: bool = True,
+) -> TrainedHeads:
     """Heads for `target` trained on `prompts` (the last `heldout` share held out), or loaded from
     a previous run with the same (model, prompts, config). folder: default
     `<cache>/medusa-heads/<key>` (kept out of git: 4 SmolLM2 heads are ~458 MB in float32)."""
-    folder = Path(folder) if folder is not None else cache_dir() / "medusa-heads" / cache_key(model_name, prompts, config)
+    folder = (
+        Path(folder) if folder is not None else cache_dir() / "medusa-heads" / cache_key(model_name, prompts, config)
+    )
     held = heldout_prompts(len(prompts), config.heldout)
     if (folder / WEIGHTS).exists():
         _, saved = load_checkpoint(folder)
@@ -285,32 +348,61 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
     log = train_heads(heads, data, train_rows, config, progress, lm_head=target.get_output_embeddings().weight)
     after = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows], ks).assign(split="after")
     accuracy = pd.concat([before, after], ignore_index=True)
-    log = {**log, "distill_seconds": distill_s, "rows": int(data.hidden.shape[0]), "heldout_rows": len(held_rows),
-           "config": asdict(config), "model": model_name, "cached": False}
-    save_checkpoint(folder, heads.published_state_dict(), model_name,
-                    extra={"specnb_training": {"log": log, "accuracy": accuracy.to_dict("records")}})
+    log = {
+        **log,
+        "distill_seconds": distill_s,
+        "rows": int(data.hidden.shape[0]),
+        "heldout_rows": len(held_rows),
+        "config": asdict(config),
+        "model": model_name,
+        "cached": False,
+    }
+    save_checkpoint(
+        folder,
+        heads.published_state_dict(),
+        model_name,
+        extra={"specnb_training": {"log": log, "accuracy": accuracy.to_dict("records")}},
+    )
     return TrainedHeads(heads, accuracy, log, held, folder)
 
 
-def collect_heads(target: torch.nn.Module, heads: MedusaHeads, prompts: Sequence[tuple[str, str, torch.Tensor]],
-                  config: CollectConfig, describe: dict | None = None, progress: bool = True,
-                  tree: Tree | None = None) -> Collection:
+def collect_heads(
+    target: torch.nn.Module,
+    heads: MedusaHeads,
+    prompts: Sequence[tuple[str, str, torch.Tensor]],
+    config: CollectConfig,
+    describe: dict | None = None,
+    progress: bool = True,
+    tree: Tree | None = None,
+) -> Collection:
     """`head_collection.collect_heads` for Medusa heads: per prompt (id, category, ids [T]) the
     target's greedy continuation by an exact run with the heads (`config.run_tree`, a preset spec
     such as "sparse:16", cut at the heads' depth, or `tree`), then one plain forward over prompt +
     continuation whose hidden rows give every head's rank at every step (`drafters.medusa.head_ranks`)."""
+
     def ranks(seq: torch.Tensor, p: int, top_k: int) -> torch.Tensor:
         hidden = last_hidden(target, seq[:-1])  # [P + L - 1, H]
         tokens = seq[p:]
-        return head_ranks(heads, hidden[p - 2 : p - 2 + len(tokens)], tokens, top_k)  # step t reads seq[p + t - 2]'s row
+        return head_ranks(
+            heads, hidden[p - 2 : p - 2 + len(tokens)], tokens, top_k
+        )  # step t reads seq[p + t - 2]'s row
 
     run_tree = tree if tree is not None else config.run.truncated(heads.num_heads)
-    return head_collection.collect_heads(target, MedusaDrafter(target, heads), ranks, prompts, config, run_tree,
-                                         dict(describe or {}, drafter="medusa", heads=heads.num_heads), progress)
+    return head_collection.collect_heads(
+        target,
+        MedusaDrafter(target, heads),
+        ranks,
+        prompts,
+        config,
+        run_tree,
+        dict(describe or {}, drafter="medusa", heads=heads.num_heads),
+        progress,
+    )
 
 
-def split_prompts(prompts: Sequence[tuple[str, str, torch.Tensor]], every: int = 4,
-                  group: Callable[[str], str] | None = None) -> tuple[list, list]:
+def split_prompts(
+    prompts: Sequence[tuple[str, str, torch.Tensor]], every: int = 4, group: Callable[[str], str] | None = None
+) -> tuple[list, list]:
     """(train, test): prompts (id, category, ids), every `every`-th one of each category (by id)
     held out for testing; both lists take the categories in turn, so any first n of either spans
     them. group: take groups of categories in turn instead (e.g. `io.prompts.spec_bench_task`,
@@ -323,8 +415,12 @@ def split_prompts(prompts: Sequence[tuple[str, str, torch.Tensor]], every: int =
         groups.setdefault(group(category) if group else category, []).append(ps)
 
     def part(held: bool) -> list:
-        return interleave([interleave([[p for i, p in enumerate(ps) if (i % every == 0) == held] for ps in members])
-                           for _, members in sorted(groups.items())])
+        return interleave(
+            [
+                interleave([[p for i, p in enumerate(ps) if (i % every == 0) == held] for ps in members])
+                for _, members in sorted(groups.items())
+            ]
+        )
 
     return part(False), part(True)
 

@@ -22,7 +22,7 @@ drafted and accepted), and a summary per unit with:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -79,34 +79,55 @@ def run_long(
         ids = prompt_ids(tokenizer, prompt.text)
         policy = by_window[window]
         if method == TARGET_ALONE:
-            result = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, cache_policy=policy,
-                                             eos_token_id=eos)
+            result = autoregressive_generate(
+                target, ids, max_new_tokens=max_new_tokens, cache_policy=policy, eos_token_id=eos
+            )
         else:
             spec = trees[method]
             drafter = build_drafter(spec, target, draft, cache_policy=policy if draft_policy else None)
-            result = speculative_generate(target, drafter, ids, tree=spec.tree, max_new_tokens=max_new_tokens,
-                                          cache_policy=policy, eos_token_id=eos)
+            result = speculative_generate(
+                target,
+                drafter,
+                ids,
+                tree=spec.tree,
+                max_new_tokens=max_new_tokens,
+                cache_policy=policy,
+                eos_token_id=eos,
+            )
         full_reference = _tokens(store, prompt.id, FULL)
         streaming_reference = result.tokens.tolist() if method == TARGET_ALONE else _tokens(store, prompt.id, window)
         quality = score(target, ids, result.tokens)
         if not gap:
             gap.append(logit_gap(target, ids, result.tokens[:8].tolist() or [0]))
-        store.add({"prompt_id": prompt.id, "window": window, "method": method},
-                  [step_row(s) for s in result.steps],
-                  meta=_summary(result, prompt, policy, quality, full_reference, streaming_reference, target.dtype, gap[0]))
+        store.add(
+            {"prompt_id": prompt.id, "window": window, "method": method},
+            [step_row(s) for s in result.steps],
+            meta=_summary(result, prompt, policy, quality, full_reference, streaming_reference, target.dtype, gap[0]),
+        )
 
 
 def long_table(units: pd.DataFrame) -> pd.DataFrame:
     """window x method, pooled over prompts, with KV bytes against the full cache's."""
-    out = units.groupby(["window", "method"], sort=False).agg(
-        prompts=("prompt_id", "nunique"), tokens=("num_tokens", "sum"), steps=("num_steps", "sum"),
-        drafted=("num_drafted", "sum"), accepted=("num_accepted", "sum"), time_s=("total_time", "sum"),
-        tpot_s=("tpot_s", "mean"), kv_bytes=("kv_bytes", "mean"), kv_peak_bytes=("kv_peak_bytes", "mean"),
-        evictions=("evictions", "mean"), perplexity=("perplexity", "mean"),
-        first_difference=("first_difference", "min"),
-        streaming_exact=("streaming_greedy", lambda v: int((v == "exact").sum())),
-        streaming_ties=("streaming_greedy", lambda v: int((v == "tie").sum())),
-    ).reset_index()
+    out = (
+        units.groupby(["window", "method"], sort=False)
+        .agg(
+            prompts=("prompt_id", "nunique"),
+            tokens=("num_tokens", "sum"),
+            steps=("num_steps", "sum"),
+            drafted=("num_drafted", "sum"),
+            accepted=("num_accepted", "sum"),
+            time_s=("total_time", "sum"),
+            tpot_s=("tpot_s", "mean"),
+            kv_bytes=("kv_bytes", "mean"),
+            kv_peak_bytes=("kv_peak_bytes", "mean"),
+            evictions=("evictions", "mean"),
+            perplexity=("perplexity", "mean"),
+            first_difference=("first_difference", "min"),
+            streaming_exact=("streaming_greedy", lambda v: int((v == "exact").sum())),
+            streaming_ties=("streaming_greedy", lambda v: int((v == "tie").sum())),
+        )
+        .reset_index()
+    )
     out["tau"] = out["tokens"] / out["steps"]
     out["acceptance_rate"] = out["accepted"] / out["drafted"].where(out["drafted"] > 0)
     out["tokens_per_s"] = out["tokens"] / out["time_s"]
@@ -119,12 +140,22 @@ def long_table(units: pd.DataFrame) -> pd.DataFrame:
 def position_frame(steps: pd.DataFrame, every: int = 16) -> pd.DataFrame:
     """Steps binned by tokens generated (bins of `every`): KV MB after the step, seconds per token
     and tau in each bin, per (window, method); for the figures against position."""
-    data = steps.assign(kv_mb=(steps["target_kv_bytes"] + steps["draft_kv_bytes"]) / 1e6,
-                        seconds=steps["draft_time"] + steps["verify_time"],
-                        bin=(steps["position"] // every) * every)
-    out = data.groupby(["window", "method", "bin"], sort=False).agg(
-        kv_mb=("kv_mb", "max"), seconds=("seconds", "sum"), tokens=("num_tokens", "sum"), steps=("num_tokens", "size")
-    ).reset_index().rename(columns={"bin": "position"})
+    data = steps.assign(
+        kv_mb=(steps["target_kv_bytes"] + steps["draft_kv_bytes"]) / 1e6,
+        seconds=steps["draft_time"] + steps["verify_time"],
+        bin=(steps["position"] // every) * every,
+    )
+    out = (
+        data.groupby(["window", "method", "bin"], sort=False)
+        .agg(
+            kv_mb=("kv_mb", "max"),
+            seconds=("seconds", "sum"),
+            tokens=("num_tokens", "sum"),
+            steps=("num_tokens", "size"),
+        )
+        .reset_index()
+        .rename(columns={"bin": "position"})
+    )
     out["tpot_s"] = out["seconds"] / out["tokens"]
     out["tau"] = out["tokens"] / out["steps"]
     return out
@@ -135,20 +166,38 @@ def _tokens(store: Sweep, prompt_id: str, window: int) -> list[int] | None:
     return None if meta is None else [int(t) for t in str(meta["tokens"]).split()]
 
 
-def _summary(result: GenerationResult, prompt: Prompt, policy: StreamingCache | None, quality, full_reference,
-             streaming_reference, dtype: torch.dtype, gap: float = 0.0) -> dict:
+def _summary(
+    result: GenerationResult,
+    prompt: Prompt,
+    policy: StreamingCache | None,
+    quality,
+    full_reference,
+    streaming_reference,
+    dtype: torch.dtype,
+    gap: float = 0.0,
+) -> dict:
     s = summarize(result)
     tokens = result.tokens.tolist()
     versus_full = compare_greedy(tokens, full_reference, quality.margins, dtype, gap)
     return {
-        "category": prompt.category, "policy": "full cache" if policy is None else policy.describe(),
-        "num_steps": s.num_steps, "num_tokens": s.num_tokens, "num_drafted": s.num_drafted,
-        "num_accepted": s.num_accepted, "tau": s.tau, "acceptance_rate": s.acceptance_rate,
-        "tokens_per_s": s.tokens_per_s, "tpot_s": s.tpot_s, "total_time": result.total_time,
-        "kv_bytes": result.kv_bytes, "kv_peak_bytes": result.kv_peak_bytes, "evictions": result.evictions,
+        "category": prompt.category,
+        "policy": "full cache" if policy is None else policy.describe(),
+        "num_steps": s.num_steps,
+        "num_tokens": s.num_tokens,
+        "num_drafted": s.num_drafted,
+        "num_accepted": s.num_accepted,
+        "tau": s.tau,
+        "acceptance_rate": s.acceptance_rate,
+        "tokens_per_s": s.tokens_per_s,
+        "tpot_s": s.tpot_s,
+        "total_time": result.total_time,
+        "kv_bytes": result.kv_bytes,
+        "kv_peak_bytes": result.kv_peak_bytes,
+        "evictions": result.evictions,
         "perplexity": quality.perplexity,
         "first_difference": versus_full.position if versus_full.verdict != "exact" else None,
         "streaming_greedy": compare_greedy(tokens, streaming_reference, quality.margins, dtype, gap).verdict,
-        "tie_margin": versus_full.threshold, "logit_gap": gap,
+        "tie_margin": versus_full.threshold,
+        "logit_gap": gap,
         "tokens": " ".join(map(str, tokens)),
     }

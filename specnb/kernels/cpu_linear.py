@@ -65,11 +65,19 @@ def pack_linears(model: torch.nn.Module, path: str = "onednn") -> int:
         return 0
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("linear path 'onednn' needs a torch build with oneDNN (mkldnn); use 'stock'")
-    shared = {id(p) for name, m in model.named_modules() if type(m) is not torch.nn.Linear
-              for p in m.parameters(recurse=False)}  # e.g. a tied LM head's weight is the embedding's
-    targets = [(name, module) for name, module in model.named_modules()
-               if type(module) is torch.nn.Linear and effective_path(path, module.weight.device, module.weight.dtype) == path
-               and id(module.weight) not in shared]
+    shared = {
+        id(p)
+        for name, m in model.named_modules()
+        if type(m) is not torch.nn.Linear
+        for p in m.parameters(recurse=False)
+    }  # e.g. a tied LM head's weight is the embedding's
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) is torch.nn.Linear
+        and effective_path(path, module.weight.device, module.weight.dtype) == path
+        and id(module.weight) not in shared
+    ]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(module))
@@ -85,8 +93,9 @@ def _own_memory(model: torch.nn.Module) -> None:
     stays resident: 6.2 GB more for Qwen2.5-Coder-1.5B (measured: RSS 12.6 GB against 6.6 GB). Once
     nothing views the file, it is unmapped."""
     with torch.no_grad():
-        for tensor in list(model.parameters()) + [b for m in model.modules() for b in m.buffers(recurse=False)
-                                                  if not isinstance(m, PackedLinear)]:
+        for tensor in list(model.parameters()) + [
+            b for m in model.modules() for b in m.buffers(recurse=False) if not isinstance(m, PackedLinear)
+        ]:
             if tensor.layout == torch.strided:
                 tensor.data = tensor.data.clone()
 
@@ -105,5 +114,5 @@ def effective_path(path: str, device: torch.device | str, dtype: torch.dtype) ->
 
 
 def linear_path(model: torch.nn.Module) -> str:
-    """"onednn" if any of `model`'s layers is a PackedLinear, else "stock"."""
+    """ "onednn" if any of `model`'s layers is a PackedLinear, else "stock"."""
     return "onednn" if any(isinstance(m, PackedLinear) for m in model.modules()) else "stock"

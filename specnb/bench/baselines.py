@@ -61,9 +61,10 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
@@ -124,8 +125,13 @@ def hf_generate(
     )
 
 
-def hf_generate_batch(target: torch.nn.Module, prompts: Sequence[torch.Tensor], pad_token_id: int,
-                      max_new_tokens: int = 64, eos_token_id: int | Sequence[int] | None = None) -> BatchResult:
+def hf_generate_batch(
+    target: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    pad_token_id: int,
+    max_new_tokens: int = 64,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> BatchResult:
     """transformers' own batching: `generate` on the prompts left-padded with `pad_token_id` under an
     attention mask, greedy. Each row: its new tokens, cut after its first stop token (transformers
     pads finished rows), no per-step records; the batch's wall clock."""
@@ -134,38 +140,63 @@ def hf_generate_batch(target: torch.nn.Module, prompts: Sequence[torch.Tensor], 
     ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # host: moved below
     mask = torch.zeros(len(sequences), width, dtype=torch.long)  # host
     for b, seq in enumerate(sequences):
-        ids[b, width - len(seq):] = torch.tensor(seq)  # host
-        mask[b, width - len(seq):] = 1
+        ids[b, width - len(seq) :] = torch.tensor(seq)  # host
+        mask[b, width - len(seq) :] = 1
     kwargs = _generate_kwargs(target, max_new_tokens, 0.0, 0, 1.0, eos_token_id)
     eos = eos_ids(target, eos_token_id)
     clock = Clock(target.device)
     start = clock.now()
-    out = target.generate(ids.to(target.device), attention_mask=mask.to(target.device), pad_token_id=pad_token_id, **kwargs)
+    out = target.generate(
+        ids.to(target.device), attention_mask=mask.to(target.device), pad_token_id=pad_token_id, **kwargs
+    )
     total = clock.now() - start
     rows = []
     for b, seq in enumerate(sequences):
         new, _ = cut_at_eos(out[b, width:].tolist(), eos)
-        rows.append(GenerationResult(torch.tensor(new, dtype=torch.long), (), len(seq), 0.0, total, None,  # host: results
-                                     "hf_generate_batch", {"batch_size": len(sequences)}))
+        rows.append(
+            GenerationResult(
+                torch.tensor(new, dtype=torch.long),
+                (),
+                len(seq),
+                0.0,
+                total,
+                None,  # host: results
+                "hf_generate_batch",
+                {"batch_size": len(sequences)},
+            )
+        )
     return BatchResult(tuple(rows), total, 0.0)
 
 
-def hf_assisted_refusal(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[torch.Tensor],
-                        pad_token_id: int, num_assistant_tokens: int = 4) -> str | None:
+def hf_assisted_refusal(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    pad_token_id: int,
+    num_assistant_tokens: int = 4,
+) -> str | None:
     """What transformers says when asked for assisted generation on more than one row at once (its
     issues #32165, #29769): the error message, or None if it ran."""
     sequences = check_prompts(prompts, 1)
     width = max(map(len, sequences))
     ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # host: moved below
     for b, seq in enumerate(sequences):
-        ids[b, width - len(seq):] = torch.tensor(seq)  # host
+        ids[b, width - len(seq) :] = torch.tensor(seq)  # host
     kwargs = _generate_kwargs(target, 2, 0.0, 0, 1.0, None)
-    fixed = {"num_assistant_tokens": num_assistant_tokens, "num_assistant_tokens_schedule": "constant",
-             "assistant_confidence_threshold": 0.0}
+    fixed = {
+        "num_assistant_tokens": num_assistant_tokens,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
     try:
         with _generation_config_set(draft, fixed), _without(INTERNAL_WARNINGS):
-            target.generate(ids.to(target.device), attention_mask=(ids != pad_token_id).long().to(target.device),
-                            assistant_model=draft, pad_token_id=pad_token_id, **kwargs)
+            target.generate(
+                ids.to(target.device),
+                attention_mask=(ids != pad_token_id).long().to(target.device),
+                assistant_model=draft,
+                pad_token_id=pad_token_id,
+                **kwargs,
+            )
     except ValueError as e:
         return str(e).splitlines()[0]
     return None
@@ -203,7 +234,12 @@ def hf_assisted_generate(
     }
     with _generation_config_set(draft, fixed):
         return _recorded_generate(
-            target, ids, {**kwargs, "assistant_model": draft}, "hf_assisted", seed, {"num_assistant_tokens": num_assistant_tokens}
+            target,
+            ids,
+            {**kwargs, "assistant_model": draft},
+            "hf_assisted",
+            seed,
+            {"num_assistant_tokens": num_assistant_tokens},
         )
 
 
@@ -229,12 +265,18 @@ def hf_uag_generate(
     if num_assistant_tokens < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
     if target.config.get_text_config().vocab_size == draft.config.get_text_config().vocab_size:
-        raise ValueError("transformers' universal assisted generation refuses two models whose configs have the same "
-                         "vocabulary size; use hf_assisted (a shared vocabulary) or specnb's xtok drafter")
+        raise ValueError(
+            "transformers' universal assisted generation refuses two models whose configs have the same "
+            "vocabulary size; use hf_assisted (a shared vocabulary) or specnb's xtok drafter"
+        )
     ids = check_input(input_ids, max_new_tokens).to(target.device)
     kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
-    fixed = {"num_assistant_tokens": num_assistant_tokens, "num_assistant_tokens_schedule": "constant",
-             "assistant_confidence_threshold": 0.0, "eos_token_id": kwargs["eos_token_id"]}
+    fixed = {
+        "num_assistant_tokens": num_assistant_tokens,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+        "eos_token_id": kwargs["eos_token_id"],
+    }
     kwargs.update(assistant_model=draft, tokenizer=target_tokenizer, assistant_tokenizer=draft_tokenizer)
     with _generation_config_set(draft, fixed):
         return _recorded_generate(target, ids, kwargs, "hf_uag", seed, {"num_assistant_tokens": num_assistant_tokens})
@@ -357,12 +399,7 @@ def _recording(target: torch.nn.Module, clock: Clock) -> Iterator[list[_Recordin
 
 
 def _recorded_generate(
-    target: torch.nn.Module,
-    ids: torch.Tensor,
-    kwargs: dict,
-    method: str,
-    seed: int | None,
-    meta: dict,
+    target: torch.nn.Module, ids: torch.Tensor, kwargs: dict, method: str, seed: int | None, meta: dict
 ) -> GenerationResult:
     clock = Clock(target.device)
     reset_peak_memory(target.device)
@@ -451,7 +488,9 @@ def _generate_kwargs(
         eos_token_id=sorted(eos_ids(target, eos_token_id)) or None,  # () = no stop token: None for transformers
     )
     if temperature > 0:  # greedy ignores the warpers (and transformers warns when they are set)
-        kwargs.update(temperature=temperature, top_k=top_k, top_p=top_p, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+        kwargs.update(
+            temperature=temperature, top_k=top_k, top_p=top_p, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0
+        )
     return kwargs
 
 
@@ -489,6 +528,7 @@ def _without(logged: Sequence[tuple[str, str]]) -> Iterator[None]:
     """Drop the records of `logged` = (logger, message start) pairs for the block."""
     filters = []
     for name, start in logged:
+
         def keep(record: logging.LogRecord, start: str = start) -> bool:
             return not record.getMessage().startswith(start)
 

@@ -22,19 +22,18 @@ at the same batch size, in the same run.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 import torch
 
-from ..analysis.collect import collect
 from ..analysis.collection import CollectConfig
+from ..analysis.quality import compare_greedy, score
 from ..analysis.replay import replay, replay_steps
-from ..analysis.baselines import hf_assisted_generate, hf_assisted_refusal, hf_generate_batch
+from ..bench.baselines import hf_assisted_generate, hf_assisted_refusal, hf_generate_batch
 from ..bench.batch_curve import batch_curve, batch_curve_table
 from ..bench.timing import environment_row
-from ..analysis.quality import compare_greedy, score
 from ..core.batch import BatchResult, autoregressive_generate_batch, speculative_generate_batch
 from ..core.generation import autoregressive_generate
 from ..core.trees import Tree
@@ -43,15 +42,17 @@ from ..io.models import prompt_ids
 from ..io.prompts import load_prompts
 from ..io.storage import Sweep
 from .checks import ParameterError
-from .experiments import WARMUP_TOKENS
+from .collect import collect
+from .sweeps import WARMUP_TOKENS
 
 TARGET_ALONE = "autoregressive"
 HF_BATCH = "hf_generate"
 HF_ASSISTED = "hf_assisted"
 
 
-def batch_prompts(tokenizer, source: str, per_category: int, max_prompts: int, max_prompt_tokens: int,
-                  batches: Sequence[int]) -> list[tuple[str, str, torch.Tensor]]:
+def batch_prompts(
+    tokenizer, source: str, per_category: int, max_prompts: int, max_prompt_tokens: int, batches: Sequence[int]
+) -> list[tuple[str, str, torch.Tensor]]:
     """(id, category, ids [T]) of `source`'s prompts (categories in turn) of at most
     `max_prompt_tokens` tokens, the first `max_prompts` of them. Refused (`checks.ParameterError`,
     before any model loads) when they cannot fill the largest batch: every row a different prompt."""
@@ -65,35 +66,64 @@ def batch_prompts(tokenizer, source: str, per_category: int, max_prompts: int, m
         raise ParameterError(
             f"batches up to {max(batches)} need as many different prompts, but {source!r} with per_category="
             f"{per_category}, max_prompts={max_prompts} and max_prompt_tokens={max_prompt_tokens} gives {len(chosen)}: "
-            "raise max_prompts, per_category or max_prompt_tokens, or lower the largest batch")
+            "raise max_prompts, per_category or max_prompt_tokens, or lower the largest batch"
+        )
     return chosen
 
 
-def measure_curves(store: Sweep, target: torch.nn.Module, draft: torch.nn.Module, target_label: str, draft_label: str,
-                   prefix: int, batches: Sequence[int], trees: Sequence[Tree], repeats: int) -> pd.DataFrame:
+def measure_curves(
+    store: Sweep,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    target_label: str,
+    draft_label: str,
+    prefix: int,
+    batches: Sequence[int],
+    trees: Sequence[Tree],
+    repeats: int,
+) -> pd.DataFrame:
     """The batched cost curves this machine lacks, then all of them for the pair and prefix: the
     target's verify of every tree size (and 0) and the draft's forward of every width a step uses
     (its levels, and the up to depth + 1 tokens it feeds first), at every batch size."""
     nodes = sorted({0, *(t.num_nodes for t in trees)})
-    widths = sorted({*range(1, max(t.depth for t in trees) + 2), *(len(level.fed) for t in trees for level in t.levels if level.fed)})
+    widths = sorted(
+        {
+            *range(1, max(t.depth for t in trees) + 2),
+            *(len(level.fed) for t in trees for level in t.levels if level.fed),
+        }
+    )
     batch_curve(store, target, target_label, "target", prefix, batches, nodes, repeats=repeats)
     batch_curve(store, draft, draft_label, "draft", prefix, batches, widths, repeats=repeats)
     curve = batch_curve_table(store)
     env = environment_row(target.device, target.dtype)
-    mine = (curve["model"].isin([target_label, draft_label]) & (curve["prefix"] == prefix) & curve["batch"].isin(batches)
-            & (curve["device"] == env["device"]))
+    mine = (
+        curve["model"].isin([target_label, draft_label])
+        & (curve["prefix"] == prefix)
+        & curve["batch"].isin(batches)
+        & (curve["device"] == env["device"])
+    )
     return curve[mine]
 
 
-def replayed_runs(folder: Path, target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[tuple[str, str, torch.Tensor]],
-                  trees: dict[tuple[str, int], Tree], max_new_tokens: int
-                  ) -> tuple[pd.DataFrame, dict[tuple[str, int], list[tuple[int, int]]]]:
+def replayed_runs(
+    folder: Path,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompts: Sequence[tuple[str, str, torch.Tensor]],
+    trees: dict[tuple[str, int], Tree],
+    max_new_tokens: int,
+) -> tuple[pd.DataFrame, dict[tuple[str, int], list[tuple[int, int]]]]:
     """(replay table, (shape, budget) -> [(tokens, steps) per prompt, in order]) of every tree on the
     run trajectory, from one greedy collection of the pair on `prompts` (resumable in `folder`),
     every row generating `max_new_tokens` (EOS ignored, as in `measure_batches`)."""
     top_k = max([16] + [max(t.ranks) + 1 for t in trees.values() if t.num_nodes])
-    collection = collect(folder, target, draft, {pid: ids[None] for pid, _, ids in prompts},
-                         CollectConfig(max_new_tokens, top_k=top_k, eos_token_id=()))
+    collection = collect(
+        folder,
+        target,
+        draft,
+        {pid: ids[None] for pid, _, ids in prompts},
+        CollectConfig(max_new_tokens, top_k=top_k, eos_token_id=()),
+    )
     table = replay(collection, trees, mode="trajectory")
     runs = {}
     for key, tree in trees.items():
@@ -102,21 +132,31 @@ def replayed_runs(folder: Path, target: torch.nn.Module, draft: torch.nn.Module,
     return table, runs
 
 
-def measure_batches(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[torch.Tensor],
-                    batches: Sequence[int], specs: dict[int, list[str]], max_new_tokens: int, pad_token_id: int,
-                    k: int = 4, rounds: int = 1) -> pd.DataFrame:
+def measure_batches(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    batches: Sequence[int],
+    specs: dict[int, list[str]],
+    max_new_tokens: int,
+    pad_token_id: int,
+    k: int = 4,
+    rounds: int = 1,
+) -> pd.DataFrame:
     """One row per (batch, method) on the first B prompts (module docstring), every row generating
     `max_new_tokens` (EOS ignored: batches compare like with like, and the replayed steps match).
     specs[B]: the specnb method specs measured at B besides the target alone (e.g. chain:4 and the
     best tree there)."""
-    references = [autoregressive_generate(target, p[None], max_new_tokens=max_new_tokens, eos_token_id=()).tokens.tolist()
-                  for p in prompts]
+    references = [
+        autoregressive_generate(target, p[None], max_new_tokens=max_new_tokens, eos_token_id=()).tokens.tolist()
+        for p in prompts
+    ]
     for name in [TARGET_ALONE, HF_BATCH] + sorted({s for v in specs.values() for s in v}):  # warm-up, untimed
         _run(name, target, draft, prompts[:1], WARMUP_TOKENS, pad_token_id, k)
     rows = []
     for b in batches:
         names = [TARGET_ALONE, HF_BATCH, *specs[b], f"{HF_ASSISTED}:{k}"]
-        order = names[b % len(names):] + names[: b % len(names)]
+        order = names[b % len(names) :] + names[: b % len(names)]
         best: dict[str, BatchResult | str] = {}
         for _ in range(rounds):
             for name in order:
@@ -139,14 +179,16 @@ def _run(name: str, target, draft, prompts, max_new_tokens: int, pad_token_id: i
     if name.startswith(HF_ASSISTED):
         if len(prompts) > 1:
             return hf_assisted_refusal(target, draft, prompts, pad_token_id, k) or "ran (no refusal)"
-        r = hf_assisted_generate(target, draft, prompts[0][None], num_assistant_tokens=k, max_new_tokens=max_new_tokens,
-                                 eos_token_id=())
+        r = hf_assisted_generate(
+            target, draft, prompts[0][None], num_assistant_tokens=k, max_new_tokens=max_new_tokens, eos_token_id=()
+        )
         return BatchResult((r,), r.total_time, r.prefill_time)
     method = parse_method(name)
     if method.drafter != "draft":
         raise ValueError(f"{name!r}: notebook 06 batches the draft model's trees (e.g. chain:4, sparse:8)")
-    return speculative_generate_batch(target, draft, prompts, tree=method.tree, max_new_tokens=max_new_tokens,
-                                      eos_token_id=())
+    return speculative_generate_batch(
+        target, draft, prompts, tree=method.tree, max_new_tokens=max_new_tokens, eos_token_id=()
+    )
 
 
 def _row(batch: int, name: str, result: BatchResult | str, target, prompts, references) -> dict:
@@ -162,11 +204,23 @@ def _row(batch: int, name: str, result: BatchResult | str, target, prompts, refe
             verdicts.append(compare_greedy(tokens, reference, margins, target.dtype).verdict)
     steps = sum(len(r.steps) for r in result.rows)
     decode = result.total_time - result.prefill_time
-    return {"batch": batch, "method": name, "status": "measured", "note": "", "tokens": result.tokens,
-            "seconds": result.total_time, "prefill_s": result.prefill_time, "tokens_per_s": result.tokens_per_s,
-            "tokens_per_s_row": result.tokens_per_s / batch, "decode_tokens_per_s": result.tokens / decode,
-            "tau": result.tokens / steps if steps else math.nan, "greedy_equal": verdicts.count("exact"),
-            "greedy_ties": verdicts.count("tie"), "greedy_mismatches": verdicts.count("mismatch"), "rows": batch}
+    return {
+        "batch": batch,
+        "method": name,
+        "status": "measured",
+        "note": "",
+        "tokens": result.tokens,
+        "seconds": result.total_time,
+        "prefill_s": result.prefill_time,
+        "tokens_per_s": result.tokens_per_s,
+        "tokens_per_s_row": result.tokens_per_s / batch,
+        "decode_tokens_per_s": result.tokens / decode,
+        "tau": result.tokens / steps if steps else math.nan,
+        "greedy_equal": verdicts.count("exact"),
+        "greedy_ties": verdicts.count("tie"),
+        "greedy_mismatches": verdicts.count("mismatch"),
+        "rows": batch,
+    }
 
 
 def best_specs(best: pd.DataFrame, k: int = 4) -> dict[int, list[str]]:
@@ -191,9 +245,17 @@ def predicted_vs_measured(cost: pd.DataFrame, measured: pd.DataFrame) -> pd.Data
         if hit.empty:
             continue
         predicted = float(hit["tokens_per_s"].iloc[0])
-        rows.append({"batch": r.batch, "method": r.method, "predicted_tokens_per_s": predicted,
-                     "measured_tokens_per_s": r.decode_tokens_per_s, "predicted_over_measured": predicted / r.decode_tokens_per_s,
-                     "predicted_tau": float(hit["tau"].iloc[0]), "measured_tau": r.tau})
+        rows.append(
+            {
+                "batch": r.batch,
+                "method": r.method,
+                "predicted_tokens_per_s": predicted,
+                "measured_tokens_per_s": r.decode_tokens_per_s,
+                "predicted_over_measured": predicted / r.decode_tokens_per_s,
+                "predicted_tau": float(hit["tau"].iloc[0]),
+                "measured_tau": r.tau,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -202,23 +264,37 @@ def batch_reading(measured: pd.DataFrame, best: pd.DataFrame, versus: pd.DataFra
     the cost model predicts; every number from the tables."""
     ok = measured[measured["status"] == "measured"]
     alone = ok[ok["method"] == TARGET_ALONE].set_index("batch")["tokens_per_s"]
-    lines = [f"The target alone batched: {', '.join(f'{alone[b]:.1f} tokens/s at batch {b}' for b in alone.index)} "
-             f"(in all; batch {alone.index[-1]} gives {alone.iloc[-1] / alone.iloc[0]:.2f}x batch {alone.index[0]})."]
+    lines = [
+        f"The target alone batched: {', '.join(f'{alone[b]:.1f} tokens/s at batch {b}' for b in alone.index)} "
+        f"(in all; batch {alone.index[-1]} gives {alone.iloc[-1] / alone.iloc[0]:.2f}x batch {alone.index[0]})."
+    ]
     spec = ok[~ok["method"].isin([TARGET_ALONE, HF_BATCH]) & ~ok["method"].str.startswith(HF_ASSISTED)]
     for b, t in spec.groupby("batch"):
         top = t.loc[t["tokens_per_s"].idxmax()]
-        lines.append(f"- batch {b}: fastest speculative method {top['method']}, {top['speedup']:.2f}x the target alone "
-                     f"batched ({'pays' if top['speedup'] > 1 else 'does not pay'}); tau {top['tau']:.2f} per row")
-    lines.append("Best budget by the cost model (tau replayed, costs measured at each batch): "
-                 + ", ".join(f"batch {int(r.batch)}: {r.shape}:{int(r.budget)} ({r.speedup:.2f}x predicted)" for r in best.itertuples()))
+        lines.append(
+            f"- batch {b}: fastest speculative method {top['method']}, {top['speedup']:.2f}x the target alone "
+            f"batched ({'pays' if top['speedup'] > 1 else 'does not pay'}); tau {top['tau']:.2f} per row"
+        )
+    lines.append(
+        "Best budget by the cost model (tau replayed, costs measured at each batch): "
+        + ", ".join(
+            f"batch {int(r.batch)}: {r.shape}:{int(r.budget)} ({r.speedup:.2f}x predicted)" for r in best.itertuples()
+        )
+    )
     if len(versus):
-        lines.append("Predicted over measured tokens/s: " + ", ".join(
-            f"{r.method} at {int(r.batch)}: {r.predicted_over_measured:.2f}" for r in versus.itertuples()))
+        lines.append(
+            "Predicted over measured tokens/s: "
+            + ", ".join(f"{r.method} at {int(r.batch)}: {r.predicted_over_measured:.2f}" for r in versus.itertuples())
+        )
     equal, rows = int(ok["greedy_equal"].sum()), int(ok["rows"].sum())
-    lines.append(f"Rows whose greedy output equals their own batch-1 greedy output: {equal}/{rows}"
-                 + (f" ({int(ok['greedy_ties'].sum())} numerical ties)" if ok["greedy_ties"].sum() else ""))
+    lines.append(
+        f"Rows whose greedy output equals their own batch-1 greedy output: {equal}/{rows}"
+        + (f" ({int(ok['greedy_ties'].sum())} numerical ties)" if ok["greedy_ties"].sum() else "")
+    )
     refused = measured[measured["status"] == "refused"]
     if len(refused):
-        lines.append(f"transformers' assisted generation at batch {', '.join(map(str, refused['batch']))}: "
-                     f"\"{refused['note'].iloc[0]}\"")
+        lines.append(
+            f"transformers' assisted generation at batch {', '.join(map(str, refused['batch']))}: "
+            f'"{refused["note"].iloc[0]}"'
+        )
     return "\n\n".join(lines)

@@ -7,7 +7,7 @@ in the draft's own tokens along it. `redrafter` makes the drafter of a (shape, b
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -34,30 +34,48 @@ def redrafter(draft: torch.nn.Module, target_tokenizer, draft_tokenizer) -> Call
     """(shape, budget) -> a fresh cross-tokenizer drafter of `draft` for it ("dynamic": a dynamic
     tree of that budget), the vocabularies read once."""
     texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
-    return lambda shape, budget: build_drafter(parse_method(f"xtok/{shape}:{budget}"), None, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1])
+    return lambda shape, budget: build_drafter(
+        parse_method(f"xtok/{shape}:{budget}"), None, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1]
+    )
 
 
 def needs_redrafter(redraft_with: Callable[[str, int], Drafter] | None) -> Callable[[str, int], Drafter]:
     """`redraft_with`, refused with what to pass when it is missing."""
     if redraft_with is None:
-        raise ValueError("a cross-tokenizer collection is re-drafted: pass redraft_with=redrafter(draft model, "
-                         "target tokenizer, draft tokenizer)")
+        raise ValueError(
+            "a cross-tokenizer collection is re-drafted: pass redraft_with=redrafter(draft model, "
+            "target tokenizer, draft tokenizer)"
+        )
     return redraft_with
 
 
-def redrafts(collection: Collection, shape: str, tree: Tree, budget: int,
-              redraft_with: Callable[[str, int], Drafter]) -> dict[str, Redrafted]:
+def redrafts(
+    collection: Collection, shape: str, tree: Tree, budget: int, redraft_with: Callable[[str, int], Drafter]
+) -> dict[str, Redrafted]:
     """Per prompt, the re-drafted run of (shape, budget) whose requested tree is `tree`."""
     drafter = redraft_with(shape, budget)
     # the continuation holds a stop token only as its last token, when it stopped: the one stop
     # token that can cut a step
-    return {p.prompt_id: redraft(drafter, p.prompt.tolist(), p.tokens.tolist(), tree, collection.config.max_new_tokens,
-                                 frozenset(p.tokens[-1:].tolist()) if p.stopped else frozenset())
-            for p in collection.prompts}
+    return {
+        p.prompt_id: redraft(
+            drafter,
+            p.prompt.tolist(),
+            p.tokens.tolist(),
+            tree,
+            collection.config.max_new_tokens,
+            frozenset(p.tokens[-1:].tolist()) if p.stopped else frozenset(),
+        )
+        for p in collection.prompts
+    }
 
 
-def steps_of(collection: Collection, shape: str, tree: Tree | int,
-              redraft_with: Callable[[str, int], Drafter] | None, budget: int | None = None) -> dict[str, tuple]:
+def steps_of(
+    collection: Collection,
+    shape: str,
+    tree: Tree | int,
+    redraft_with: Callable[[str, int], Drafter] | None,
+    budget: int | None = None,
+) -> dict[str, tuple]:
     """Per prompt, the steps of `tree` (an int: the dynamic tree of that budget): replayed, or
     re-drafted for a cross-tokenizer collection."""
     if not collection.config.cross_tokenizer:
@@ -67,8 +85,12 @@ def steps_of(collection: Collection, shape: str, tree: Tree | int,
     return {pid: run.steps for pid, run in runs.items()}
 
 
-def redraft_table(collection: Collection, trees: dict[tuple[str, int], Tree], dynamic_budgets: Sequence[int],
-                   redraft_with: Callable[[str, int], Drafter]) -> pd.DataFrame:
+def redraft_table(
+    collection: Collection,
+    trees: dict[tuple[str, int], Tree],
+    dynamic_budgets: Sequence[int],
+    redraft_with: Callable[[str, int], Drafter],
+) -> pd.DataFrame:
     """Every shape x budget and "dynamic" re-drafted on the run trajectory, in the columns of
     `replay_study.replay_table` (tau_all and its ratios NaN: they need the draft's ranks of the
     target's tokens)."""
@@ -76,14 +98,34 @@ def redraft_table(collection: Collection, trees: dict[tuple[str, int], Tree], dy
     keys = [(k, t) for k, t in trees.items()] + [((DYNAMIC, n), Tree.chain(DYNAMIC_MAX_DEPTH)) for n in dynamic_budgets]
     for (shape, budget), tree in keys:
         runs = redrafts(collection, shape, tree, budget, redraft_with)
-        results = [GenerationResult(torch.tensor([], dtype=torch.long), run.steps, 0, math.nan, math.nan, None, "redraft")  # host
-                   for run in runs.values()]
+        results = [
+            GenerationResult(
+                torch.tensor([], dtype=torch.long), run.steps, 0, math.nan, math.nan, None, "redraft"
+            )  # host
+            for run in runs.values()
+        ]
         s = summarize(results).row()
-        rows.append({"shape": shape, "budget": budget, "nodes": budget if shape == DYNAMIC else tree.num_nodes,
-                     "depth": tree.depth, "mode": "trajectory", "prompts": len(runs), "steps": s["num_steps"],
-                     "drafted": s["num_drafted"], "accepted": s["num_accepted"], "tokens": s["num_tokens"],
-                     **{k: v for k, v in s.items() if k in ("acceptance_rate", "acceptance_length", "tau",
-                                                            "draft_tokens_per_accepted")
-                        or k.startswith(("depth_", "rank_"))},
-                     "tau_all": math.nan, "tau_all_over_hindsight": math.nan, "tau_all_over_oracle": math.nan})
+        rows.append(
+            {
+                "shape": shape,
+                "budget": budget,
+                "nodes": budget if shape == DYNAMIC else tree.num_nodes,
+                "depth": tree.depth,
+                "mode": "trajectory",
+                "prompts": len(runs),
+                "steps": s["num_steps"],
+                "drafted": s["num_drafted"],
+                "accepted": s["num_accepted"],
+                "tokens": s["num_tokens"],
+                **{
+                    k: v
+                    for k, v in s.items()
+                    if k in ("acceptance_rate", "acceptance_length", "tau", "draft_tokens_per_accepted")
+                    or k.startswith(("depth_", "rank_"))
+                },
+                "tau_all": math.nan,
+                "tau_all_over_hindsight": math.nan,
+                "tau_all_over_oracle": math.nan,
+            }
+        )
     return pd.DataFrame(rows)

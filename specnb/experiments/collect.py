@@ -24,7 +24,7 @@ from an exact run of the given cross-tokenizer drafter; `analysis.redraft` answe
 Everything lands in a collection folder (`analysis.collection`): resumable, one file per prompt.
 The unit of work is one prompt (`collection.Unit`, named by a content hash) and `collect_unit` is
 the plain function that does it; `collect_units` maps it over the units with an executor
-(`analysis.executors`: in this process, or on Ray actors that each load the pair once, from its
+(`experiments.executors`: in this process, or on Ray actors that each load the pair once, from its
 names), retrying failed units and reporting them by name; `collect` is that loop in this process
 with models already loaded. Either way the folder ends with the same files.
 """
@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path as FilePath
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +45,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from ..analysis.collection import CollectConfig, Collection, PromptData, Unit, open_folder, save_unit, units_of
 from ..core.acceptance import sibling_alphas
 from ..core.cache import crop, new_cache
 from ..core.drafting import Drafter, ModelDrafter
@@ -55,9 +57,7 @@ from ..core.trees import Tree
 from ..core.verification import prefill, verify
 from ..io.models import ModelPair
 from ..io.storage import ResultFolder
-from .collection import CollectConfig, Collection, PromptData, Unit, open_folder, save_unit, units_of
 from .executors import Executor, LocalExecutor, Outcome, Progress
-
 
 Models = tuple[torch.nn.Module, torch.nn.Module, Drafter]  # (target, draft, the draft's drafter): what a worker keeps
 
@@ -83,8 +83,21 @@ def collect(
     cross-tokenizer collection needs its `CrossTokenizerDrafter`."""
     if config.cross_tokenizer and drafter is None:
         raise ValueError("a cross-tokenizer collection needs its drafter (CrossTokenizerDrafter of the pair)")
-    return collect_units(folder, (target, draft, drafter or ModelDrafter(draft)), prompts, config, categories, describe, retries=0, progress=progress,
-                         super_prompts=super_prompts).check().collection
+    return (
+        collect_units(
+            folder,
+            (target, draft, drafter or ModelDrafter(draft)),
+            prompts,
+            config,
+            categories,
+            describe,
+            retries=0,
+            progress=progress,
+            super_prompts=super_prompts,
+        )
+        .check()
+        .collection
+    )
 
 
 @dataclass(frozen=True)
@@ -118,10 +131,16 @@ class CollectReport:
         for u in self.units:
             result, failure = self.outcome.results.get(u.name), failures.get(u.name)
             status = "failed" if failure else ("present" if result is None else result["status"])
-            rows.append({"prompt_id": u.prompt_id, "unit": u.name, "status": status,
-                         "attempts": self.outcome.attempts.get(u.name, 0) + (result is not None),
-                         "error": failure.error if failure else "",
-                         "seconds": None if result is None else result["seconds"]})
+            rows.append(
+                {
+                    "prompt_id": u.prompt_id,
+                    "unit": u.name,
+                    "status": status,
+                    "attempts": self.outcome.attempts.get(u.name, 0) + (result is not None),
+                    "error": failure.error if failure else "",
+                    "seconds": None if result is None else result["seconds"],
+                }
+            )
         return pd.DataFrame(rows)
 
 
@@ -155,8 +174,10 @@ def collect_units(
             raise ValueError(f"super_prompts names prompts that are not collected: {unknown}")
         describe = {**(describe or {}), "super_prompts": wanted}
     if config.cross_tokenizer and (isinstance(models, ModelPair) or len(models) != 3):
-        raise ValueError("a cross-tokenizer collection runs in this process with its drafter: "
-                         "models=(target, draft, CrossTokenizerDrafter(...)), executor local")
+        raise ValueError(
+            "a cross-tokenizer collection runs in this process with its drafter: "
+            "models=(target, draft, CrossTokenizerDrafter(...)), executor local"
+        )
     store = open_folder(folder, config, describe)
     units = units_of(prompts, config, describe, categories)
     todo = [u for u in units if not store.exists(u.name)]
@@ -169,8 +190,10 @@ def collect_units(
     failed = {f.unit for f in outcome.failures}
     absent = [u.name for u in units if u.name not in failed and not store.exists(u.name)]
     if absent:
-        raise FileNotFoundError(f"{len(absent)} units the workers wrote are not in {store} as this process sees it "
-                                f"(e.g. {absent[0]}): give them a folder this process shares (a shared file system, an fsspec URL)")
+        raise FileNotFoundError(
+            f"{len(absent)} units the workers wrote are not in {store} as this process sees it "
+            f"(e.g. {absent[0]}): give them a folder this process shares (a shared file system, an fsspec URL)"
+        )
     collection = Collection.load_units(store, [u.name for u in units if u.name not in failed])
     return CollectReport(collection, tuple(units), len(units) - len(todo), outcome)
 
@@ -184,8 +207,13 @@ def collect_unit(models: Models, unit: Unit, folder: ResultFolder, config: Colle
         return {"status": "found", "seconds": 0.0}
     target, draft, drafter = models
     ids = torch.tensor([unit.prompt], dtype=torch.long)  # host: the generation loop moves it
-    save_unit(folder, unit.name, collect_prompt(target, draft, drafter, unit.prompt_id, unit.category, ids, config,
-                                                super_trees=unit.super_trees))
+    save_unit(
+        folder,
+        unit.name,
+        collect_prompt(
+            target, draft, drafter, unit.prompt_id, unit.category, ids, config, super_trees=unit.super_trees
+        ),
+    )
     return {"status": "written", "seconds": time.perf_counter() - start}
 
 
@@ -219,7 +247,9 @@ class _ProgressBar:
         if self.callback is not None:
             self.callback(p)
         self.bar.n = self.present + p.done
-        self.bar.set_postfix(failed=p.failed, retried=p.retried, workers=len(p.workers), lost=p.lost_workers, refresh=False)
+        self.bar.set_postfix(
+            failed=p.failed, retried=p.retried, workers=len(p.workers), lost=p.lost_workers, refresh=False
+        )
         self.bar.refresh()
 
     def __exit__(self, *exc: Any) -> None:
@@ -243,16 +273,27 @@ def collect_prompt(
     times: dict[str, float] = {}
     start = time.perf_counter()
     run = speculative_generate(
-        target, drafter, ids, tree=config.run, max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature, top_k=config.sample_top_k, top_p=config.sample_top_p,
-        seed=_seed(config.seed, prompt_id), eos_token_id=eos,
+        target,
+        drafter,
+        ids,
+        tree=config.run,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_k=config.sample_top_k,
+        top_p=config.sample_top_p,
+        seed=_seed(config.seed, prompt_id),
+        eos_token_id=eos,
     )
     times["continuation"] = time.perf_counter() - start
     tokens = run.tokens.tolist()
     stopped = bool(tokens) and tokens[-1] in eos_ids(target, eos)
-    out: dict[str, Any] = {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64),
-                           "run_steps": np.array([(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps],
-                                                 dtype=np.int32).reshape(-1, 4)}
+    out: dict[str, Any] = {
+        "prompt": ids[0].numpy().astype(np.int64),
+        "tokens": np.array(tokens, dtype=np.int64),
+        "run_steps": np.array(
+            [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32
+        ).reshape(-1, 4),
+    }
     if config.cross_tokenizer:
         pass  # the continuation and its steps only
     elif config.sampling:
@@ -271,7 +312,9 @@ def collect_prompt(
         out["ranks"] = torch.where(hit.any(-1), hit.int().argmax(-1), config.top_k).cpu().numpy().astype(np.int16)
         rows = torch.arange(len(tokens), device=logits.device)
         gaps = (logits[: len(tokens)].gather(-1, top) - logits[rows, truth][:, None]).abs()
-        out["rank_margin"] = gaps.masked_fill(top == truth[:, None], float("inf")).min(-1).values.cpu().numpy().astype(np.float32)
+        out["rank_margin"] = (
+            gaps.masked_fill(top == truth[:, None], float("inf")).min(-1).values.cpu().numpy().astype(np.float32)
+        )
         out["logq"] = logp[rows, truth].cpu().numpy().astype(np.float32)
         times["ranks"] = time.perf_counter() - start
         if config.super_k and super_trees:
@@ -283,7 +326,12 @@ def collect_prompt(
 
 @torch.inference_mode()
 def _super_trees(
-    draft: torch.nn.Module, cache: DynamicCache, prompt_len: int, tokens: list[int], logp: torch.Tensor, config: CollectConfig
+    draft: torch.nn.Module,
+    cache: DynamicCache,
+    prompt_len: int,
+    tokens: list[int],
+    logp: torch.Tensor,
+    config: CollectConfig,
 ) -> dict[str, np.ndarray]:
     """Grow the super-tree at every position. cache: the draft's cache of prompt + continuation
     (restored after each chunk); logp: float [L + 1, V], teacher-forced log q, row j predicting
@@ -292,8 +340,16 @@ def _super_trees(
     n_seq, length = prompt_len + len(tokens), len(tokens)
     on_top = top_tokens(logp, k)  # [L + 1, k]
     on_values, on_indices = logp.gather(-1, on_top).tolist(), on_top.tolist()
-    cols = {name: np.zeros((length, size), dtype=dt) for name, dt in
-            [("parent", np.int16), ("rank", np.int16), ("depth", np.int16), ("token", np.int64), ("score", np.float32)]}
+    cols = {
+        name: np.zeros((length, size), dtype=dt)
+        for name, dt in [
+            ("parent", np.int16),
+            ("rank", np.int16),
+            ("depth", np.int16),
+            ("token", np.int64),
+            ("score", np.float32),
+        ]
+    }
     sizes = np.zeros(length, dtype=np.int16)
     on_path = np.full((length, depth), size, dtype=np.int16)
     for start in range(0, length, config.super_chunk):
@@ -302,8 +358,11 @@ def _super_trees(
         nodes: dict[int, list[list]] = {t: [] for t in chunk}
 
         def add_children(t: int, parent: int, values: list[float], indices: list[int]) -> None:
-            base_score, base_depth, base_path = (0.0, 0, ()) if parent < 0 else (
-                -nodes[t][parent][0][0], nodes[t][parent][0][1], nodes[t][parent][0][2])
+            base_score, base_depth, base_path = (
+                (0.0, 0, ())
+                if parent < 0
+                else (-nodes[t][parent][0][0], nodes[t][parent][0][1], nodes[t][parent][0][2])
+            )
             parent_on = parent < 0 or nodes[t][parent][3] == base_depth
             for r, (v, x) in enumerate(zip(values, indices)):
                 d = base_depth + 1
@@ -390,14 +449,18 @@ def _sampled_alphas(
         s0 = 0
         for copies in chunks:
             forest, index = forests[copies]
-            draft_out = drafter.draft(torch.tensor(seq), forest, sampling, generator, copies=copies)  # host: drafters read ids there
+            draft_out = drafter.draft(
+                torch.tensor(seq), forest, sampling, generator, copies=copies
+            )  # host: drafters read ids there
             logits = verify(target, cache, seq[-1], forest, draft_out.tokens)  # [1 + S N, V]
             crop(cache, prefix_len)
             p = probabilities(logits, sampling)
             q = match_vocab(draft_out.q, p)
             rows = torch.tensor([[0] + [i + 1 for i in index[s]] for s in range(copies)], device=p.device)  # [S, N + 1]
-            child = torch.tensor([[index[s][c] if c >= 0 else -1 for c in by_rank] for s in range(copies)],
-                                 device=draft_out.tokens.device)  # [S, (N + 1) K]: forest node per cover child
+            child = torch.tensor(
+                [[index[s][c] if c >= 0 else -1 for c in by_rank] for s in range(copies)],
+                device=draft_out.tokens.device,
+            )  # [S, (N + 1) K]: forest node per cover child
             child_tokens = torch.where(child >= 0, draft_out.tokens[child.clamp_min(0)], -1).to(p.device)
             flat = rows.reshape(-1)
             alpha, _ = sibling_alphas(p[flat].double(), q[flat].double(), child_tokens.reshape(-1, width))

@@ -12,7 +12,7 @@ too few prompts for) are refused earlier, by `io.prompts.load_prompts` (`PromptR
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..analysis.spread import MIN_PROMPTS
 from ..io.prompts import PromptSummary
@@ -34,11 +34,21 @@ def per_category_figure(summary: PromptSummary, minimum: int = MIN_PROMPTS) -> N
         + ", ".join(f"{c} has {n}" for c, n in short)
         + f" ({summary.line()}). Set per_category={minimum} and max_prompts={minimum * len(categories)} "
         f"(or categories to fewer of {categories}), or category_figure=False to pool every prompt into the "
-        "overall tables only")
+        "overall tables only"
+    )
 
 
-def medusa_split(train: Sequence, test: Sequence, train_prompts: int, test_prompts: int, training: bool, loaded: bool,
-                 max_prompt_tokens: int, eligible: int, source: str) -> None:
+def medusa_split(
+    train: Sequence,
+    test: Sequence,
+    train_prompts: int,
+    test_prompts: int,
+    training: bool,
+    loaded: bool,
+    max_prompt_tokens: int,
+    eligible: int,
+    source: str,
+) -> None:
     """Refuse splits that cannot hold what 05 asks for: `eligible` prompts of at most
     `max_prompt_tokens` tokens were split into `train` and `test` (before the counts were cut);
     `training`: some heads train on the training split; `loaded`: some heads come from elsewhere,
@@ -49,19 +59,24 @@ def medusa_split(train: Sequence, test: Sequence, train_prompts: int, test_promp
     if training and (train_prompts < 1 or len(train) < train_prompts):
         problems.append(f"train_prompts={train_prompts} (heads='train') but the training split holds {len(train)}")
     if loaded and test_prompts < 2:
-        problems.append(f"test_prompts={test_prompts}, but loaded heads' trees are designed on half the test prompts "
-                        "and measured on the other half: at least 2")
+        problems.append(
+            f"test_prompts={test_prompts}, but loaded heads' trees are designed on half the test prompts "
+            "and measured on the other half: at least 2"
+        )
     if not problems:
         return
     raise ParameterError(
         "; ".join(problems) + f": {eligible} prompts of {source!r} have at most max_prompt_tokens={max_prompt_tokens} "
         f"tokens, split into {len(train)} training and {len(test)} test prompts (each category's 1st, 5th, 9th, ... prompt held out for testing). "
         "Lower train_prompts or test_prompts, raise max_prompt_tokens, or use a larger prompt source "
-        "(prompts='spec_bench': 480 prompts)")
+        "(prompts='spec_bench': 480 prompts)"
+    )
 
 
 def speed_budget(budget: int, budgets: Sequence[int]) -> None:
     """05 times each drafter's best tree at `budget`, chosen among the replayed `budgets`."""
     if budget not in budgets:
-        raise ParameterError(f"speed_budget={budget} is not one of budgets={list(budgets)}: the tree timed at it is the "
-                             "best one replayed at that budget. Set speed_budget to one of them")
+        raise ParameterError(
+            f"speed_budget={budget} is not one of budgets={list(budgets)}: the tree timed at it is the "
+            "best one replayed at that budget. Set speed_budget to one of them"
+        )

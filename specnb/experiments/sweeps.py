@@ -7,7 +7,7 @@ drafter filling a binary tree of 8, "dynamic:16" a dynamic tree). The target's o
 of each prompt is the unit with shape "autoregressive" and budget 0; it is the reference output
 (greedy equality is checked for every speculative unit) and the speed baseline of the same run.
 transformers' own speculative decoders run as units too, on the same prompts in the same process
-(`specnb.baselines`): shape "hf_assisted" (assisted generation with the pair's draft, budget = its
+(`bench.baselines`): shape "hf_assisted" (assisted generation with the pair's draft, budget = its
 fixed draft length) and "hf_prompt_lookup" (budget = `prompt_lookup_num_tokens`); their tree is
 recorded as a chain of that length; "hf_uag" is transformers' universal assisted generation, for a
 draft of another tokenizer (budget = draft tokens per step). Every unit also gets the perplexity of its output under the
@@ -19,22 +19,21 @@ Metric conventions (`metrics`): acceptance_rate = accepted / drafted; acceptance
 draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bonus INCLUDED.
 """
 
-
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..analysis.baselines import hf_assisted_generate, hf_prompt_lookup_generate, hf_uag_generate
+from ..analysis import replay
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import Score, compare_greedy, logit_gap, score
-from ..analysis import replay
+from ..bench.baselines import hf_assisted_generate, hf_prompt_lookup_generate, hf_uag_generate
 from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
@@ -44,7 +43,7 @@ from ..io.models import check_pair, describe_model, load_model, load_tokenizer, 
 from ..io.prompts import Prompt
 from ..io.sources import check_sources
 from ..io.storage import Sweep
-from .pair_specs import Pair, pair_keys
+from .pairs import Pair, pair_keys
 from .replay_study import collect_pair
 from .tables import BASELINE
 
@@ -94,22 +93,37 @@ def run_sweep(
     gap: list[float] = []  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
     if warmup and any(todo.values()):  # every method once, untimed: no timed run pays a first call's costs
         for k in [None, *trees]:
-            _generate(target, draft, drafters, ids_of[prompts[0].id], k, trees[k] if k else None,
-                      min(WARMUP_TOKENS, max_new_tokens), vocabularies, dynamic)
+            _generate(
+                target,
+                draft,
+                drafters,
+                ids_of[prompts[0].id],
+                k,
+                trees[k] if k else None,
+                min(WARMUP_TOKENS, max_new_tokens),
+                vocabularies,
+                dynamic,
+            )
     bar = tqdm(total=sum(map(len, todo.values())), desc=pair_label, disable=not progress)
     for i, prompt in enumerate(prompts):
         keys, ids = todo[prompt.id], ids_of[prompt.id]
         if None in keys and baseline_of is not None and _key(baseline_of, None, prompt) in store:
             earlier = _key(baseline_of, None, prompt)
-            store.add(_key(pair_label, None, prompt), store.rows(earlier), meta={**store.meta(earlier), "baseline_of": baseline_of})
+            store.add(
+                _key(pair_label, None, prompt),
+                store.rows(earlier),
+                meta={**store.meta(earlier), "baseline_of": baseline_of},
+            )
             keys = [k for k in keys if k is not None]
             bar.update()
         best: dict = {}  # per method, its fastest round (greedy: every round gives the same tokens)
         rounds_s: dict = {k: [] for k in keys}
-        order = keys[i % len(keys):] + keys[: i % len(keys)] if keys else []  # rotated: no method always first
+        order = keys[i % len(keys) :] + keys[: i % len(keys)] if keys else []  # rotated: no method always first
         for _ in range(rounds):
             for k in order:
-                result = _generate(target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, vocabularies, dynamic)
+                result = _generate(
+                    target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, vocabularies, dynamic
+                )
                 rounds_s[k].append(result.total_time)
                 if k not in best or result.total_time < best[k].total_time:
                     best[k] = result
@@ -123,9 +137,14 @@ def run_sweep(
             reference = references.get(prompt.id) or _stored_tokens(store, pair_label, prompt)
             if not gap:
                 gap.append(logit_gap(target, ids, (reference or result.tokens.tolist())[:GAP_TOKENS] or [0]))
-            summary = _unit_summary(result, prompt, reference, trees[k] if k else None, scores[output], target.dtype, gap[0])
-            store.add(_key(pair_label, k, prompt), _step_rows(result),
-                      meta={**summary, "rounds": rounds, "round_times": " ".join(f"{t:.4f}" for t in rounds_s[k])})
+            summary = _unit_summary(
+                result, prompt, reference, trees[k] if k else None, scores[output], target.dtype, gap[0]
+            )
+            store.add(
+                _key(pair_label, k, prompt),
+                _step_rows(result),
+                meta={**summary, "rounds": rounds, "round_times": " ".join(f"{t:.4f}" for t in rounds_s[k])},
+            )
             bar.update()
     bar.close()
 
@@ -149,16 +168,28 @@ def _generate(
         return speculative_generate(target, drafters[k], ids, tree=tree, max_new_tokens=max_new_tokens)
     method = parse_method(f"{k[0]}:{k[1]}")
     if method.drafter == "hf_assisted":
-        return hf_assisted_generate(target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens)
+        return hf_assisted_generate(
+            target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens
+        )
     if method.drafter == "hf_uag":
-        return hf_uag_generate(target, draft, ids, vocabularies.target, vocabularies.draft, num_assistant_tokens=method.budget,
-                               max_new_tokens=max_new_tokens)
+        return hf_uag_generate(
+            target,
+            draft,
+            ids,
+            vocabularies.target,
+            vocabularies.draft,
+            num_assistant_tokens=method.budget,
+            max_new_tokens=max_new_tokens,
+        )
     if method.drafter == "hf_prompt_lookup":
-        return hf_prompt_lookup_generate(target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens)
+        return hf_prompt_lookup_generate(
+            target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens
+        )
     if method.spec not in drafters:
         texts = vocabularies.texts() if method.drafter == "xtok" else (None, None)
-        drafters[method.spec] = build_drafter(method, target, draft, dynamic=dynamic,
-                                              target_tokenizer=texts[0], draft_tokenizer=texts[1])
+        drafters[method.spec] = build_drafter(
+            method, target, draft, dynamic=dynamic, target_tokenizer=texts[0], draft_tokenizer=texts[1]
+        )
     return speculative_generate(target, drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
 
 
@@ -191,7 +222,7 @@ def run_pairs(
     rounds: int = 1,
 ) -> pd.DataFrame:
     """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default),
-    a CPU float32 model's linear layers on `cpu_linear` (`io.cpu_linear`), every measured method
+    a CPU float32 model's linear layers on `cpu_linear` (`kernels.cpu_linear`), every measured method
     warmed up, then run `rounds` times per prompt interleaved with the others (`run_sweep`).
     Before any weights load, every model of every pair is resolved (access, licence, name:
     `io.sources`, one error listing every problem) and every pair's tokenizers are compared: on a
@@ -235,9 +266,15 @@ def run_pairs(
                 reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in cross)}: {e}")
         allowed[pair] = {k: t for k, t in own.items() if k not in refused}
         state = "measured" if not refused else "partial" if allowed[pair] else "skipped"
-        status[pair] = {"pair": pair.label, "status": state, "vocabulary": vocabulary, "reason": "; ".join(reasons),
-                        "prompt_format": prompt_format(pair.target, load_tokenizer(pair.target)),
-                        "target_loaded": "", "draft_loaded": ""}
+        status[pair] = {
+            "pair": pair.label,
+            "status": state,
+            "vocabulary": vocabulary,
+            "reason": "; ".join(reasons),
+            "prompt_format": prompt_format(pair.target, load_tokenizer(pair.target)),
+            "target_loaded": "",
+            "draft_loaded": "",
+        }
     runnable = [pair for pair in pairs if allowed[pair]]
     first_of_target: dict[tuple, str] = {}  # target -> the first pair that measured it alone
     loaded: dict[tuple, torch.nn.Module] = {}
@@ -252,16 +289,36 @@ def run_pairs(
         for key in (target_key, draft_key):
             if key not in loaded:
                 loaded[key] = load_model(key[0], key[1], dtype=dtype, layers=key[2], cpu_linear=cpu_linear)[0]
-        status[pair].update(target_loaded=describe_model(loaded[target_key]), draft_loaded=describe_model(loaded[draft_key]))
+        status[pair].update(
+            target_loaded=describe_model(loaded[target_key]), draft_loaded=describe_model(loaded[draft_key])
+        )
         target, draft, tokenizer = loaded[target_key], loaded[draft_key], load_tokenizer(pair.target)
         own = allowed[pair]
-        replayed = {} if collections is None else {
-            k: t for k, t in own.items() if parse_method(f"{k[0]}:{k[1]}").replayable and f"{k[0]}:{k[1]}" not in measure}
+        replayed = (
+            {}
+            if collections is None
+            else {
+                k: t
+                for k, t in own.items()
+                if parse_method(f"{k[0]}:{k[1]}").replayable and f"{k[0]}:{k[1]}" not in measure
+            }
+        )
         first_of_target.setdefault(target_key, pair.label)
-        run_sweep(store, pair.label, target, draft, tokenizer, prompts,
-                  {k: t for k, t in own.items() if k not in replayed}, max_new_tokens, progress,
-                  draft_tokenizer=load_tokenizer(pair.draft), baseline_of=first_of_target[target_key],
-                  texts=texts.get(pair), rounds=rounds)
+        run_sweep(
+            store,
+            pair.label,
+            target,
+            draft,
+            tokenizer,
+            prompts,
+            {k: t for k, t in own.items() if k not in replayed},
+            max_new_tokens,
+            progress,
+            draft_tokenizer=load_tokenizer(pair.draft),
+            baseline_of=first_of_target[target_key],
+            texts=texts.get(pair),
+            rounds=rounds,
+        )
         if replayed:
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
             replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
@@ -285,9 +342,20 @@ def replay_units(
     Needs the target-alone units of `run_sweep` in `store` first."""
     dynamic = [k[1] for k in trees if k[0] == DYNAMIC]
     static = {k: t for k, t in trees.items() if k[0] != DYNAMIC}
-    report = collect_pair(folder, target, draft, tokenizer, prompts, static, max_new_tokens,
-                          super_k=DYNAMIC_TOP_K if dynamic else 0, super_depth=DYNAMIC_MAX_DEPTH,
-                          dynamic_budgets=dynamic, describe={"pair": pair_label}, retries=0)
+    report = collect_pair(
+        folder,
+        target,
+        draft,
+        tokenizer,
+        prompts,
+        static,
+        max_new_tokens,
+        super_k=DYNAMIC_TOP_K if dynamic else 0,
+        super_depth=DYNAMIC_MAX_DEPTH,
+        dynamic_budgets=dynamic,
+        describe={"pair": pair_label},
+        retries=0,
+    )
     collection = report.check().collection
     data = {p.prompt_id: p for p in collection.prompts}
     for (label, budget), tree in trees.items():
@@ -301,9 +369,18 @@ def replay_units(
             result = GenerationResult(tokens, mine, len(data[prompt.id].prompt), math.nan, math.nan, None, "replay")
             quality = score(target, torch.tensor(data[prompt.id].prompt), tokens)  # host: score moves them
             baseline = store.meta(_key(pair_label, None, prompt)) or {}
-            summary = _unit_summary(result, prompt, _stored_tokens(store, pair_label, prompt), tree, quality, target.dtype,
-                                    float(baseline.get("logit_gap") or 0.0))
-            store.add(key, [{**r, "source": "replay"} for r in _step_rows(result)], meta={**summary, "source": "replay"})
+            summary = _unit_summary(
+                result,
+                prompt,
+                _stored_tokens(store, pair_label, prompt),
+                tree,
+                quality,
+                target.dtype,
+                float(baseline.get("logit_gap") or 0.0),
+            )
+            store.add(
+                key, [{**r, "source": "replay"} for r in _step_rows(result)], meta={**summary, "source": "replay"}
+            )
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -324,8 +401,13 @@ def _step_rows(result: GenerationResult) -> list[dict]:
 
 
 def _unit_summary(
-    result: GenerationResult, prompt: Prompt, reference: list[int] | None, tree: Tree | None, quality: Score,
-    dtype: torch.dtype, gap: float = 0.0,
+    result: GenerationResult,
+    prompt: Prompt,
+    reference: list[int] | None,
+    tree: Tree | None,
+    quality: Score,
+    dtype: torch.dtype,
+    gap: float = 0.0,
 ) -> dict:
     s = summarize(result)
     tokens = result.tokens.tolist()

@@ -24,9 +24,10 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 RAY_INSTALL = 'pip install "specnb[ray]" (or: pip install "ray[default]")'
 
@@ -112,12 +113,22 @@ class _Ledger:
 
     def report(self, workers: Sequence[WorkerInfo], lost: int) -> None:
         if self.on_progress is not None:
-            self.on_progress(Progress(self.total, len(self.results), len(self.failures), self.retried, tuple(workers), lost))
+            self.on_progress(
+                Progress(self.total, len(self.results), len(self.failures), self.retried, tuple(workers), lost)
+            )
 
     def outcome(self, workers: Sequence[WorkerInfo], lost: int, started: float, ready: float | None) -> Outcome:
         now = time.perf_counter()
-        return Outcome(dict(self.results), tuple(self.failures), dict(self.attempts), tuple(workers), lost, self.retried,
-                       (ready if ready is not None else now) - started, now - started)
+        return Outcome(
+            dict(self.results),
+            tuple(self.failures),
+            dict(self.attempts),
+            tuple(workers),
+            lost,
+            self.retried,
+            (ready if ready is not None else now) - started,
+            now - started,
+        )
 
 
 def _one_line(e: BaseException) -> str:
@@ -202,7 +213,9 @@ class RayExecutor:
 
     address: str = ""  # "": start Ray on this machine (stopped afterwards); "auto": join the running
     #                    cluster (`ray start --head` / a worker node of it); "ray://head:10001": Ray Client
-    workers: int = 0  # actors; 0: one per GPU where the cluster has GPUs, else one per num_cpus CPUs (at most one per unit)
+    workers: int = (
+        0  # actors; 0: one per GPU where the cluster has GPUs, else one per num_cpus CPUs (at most one per unit)
+    )
     num_gpus: float | None = None  # GPUs per actor; None: 1 where the cluster has GPUs, else 0
     num_cpus: float = 1  # CPUs per actor
     threads: int = 0  # torch threads per actor; 0: num_cpus (rounded, at least 1)
@@ -249,10 +262,14 @@ class RayExecutor:
             where = f"at address {self.address!r}" if self.address else "on this machine"
             raise RuntimeError(f"Ray could not start {where}: {_one_line(e)}") from e
 
-    def _drive(self, ray: Any, load: Callable, work: Callable, units: list, ledger: _Ledger, actors: list, started: float) -> Outcome:
+    def _drive(
+        self, ray: Any, load: Callable, work: Callable, units: list, ledger: _Ledger, actors: list, started: float
+    ) -> Outcome:
         resources = ray.cluster_resources()
         gpus_each = self.num_gpus if self.num_gpus is not None else (1.0 if resources.get("GPU", 0) >= 1 else 0.0)
-        wanted = self.workers or int(resources.get("GPU", 0) // gpus_each if gpus_each else resources.get("CPU", 1) // self.num_cpus)
+        wanted = self.workers or int(
+            resources.get("GPU", 0) // gpus_each if gpus_each else resources.get("CPU", 1) // self.num_cpus
+        )
         wanted = max(1, min(wanted, len(units)))
         options = {"num_cpus": self.num_cpus, "num_gpus": gpus_each, "max_restarts": 0}
         threads = self.threads or max(1, round(self.num_cpus))
@@ -306,7 +323,11 @@ class RayExecutor:
                 idle.append(actor)
             ledger.report(list(running.values()), lost)
         for unit in pending:  # no worker left to take them
-            ledger.failures.append(Failure(unit.name, ledger.attempts.get(unit.name, 0), f"no worker left ({lost} lost; last: {last_error})"))
+            ledger.failures.append(
+                Failure(
+                    unit.name, ledger.attempts.get(unit.name, 0), f"no worker left ({lost} lost; last: {last_error})"
+                )
+            )
         if pending:
             ledger.report(list(running.values()), lost)
         return ledger.outcome(infos, lost, started, ready_at)

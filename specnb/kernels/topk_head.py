@@ -24,7 +24,7 @@ kernels already differ by), at about half the LM head's memory traffic. k = 0 re
 sampled draft reports the q it samples from (`core.acceptance` stays lossless for any q), and a
 confidence threshold reads a's softmax, which may differ from the float32 head's near the threshold.
 Memory: the bfloat16 copy (half the head) besides the dense float32 weight the recheck reads (the
-model's own on torch's stock path; a dense copy beside a oneDNN-prepacked head: `io.cpu_linear`):
+model's own on torch's stock path; a dense copy beside a oneDNN-prepacked head: `kernels.cpu_linear`):
 for Qwen2.5-Coder-0.5B 272 MB, or 817 MB on the oneDNN path, once per draft model.
 `draft_head` builds one for a float32 CPU draft where oneDNN runs bfloat16 natively, else None.
 """
@@ -102,8 +102,13 @@ def draft_head(model: torch.nn.Module) -> TopKHead | None:
     if module in _MADE:
         return _MADE[module]
     weight = getattr(module, "weight", None)  # a PackedLinear's is a dense copy, kept by the TopKHead
-    usable = (weight is not None and weight.device.type == "cpu" and weight.dtype == torch.float32
-              and weight.numel() >= MIN_WEIGHT and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    usable = (
+        weight is not None
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.numel() >= MIN_WEIGHT
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
     head = TopKHead(weight, getattr(module, "bias", None)) if usable else None
     _MADE[module] = head
     return head

@@ -39,23 +39,23 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..analysis.collection import CollectConfig, Collection
+from ..analysis.head_collection import collect_heads, super_tree_arrays
 from ..core.cache import new_cache
 from ..core.sampling import top_tokens
 from ..core.trees import Tree
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead, causal_visible
 from ..drafters.hidden_rows import last_hidden
 from ..io.embedded import cache_dir
-from .collection import CollectConfig, Collection
 from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
-from .head_collection import collect_heads, super_tree_arrays
 
 SHOWN_K = (1, 3, 5, 10)  # the top-k columns shown in tables
 RANKS = 16  # ranks per depth in train_or_load's held-out accuracy table (acc[d][r] for Sequoia's tree)
@@ -143,9 +143,16 @@ def batch_tensors(data: DistillData, batch: Sequence[Window]) -> dict[str, torch
     return {"features": feats, "tokens": tokens, "positions": positions, "target": target, "valid": valid}
 
 
-def eagle_loss(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-               target: torch.Tensor, valid: torch.Tensor, config: EagleConfig,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def eagle_loss(
+    head: EagleHead,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    target: torch.Tensor,
+    valid: torch.Tensor,
+    config: EagleConfig,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """EAGLE's loss on a batch (module docstring): features, target [B, T, H]; tokens, positions,
     valid [B, T]. Padding sits at the end of each window, so the causal mask alone keeps real rows
     from it. Returns (loss, its two parts as floats)."""
@@ -172,8 +179,9 @@ def eagle_loss(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, po
     return loss, {"vloss": float(vloss.detach()), "ploss": float(ploss.detach())}
 
 
-def train_head(head: EagleHead, data: DistillData, train: torch.Tensor, config: EagleConfig,
-               progress: bool = True) -> dict:
+def train_head(
+    head: EagleHead, data: DistillData, train: torch.Tensor, config: EagleConfig, progress: bool = True
+) -> dict:
     """Train `head` in place on the segments of rows `train` (indices into data); returns a log."""
     gen = torch.Generator().manual_seed(config.seed)
     ws = windows(data, train, config.max_len)
@@ -182,7 +190,8 @@ def train_head(head: EagleHead, data: DistillData, train: torch.Tensor, config: 
     warm = max(1, int(config.warmup * steps))
     opt = torch.optim.AdamW(head.trainable(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1))))
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
+    )
     device = head.fc.weight.device
     mixed = config.bfloat16 and fast_bfloat16(device)
     plan: list[list[Window]] = []
@@ -195,7 +204,9 @@ def train_head(head: EagleHead, data: DistillData, train: torch.Tensor, config: 
             plan = batches(ws, config.batch_rows, gen)
         x = batch_tensors(data, plan.pop())
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed):
-            loss, part = eagle_loss(head, x["features"], x["tokens"], x["positions"], x["target"], x["valid"], config, gen)
+            loss, part = eagle_loss(
+                head, x["features"], x["tokens"], x["positions"], x["target"], x["valid"], config, gen
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.trainable(), config.grad_clip)
@@ -206,15 +217,29 @@ def train_head(head: EagleHead, data: DistillData, train: torch.Tensor, config: 
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     head.eval()
     last = min(10, len(losses))
-    return {"steps": steps, "windows": len(ws), "train_rows": len(train), "seconds": time.perf_counter() - start,
-            "bfloat16": mixed, "loss_first": losses[0], "loss_last": sum(losses[-last:]) / last,
-            "vloss_last": sum(p["vloss"] for p in parts[-last:]) / last,
-            "ploss_last": sum(p["ploss"] for p in parts[-last:]) / last}
+    return {
+        "steps": steps,
+        "windows": len(ws),
+        "train_rows": len(train),
+        "seconds": time.perf_counter() - start,
+        "bfloat16": mixed,
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-last:]) / last,
+        "vloss_last": sum(p["vloss"] for p in parts[-last:]) / last,
+        "ploss_last": sum(p["ploss"] for p in parts[-last:]) / last,
+    }
 
 
 @torch.no_grad()
-def depth_top_tokens(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                     depth: int, k: int, roots: torch.Tensor | None = None) -> torch.Tensor:
+def depth_top_tokens(
+    head: EagleHead,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    depth: int,
+    k: int,
+    roots: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Long [depth, m, k]: the head's top-k tokens at depth d (index d - 1) of a chain drafted from
     each root row along one segment: features [n, H] (the target's), tokens and positions long [n],
     roots long [m] (default: every row). Depth 1 at row i reads the target's rows 0..i (it predicts
@@ -248,14 +273,16 @@ def rank_in(top: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return torch.where(hit.any(-1), hit.int().argmax(-1), top.shape[-1])
 
 
-def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int,
-                dynamic: EagleDynamicDrafter | None = None) -> Callable[[torch.Tensor, int, int], torch.Tensor | tuple]:
+def eagle_ranks(
+    target: torch.nn.Module, head: EagleHead, depth: int, dynamic: EagleDynamicDrafter | None = None
+) -> Callable[[torch.Tensor, int, int], torch.Tensor | tuple]:
     """A `head_collection.RankFunction` for an EAGLE head: for a sequence (prompt of P tokens +
     continuation c), the target's rows from one plain forward, then the head's chain along c from the
     row before each step's root (`depth_top_tokens`): R[t, d-1] = the rank of c[t + d - 1] at depth d
     of the step that starts with t tokens generated (top_k where it is not in the top_k or past c's
     end), `depth` depths. With `dynamic`, also the drafter's top-n tree at every step position
     (`EagleDynamicDrafter.super_trees`) as super-tree arrays (`head_collection.super_tree_arrays`)."""
+
     def ranks(seq: torch.Tensor, p: int, top_k: int) -> torch.Tensor | tuple:
         hidden = last_hidden(target, seq[:-1])  # [P + L - 1, H]: row i's token is seq[i + 1]
         steps = len(seq) - p
@@ -275,9 +302,17 @@ def eagle_ranks(target: torch.nn.Module, head: EagleHead, depth: int,
     return ranks
 
 
-def collect_eagle(target: torch.nn.Module, head: EagleHead, prompts: Sequence[tuple[str, str, torch.Tensor]],
-                  config: CollectConfig, depth: int = 6, tree: Tree | None = None, describe: dict | None = None,
-                  progress: bool = True, dynamic: tuple[int, int] | None = None) -> Collection:
+def collect_eagle(
+    target: torch.nn.Module,
+    head: EagleHead,
+    prompts: Sequence[tuple[str, str, torch.Tensor]],
+    config: CollectConfig,
+    depth: int = 6,
+    tree: Tree | None = None,
+    describe: dict | None = None,
+    progress: bool = True,
+    dynamic: tuple[int, int] | None = None,
+) -> Collection:
     """`head_collection.collect_heads` for an EAGLE head: per prompt (id, category, ids [T]) the
     target's greedy continuation by an exact run with `EagleDrafter` (`tree`, default
     `config.run_tree`), then the head's rank at every depth <= `depth` of every step
@@ -290,8 +325,16 @@ def collect_eagle(target: torch.nn.Module, head: EagleHead, prompts: Sequence[tu
     if dynamic is not None:
         drafter = EagleDynamicDrafter(target, head, n=dynamic[0], top_k=dynamic[1], max_depth=depth)
         config = replace(config, super_k=dynamic[1], super_depth=depth, super_size=dynamic[0])
-    return collect_heads(target, EagleDrafter(target, head), eagle_ranks(target, head, depth, drafter), prompts, config,
-                         run_tree, dict(describe or {}, drafter="eagle", depth=depth), progress)
+    return collect_heads(
+        target,
+        EagleDrafter(target, head),
+        eagle_ranks(target, head, depth, drafter),
+        prompts,
+        config,
+        run_tree,
+        dict(describe or {}, drafter="eagle", depth=depth),
+        progress,
+    )
 
 
 def chain_ranks(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int, k: int) -> torch.Tensor:
@@ -322,19 +365,30 @@ def chain_ranks(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: i
     return torch.cat(out) if out else torch.zeros(0, depth, dtype=torch.long)  # host, like the ranks above
 
 
-def head_accuracy(head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int = 5,
-                  ks: Sequence[int] = SHOWN_K) -> pd.DataFrame:
+def head_accuracy(
+    head: EagleHead, data: DistillData, rows: torch.Tensor, depth: int = 5, ks: Sequence[int] = SHOWN_K
+) -> pd.DataFrame:
     """One row per (depth, k): share of `rows` (indices into data) whose depth-d token, the
     continuation's token d positions after the root, is in the head's top k at depth d of a chain
     drafted along the target's own continuation (`chain_ranks`); only tokens of the
     continuation count (not prompt text) and rows whose depth-d token lies in the segment. The
     `head` column repeats the depth, so Medusa's readers of such tables take it as they are
-    (`medusa_training.heldout_rank_accuracy`: acc[d][r] for Sequoia's and Medusa's tree searches)."""
+    (`training.medusa.heldout_rank_accuracy`: acc[d][r] for Sequoia's and Medusa's tree searches)."""
     ranks = chain_ranks(head, data, rows, depth, max(ks))
     counts = (ranks >= 0).sum(0)  # [depth]
-    return pd.DataFrame([{"head": d + 1, "depth": d + 1, "k": k, "rows": int(counts[d]),
-                          "top_k_accuracy": float(((ranks[:, d] >= 0) & (ranks[:, d] < k)).sum() / max(int(counts[d]), 1))}
-                         for d in range(depth) for k in ks])
+    return pd.DataFrame(
+        [
+            {
+                "head": d + 1,
+                "depth": d + 1,
+                "k": k,
+                "rows": int(counts[d]),
+                "top_k_accuracy": float(((ranks[:, d] >= 0) & (ranks[:, d] < k)).sum() / max(int(counts[d]), 1)),
+            }
+            for d in range(depth)
+            for k in ks
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -347,19 +401,30 @@ class TrainedEagle:
 
 
 def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: EagleConfig) -> str:
-    h = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config), RECIPE]).encode())
+    h = hashlib.sha256(
+        json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config), RECIPE]).encode()
+    )
     return h.hexdigest()[:16]
 
 
 LOG = "training.json"  # beside the weights: the training log and the accuracy table
 
 
-def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[torch.Tensor], config: EagleConfig,
-                  folder: str | Path | None = None, progress: bool = True, depth: int = 5) -> TrainedEagle:
+def train_or_load(
+    target: torch.nn.Module,
+    model_name: str,
+    prompts: Sequence[torch.Tensor],
+    config: EagleConfig,
+    folder: str | Path | None = None,
+    progress: bool = True,
+    depth: int = 5,
+) -> TrainedEagle:
     """An EAGLE head for `target` trained on `prompts` (the `heldout` share held out, its top-k
     accuracy measured to `depth`, k = 1 .. RANKS), or loaded from a previous run with the same (model, prompts, config).
     folder: default `<cache>/eagle-heads/<key>`."""
-    folder = Path(folder) if folder is not None else cache_dir() / "eagle-heads" / cache_key(model_name, prompts, config)
+    folder = (
+        Path(folder) if folder is not None else cache_dir() / "eagle-heads" / cache_key(model_name, prompts, config)
+    )
     held = heldout_prompts(len(prompts), config.heldout)
     if (folder / LOG).exists():
         saved = json.loads((folder / LOG).read_text())
@@ -375,12 +440,21 @@ def train_or_load(target: torch.nn.Module, model_name: str, prompts: Sequence[to
         p.requires_grad_(False)
     head = EagleHead.from_target(target, seed=config.seed)
     ks = tuple(range(1, RANKS + 1))
-    before = head_accuracy(head, data, held_rows, depth, ks).assign(split="before") if len(held_rows) else pd.DataFrame()
+    before = (
+        head_accuracy(head, data, held_rows, depth, ks).assign(split="before") if len(held_rows) else pd.DataFrame()
+    )
     log = train_head(head, data, train_rows, config, progress)
     after = head_accuracy(head, data, held_rows, depth, ks).assign(split="after") if len(held_rows) else pd.DataFrame()
     accuracy = pd.concat([before, after], ignore_index=True)
-    log = {**log, "distill_seconds": distill_s, "rows": int(data.hidden.shape[0]), "heldout_rows": len(held_rows),
-           "config": asdict(config), "model": model_name, "cached": False}
+    log = {
+        **log,
+        "distill_seconds": distill_s,
+        "rows": int(data.hidden.shape[0]),
+        "heldout_rows": len(held_rows),
+        "config": asdict(config),
+        "model": model_name,
+        "cached": False,
+    }
     head.save(folder, model_name)
     (folder / LOG).write_text(json.dumps({"log": log, "accuracy": accuracy.to_dict("records")}, indent=1))
     return TrainedEagle(head, accuracy, log, held, folder)

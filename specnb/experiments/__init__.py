@@ -1,0 +1,1 @@
+"""the sweeps and studies the notebooks run."""

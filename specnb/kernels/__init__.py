@@ -1,0 +1,1 @@
+"""the CPU's fast paths."""
