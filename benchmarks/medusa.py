@@ -33,7 +33,7 @@ from specnb.analysis.collection import CollectConfig
 from specnb.analysis.head_collection import accuracy_by_depth
 from specnb.analysis.quality import perplexity
 from specnb.analysis.replay import replay, replay_steps
-from specnb.core.acceptance import TypicalAcceptance
+from specnb.core.sampling import SamplingConfig, TypicalAcceptance
 from specnb.drafters.medusa import MedusaDrafter
 from specnb.experiments.collect import collect
 from specnb.experiments.learned_study import MEDUSA, budget_trees, tau_table
@@ -200,13 +200,17 @@ def main() -> None:
             ids[None],
             tree,
             max_new,
-            temperature=args.temperature,
-            typical=TypicalAcceptance(),
             eos_token_id=(),
-            seed=1,
+            sampling=SamplingConfig(temperature=args.temperature, seed=1, typical=TypicalAcceptance()),
         )
         exact = speculative_generate(
-            target, drafter, ids[None], tree, max_new, temperature=args.temperature, eos_token_id=(), seed=1
+            target,
+            drafter,
+            ids[None],
+            tree,
+            max_new,
+            eos_token_id=(),
+            sampling=SamplingConfig(temperature=args.temperature, seed=1),
         )
         taus.append(sum(s.num_tokens for s in typ.steps) / len(typ.steps))
         ppl_typ.append(perplexity(target, ids, typ.tokens))

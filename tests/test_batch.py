@@ -12,7 +12,7 @@ from conftest import random_prompt, tiny_model
 from stats import ALPHA, chi_square_pvalue
 from test_acceptance import not_zeroing_accept
 
-import specnb.core.batch
+import specnb.core.acceptance
 from specnb import NgramDrafter, Tree, autoregressive_generate, speculative_generate
 from specnb.core.batch import (
     BatchModelDrafter,
@@ -21,6 +21,7 @@ from specnb.core.batch import (
     speculative_generate_batch,
 )
 from specnb.core.ragged import RaggedCache, block_forward, commit, select_rows
+from specnb.core.sampling import SamplingConfig
 
 LENGTHS = (3, 29, 11)  # very different prompt lengths in one batch
 SHAPES = {
@@ -146,7 +147,13 @@ def first_two_per_row(target, draft, rows, tree, runs):
     samples = [[] for _ in rows]
     for seed in range(runs):
         batch = speculative_generate_batch(
-            target, draft, rows, tree=tree, max_new_tokens=3, temperature=1.0, seed=1000 * seed, eos_token_id=()
+            target,
+            draft,
+            rows,
+            tree=tree,
+            max_new_tokens=3,
+            eos_token_id=(),
+            sampling=SamplingConfig(temperature=1.0, seed=1000 * seed),
         )
         for b, r in enumerate(batch.rows):
             samples[b].append(tuple(r.tokens[:2].tolist()))
@@ -162,7 +169,7 @@ def test_sampled_rows_follow_the_target(sampled_rows, tree):
 
 def test_the_batch_sampling_check_detects_a_broken_rule(sampled_rows, monkeypatch):
     target, draft, rows, exact = sampled_rows
-    monkeypatch.setattr(specnb.core.batch, "speculative_accept", not_zeroing_accept)
+    monkeypatch.setattr(specnb.core.acceptance, "speculative_accept", not_zeroing_accept)
     samples = first_two_per_row(target, draft, rows, Tree.kary(2, 6), runs=1500)
     assert min(chi_square_pvalue(s, exact[b]) for b, s in enumerate(samples)) < ALPHA
 

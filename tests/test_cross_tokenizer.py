@@ -19,7 +19,7 @@ from stats import ALPHA, chi_square_pvalue
 from test_acceptance import not_zeroing_accept
 from vocabularies import D_VOCAB, T_VOCAB, TEXT, bigram_llama, draft_tokenizer, target_tokenizer
 
-import specnb.core.generation
+import specnb.core.acceptance
 from specnb import (
     DynamicTreeDrafter,
     ModelDrafter,
@@ -284,7 +284,13 @@ def first_two(target, drafter, prompt, tree, runs=2500) -> tuple[list, int]:
     samples, proposed = [], 0
     for seed in range(runs):
         r = speculative_generate(
-            target, drafter, prompt, tree=tree, max_new_tokens=3, temperature=1.0, seed=seed, eos_token_id=()
+            target,
+            drafter,
+            prompt,
+            tree=tree,
+            max_new_tokens=3,
+            eos_token_id=(),
+            sampling=SamplingConfig(temperature=1.0, seed=seed),
         )
         samples.append(tuple(r.tokens[:2].tolist()))
         proposed += r.steps[0].num_drafted
@@ -301,7 +307,7 @@ def test_sampled_output_follows_the_target(sampling_pair, tree):
 
 def test_sampling_check_detects_a_broken_rule(sampling_pair, monkeypatch):
     target, drafter, prompt, exact = sampling_pair
-    monkeypatch.setattr(specnb.core.generation, "speculative_accept", not_zeroing_accept)
+    monkeypatch.setattr(specnb.core.acceptance, "speculative_accept", not_zeroing_accept)
     samples, _ = first_two(target, drafter, prompt, Tree.kary(2, 6))
     assert chi_square_pvalue(samples, exact) < ALPHA
 

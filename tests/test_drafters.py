@@ -13,7 +13,7 @@ from test_acceptance import not_zeroing_accept
 from test_generation import VOCAB, first_two, rank0_chain, target_first_two
 from transformers.generation.candidate_generator import AssistedCandidateGenerator, PromptLookupCandidateGenerator
 
-import specnb.core.generation
+import specnb.core.acceptance
 from specnb import (
     AdaptiveLength,
     Draft,
@@ -146,7 +146,13 @@ def test_every_drafter_samples(kind, tiny_target, tiny_draft):
     drafter = make_drafter(kind, tiny_target, tiny_draft)
     tree = Tree.chain(4) if kind == "threshold" else Tree.kary(2, 6)
     result = speculative_generate(
-        tiny_target, drafter, repetitive_prompt(1), tree=tree, max_new_tokens=MAX_NEW, temperature=1.0, eos_token_id=()
+        tiny_target,
+        drafter,
+        repetitive_prompt(1),
+        tree=tree,
+        max_new_tokens=MAX_NEW,
+        eos_token_id=(),
+        sampling=SamplingConfig(temperature=1.0),
     )
     assert result.tokens.numel() == MAX_NEW
     assert summarize(result).num_drafted > 0
@@ -183,7 +189,7 @@ def test_sampled_output_follows_the_target(sampling_models, kind):
 
 def test_ngram_sampling_check_detects_a_broken_rule(sampling_models, monkeypatch):
     target, draft, prompt, exact = sampling_models
-    monkeypatch.setattr(specnb.core.generation, "speculative_accept", not_zeroing_accept)
+    monkeypatch.setattr(specnb.core.acceptance, "speculative_accept", not_zeroing_accept)
     samples = first_two(target, NgramDrafter(), prompt, Tree.kary(2, 6), runs=2500)
     assert chi_square_pvalue(samples, exact) < ALPHA
 

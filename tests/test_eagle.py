@@ -16,14 +16,15 @@ from stats import ALPHA, chi_square_pvalue
 from test_acceptance import broken_accept
 from test_generation import VOCAB, first_two, target_first_two
 
-import specnb.core.generation
+import specnb.core.acceptance
 from specnb.core.cache import new_cache
 from specnb.core.generation import autoregressive_generate, speculative_generate
+from specnb.core.masks import causal_visible
 from specnb.core.sampling import SamplingConfig, top_tokens
 from specnb.core.trees import Tree
 from specnb.core.verification import prefill
 from specnb.drafters.dynamic import top_n
-from specnb.drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead, causal_visible
+from specnb.drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
 from specnb.drafters.hidden_rows import final_norm, last_hidden
 from specnb.training import distillation
 from specnb.training import eagle as eagle_training
@@ -168,7 +169,7 @@ def test_sampling_refuses_rank_gaps(tiny_target):
             random_prompt(0),
             TREES["gappy"],
             8,
-            temperature=1.0,
+            sampling=SamplingConfig(temperature=1.0),
         )
 
 
@@ -253,7 +254,7 @@ def test_dynamic_sampled_output_follows_the_target(sampling_models):
 
 def test_sampling_check_detects_a_broken_rule(sampling_models, monkeypatch):
     target, head, prompt, exact = sampling_models
-    monkeypatch.setattr(specnb.core.generation, "speculative_accept", broken_accept)
+    monkeypatch.setattr(specnb.core.acceptance, "speculative_accept", broken_accept)
     samples = first_two(target, EagleDrafter(target, head), prompt, Tree.kary(2, 6), runs=2500)
     assert chi_square_pvalue(samples, exact) < ALPHA
 

@@ -15,8 +15,9 @@ import torch
 from conftest import random_prompt, tiny_model
 
 from specnb.core.generation import autoregressive_generate, speculative_generate
+from specnb.core.masks import causal_visible
 from specnb.core.trees import Tree
-from specnb.drafters.eagle import EagleDrafter, EagleHead, causal_visible
+from specnb.drafters.eagle import EagleDrafter, EagleHead
 from specnb.io.eagle_checkpoint import PUBLISHED, load_checkpoint
 
 TREE = Tree.sparse(12)

@@ -10,10 +10,11 @@ from stats import ALPHA, chi_square_pvalue
 from test_acceptance import broken_accept
 
 import specnb
-import specnb.core.generation
+import specnb.core.acceptance
 from specnb import ModelDrafter, Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.core.cache import new_cache
 from specnb.core.drafting import as_drafter
+from specnb.core.sampling import SamplingConfig
 from specnb.core.verification import prefill
 
 TREES = {
@@ -212,7 +213,13 @@ def first_two(target, draft, prompt, tree, runs):
     out = []
     for seed in range(runs):
         r = speculative_generate(
-            target, drafter, prompt, tree=tree, max_new_tokens=3, temperature=1.0, seed=seed, eos_token_id=()
+            target,
+            drafter,
+            prompt,
+            tree=tree,
+            max_new_tokens=3,
+            eos_token_id=(),
+            sampling=SamplingConfig(temperature=1.0, seed=seed),
         )
         out.append(tuple(r.tokens[:2].tolist()))
     return out
@@ -227,7 +234,7 @@ def test_sampled_output_follows_the_target(sampling_pair, tree):
 
 def test_sampling_check_detects_a_broken_rule(sampling_pair, monkeypatch):
     target, draft, prompt, exact = sampling_pair
-    monkeypatch.setattr(specnb.core.generation, "speculative_accept", broken_accept)
+    monkeypatch.setattr(specnb.core.acceptance, "speculative_accept", broken_accept)
     samples = first_two(target, draft, prompt, Tree.kary(2, 6), runs=2500)
     assert chi_square_pvalue(samples, exact) < ALPHA
 
@@ -280,7 +287,13 @@ def test_a_drafter_may_shape_its_own_tree(tiny_target, tiny_draft):
     assert all(s.num_accepted >= 1 and s.accepted_ranks[0] == 0 for s in result.steps[:-1])
     # sampled, with gaps in the ranks: allowed because the proposals are deterministic
     sampled = speculative_generate(
-        tiny_target, drafter, ids, tree=Tree.chain(3), max_new_tokens=25, temperature=1.0, eos_token_id=()
+        tiny_target,
+        drafter,
+        ids,
+        tree=Tree.chain(3),
+        max_new_tokens=25,
+        eos_token_id=(),
+        sampling=SamplingConfig(temperature=1.0),
     )
     assert sampled.tokens.numel() == 25
 

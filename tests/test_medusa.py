@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import random_prompt, step_tuple
 
-from specnb.core.acceptance import TypicalAcceptance, greedy_accept, typical_accept, typical_thresholds
+from specnb.core.acceptance import greedy_accept, typical_accept, typical_thresholds
 from specnb.core.generation import autoregressive_generate, speculative_generate
-from specnb.core.sampling import top_tokens
+from specnb.core.sampling import SamplingConfig, TypicalAcceptance, top_tokens
 from specnb.core.trees import Tree
 from specnb.drafters.hidden_rows import final_norm, last_hidden
 from specnb.drafters.medusa import MedusaDrafter, MedusaHeads
@@ -86,9 +86,8 @@ def test_sampling_runs_with_deterministic_proposals(tiny_target):
         random_prompt(2, 6),
         Tree.sparse(10).truncated(K),
         16,
-        temperature=0.8,
-        seed=1,
         eos_token_id=(),
+        sampling=SamplingConfig(temperature=0.8, seed=1),
     )
     assert out.tokens.numel() == 16 and out.method == "speculative"
 
@@ -155,13 +154,18 @@ def test_typical_generation_is_labelled_lossy(tiny_target):
         prompt,
         Tree.sparse(10).truncated(K),
         16,
-        temperature=0.7,
-        typical=TypicalAcceptance(),
         eos_token_id=(),
+        sampling=SamplingConfig(temperature=0.7, typical=TypicalAcceptance()),
     )
     assert "lossy" in out.method and TypicalAcceptance().lossy
     greedy = speculative_generate(
-        tiny_target, drafter, prompt, Tree.sparse(10).truncated(K), 16, typical=TypicalAcceptance(), eos_token_id=()
+        tiny_target,
+        drafter,
+        prompt,
+        Tree.sparse(10).truncated(K),
+        16,
+        eos_token_id=(),
+        sampling=SamplingConfig(typical=TypicalAcceptance()),
     )
     assert greedy.tokens.tolist() == autoregressive_generate(tiny_target, prompt, 16, eos_token_id=()).tokens.tolist()
 

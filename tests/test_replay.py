@@ -414,9 +414,8 @@ def real_sampled(sampling_pair):
                     PROMPTS[pid],
                     tree=tree,
                     max_new_tokens=tree.depth + 1,
-                    temperature=1.0,
-                    seed=seed,
                     eos_token_id=(),
+                    sampling=SamplingConfig(temperature=1.0, seed=seed),
                 )
                 .steps[0]
                 .num_accepted

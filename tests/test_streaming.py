@@ -20,6 +20,7 @@ from specnb import (
     speculative_generate,
 )
 from specnb.core.cache import new_cache
+from specnb.core.sampling import SamplingConfig
 from specnb.core.streaming import StreamingCache, kv_bytes
 from specnb.core.verification import prefill
 
@@ -165,10 +166,9 @@ def test_sampled_streaming_follows_the_streaming_distribution():
             prompt,
             tree=Tree.chain(3),
             max_new_tokens=3,
-            temperature=1.0,
-            seed=seed,
             eos_token_id=(),
             cache_policy=policy,
+            sampling=SamplingConfig(temperature=1.0, seed=seed),
         )
         samples.append(tuple(r.tokens[:2].tolist()))
         # step 1 is the root alone (the prompt fills the cache to the limit); step 2, after the cut,

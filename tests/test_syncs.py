@@ -9,6 +9,7 @@ import torch
 from conftest import random_prompt, tiny_model
 
 from specnb import DynamicTreeDrafter, ModelDrafter, NgramDrafter, Tree, speculative_generate
+from specnb.core.sampling import SamplingConfig
 
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
 TREES = [Tree.chain(3), Tree.kary(2, 14), Tree.kary(4, 84), Tree.beams(8, 24)]  # all of depth 3
@@ -43,9 +44,15 @@ def test_syncs_per_step_do_not_grow_with_the_tree(monkeypatch, tiny_target, noth
     for tree in TREES:
         drafter = ModelDrafter(nothing_draft)
         results = []
-        run = lambda: results.append(
-            speculative_generate(  # noqa: E731
-                tiny_target, drafter, ids, tree=tree, max_new_tokens=10, temperature=temperature, eos_token_id=()
+        run = lambda: results.append(  # noqa: E731
+            speculative_generate(
+                tiny_target,
+                drafter,
+                ids,
+                tree=tree,
+                max_new_tokens=10,
+                eos_token_id=(),
+                sampling=SamplingConfig(temperature=temperature),
             )
         )
         run()  # warm: the first call of a tree makes its index tensors

@@ -28,7 +28,10 @@ taking the first child with u_i < alpha_i is the sequential rule, exactly; so a 
 device twice (the accepted children, then the corrected token), however many nodes the tree has.
 `experiments.collect` stores the same alphas to replay sampled trees.
 
-- `typical_accept` (LOSSY, opt-in): Medusa's typical acceptance, `TypicalAcceptance`.
+- `typical_accept` (LOSSY, opt-in): Medusa's typical acceptance, `sampling.TypicalAcceptance`.
+
+`accept` is the one entry point every generation loop calls: it picks the rule from the sampling
+settings and returns the accepted path with its tokens.
 """
 
 from __future__ import annotations
@@ -37,16 +40,36 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import sample
+from .sampling import SamplingConfig, TypicalAcceptance, match_vocab, probabilities, sample
 from .trees import Tree
+
+
+def accept(
+    tree: Tree,
+    tokens: torch.Tensor,
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    q: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
+    """The branch the target keeps: greedy when `sampling.greedy`, else Medusa's LOSSY typical rule
+    when `sampling.typical` is set, else lossless speculative sampling.
+
+    tokens: long [N] in the tree's canonical order; logits: the target's [N + 1, V] (row 0 the root);
+    q: the draft's probabilities [N + 1, V_draft] (None: deterministic proposals)."""
+    if sampling.greedy:
+        return greedy_accept(tree, tokens, logits.argmax(-1))
+    p = probabilities(logits, sampling)
+    if sampling.typical is not None:
+        return typical_accept(tree, tokens, p, logits.argmax(-1), sampling.typical)
+    return speculative_accept(tree, tokens, p, None if q is None else match_vocab(q, p), generator)
 
 
 @dataclass(frozen=True)
 class Acceptance:
     path: tuple[int, ...]  # accepted node indices, depth 1 downward
     next_token: int  # the target's token after the path: bonus if it extends the path, else correction
-    # the accepted nodes' tokens, if the rule read them (the loop reads them otherwise)
-    tokens: tuple[int, ...] = field(default=(), compare=False)
+    tokens: tuple[int, ...] = field(default=(), compare=False)  # the accepted nodes' tokens
 
     @property
     def num_accepted(self) -> int:
@@ -167,23 +190,6 @@ def one_hot_alphas(p: torch.Tensor, children: torch.Tensor) -> tuple[torch.Tenso
     # allows (a proposal with p = 1 is always accepted); keep p then
     residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
     return alpha, residual
-
-
-@dataclass(frozen=True)
-class TypicalAcceptance:
-    """Medusa's typical acceptance (Cai et al. 2024, Sec. 2.3.1), a LOSSY rule: the output no longer
-    follows the target's distribution. Node x (child of row j) passes if
-        p_j(x) > min(epsilon, delta * exp(-H(p_j))),   H(p) = -sum_v p(v) log(p(v) + 1e-5),
-    p_j the target's distribution at row j after the sampling transforms (Medusa: softmax(z / T)).
-    The step keeps the longest root-to-node path of passing nodes (ties: the largest sum of log p
-    along it) and its next token is the target's ARGMAX after that path (Medusa's fast mode, the
-    paper's "first token greedy"), so the rule is deterministic given the logits. Defaults are
-    Medusa's `medusa_generate` (posterior_threshold 0.09, posterior_alpha 0.3 = sqrt(0.09))."""
-
-    epsilon: float = 0.09
-    delta: float = 0.3
-    name: str = field(default="typical_lossy", init=False)  # the label in method names and tables
-    lossy: bool = field(default=True, init=False)
 
 
 def typical_thresholds(p: torch.Tensor, rule: TypicalAcceptance) -> torch.Tensor:

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .acceptance import Acceptance, TypicalAcceptance, greedy_accept, speculative_accept, typical_accept
-from .drafting import Drafter
+from .acceptance import accept
+from .drafting import Draft, Drafter
 from .generation import GenerationResult, Step, step_record
 from .masks import attention_implementation, rooted_ancestor_mask
 from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows
-from .runtime import Clock, cut_at_eos, eos_ids, make_generator, match_vocab, peak_memory, reset_peak_memory
-from .sampling import SamplingConfig, probabilities, sample, sample_without_replacement, top_tokens
+from .runtime import Clock, cut_at_eos, eos_ids, make_generator, peak_memory, reset_peak_memory
+from .sampling import GREEDY, SamplingConfig, probabilities, sample, sample_without_replacement, top_tokens
 from .streaming import kv_bytes
 from .trees import Tree
 
@@ -184,43 +184,26 @@ def speculative_generate_batch(
     prompts: Sequence[torch.Tensor],
     tree: Tree | None = None,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
-    typical: TypicalAcceptance | None = None,
 ) -> BatchResult:
     """Speculative decoding of B prompts at once (module docstring).
 
     drafter: a draft model (or its `BatchModelDrafter`): every row's tree drafted in one forward per
     depth; or one `Drafter` per prompt (n-gram and other host-side drafters: they draft per row).
-    prompts: B long tensors [T_b] (or [1, T_b]). tree: default `Tree.chain(4)`. seed: row b samples
-    with its own generator seeded seed + b. Returns the rows in prompt order."""
-    sampling = SamplingConfig(temperature, top_k, top_p)
+    prompts: B long tensors [T_b] (or [1, T_b]). tree: default `Tree.chain(4)`. Row b samples with its
+    own generator, seeded `sampling.seed` + b. Returns the rows in prompt order."""
     attention_implementation(target)
     tree = tree or Tree.chain(4)
     sequences = check_prompts(prompts, max_new_tokens)
-    model_draft = isinstance(drafter, (torch.nn.Module, BatchModelDrafter))
-    if model_draft:
-        drafter = drafter if isinstance(drafter, BatchModelDrafter) else BatchModelDrafter(drafter)
-    else:
-        drafter = list(drafter)
-        if len(drafter) != len(sequences):
-            raise ValueError(f"one drafter per prompt: got {len(drafter)} for {len(sequences)} prompts")
-        for d in drafter:
-            d.check_request(tree, sampling)
-            d.reset()
-    device = target.device
-    eos = eos_ids(target, eos_token_id)
-    generators = [make_generator(None if seed is None else seed + b, device) for b in range(len(sequences))]
-
-    clock = Clock(device)
-    reset_peak_memory(device)
+    drafter = batch_drafter(drafter, len(sequences), tree, sampling)
+    eos, generators = eos_ids(target, eos_token_id), row_generators(sampling.seed, len(sequences), target.device)
+    clock = Clock(target.device)
+    reset_peak_memory(target.device)
     start = clock.now()
     ragged = RaggedCache.empty(target, len(sequences))
     prefill_batch(target, ragged, [seq[:-1] for seq in sequences])  # the cache holds all but each root
-    if model_draft:
+    if isinstance(drafter, BatchModelDrafter):
         drafter.start(sequences)
     prefill_time = clock.now() - start
 
@@ -230,64 +213,102 @@ def speculative_generate_batch(
     while active:
         rows_seq = [sequences[i] + new[i] for i in active]
         t0 = clock.now()
-        if model_draft:
-            tokens, q = drafter.draft(rows_seq, tree, sampling, [generators[i] for i in active])
-            trees = [tree] * len(active)
-        else:
-            drafts = [
-                drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i])  # host ids
-                for i, seq in zip(active, rows_seq)
-            ]
-            trees = [d.tree or tree for d in drafts]
-            width = max(t.num_nodes for t in trees)
-            tokens = torch.zeros(len(active), width, dtype=torch.long, device=device)
-            for r, d in enumerate(drafts):
-                tokens[r, : d.tokens.numel()] = d.tokens.to(device)
-            q = None
+        trees, tokens, qs, drafts = draft_rows(drafter, active, rows_seq, tree, sampling, generators)  # tokens [B, N]
         t1 = clock.now()
         # each row's tree, cut so that no node lies beyond its length (canonical order: a prefix)
         cut = [t.truncated(max_new_tokens - len(new[i]) - 1) for i, t in zip(active, trees)]
         logits = _verify_rows(target, ragged, [seq[-1] for seq in rows_seq], cut, tokens).float()  # [B, N + 1, V]
         t2 = clock.now()
-        keep: list[list[int]] = []
-        finished: list[int] = []
+        keep, finished = [], []
         for r, i in enumerate(active):
-            t, k = cut[r], cut[r].num_nodes
-            row_tokens, row_logits = tokens[r, :k], logits[r, : k + 1]
-            if sampling.greedy:
-                result = greedy_accept(t, row_tokens, row_logits.argmax(-1))
-            elif typical is not None:
-                result = typical_accept(
-                    t, row_tokens, probabilities(row_logits, sampling), row_logits.argmax(-1), typical
-                )
-            else:
-                p = probabilities(row_logits, sampling)
-                row_q = None if q is None else match_vocab(q[r, : k + 1], p)
-                if not model_draft and drafts[r].q is not None:
-                    row_q = match_vocab(drafts[r].q[: k + 1].to(p.device), p)
-                result = speculative_accept(t, row_tokens, p, row_q, generators[i])
-            if len(result.tokens) != result.num_accepted:
-                result = Acceptance(result.path, result.next_token, tuple(row_tokens[list(result.path)].tolist()))
-            added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
+            k = cut[r].num_nodes
+            q = None if qs[r] is None else qs[r][: k + 1]
+            result = accept(cut[r], tokens[r, :k], logits[r, : k + 1], sampling, q, generators[i])
+            added, stopped = cut_at_eos([*result.tokens, result.next_token], eos)
             keep.append([0] + [1 + j for j in result.path])
-            if not model_draft:
+            if drafts:
                 drafter[i].observe(drafts[r], result)
-            steps[i].append(step_record(len(new[i]), t, result, added, t1 - t0, t2 - t1))
+            steps[i].append(step_record(len(new[i]), cut[r], result, added, t1 - t0, t2 - t1))
             new[i].extend(added)
             if stopped or len(new[i]) >= max_new_tokens:
                 finished.append(r)
         commit(ragged, keep)
-        if finished:
-            stay = [r for r in range(len(active)) if r not in finished]
-            select_rows(ragged, stay)
-            if model_draft:
-                drafter.select_rows(stay)
-            active = [active[r] for r in stay]
+        active = drop_rows(ragged, drafter, active, finished)
     total = clock.now() - start
-    if not model_draft:
+    if not isinstance(drafter, BatchModelDrafter):
         for d in drafter:
             d.release()
-    method = f"speculative_batch_{typical.name}" if typical is not None and not sampling.greedy else "speculative_batch"
+    return batch_result(target, sequences, new, steps, sampling.method("speculative_batch"), prefill_time, total)
+
+
+def batch_drafter(
+    drafter: torch.nn.Module | BatchModelDrafter | Sequence[Drafter], rows: int, tree: Tree, sampling: SamplingConfig
+) -> BatchModelDrafter | list[Drafter]:
+    """A draft model as a `BatchModelDrafter`, or one checked and reset `Drafter` per row."""
+    if isinstance(drafter, BatchModelDrafter):
+        return drafter
+    if isinstance(drafter, torch.nn.Module):
+        return BatchModelDrafter(drafter)
+    drafter = list(drafter)
+    if len(drafter) != rows:
+        raise ValueError(f"one drafter per prompt: got {len(drafter)} for {rows} prompts")
+    for d in drafter:
+        d.check_request(tree, sampling)
+        d.reset()
+    return drafter
+
+
+def draft_rows(
+    drafter: BatchModelDrafter | list[Drafter],
+    active: list[int],
+    rows_seq: list[list[int]],
+    tree: Tree,
+    sampling: SamplingConfig,
+    generators: list[torch.Generator],
+) -> tuple[list[Tree], torch.Tensor, list[torch.Tensor | None], list[Draft]]:
+    """Every active row's tree, its tokens (long [B, N], padded to the largest tree), its draft
+    probabilities ([N + 1, V] per row, None for deterministic proposals) and, for per-row drafters,
+    their `Draft`s (the model drafter returns none)."""
+    if isinstance(drafter, BatchModelDrafter):
+        tokens, q = drafter.draft(rows_seq, tree, sampling, [generators[i] for i in active])
+        return [tree] * len(active), tokens, [None if q is None else q[r] for r in range(len(active))], []
+    drafts = [drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i]) for i, seq in zip(active, rows_seq)]
+    trees = [d.tree or tree for d in drafts]
+    device = generators[0].device
+    tokens = torch.zeros(len(active), max(t.num_nodes for t in trees), dtype=torch.long, device=device)
+    for r, d in enumerate(drafts):
+        tokens[r, : d.tokens.numel()] = d.tokens.to(device)
+    return trees, tokens, [d.q for d in drafts], drafts
+
+
+def drop_rows(
+    ragged: RaggedCache, drafter: BatchModelDrafter | list[Drafter] | None, active: list[int], finished: list[int]
+) -> list[int]:
+    """The rows still active once the `finished` ones (row indices) leave the cache and the draft's."""
+    if not finished:
+        return active
+    stay = [r for r in range(len(active)) if r not in finished]
+    select_rows(ragged, stay)
+    if isinstance(drafter, BatchModelDrafter):
+        drafter.select_rows(stay)
+    return [active[r] for r in stay]
+
+
+def row_generators(seed: int | None, rows: int, device: torch.device) -> list[torch.Generator]:
+    """Row b's generator, seeded seed + b (None: every row from entropy)."""
+    return [make_generator(None if seed is None else seed + b, device) for b in range(rows)]
+
+
+def batch_result(
+    target: torch.nn.Module,
+    sequences: list[list[int]],
+    new: list[list[int]],
+    steps: list[list[Step]],
+    method: str,
+    prefill_time: float,
+    total: float,
+) -> BatchResult:
+    """Each row's `GenerationResult`, in prompt order, with the batch's times."""
     rows = tuple(
         GenerationResult(
             tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
@@ -295,7 +316,7 @@ def speculative_generate_batch(
             prompt_length=len(sequences[i]),
             prefill_time=prefill_time,
             total_time=total,
-            peak_memory_bytes=peak_memory(device),
+            peak_memory_bytes=peak_memory(target.device),
             method=method,
             meta={"batch_size": len(sequences)},
         )
@@ -328,22 +349,16 @@ def autoregressive_generate_batch(
     target: torch.nn.Module,
     prompts: Sequence[torch.Tensor],
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> BatchResult:
     """The target alone on a batch: each step one forward of one token per active row (the first
-    after the prompts' ragged prefill). Row b samples with its own generator seeded seed + b."""
-    sampling = SamplingConfig(temperature, top_k, top_p)
+    after the prompts' ragged prefill). Row b samples with its own generator seeded `sampling.seed` + b."""
     attention_implementation(target)
     sequences = check_prompts(prompts, max_new_tokens)
     device = target.device
-    eos = eos_ids(target, eos_token_id)
-    generators = [make_generator(None if seed is None else seed + b, device) for b in range(len(sequences))]
+    eos, generators = eos_ids(target, eos_token_id), row_generators(sampling.seed, len(sequences), device)
     one = Tree.chain(0)
-
     clock = Clock(device)
     reset_peak_memory(device)
     start = clock.now()
@@ -361,32 +376,13 @@ def autoregressive_generate_batch(
         t1 = clock.now()
         finished = []
         for r, i in enumerate(active):
-            token = (
-                int(logits[r].argmax())
-                if sampling.greedy
-                else sample(probabilities(logits[r], sampling), generators[i])
-            )
+            row = logits[r]  # [V]
+            token = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), generators[i])
             steps[i].append(Step(len(new[i]), 0, 0, 1, 0.0, t1 - t0, child_counts=(0,)))
             new[i].append(token)
             if token in eos or len(new[i]) >= max_new_tokens:
                 finished.append(r)
         commit(ragged, [[0]] * len(active))
-        if finished:
-            stay = [r for r in range(len(active)) if r not in finished]
-            select_rows(ragged, stay)
-            active = [active[r] for r in stay]
+        active = drop_rows(ragged, None, active, finished)
     total = clock.now() - start
-    rows = tuple(
-        GenerationResult(
-            tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
-            steps=tuple(steps[i]),
-            prompt_length=len(sequences[i]),
-            prefill_time=prefill_time,
-            total_time=total,
-            peak_memory_bytes=peak_memory(device),
-            method="autoregressive_batch",
-            meta={"batch_size": len(sequences)},
-        )
-        for i in range(len(sequences))
-    )
-    return BatchResult(rows, total, prefill_time)
+    return batch_result(target, sequences, new, steps, "autoregressive_batch", prefill_time, total)

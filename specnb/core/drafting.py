@@ -34,7 +34,8 @@ first token whose draft probability is below t (transformers' `assistant_confide
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
@@ -44,9 +45,10 @@ from ..kernels.topk_head import TopKHead, draft_head
 from .acceptance import Acceptance
 from .cache import cache_length, crop, keep_positions, new_cache
 from .forward import forward
+from .masks import paths_visible
 from .sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
 from .streaming import StreamingCache, kv_bytes
-from .trees import Tree
+from .trees import Level, Tree
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,6 @@ class ModelDrafter(Drafter):
         self.head = draft_head(model) if head == "auto" else head
         self.confidence_threshold = confidence_threshold
         self.cache_policy = cache_policy
-        self._indices: dict[tuple[Tree, torch.device], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -187,85 +188,32 @@ class ModelDrafter(Drafter):
         self.check_request(tree, sampling)
         if copies > 1 and sampling.greedy:
             raise ValueError("copies > 1 draws independent samples: it needs sampling (temperature > 0)")
-        n = tree.num_nodes
         seq = tokens.reshape(-1).tolist()
         ranked = self.head is not None and sampling.greedy and self.confidence_threshold == 0.0  # top-k only
         widths = [lv.width for lv in tree.levels] + [0]
-        root_logits = self._advance(seq, widths[0] if ranked else 0)  # [V]
-        device = root_logits.device
-        out = torch.zeros(n, dtype=torch.long, device=device)
-        q = None if sampling.greedy else torch.zeros(n + 1, root_logits.shape[-1], dtype=torch.float32, device=device)
-        logits = root_logits[None]  # [P, V]: the logits at the parents of the next level
-        parent_rows = torch.zeros(1, dtype=torch.long, device=device)  # their rows in q (0 = the root)
-        for level, (parents, ranks, fed) in zip(tree.levels, self._level_indices(tree, device)):
-            if sampling.greedy:
-                choices = top_tokens(logits, level.width)  # [P, width]
-            else:
-                probs = probabilities(logits, sampling)
-                q[parent_rows] = probs
-                if level.depth == 1 and copies > 1:  # the root's row, once per copy
-                    choices = sample_without_replacement(probs.expand(copies, -1), level.width // copies, generator)
-                    choices = choices.reshape(1, -1)
-                else:
-                    choices = sample_without_replacement(probs, level.width, generator)
-            out[level.nodes.start : level.nodes.stop] = choices[parents, ranks]
-            if self.confidence_threshold > 0.0 and level.depth < n:  # a chain: one node per level
-                row = torch.softmax(logits[0], -1) if sampling.greedy else probs[0]
-                if float(row[out[level.depth - 1]]) < self.confidence_threshold:
-                    depth = level.depth
-                    return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
-            if not level.fed:
-                break
-            logits = self._feed(
-                tree,
-                level.fed,
-                out[fed],
-                len(seq) - 1 + level.depth - self._shift,
-                widths[level.depth] if ranked else 0,
-            ).float()
-            parent_rows = fed + 1
-        return Draft(out, q)
 
-    def _level_indices(self, tree: Tree, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Per level: parent rows, ranks and fed nodes as index tensors on `device`, made once per
-        tree (a step then copies nothing to the device to index its choices)."""
-        key = (tree, device)
-        if key not in self._indices:
-            if len(self._indices) > 64:  # trees shaped per step (adaptive lengths) come and go
-                self._indices.clear()
-            self._indices[key] = [
-                tuple(torch.tensor(v, dtype=torch.long, device=device) for v in (lv.parent_rows, lv.ranks, lv.fed))
-                for lv in tree.levels
-            ]
-        return self._indices[key]
+        def k(depth: int) -> int:  # the TopKHead's exact top k at a depth's parents (0: the model's head)
+            return widths[depth] if ranked else 0
 
-    def _feed(self, tree: Tree, nodes: tuple[int, ...], ids: torch.Tensor, position: int, k: int = 0) -> torch.Tensor:
+        def feed(level: Level, ids: torch.Tensor) -> torch.Tensor:
+            return self._feed(tree, list(level.fed), ids, len(seq) - 1 + level.depth - self._shift, k(level.depth))
+
+        root_logits = self._advance(seq, k(0))  # [V]
+        return fill_levels(tree, root_logits[None], sampling, generator, feed, copies, self.confidence_threshold)
+
+    def _feed(self, tree: Tree, nodes: list[int], ids: torch.Tensor, position: int, k: int = 0) -> torch.Tensor:
         """Feed tree nodes of one depth (their tokens `ids`, all at `position`); each sees the
         sequence, its fed ancestors and itself. Returns their logits [len(nodes), V], from the
         TopKHead with its top `k` exact where k > 0, else from the model's own head."""
         head = self.head if k else None
         chain_so_far = len(nodes) == 1 and list(tree.node_path(nodes[0])[:-1]) == self._fed
-        if chain_so_far and position == cache_length(self._cache):  # sees everything cached, at the
-            self._fed += list(nodes)  # cache's own next position:
-            return forward(self.model, self._cache, ids, head=head, k=k)  # the model's unmasked path
-        visible = self._visible(len(nodes))
-        visible[:, self._held :] = tree.ancestors[list(nodes)][:, self._fed + list(nodes)]
-        self._fed += list(nodes)
-        return forward(
-            self.model,
-            self._cache,
-            ids,
-            torch.full((len(nodes),), position),
-            visible,  # host: positions
-            head=head,
-            k=k,
-        )
-
-    def _visible(self, new: int) -> torch.Tensor:
-        """Bool [new, cache length + new], True over the committed sequence, False elsewhere."""
-        visible = torch.zeros(new, self._held + len(self._fed) + new, dtype=torch.bool)  # host: moved by forward
-        visible[:, : self._held] = True
-        return visible
+        if chain_so_far and position == cache_length(self._cache):  # sees everything cached, at the cache's
+            self._fed += nodes  # own next position: the model's unmasked path
+            return forward(self.model, self._cache, ids, head=head, k=k)
+        visible = paths_visible([tree.paths[i] for i in nodes], [tree.paths[i] for i in self._fed], self._held)
+        self._fed += nodes
+        positions = torch.full((len(nodes),), position)  # host: moved by forward
+        return forward(self.model, self._cache, ids, positions, visible, head=head, k=k)
 
     def _advance(self, seq: list[int], k: int = 0) -> torch.Tensor:
         """Bring the cache to `seq`, feeding only what it lacks; float32 logits [V] at seq[-1] (top
@@ -323,3 +271,59 @@ def as_drafter(drafter: Drafter | torch.nn.Module) -> Drafter:
         f"expected a specnb Drafter (a subclass of specnb.Drafter) or a transformers model, "
         f"got {type(drafter).__name__}"
     )
+
+
+@functools.lru_cache(maxsize=64)  # trees shaped per step (adaptive lengths) come and go
+def level_indices(tree: Tree, device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]:
+    """Per level of `tree`: its parents' rows, its nodes' ranks and its fed nodes, as long tensors on
+    `device`, made once per (tree, device), so that a step copies nothing to the device to index."""
+    return tuple(
+        tuple(torch.tensor(v, dtype=torch.long, device=device) for v in (lv.parent_rows, lv.ranks, lv.fed))
+        for lv in tree.levels
+    )
+
+
+def fill_levels(
+    tree: Tree,
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+    feed: Callable[[Level, torch.Tensor], torch.Tensor],
+    copies: int = 1,
+    confidence_threshold: float = 0.0,
+) -> Draft:
+    """Fill `tree` level by level (`Tree.levels`), for every drafter that drafts from a model of its own.
+
+    logits: float [1, V] at the root. At each depth the children of every parent are chosen at once
+    from the logits at the parents: greedy, the top `width` tokens (`top_tokens`: rank r = the r-th
+    largest); sampling, draws without replacement from q (rank r = the r-th draw, Sequoia's rule, so
+    `acceptance.speculative_accept` stays lossless). Then `feed(level, tokens)` runs the level's nodes
+    that have children (long [F]) and returns their logits [F, V]; leaves are chosen, never fed.
+    copies > 1 (sampling): the root's children are that many independent samples side by side.
+    confidence_threshold > 0 (a chain): stop after the first token whose q is below it."""
+    n, device = tree.num_nodes, logits.device
+    out = torch.zeros(n, dtype=torch.long, device=device)
+    q = None if sampling.greedy else torch.zeros(n + 1, logits.shape[-1], dtype=torch.float32, device=device)
+    parent_rows = torch.zeros(1, dtype=torch.long, device=device)  # the parents' rows in q (0 = the root)
+    for level, (parents, ranks, fed) in zip(tree.levels, level_indices(tree, device)):
+        if sampling.greedy:
+            choices = top_tokens(logits, level.width)  # [P, width]
+        else:
+            probs = probabilities(logits, sampling)  # [P, V]
+            q[parent_rows] = probs
+            if level.depth == 1 and copies > 1:  # the root's row, once per copy
+                choices = sample_without_replacement(probs.expand(copies, -1), level.width // copies, generator)
+                choices = choices.reshape(1, -1)
+            else:
+                choices = sample_without_replacement(probs, level.width, generator)
+        out[level.nodes.start : level.nodes.stop] = choices[parents, ranks]
+        if confidence_threshold > 0.0 and level.depth < n:  # a chain: one node per level
+            row = torch.softmax(logits[0], -1) if sampling.greedy else probs[0]
+            if float(row[out[level.depth - 1]]) < confidence_threshold:
+                depth = level.depth
+                return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
+        if not level.fed:
+            break
+        logits = feed(level, out[fed]).float()
+        parent_rows = fed + 1
+    return Draft(out, q)

@@ -1,8 +1,10 @@
 """The generation loops: tree speculative decoding and its baseline, with the same instrumentation.
 
-`speculative_generate` runs draft -> verify -> accept -> commit until `max_new_tokens` or EOS;
-`autoregressive_generate` is the target's own decoding, one target call per token. Both return a
-`GenerationResult` with one `Step` per target call that produced tokens. Batch size 1.
+`speculative_step` is one target call: draft -> verify -> accept -> commit. `speculative_generate`
+is the loop around it (until `max_new_tokens` or EOS), with the bookkeeping kept out of the step:
+the bounded-cache policy, the tree cut to the tokens left, the step records. `autoregressive_generate`
+is the target's own decoding, one target call per token. Both loops return a `GenerationResult` with
+one `Step` per target call that produced tokens. Batch size 1.
 """
 
 from __future__ import annotations
@@ -11,22 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
+from transformers import DynamicCache
 
-from .acceptance import Acceptance, TypicalAcceptance, greedy_accept, speculative_accept, typical_accept
+from .acceptance import Acceptance, accept
 from .cache import cache_length, new_cache
 from .drafting import Draft, Drafter, as_drafter
 from .masks import attention_implementation
-from .runtime import (
-    Clock,
-    check_input,
-    cut_at_eos,
-    eos_ids,
-    make_generator,
-    match_vocab,
-    peak_memory,
-    reset_peak_memory,
-)
-from .sampling import SamplingConfig, probabilities, sample
+from .runtime import Clock, check_input, cut_at_eos, eos_ids, make_generator, peak_memory, reset_peak_memory
+from .sampling import GREEDY, SamplingConfig, probabilities, sample
 from .streaming import StreamingCache, kv_bytes
 from .trees import Tree
 from .verification import commit, prefill, verify
@@ -69,156 +63,164 @@ class GenerationResult:
     evictions: int = 0  # times the target's cache was cut (`StreamingCache`); the draft's in meta
 
 
+@dataclass
+class TargetCache:
+    """The target's KV cache between steps. Invariant: it holds every token of the sequence but the
+    root (the last token), except `pending`: the prompt before the first verification, which goes
+    through the target inside that verification (`verification.verify`)."""
+
+    cache: DynamicCache
+    pending: torch.Tensor  # long [P]: tokens before the root that the cache does not hold yet
+    position_offset: int = 0  # positions cut out of a bounded cache that keeps original positions
+
+    def held(self) -> int:
+        """Tokens before the root once `pending` is in: the prefix a verified tree sits on."""
+        return cache_length(self.cache) + self.pending.numel()
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    tree: Tree  # the verified tree: the request, or the drafter's own shape
+    draft: Draft
+    acceptance: Acceptance
+    draft_time: float  # seconds
+    verify_time: float  # seconds (target forward)
+    kv_bytes: int  # target + draft KV bytes with the tree in the target's cache: the step's peak
+
+
+def speculative_step(
+    target: torch.nn.Module,
+    state: TargetCache,
+    drafter: Drafter,
+    seq: list[int],
+    tree: Tree,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+) -> StepOutcome:
+    """One target call: the drafter fills `tree` after `seq` (host ids; seq[-1] is the root), the
+    target verifies root + nodes in one forward under the tree mask, the acceptance rule keeps a
+    branch, and the target's cache keeps exactly the root and that branch."""
+    clock = Clock(target.device)
+    held = state.held()
+    t0 = clock.now()
+    draft = drafter.draft(torch.tensor(seq), tree, sampling, generator)  # host ids: drafters read them there
+    tree = drafted_tree(draft, tree)
+    t1 = clock.now()
+    logits = verify(target, state.cache, seq[-1], tree, draft.tokens, state.pending, state.position_offset)  # [N+1, V]
+    state.pending = state.pending[:0]
+    t2 = clock.now()
+    peak = kv_bytes(state.cache) + drafter.kv_bytes()
+    result = accept(tree, draft.tokens, logits, sampling, draft.q, generator)
+    commit(state.cache, held, result.path)
+    drafter.observe(draft, result)
+    return StepOutcome(tree, draft, result, t1 - t0, t2 - t1, peak)
+
+
 def speculative_generate(
     target: torch.nn.Module,
     drafter: Drafter | torch.nn.Module,
     input_ids: torch.Tensor,
     tree: Tree | None = None,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
     cache_policy: StreamingCache | None = None,
-    typical: TypicalAcceptance | None = None,
 ) -> GenerationResult:
     """Tree speculative decoding; greedy output equals the target's greedy output token for token,
-    sampled output follows the target's distribution.
+    sampled output follows the target's distribution (unless `sampling.typical` asks for the LOSSY rule).
 
     input_ids: long [1, T]. tree: default the drafter's `default_tree` (drafters that shape their
     own trees), else `Tree.chain(4)`. eos_token_id: default the target's generation config; pass ()
-    to never stop early. The prompt goes through the target inside the first verification (no
-    forward of its own), except for a drafter that shares the target's cache, which needs it there
-    before its first draft.
-    cache_policy: a bounded cache for the target (`streaming.StreamingCache`): cut between steps,
-    trees cut to fit; output then equals the streaming target's own (`autoregressive_generate` with
+    to never stop early. The prompt goes through the target inside the first verification, except
+    for a drafter that shares the target's cache, which needs it there before its first draft.
+    cache_policy: a bounded cache for the target (`streaming.StreamingCache`), cut between steps,
+    trees cut to fit: output then equals the streaming target's own (`autoregressive_generate` with
     the same policy). The draft's cache follows the drafter's own policy, if any.
     """
     drafter = as_drafter(drafter)
-    if cache_policy is not None and drafter.shares_target_cache:
-        raise ValueError(
-            "a drafter that shares the target's cache cannot run with a cache policy (its layers "
-            "would be cut under it); give the target the policy and use a separate draft model"
-        )
     tree = tree or drafter.default_tree or Tree.chain(4)
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    drafter.check_request(tree, sampling)
-    attention_implementation(target)  # refuse a mask-less attention before any compute
-    device = target.device
+    check_request(target, drafter, tree, sampling, cache_policy)
     prompt = check_input(input_ids, max_new_tokens)
-    eos = eos_ids(target, eos_token_id)
-    generator = make_generator(seed, device)
+    eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, target.device)
     drafter.reset()
-
-    clock = Clock(device)
-    reset_peak_memory(device)
+    clock = Clock(target.device)
+    reset_peak_memory(target.device)
     start = clock.now()
-    cache = new_cache(target)
-    seq = prompt[0].tolist()  # the sequence so far, on the host
-    pending = prompt[0, :-1].to(device)  # tokens before the root that the cache does not hold yet
-    drafter.bind_target_cache(cache)  # before the prefill: a drafter may read its hidden states (Medusa)
-    if drafter.shares_target_cache and pending.numel():
-        prefill(target, cache, pending[None])
-        pending = pending[:0]
+    state = TargetCache(new_cache(target), prompt[0, :-1].to(target.device))
+    drafter.bind_target_cache(state.cache)  # before the prefill: a drafter may read its hidden states (Medusa)
+    if drafter.shares_target_cache and state.pending.numel():
+        prefill(target, state.cache, state.pending[None])
+        state.pending = state.pending[:0]
     prefill_time = clock.now() - start
 
-    new: list[int] = []
-    steps: list[Step] = []
-    evicted = evictions = kv_peak = 0
+    seq, new, steps, evictions, kv_peak = prompt[0].tolist(), [], [], 0, 0
     while len(new) < max_new_tokens:
-        if cache_policy is not None and new:  # the root is a generated token: the cut comes before it
-            cut = cache_policy.cut(target, cache)
-            evicted, evictions = evicted + cut, evictions + (cut > 0)
-        held = cache_length(cache) + pending.numel()  # positions before the root
-        # a tree deeper than the tokens left would overshoot: depth <= left - 1 (+1 bonus); a bounded
-        # cache caps it further, so that no node stands where the policy would cut
-        depth = max_new_tokens - len(new) - 1
-        if cache_policy is not None:
-            depth = min(depth, cache_policy.depth_cap(held))
-        step_tree = tree.truncated(depth)
-        t0 = clock.now()
-        draft = drafter.draft(torch.tensor(seq), step_tree, sampling, generator)  # host ids: drafters read them there
-        t1 = clock.now()
-        step_tree = _drafted_tree(draft, step_tree)
-        offset = evicted if cache_policy is not None and cache_policy.positions == "original" else 0
-        logits = verify(target, cache, seq[-1], step_tree, draft.tokens, pending, position_offset=offset)  # [N+1, V]
-        pending = pending[:0]
-        t2 = clock.now()
-        kv_peak = max(kv_peak, kv_bytes(cache) + drafter.kv_bytes())
-        if sampling.greedy:
-            result = greedy_accept(step_tree, draft.tokens, logits.argmax(-1))
-        elif typical is not None:
-            result = typical_accept(
-                step_tree, draft.tokens, probabilities(logits, sampling), logits.argmax(-1), typical
-            )
-        else:
-            p = probabilities(logits, sampling)
-            q = None if draft.q is None else match_vocab(draft.q, p)
-            result = speculative_accept(step_tree, draft.tokens, p, q, generator)
-        if len(result.tokens) != result.num_accepted:  # a rule that did not read them: one device read
-            result = replace(result, tokens=tuple(draft.tokens[list(result.path)].tolist()))
-        commit(cache, held, result.path)
-        drafter.observe(draft, result)
-
-        added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
-        steps.append(
-            replace(
-                step_record(len(new), step_tree, result, added, t1 - t0, t2 - t1, draft.draft_tokens),
-                target_kv_bytes=kv_bytes(cache),
-                draft_kv_bytes=drafter.kv_bytes(),
-            )
-        )
-        new.extend(added)
-        seq.extend(added)
+        depth = max_new_tokens - len(new) - 1  # no node past max_new_tokens (the bonus token is the +1)
+        if cache_policy is not None:  # cut before the root (a generated token), never inside a tree
+            cut = cache_policy.cut(target, state.cache) if new else 0
+            evictions += cut > 0
+            state.position_offset += cut if cache_policy.positions == "original" else 0
+            depth = min(depth, cache_policy.depth_cap(state.held()))
+        out = speculative_step(target, state, drafter, seq, tree.truncated(depth), sampling, generator)
+        kv_peak = max(kv_peak, out.kv_bytes)
+        added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
+        record = step_record(len(new), out.tree, out.acceptance, added, out.draft_time, out.verify_time)
+        kv = {"target_kv_bytes": kv_bytes(state.cache), "draft_kv_bytes": drafter.kv_bytes()}
+        steps.append(replace(record, draft_tokens=out.draft.draft_tokens, **kv))
+        new += added
+        seq += added
         if stopped:
             break
     total = clock.now() - start
     drafter.release()
-    lossy = typical is not None and not sampling.greedy
     return GenerationResult(
         tokens=torch.tensor(new, dtype=torch.long),  # host: results live on the CPU
         steps=tuple(steps),
         prompt_length=int(prompt.shape[-1]),
         prefill_time=prefill_time,
         total_time=total,
-        peak_memory_bytes=peak_memory(device),
-        method=f"speculative_{typical.name}" if lossy else "speculative",
-        kv_bytes=kv_bytes(cache) + drafter.kv_bytes(),
+        peak_memory_bytes=peak_memory(target.device),
+        method=sampling.method("speculative"),
+        kv_bytes=kv_bytes(state.cache) + drafter.kv_bytes(),
         kv_peak_bytes=kv_peak,
         evictions=evictions,
         meta={"draft_evictions": drafter.evictions} if cache_policy is not None or drafter.evictions else {},
     )
 
 
+def check_request(
+    target: torch.nn.Module, drafter: Drafter, tree: Tree, sampling: SamplingConfig, cache_policy: StreamingCache | None
+) -> None:
+    """Refuse, before any compute, a request that cannot run: a drafter on the target's cache under
+    a cache policy, a tree the drafter cannot draft, a target without a mask-taking attention."""
+    if cache_policy is not None and drafter.shares_target_cache:
+        raise ValueError(
+            "a drafter that shares the target's cache cannot run with a cache policy (its layers "
+            "would be cut under it); give the target the policy and use a separate draft model"
+        )
+    drafter.check_request(tree, sampling)
+    attention_implementation(target)
+
+
 def autoregressive_generate(
     target: torch.nn.Module,
     input_ids: torch.Tensor,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
     cache_policy: StreamingCache | None = None,
 ) -> GenerationResult:
     """The target's own decoding: one forward pass per token (the first on the whole prompt).
     cache_policy: a bounded cache (`streaming.StreamingCache`), cut before a generated token is
     fed when it holds the policy's limit: the streaming model's own decoding."""
-    sampling = SamplingConfig(temperature, top_k, top_p)
     device = target.device
     seq = check_input(input_ids, max_new_tokens).to(device)
-    eos = eos_ids(target, eos_token_id)
-    generator = make_generator(seed, device)
-
+    eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, device)
     clock = Clock(device)
     reset_peak_memory(device)
     start = clock.now()
     cache = new_cache(target)
-    feed = seq
-    new: list[int] = []
-    steps: list[Step] = []
-    evicted = evictions = kv_peak = 0
+    feed, new, steps, evicted, evictions, kv_peak = seq, [], [], 0, 0, 0
     while len(new) < max_new_tokens:
         t0 = clock.now()
         positions = None
@@ -251,10 +253,7 @@ def autoregressive_generate(
     )
 
 
-# ---- helpers --------------------------------------------------------------------------------
-
-
-def _drafted_tree(draft: Draft, requested: Tree) -> Tree:
+def drafted_tree(draft: Draft, requested: Tree) -> Tree:
     """The tree to verify: the drafter's own if it built one, checked against the request."""
     tree = requested if draft.tree is None else draft.tree
     if tree.num_nodes != draft.tokens.numel():

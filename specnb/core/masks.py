@@ -16,7 +16,7 @@ flex attention with a dense tensor) cannot take an arbitrary mask and are refuse
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -58,6 +58,28 @@ def rooted_ancestor_mask(ancestors: torch.Tensor) -> torch.Tensor:
     out[:, 0] = True
     out[1:, 1:] = ancestors
     return out
+
+
+def causal_visible(new: int, cached: int, device: torch.device | None = None) -> torch.Tensor:
+    """Bool [new, cached + new]: each new row sees every cached row, the new rows before it and itself."""
+    return torch.ones(new, cached + new, dtype=torch.bool, device=device).tril(diagonal=cached)
+
+
+def paths_visible(nodes: Sequence[tuple[int, ...]], fed: Sequence[tuple[int, ...]], cached: int) -> torch.Tensor:
+    """Bool [len(nodes), cached + len(fed) + len(nodes)] on the host: tree nodes of one depth, named
+    by their rank paths, fed on a cache that holds `cached` tokens of the sequence and then the tree
+    nodes `fed` (in cache order, every ancestor of `nodes` among them). Each node sees the whole
+    sequence, its ancestors and itself: the tree mask of level-by-level drafting."""
+    slot = {p: cached + i for i, p in enumerate(fed)}
+    rows, cols = [], []
+    for i, path in enumerate(nodes):
+        ancestors = [slot[path[:d]] for d in range(1, len(path))]
+        rows += [i] * (len(ancestors) + 1)
+        cols += ancestors + [cached + len(fed) + i]
+    visible = torch.zeros(len(nodes), cached + len(fed) + len(nodes), dtype=torch.bool)  # host: moved by forward
+    visible[:, :cached] = True
+    visible[rows, cols] = True
+    return visible
 
 
 def model_mask(mask: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:

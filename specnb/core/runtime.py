@@ -8,7 +8,6 @@ seeded generators.
     eos_ids         the stop tokens: the ones given, else the model's generation config; () = none
     cut_at_eos      tokens up to and including the first stop token
     make_generator  a torch.Generator on a device, seeded (None: from entropy)
-    match_vocab     draft probabilities padded or cut to the target's vocabulary size
 
 `speculative_generate`, `autoregressive_generate`, transformers' baselines (`bench.baselines`),
 the merged drafter's per-component times and the timing harness (`bench.timing`) all use these, so
@@ -90,14 +89,3 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     else:
         generator.manual_seed(seed)
     return generator
-
-
-def match_vocab(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Draft probabilities [..., V_draft] over the target's vocabulary size V (models may pad their
-    embeddings differently; a token outside a model's vocabulary has probability 0 there)."""
-    q = q.to(p.device)
-    if q.shape[-1] == p.shape[-1]:
-        return q
-    if q.shape[-1] > p.shape[-1]:
-        return q[..., : p.shape[-1]]  # p is 0 there; such a draw is always rejected
-    return torch.nn.functional.pad(q, (0, p.shape[-1] - q.shape[-1]))

@@ -15,16 +15,39 @@ it, so ranks agree between them on every device (CUDA's `topk` has no fixed orde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 
 @dataclass(frozen=True)
+class TypicalAcceptance:
+    """Medusa's typical acceptance (Cai et al. 2024, Sec. 2.3.1), a LOSSY rule: the output no longer
+    follows the target's distribution. Node x (child of row j) passes if
+        p_j(x) > min(epsilon, delta * exp(-H(p_j))),   H(p) = -sum_v p(v) log(p(v) + 1e-5),
+    p_j the target's distribution at row j after the sampling transforms (Medusa: softmax(z / T)).
+    The step keeps the longest root-to-node path of passing nodes (ties: the largest sum of log p
+    along it) and its next token is the target's ARGMAX after that path (Medusa's fast mode, the
+    paper's "first token greedy"), so the rule is deterministic given the logits. Defaults are
+    Medusa's `medusa_generate` (posterior_threshold 0.09, posterior_alpha 0.3 = sqrt(0.09))."""
+
+    epsilon: float = 0.09
+    delta: float = 0.3
+    name: str = field(default="typical_lossy", init=False)  # the label in method names and tables
+    lossy: bool = field(default=True, init=False)
+
+
+@dataclass(frozen=True)
 class SamplingConfig:
+    """How both models' logits become tokens, and which acceptance rule checks the draft."""
+
     temperature: float = 0.0  # 0 = greedy (argmax); > 0 scales logits before softmax
     top_k: int = 0  # keep the k most likely tokens; 0 = all
     top_p: float = 1.0  # keep the smallest set whose probability reaches top_p; 1 = all
+    seed: int | None = 0  # seeds the generation's random stream (None: from entropy); unused when greedy
+    # None: lossless acceptance (`acceptance.speculative_accept`); a TypicalAcceptance: Medusa's LOSSY
+    # rule, used only when sampling (greedy acceptance is exact and needs no rule)
+    typical: TypicalAcceptance | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -37,6 +60,18 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def lossy(self) -> bool:
+        """True when a LOSSY rule checks the draft (typical acceptance under sampling)."""
+        return self.typical is not None and not self.greedy
+
+    def method(self, name: str) -> str:
+        """A method's name, with the lossy rule's label when one applies."""
+        return f"{name}_{self.typical.name}" if self.lossy else name
+
+
+GREEDY = SamplingConfig()
 
 
 def top_tokens(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -146,3 +181,14 @@ def sample_rows(
     inside = torch.minimum(inside.clamp_min(0), cum_b[:, -1:] * below)
     j = torch.searchsorted(cum_b, inside, right=True)  # the first token whose cumulative weight exceeds it
     return (b * block + j)[:, 0]
+
+
+def match_vocab(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Draft probabilities [..., V_draft] over the target's vocabulary size V (models may pad their
+    embeddings differently; a token outside a model's vocabulary has probability 0 there)."""
+    q = q.to(p.device)
+    if q.shape[-1] == p.shape[-1]:
+        return q
+    if q.shape[-1] > p.shape[-1]:
+        return q[..., : p.shape[-1]]  # p is 0 there; such a draw is always rejected
+    return torch.nn.functional.pad(q, (0, p.shape[-1] - q.shape[-1]))

@@ -26,6 +26,7 @@ import torch
 from ..core.acceptance import Acceptance
 from ..core.drafting import Draft, ModelDrafter
 from ..core.forward import forward
+from ..core.masks import paths_visible
 from ..core.sampling import SamplingConfig, top_tokens
 from ..core.streaming import StreamingCache
 from ..core.trees import Path, Tree
@@ -102,13 +103,7 @@ class DynamicTreeDrafter(ModelDrafter):
             level = [p for p in chosen if len(p) == depth]
             if not level:
                 break
-            # each sees the sequence, its ancestors (fed at their own depths) and itself
-            visible = self._visible(len(level))
-            base, slot = self._held, {p: i for i, p in enumerate(self._fed)}
-            for i, p in enumerate(level):
-                for d in range(1, depth):
-                    visible[i, base + slot[p[:d]]] = True
-                visible[i, base + len(self._fed) + i] = True
+            visible = paths_visible(level, self._fed, self._held)  # the sequence, its ancestors, itself
             self._fed += level
             ids = torch.tensor([token[p] for p in level])  # host: moved by forward
             logits = forward(

@@ -46,11 +46,11 @@ from transformers import DynamicCache, PretrainedConfig
 
 from ..core.acceptance import Acceptance
 from ..core.cache import crop, new_cache
-from ..core.drafting import Draft, Drafter
-from ..core.masks import model_mask
-from ..core.sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
+from ..core.drafting import Draft, Drafter, fill_levels, level_indices
+from ..core.masks import causal_visible, model_mask, paths_visible
+from ..core.sampling import SamplingConfig, top_tokens
 from ..core.streaming import kv_bytes
-from ..core.trees import Tree
+from ..core.trees import Level, Tree
 from ..io.eagle_checkpoint import check_checkpoint, load_checkpoint, save_checkpoint
 from .dynamic import ScoredTree, top_n
 from .hidden_rows import FinalNormRows
@@ -204,11 +204,6 @@ class EagleHead(torch.nn.Module):
         return head.eval()
 
 
-def causal_visible(new: int, cached: int, device: torch.device | None = None) -> torch.Tensor:
-    """Bool [new, cached + new]: each new row sees every cached row, the new rows before it and itself."""
-    return torch.ones(new, cached + new, dtype=torch.bool, device=device).tril(diagonal=cached)
-
-
 class EagleDrafter(Drafter):
     """Drafts any static tree from an EAGLE head on the target's own features (module docstring).
 
@@ -223,7 +218,6 @@ class EagleDrafter(Drafter):
         self.target, self.head = target, head
         self.default_tree = tree
         self._target_rows = FinalNormRows(target)  # the target's final-norm output of its last forward
-        self._indices: dict[tuple[Tree, torch.device], list[tuple[torch.Tensor, ...]]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -256,21 +250,6 @@ class EagleDrafter(Drafter):
         rows = self._target_rows.rows[self._target_rows.rows.shape[0] - (n + 1) :]
         keep = torch.tensor([0] + [i + 1 for i in acceptance.path], dtype=torch.long, device=rows.device)
         self._features.append(rows.index_select(0, keep))
-
-    def _level_indices(self, tree: Tree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
-        """Per level: parent rows, ranks, fed nodes, and the fed nodes' parent rows, as index tensors."""
-        key = (tree, device)
-        if key not in self._indices:
-            if len(self._indices) > 64:
-                self._indices.clear()
-            self._indices[key] = [
-                tuple(
-                    torch.tensor(v, dtype=torch.long, device=device)
-                    for v in (lv.parent_rows, lv.ranks, lv.fed, [lv.parent_rows[i - lv.nodes.start] for i in lv.fed])
-                )
-                for lv in tree.levels
-            ]
-        return self._indices[key]
 
     def _commit(self, seq: list[int]) -> torch.Tensor:
         """Feed the rows the head's cache lacks, up to the root's; returns the last one's output [H]
@@ -308,36 +287,24 @@ class EagleDrafter(Drafter):
         g = self._commit(seq)[None]  # [1, H]: the root's predicted feature
         if tree.num_nodes == 0:
             return Draft(torch.zeros(0, dtype=torch.long, device=device), None)
-        committed = self._committed
-        n = tree.num_nodes
-        logits = self.head.project(g)  # [P, V]: at the parents of the next level
-        out = torch.zeros(n, dtype=torch.long, device=device)
-        q = None if sampling.greedy else torch.zeros(n + 1, logits.shape[-1], dtype=torch.float32, device=device)
-        parent_rows = torch.zeros(1, dtype=torch.long, device=device)  # their rows in q (0 = the root)
-        fed_so_far: list[int] = []
+        committed, fed_so_far = self._committed, []
+
+        def feed(level: Level, ids: torch.Tensor) -> torch.Tensor:
+            """The head's next features at the level's fed nodes: row (g of the parent, the node's token)."""
+            nonlocal g
+            nodes, (parents, _, fed) = list(level.fed), level_indices(tree, device)[level.depth - 1]
+            visible = paths_visible([tree.paths[i] for i in nodes], [tree.paths[i] for i in fed_so_far], committed)
+            fed_so_far.extend(nodes)
+            positions = torch.full((1, len(nodes)), committed - 1 + level.depth)  # host: a depth-d node's row
+            g = self.head(g[parents[fed - level.nodes.start]][None], ids[None], positions, visible[None], self._cache)[
+                0
+            ]
+            return self.head.project(g)  # [F, V]
+
         try:
-            for level, (parents, ranks, fed, fed_parents) in zip(tree.levels, self._level_indices(tree, device)):
-                if sampling.greedy:
-                    choices = top_tokens(logits, level.width)  # [P, width]
-                else:
-                    probs = probabilities(logits, sampling)
-                    q[parent_rows] = probs
-                    choices = sample_without_replacement(probs, level.width, generator)
-                out[level.nodes.start : level.nodes.stop] = choices[parents, ranks]
-                if not level.fed:
-                    break
-                k = len(level.fed)
-                visible = torch.zeros(k, committed + len(fed_so_far) + k, dtype=torch.bool)  # host: moved by the head
-                visible[:, :committed] = True
-                visible[:, committed:] = tree.ancestors[list(level.fed)][:, fed_so_far + list(level.fed)]
-                fed_so_far += list(level.fed)
-                positions = torch.full((1, k), committed - 1 + level.depth)  # host: row (g_parent, y) of a depth-d node
-                g = self.head(g[fed_parents][None], out[fed][None], positions, visible[None], self._cache)[0]  # [k, H]
-                logits = self.head.project(g)
-                parent_rows = fed + 1
+            return fill_levels(tree, self.head.project(g), sampling, generator, feed)
         finally:
             crop(self._cache, committed)  # the tree's rows hold predicted features: only the target's stay
-        return Draft(out, q)
 
 
 class EagleDynamicDrafter(EagleDrafter):
@@ -426,13 +393,7 @@ class EagleDynamicDrafter(EagleDrafter):
                 if not level:
                     break
                 k = len(level)
-                visible = torch.zeros(k, committed + len(fed) + k, dtype=torch.bool)  # host: moved by the head
-                visible[:, :committed] = True
-                slot = {p: i for i, p in enumerate(fed)}
-                for i, p in enumerate(level):
-                    for d in range(1, depth):
-                        visible[i, committed + slot[p[:d]]] = True
-                    visible[i, committed + len(fed) + i] = True
+                visible = paths_visible(level, fed, committed)  # host: moved by the head
                 fed += level
                 feats = torch.stack([feature[p[:-1]] for p in level])[None]  # [1, k, H]
                 ids = torch.tensor([[token[p] for p in level]])  # host: moved by the head

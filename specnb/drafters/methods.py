@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from ..core.acceptance import TypicalAcceptance
 from ..core.drafting import Drafter, ModelDrafter
+from ..core.sampling import TypicalAcceptance
 from ..core.streaming import StreamingCache
 from ..core.trees import Tree
 from .cross_tokenizer import CrossTokenizerDrafter

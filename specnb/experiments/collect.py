@@ -51,8 +51,8 @@ from ..core.cache import crop, new_cache
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.forward import forward
 from ..core.generation import speculative_generate
-from ..core.runtime import eos_ids, match_vocab
-from ..core.sampling import probabilities, top_tokens
+from ..core.runtime import eos_ids
+from ..core.sampling import SamplingConfig, match_vocab, probabilities, top_tokens
 from ..core.trees import Tree
 from ..core.verification import prefill, verify
 from ..io.models import ModelPair
@@ -278,11 +278,13 @@ def collect_prompt(
         ids,
         tree=config.run,
         max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_k=config.sample_top_k,
-        top_p=config.sample_top_p,
-        seed=_seed(config.seed, prompt_id),
         eos_token_id=eos,
+        sampling=SamplingConfig(
+            temperature=config.temperature,
+            top_k=config.sample_top_k,
+            top_p=config.sample_top_p,
+            seed=_seed(config.seed, prompt_id),
+        ),
     )
     times["continuation"] = time.perf_counter() - start
     tokens = run.tokens.tolist()

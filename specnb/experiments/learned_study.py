@@ -45,9 +45,9 @@ from ..analysis.collection import Collection
 from ..analysis.head_collection import accuracy_by_depth, rank_accuracy
 from ..analysis.quality import perplexity
 from ..analysis.replay import replay, replay_dynamic
-from ..core.acceptance import TypicalAcceptance
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.generation import autoregressive_generate, speculative_generate
+from ..core.sampling import SamplingConfig, TypicalAcceptance
 from ..core.trees import Tree
 from ..drafters.dynamic import DynamicTreeDrafter
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
@@ -404,7 +404,11 @@ def typical_quality(
     rows = []
     for pid, category, ids in prompts:
         own = autoregressive_generate(
-            target, ids[None], max_new_tokens, temperature=temperature, seed=seed, eos_token_id=()
+            target,
+            ids[None],
+            max_new_tokens,
+            eos_token_id=(),
+            sampling=SamplingConfig(temperature=temperature, seed=seed),
         ).tokens.tolist()
         for rule, typical in ((LOSSY, TypicalAcceptance()), ("lossless", None)):
             out = speculative_generate(
@@ -413,10 +417,8 @@ def typical_quality(
                 ids[None],
                 tree,
                 max_new_tokens,
-                temperature=temperature,
-                seed=seed,
-                typical=typical,
                 eos_token_id=(),
+                sampling=SamplingConfig(temperature=temperature, seed=seed, typical=typical),
             )
             toks = out.tokens.tolist()
             same = [a == b for a, b in zip(toks, own)]

@@ -50,9 +50,10 @@ from tqdm.auto import tqdm
 from ..analysis.collection import CollectConfig, Collection
 from ..analysis.head_collection import collect_heads, super_tree_arrays
 from ..core.cache import new_cache
+from ..core.masks import causal_visible
 from ..core.sampling import top_tokens
 from ..core.trees import Tree
-from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead, causal_visible
+from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
 from ..drafters.hidden_rows import last_hidden
 from ..io.embedded import cache_dir
 from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
