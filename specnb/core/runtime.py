@@ -10,9 +10,8 @@ seeded generators.
     make_generator  a torch.Generator on a device, seeded (None: from entropy)
     match_vocab     draft probabilities padded or cut to the target's vocabulary size
 
-`speculative_generate`, `autoregressive_generate`, transformers' baselines (`bench.baselines`),
-the merged drafter's per-component times and the timing harness (`bench.timing`) all use these, so
-a time, a stop token or a refused input means the same everywhere.
+Every generation loop, baseline and timing harness uses these, so a time, a stop token or a
+refused input means the same everywhere.
 """
 
 from __future__ import annotations
