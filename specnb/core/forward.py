@@ -1,9 +1,8 @@
 """One forward pass of new tokens on top of a KV cache, with explicit positions and visibility.
 
-Every tree-shaped forward in specnb goes through `forward`: the target's verification of root + tree
-(`verification`), the draft's level-by-level tree (`drafting`), dynamic trees (`drafters.dynamic`),
-and the collection's super-trees and draft samples (`experiments.collect`). The mask and the position
-ids go in as forward arguments of an unmodified transformers model (`masks`).
+Every tree-shaped forward in specnb (verification, level-by-level drafting, dynamic trees, the
+collection's super-trees) goes through `forward`. The mask and the position ids go in as forward
+arguments of an unmodified transformers model (`masks`).
 """
 
 from __future__ import annotations
@@ -30,11 +29,10 @@ def forward(
     """Logits [n, V] (model dtype) of n new tokens appended to `cache` (which keeps them).
 
     input_ids: long [n]. positions: long [n]; None continues the cache (L .. L + n - 1, L = its
-    length). visible: bool [n, L + n], which cached and new tokens each new token attends to; None =
-    the model's own causal mask: callers pass None where the visibility is causal (a chain, whose
-    tree mask is the causal mask; one token that sees everything), so the model keeps its causal
-    attention path (a dense mask is slower on CPU). They decide it from the tree's structure,
-    without reading any tensor.
+    length). visible: bool [n, L + n], which cached and new tokens each new token attends to
+    (ValueError for another shape); None = the model's own causal mask: pass None wherever the
+    visibility is causal (a chain; one token that sees everything), decided from the tree's
+    structure, so the model keeps its causal attention path.
     logits_to_keep: 0 = every row; k = the last k rows only (the LM head skips the others).
     head: a `topk_head.TopKHead` for the model's LM head (float32 logits whose top `k` per row are
     exact, `k` > 0); None: the model's own head.

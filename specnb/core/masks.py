@@ -107,8 +107,8 @@ def grouped_attention(
     """sdpa of query [B, Hq, q, D] on key/value [B, Hkv, L, D] under a boolean mask [B, 1, q, L']
     (True = attend), for transformers' attention interface. The Hq / Hkv query heads that share a
     key head are stacked along the query axis, so grouped keys are read as they are (transformers'
-    sdpa repeats them Hq / Hkv times for q > 1: 6x this function's time at 32 x 7 queries over 2k
-    keys here); keys past L' (a static cache's unwritten tail) are not read."""
+    sdpa repeats them Hq / Hkv times for q > 1); keys past L' (a static cache's unwritten tail) are
+    not read. ValueError for softcap, sliding windows or a mask that is not boolean 4D."""
     if kwargs.get("softcap") is not None or getattr(module, "sliding_window", None) is not None:
         raise ValueError("grouped_attention takes plain causal attention only (no softcap, no sliding window)")
     if attention_mask is None or attention_mask.dtype != torch.bool or attention_mask.dim() != 4:

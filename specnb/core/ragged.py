@@ -1,29 +1,25 @@
 """Ragged batches on one KV cache: B sequences of different lengths in one stock model forward, none
 attending to another row's tokens or to padding.
 
-Layout. One `DynamicCache` of batch B, right-padded: row b holds its committed tokens in columns
+Layout: one `DynamicCache` of batch B, right-padded. Row b holds its committed tokens in columns
 0 .. L_b - 1 (`RaggedCache.lengths`); the columns after them hold stale entries (padding, rejected
 nodes) that no mask ever shows. Columns from `base` on are scratch: blocks appended since the last
 commit (a tree being drafted level by level, a tree being verified).
 
-    causal_block    the inputs of a block of new tokens per row, causal, at each row's positions
-    block_forward   append one block of M columns for every row (ids and position ids [B, M],
-                    each row's own positions) under a 4D mask built per row: its committed
-                    columns, and whatever of the scratch columns `visible` allows; padded entries
-                    of a block (a row with fewer tokens) see only themselves and are never shown to
-                    a real token
-    commit          per row, move chosen scratch columns to the end of its committed tokens (a
-                    gather then a scatter along the sequence axis: rows commit different counts),
-                    then crop the cache to the longest row: the scratch is gone
+    causal_block    `block_forward`'s inputs for a causal block of new tokens per row
+    block_forward   append one block of M columns for every row (ids, position ids [B, M]) under a
+                    per-row 4D mask: its committed columns and whatever scratch `visible` allows;
+                    padding entries see only themselves and are never shown to a real token
+    commit          per row, move chosen scratch columns to the end of its committed tokens, then
+                    crop the cache to the longest row: the scratch is gone
     discard         crop the scratch (a drafted tree whose nodes are not kept)
     select_rows     keep some rows only (finished rows leave the batch)
 
-Why this cannot break exactness: a row's query sees exactly its own committed tokens at its own
-positions (the mask is built from `lengths`, never from the cache's width), so its logits are those
-of the same tokens run alone, up to the summation order of kernels over a different batch shape
-(float rounding: `analysis.quality.compare_greedy` reports a flipped near-tie as a tie). Padding is
-never realigned: a row's tokens are never shifted relative to its positions, only copied to the
-slot its next position already names.
+Exactness: a row's query sees exactly its own committed tokens at its own positions (the mask is
+built from `lengths`, never from the cache's width), so its logits are those of the same tokens run
+alone, up to float rounding from the different batch shape (`analysis.quality.compare_greedy`
+reports a flipped near-tie as a tie). A row's tokens are never shifted relative to their positions,
+only copied to the slot their next position already names.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ seeded generators.
     cut_at_eos      tokens up to and including the first stop token
     make_generator  a torch.Generator on a device, seeded (None: from entropy)
 
-`speculative_generate`, `autoregressive_generate`, transformers' baselines (`bench.baselines`),
-the merged drafter's per-component times and the timing harness (`bench.timing`) all use these, so
-a time, a stop token or a refused input means the same everywhere.
+Every generation loop, baseline and timing harness uses these, so a time, a stop token or a
+refused input means the same everywhere.
 """
 
 from __future__ import annotations

@@ -1,34 +1,32 @@
 """A bounded KV cache under speculative decoding: StreamingLLM's attention sinks + a recent window.
 
-StreamingLLM (Xiao et al. 2024) keeps the first `sink` positions of the cache (the "attention
-sinks", 4 in the paper) and the most recent `window`, and evicts the rest. `StreamingCache(sink,
-window, slack)` is that policy for `speculative_generate` and `autoregressive_generate` (the
-target's cache) and, independently, for `ModelDrafter(model, cache_policy=...)` (the draft's).
+StreamingLLM (Xiao et al. 2024) keeps the first `sink` cache positions (the attention sinks, 4 in
+the paper) and the most recent `window`, and evicts the rest. `StreamingCache(sink, window, slack)`
+applies that policy to the target's cache (`speculative_generate`, `autoregressive_generate`) and,
+independently, to a draft's (`ModelDrafter(model, cache_policy=...)`).
 
-The schedule. Let M = sink + window + slack. Before a *generated* token at sequence index t is fed
-(the prompt goes in whole), if the cache holds n >= M positions it is cut to the first `sink` and
-the last `window`. In a speculative step the root is the first token fed: the cache is cut before
-the step when n >= M, and the tree is cut to depth M - 1 - n' (n' = positions held after the cut),
-so no node of a verified tree ever stands where the schedule would evict: eviction happens between
-steps, never inside a tree (the tree and its whole prefix stay visible to every node). Eviction
-then happens every `slack` tokens, at indices that depend only on the prompt length and the three
-sizes, and by induction the cache before any index t (which positions are kept, and what each
-computed when it was fed) is a function of t and the tokens alone: the same in a speculative run and
-in the streaming model's own autoregressive run. Hence the exactness statement this module is
-tested for: with the same policy, greedy speculative output equals the streaming model's own greedy
+Schedule. Let M = sink + window + slack. Before a *generated* token is fed (the prompt goes in
+whole), a cache holding n >= M positions is cut to its first `sink` and last `window`. In a
+speculative step the cut happens before the root is fed and the tree is cut to depth M - 1 - n'
+(n' = positions held after the cut), so eviction happens between steps, never inside a tree (the
+tree and its whole prefix stay visible to every node). Eviction then falls every `slack` tokens, at
+indices that depend only on the prompt length and the three sizes, so by induction the cache before
+any index t (which positions are kept, and what each computed when fed) is a function of t and the
+tokens alone: the same in a speculative run as in the streaming model's own autoregressive run.
+Hence (tested): with the same policy, greedy speculative output equals the streaming model's greedy
 autoregressive output token for token, and sampled output follows its distribution. `slack` must be
-at least the tree's depth for full trees; with slack 1 (the paper's eviction after every token)
-every step would be cut to the root alone.
+at least the tree's depth for full trees (with slack 1, the paper's eviction after every token,
+every step would be cut to the root alone).
 
-Positions ("positions"):
+Positions:
     "cache"     StreamingLLM's: a token's position is its index in the cache, so after a cut the
                 kept window's keys are re-rotated by -delta (delta = positions removed before them):
                 RoPE composes, R(a) R(b) = R(a + b), so k' = k cos(delta theta) - rotate_half(k)
-                sin(delta theta) with theta = the model's inverse frequencies, in float32. Positions
-                stay below sink + window + slack + depth however long the generation.
-    "original"  the simpler variant: keys keep the positions they were fed at and new tokens get
-                their true index; nothing is re-rotated (no rounding at all), but positions grow
-                without bound (past the model's training length the model runs out of range).
+                sin(delta theta), theta the model's inverse frequencies, in float32. Positions stay
+                below sink + window + slack + depth however long the generation.
+    "original"  keys keep the positions they were fed at and new tokens get their true index:
+                nothing is re-rotated (no rounding), but positions grow without bound (past the
+                model's training length the model runs out of range).
 Both are exact in the sense above; tables say which they use.
 """
 

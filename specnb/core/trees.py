@@ -337,9 +337,8 @@ class Level:
 
     depth: int
     nodes: range  # the level's node indices (contiguous in canonical order)
-    parent_rows: tuple[
-        int, ...
-    ]  # per node: its parent's row among the previous level's fed nodes (depth 1: 0, the root)
+    # per node: its parent's row among the previous level's fed nodes (depth 1: 0, the root)
+    parent_rows: tuple[int, ...]
     ranks: tuple[int, ...]  # per node: its sibling rank
     fed: tuple[int, ...]  # the level's nodes that have children, in order: fed to the draft for the next level
 

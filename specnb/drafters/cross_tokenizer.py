@@ -1,41 +1,36 @@
 """Tree drafts across tokenizers: the draft model drafts in its own vocabulary, the target verifies
-a tree of its own tokens. Any two causal LMs can then be paired (Llama-160M's 32k vocabulary with
+a tree of its own tokens, so any two causal LMs can be paired (Llama-160M's 32k vocabulary with
 Llama-3.2-3B's 128k; SmolLM2 with Qwen2.5).
 
 transformers does this for chains (universal assisted generation: `generate(assistant_model=...,
 tokenizer=..., assistant_tokenizer=...)`); `CrossTokenizerDrafter` does it for any tree a drafter
 builds, dynamic trees included. One step (`draft`):
 
-1. The draft's view of the sequence: the target's committed tokens as draft tokens of the same
-   text (`retokenize.Mirror`: re-encoded from the last safe boundary, the look-behind rule of
-   `retokenize`). The draft's cache follows it: the inner drafter keeps what is unchanged and the
-   accepted nodes it fed, and feeds the rest, so it never drifts from a fresh prefill of the
-   accepted text in draft tokens (a test checks it over 200+ tokens).
+1. The draft's view: the target's committed tokens as draft tokens of the same text
+   (`retokenize.Mirror`, re-encoded from the last safe boundary). The inner drafter keeps what is
+   unchanged and the accepted nodes it fed, and feeds the rest, so its cache never drifts from a
+   fresh prefill of the accepted text in draft tokens.
 2. The inner drafter (`ModelDrafter`, `DynamicTreeDrafter`, ...) builds its tree in draft tokens,
-   always greedily (its top-ranked tokens; see "Exactness").
-3. Every root-to-leaf path is turned into text (its tokens' bytes), the text is written in target
-   tokens after the committed ones (`retokenize.continue_text`, with the committed text from the
-   last safe boundary as left context, so the join is cut as the target's tokenizer would cut it),
-   and the paths are inserted, the draft's rank-0 path first (rank paths in lexicographic order),
-   into one target-token trie (`trees.TokenTrie`): no more nodes than the draft tree has (the
-   budget N), no deeper than the requested tree. Internal nodes need no encoding of their own:
-   their text is a prefix of a leaf's. A path is cut at a special token: one that maps to a target
-   special (the same content, or EOS to EOS) ends it with that token, any other ends it before.
+   always greedily (see "Exactness").
+3. The bytes of every root-to-leaf path are written in target tokens after the committed ones
+   (`retokenize.continue_text`, the committed text from the last safe boundary as left context, so
+   the join is cut as the target's tokenizer would cut it) and inserted, the draft's rank-0 path
+   first, into one target-token trie (`trees.TokenTrie`) of at most the draft tree's node count
+   and the requested depth. A path is cut at a special token: one that maps to a target special
+   (the same content, or EOS to EOS) ends it with that token, any other ends it before.
 4. The target verifies the trie in one pass, as any tree.
 
-The last target token of a path can be one the target would extend (the draft's text stops in the
-middle of a word: `Ġwor` where the target writes `Ġworld`). It is proposed anyway: it costs one
-node, and when the word was complete it is accepted (transformers' chains propose it too).
+A path's last target token may be one the target would extend (the draft's text stops mid-word:
+`Ġwor` where the target writes `Ġworld`); it is proposed anyway, as transformers' chains do.
 
-Exactness. The proposals are chosen from the draft's greedy ranking alone, never from the
-target's random draws, so under sampling the trie is checked with the one-hot rule (`Draft.q` is
-None; `core.acceptance`): a proposal x is accepted with probability p(x), which is why the draft's
-most likely tokens, not samples, are proposed. Greedy output equals the target's greedy output,
-sampled output follows the target's distribution, whatever the two vocabularies. Everything the
-alignment gets wrong costs acceptance only.
+Exactness. Proposals come from the draft's greedy ranking alone, never from the target's random
+draws, so under sampling the trie is checked with the one-hot rule (`Draft.q` is None;
+`core.acceptance`: a proposal x is accepted with probability p(x)). Greedy output equals the
+target's greedy output, sampled output follows the target's distribution, whatever the two
+vocabularies; what the alignment gets wrong costs acceptance only.
 
 Counting: acceptance is in target tokens (the verified trie); `Draft.draft_tokens` is the number
-of draft tokens the draft model drafted, so the draft cost per accepted target token is visible.
+of draft tokens the draft model drafted.
 """
 
 from __future__ import annotations

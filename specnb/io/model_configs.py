@@ -12,11 +12,10 @@ What it holds:
 
 The files are `specnb/io/configs/<org>--<name>.json` (the hub cache's spelling of a repository),
 each `{"hub_id", "source", "weights_dtype", "gated", "config", "generation_config", "tokenizer"}`
-(`weights_dtype`: the dtype of the weight files the hub serves, float32 for the 160M models, float16
-for Llama-2 and Vicuna, bfloat16 for Llama-3.2: the basis of `analysis.memory`'s download
-estimate, parameters x its bytes). They describe the models
-the `t4` profile names (Llama-2-7B and its 160M drafts, Llama-3.2-1B and -3B) and Vicuna-7B v1.3;
-`analysis.memory` sizes them and `notebook.dryrun` builds tiny stand-ins with their vocabularies.
+(`weights_dtype`: the dtype of the weight files the hub serves; `analysis.memory`'s download
+estimate is parameters x its bytes). They describe the models the `t4` profile names (Llama-2-7B
+and its 160M drafts, Llama-3.2-1B and -3B) and Vicuna-7B v1.3; `analysis.memory` sizes them and
+`notebook.dryrun` builds tiny stand-ins with their vocabularies.
 """
 
 from __future__ import annotations

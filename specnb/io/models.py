@@ -163,8 +163,8 @@ def load_model(
         early-exit copy of the model, e.g. a draft made from the target itself (LayerSkip-style,
         but as a separate model with its own cache).
     cpu_linear: how a float32 CPU model runs its linear layers (`kernels.cpu_linear`): "stock" (torch's
-        nn.Linear) or "onednn" (oneDNN on prepacked weights: a verify of a few tokens costs less
-        more than a decode); ignored on CUDA, in half precision and for 4-bit layers.
+        nn.Linear) or "onednn" (oneDNN on prepacked weights); ignored on CUDA, in half precision and
+        for 4-bit layers.
     """
     _check_quantization(quantization)
     check_linear_path(cpu_linear)

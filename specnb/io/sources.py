@@ -14,11 +14,10 @@ it cannot reach. Any other outcome raises `ModelSourceError`, whose message name
 specnb accepts, what the hub said and what to do. `check_sources` checks every name of a run at
 once, so a missing licence is reported before the first model loads, not an hour into a sweep.
 
-Tokens: huggingface_hub finds one in HF_TOKEN, in a `huggingface_hub.login()` stored token, or on
-Colab in the notebook's secret named HF_TOKEN, which only the interactive kernel can read.
-Papermill kernels inherit the environment of `./run_notebooks.sh`, so on Colab the secret must be
-copied into os.environ in a cell before `!./run_notebooks.sh` (`TOKEN_HELP` says how); the runner
-refuses a profile that names gated models when no token is visible (`token_visible`).
+Tokens: huggingface_hub finds one in HF_TOKEN or a `huggingface_hub.login()` stored token. A Colab
+secret is visible to the interactive kernel only, so papermill's kernels (`./run_notebooks.sh`)
+need it copied into os.environ first (`TOKEN_HELP` says how); the runner refuses a profile that
+names gated models when no token is visible (`token_visible`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """How a CPU model runs its linear layers: torch's stock path, or oneDNN on prepacked weights.
 
-On a CPU a forward of a few tokens is bound by reading the weights (6 GB for Qwen2.5-Coder-1.5B in
-float32) more than by arithmetic. torch's stock `F.linear` (MKL sgemm on the row-major [out, in]
-weight) takes about twice as long for 2-16 rows as for one, so a verify of 16 nodes costs ~2.4
-decodes. oneDNN's matmul on a weight reordered once into its blocked layout for a small batch
-(`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU backend does to frozen
-weights) stays much closer to one read of the weights per call; `benchmarks/cpu_verify.py`
-measures both per layer shape and per model forward.
+A CPU forward of a few tokens is bound by reading the weights. torch's stock `F.linear` (MKL sgemm
+on the row-major [out, in] weight) slows as rows are added; oneDNN's matmul on a weight reordered
+once into its blocked layout for a small batch (`torch.ops.mkldnn._reorder_linear_weight`, what
+torch.compile's CPU backend does to frozen weights) stays closer to one read of the weights per
+call. `benchmarks/cpu_verify.py` measures both.
 
     LINEAR_PATHS   "stock" (nn.Linear as loaded) and "onednn" (PackedLinear); check_linear_path
     effective_path the path a layer on a device in a dtype takes when one is asked for
@@ -15,11 +13,10 @@ measures both per layer shape and per model forward.
     PackedLinear   an nn.Linear whose forward is oneDNN's matmul on the prepacked weight
 
 Exactness: the same products and sums in another order, so outputs differ from the stock path by
-float32 rounding (relative ~1e-6 per layer; `tests/test_cpu_linear.py` states the bound); greedy
-outputs are compared against the stock model's in the tests and the benchmark, ties reported. The
-prepacked weight replaces the dense one, so memory is unchanged: a weight that another module also
-holds (a tied LM head) is not packed; `PackedLinear.weight` returns a dense copy for code that
-reads it (a copy at every read: hold on to it). Not for CUDA, 4-bit or half-precision layers: those are left as they are.
+float32 rounding only (`tests/test_cpu_linear.py` states the bound). The prepacked weight replaces
+the dense one, so memory is unchanged; a weight another module also holds (a tied LM head) is not
+packed. `PackedLinear.weight` returns a dense copy at every read (hold on to it). CUDA, 4-bit and
+half-precision layers keep the stock path.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from __future__ import annotations
 import torch
 
 LINEAR_PATHS = ("stock", "onednn")
-PACK_ROWS = 16  # the batch oneDNN's reorder is told to expect: a verify of up to ~16 rows
+PACK_ROWS = 16  # the batch oneDNN's reorder is told to expect (a verify of a few nodes)
 
 
 class PackedLinear(torch.nn.Module):
@@ -56,10 +53,9 @@ class PackedLinear(torch.nn.Module):
 def pack_linears(model: torch.nn.Module, path: str = "onednn") -> int:
     """Put `model`'s linear layers on `path` ("stock": nothing to do; "onednn": every plain float32
     nn.Linear on the CPU becomes a PackedLinear, in place). Returns how many layers were packed; 0
-    for a model on CUDA, in half precision or 4-bit (those keep the stock path: the option is for
-    CPU float32 models only). A Linear whose weight another module also holds (a tied LM head: the
-    token embedding reads it too) keeps the stock path: a packed copy beside the dense weight the
-    embedding needs would hold it twice (0.93 GB more for Qwen2.5-Coder-1.5B)."""
+    for a model on CUDA, in half precision or 4-bit. A Linear whose weight another module also holds
+    (a tied LM head) keeps the stock path: packing it would hold the weight twice. RuntimeError
+    when torch was built without oneDNN."""
     check_linear_path(path)
     if path == "stock":
         return 0
@@ -88,10 +84,9 @@ def pack_linears(model: torch.nn.Module, path: str = "onednn") -> int:
 
 def _own_memory(model: torch.nn.Module) -> None:
     """Give every remaining parameter and buffer a copy of its own. transformers loads weights as
-    views of the memory-mapped weight file; the packed copies replace the Linear ones, but a single
-    view left (an embedding, a norm, a bias) keeps the whole mapping, and every page the packing read
-    stays resident: 6.2 GB more for Qwen2.5-Coder-1.5B (measured: RSS 12.6 GB against 6.6 GB). Once
-    nothing views the file, it is unmapped."""
+    views of the memory-mapped weight file; a single view left (an embedding, a norm, a bias) keeps
+    the whole mapping, and every page the packing read, resident. Once nothing views the file, it is
+    unmapped."""
     with torch.no_grad():
         for tensor in list(model.parameters()) + [
             b for m in model.modules() for b in m.buffers(recurse=False) if not isinstance(m, PackedLinear)

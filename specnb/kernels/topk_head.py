@@ -1,7 +1,6 @@
 """A draft's LM head that reads half the bytes and still ranks its top k exactly.
 
-On a CPU a draft forward is bound by reading weights, and the LM head is a large part of them:
-Qwen2.5-Coder-0.5B's is 151,936 x 896 float32, 545 MB of the draft's ~2 GB read per forward. A greedy
+A CPU draft forward is bound by reading weights, and the LM head is a large part of them. A greedy
 drafter needs only the top k tokens of each row (k = the next level's width: 1 for a chain), so
 
     TopKHead(weight)(hidden, k)
@@ -14,18 +13,16 @@ drafter needs only the top k tokens of each row (k = the next level's width: 1 f
            Cauchy-Schwarz sum_i |x_i||W_ji| <= ||x|| ||W_j||, so
            b_j = (2u + u^2 + (g + u (1 + g)) (1 + u)^2) ||x|| ||W_j|| (row norms computed once);
         3. L = the k-th largest of a - b: at least k tokens have t >= L, so a token with a_j + b_j < L
-           is not in the top k of t. The others (a handful to a few hundred) get their float32 logits
-           from the dense weight's rows;
+           is not in the top k of t. The others get their float32 logits from the dense weight's rows;
         4. the returned row holds those float32 values and a elsewhere, every a there below L <= the
            k-th float32 value among the candidates: its top k (`sampling.top_tokens`) is the top k of t.
 
 So a greedy draft proposes the tokens its float32 head would (up to float32 rounding, which any two
-kernels already differ by), at about half the LM head's memory traffic. k = 0 returns a itself: a
-sampled draft reports the q it samples from (`core.acceptance` stays lossless for any q), and a
-confidence threshold reads a's softmax, which may differ from the float32 head's near the threshold.
-Memory: the bfloat16 copy (half the head) besides the dense float32 weight the recheck reads (the
-model's own on torch's stock path; a dense copy beside a oneDNN-prepacked head: `kernels.cpu_linear`):
-for Qwen2.5-Coder-0.5B 272 MB, or 817 MB on the oneDNN path, once per draft model.
+kernels already differ by). k = 0 returns a itself: a sampled draft reports the q it samples from
+(`core.acceptance` stays lossless for any q), and a confidence threshold reads a's softmax, which
+may differ from the float32 head's near the threshold. Memory: a bfloat16 copy of the head (half
+its float32 size) besides the dense float32 weight the recheck reads (on the oneDNN path,
+`kernels.cpu_linear`, a dense copy beside the prepacked head), once per draft model.
 `draft_head` builds one for a float32 CPU draft where oneDNN runs bfloat16 natively, else None.
 """
 
