@@ -9,8 +9,8 @@ timings), written atomically. So a unit is done exactly when its file exists: an
 collection resumes where it stopped, any number of workers (`experiments.executors`) and restarts leave
 one file per unit, and the folder needs no index that several writers would have to share. A
 folder made with other parameters is refused (`open_folder`). `experiments.collect` fills it;
-`analysis.replay` reads it (`Collection.load`). Folders of the earlier layout (a prompts.jsonl
-index beside the .npz files) still load.
+`analysis.replay` reads it (`Collection.load`). Folders in the legacy layout (a prompts.jsonl
+index beside the .npz files) load but are not written.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..io.storage import ResultFolder, Sweep, read_arrays
 PARAMS_FILE = "collection.json"
 UNIT_SUFFIX = ".npz"
 META = "meta"  # the entry of a unit's .npz that holds its JSON record (a 0-d string array)
-LEGACY_UNITS_FILE = "prompts.jsonl"  # the earlier layout's index (one `Sweep` line per prompt): read only
+LEGACY_UNITS_FILE = "prompts.jsonl"  # the legacy layout's index (one `Sweep` line per prompt): read only
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ def open_folder(
     folder: str | FilePath | ResultFolder, config: CollectConfig, describe: Mapping[str, Any] | None
 ) -> ResultFolder:
     """The collection folder made with `config` and `describe` (recorded by the first writer); a
-    folder made with other parameters or another description, or in the earlier layout, is refused."""
+    folder made with other parameters or another description, or in the legacy layout, is refused."""
     store = as_folder(folder)
     params = _params(config, describe)
     if store.exists(LEGACY_UNITS_FILE):
@@ -317,7 +317,7 @@ def _location(folder: ResultFolder) -> FilePath | str:
 def _load_legacy(
     folder: ResultFolder, config: CollectConfig, describe: dict, prompt_ids: Iterable[str] | None
 ) -> Collection:
-    """A folder of the earlier layout: prompts.jsonl (one `Sweep` line per prompt) beside the .npz."""
+    """A folder in the legacy layout: prompts.jsonl (one `Sweep` line per prompt) beside the .npz."""
     if folder.is_url:
         raise ValueError(f"{folder}: collections of the earlier layout load from a local folder only")
     units = Sweep(FilePath(folder.location) / LEGACY_UNITS_FILE, ("prompt_id",))
@@ -345,7 +345,7 @@ def _load_legacy(
 
 def _config_to_json(config: CollectConfig) -> dict:
     out = asdict(config)
-    if not out["cross_tokenizer"]:  # the field is newer than some stored collections: written only when set
+    if not out["cross_tokenizer"]:  # written only when set: the keys of collections without it are unchanged
         del out["cross_tokenizer"]
     out["eos_token_id"] = None if config.eos_token_id is None else list(config.eos_token_id)
     return out

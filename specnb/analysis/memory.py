@@ -18,7 +18,7 @@ unquantized is what it would leave on a real load: every module that is not a pl
 (token embeddings, RMSNorm weights) and the modules it refuses to convert,
 `get_keys_to_not_convert`: the output embeddings (`lm_head`), and for tied models the tied
 embedding (`model.embed_tokens`) and the last parameter's module (`model.norm`). Those stay in the
-load dtype, float16 on a T4. Each converted Linear stores its weight packed, two 4-bit codes per
+load dtype (float16). Each converted Linear stores its weight packed, two 4-bit codes per
 byte, plus one float32 absmax per block of `blocksize` values (64, the bitsandbytes default; read
 from the converted module) and no double quantization (`bnb_4bit_use_double_quant` False, as
 `io.models` loads). Per-weight constants (the 16-entry code table, shapes) are left out: 64 bytes

@@ -18,14 +18,12 @@ valid greedy continuations. So a divergence is reported as a "tie" when, at its 
 reference's context (identical in both outputs up to there) gives a top-2 margin below
 `TIE_MARGIN[dtype]`, and as a "mismatch" otherwise: a mismatch is a bug, a tie is arithmetic.
 
-TIE_MARGIN is in logits: float32 1e-3 (CPU runs are bit-reproducible; we have never seen a flip), and
-for float16 / bfloat16 a few units in the last place of logits of magnitude ~10-30 accumulated over
-a deep model: 0.1 and 0.5. A convention, not a measurement; so every run also measures its target's
-own gap (`logit_gap`: the largest difference between the logits of plain one-row decoding and of one
-several-row forward over the same tokens, the two kernels a verify and a decode take; with
-bitsandbytes nf4 on a GPU they are different kernels entirely) and the margin used is
-`tie_margin(dtype, gap)` = max(TIE_MARGIN[dtype], 2 x gap): two logits each off by up to the gap can
-swap when they are closer than twice it. Both are stored beside every comparison.
+TIE_MARGIN is in logits, a convention: float32 1e-3; float16 0.1 and bfloat16 0.5 (a few units in
+the last place of logits of magnitude ~10-30). Every run also measures its target's own gap
+(`logit_gap`: the largest difference between the logits of one-row decoding and of one several-row
+forward over the same tokens) and uses `tie_margin(dtype, gap)` = max(TIE_MARGIN[dtype], 2 x gap):
+two logits each off by up to the gap can swap when closer than twice it. Both are stored beside
+every comparison.
 """
 
 from __future__ import annotations

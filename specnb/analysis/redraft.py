@@ -9,8 +9,7 @@ argmax at each verified row is read from the continuation (at the root c_t; at a
 c_t .. c_{t+d-1}, the token c_{t+d}; at any other node no child can be accepted, so its argmax does
 not matter); `greedy_accept` then picks the branch the real run picks, and the sequence advances by
 the same tokens, cut at EOS and at max_new_tokens as the loop cuts them. The steps equal a real
-run's (a test checks it), at the cost of the draft's forwards only, which on the course's pairs is
-a small fraction of the target's.
+run's (a test checks it), at the cost of the draft's forwards only.
 
 What it cannot answer: sampling (a sampled continuation depends on the tree), wall clock, and
 anything defined by draft ranks of target tokens (Sequoia's and the hindsight trees, the oracle).

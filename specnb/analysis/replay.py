@@ -30,7 +30,7 @@ The per-position oracle (`oracle`) accepts, at each position, the longest prefix
 continuation's rank path whose ranks are all below K (a parameter, at most the collection's top_k),
 capped at the budget n: what the best tree of n nodes drawn from the draft's top-K children could
 accept there, chosen with hindsight per position. No static or dynamic tree within those ranks can
-accept more. A large K makes it loose (nearly every next token is somewhere in the top 16).
+accept more; a large K makes the bound loose.
 
 Sampling. Node v of a gap-free subtree of the cover tree is accepted with probability P(v) =
 P(parent) * prod_{j<i}(1 - alpha_j) * alpha_i at its parent (alphas from `experiments.collect`), so

@@ -56,10 +56,8 @@ IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "per_sequence", "eager", "flex")
 REFERENCE = "eager"
 CAUSAL = "causal"  # not a tree implementation: the same queries as a plain causal block
 
-# agreement with the reference (max abs error over real rows), stated once for tests and notebooks;
-# inputs are standard normal, so outputs are O(1). Seen on CPU (32 x 128 heads, trees up to 128
-# nodes): float32 <= 1e-6, float16 ~1e-3 (the reference rounds its probabilities to float16, as
-# transformers' eager attention does), bfloat16 ~8e-3.
+# agreement with the reference (max abs error over real rows) on standard-normal inputs (outputs O(1));
+# in float16 the reference rounds its probabilities to float16, as transformers' eager attention does
 TOLERANCE: dict[torch.dtype, float] = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
@@ -211,7 +209,7 @@ def random_inputs(
     seed: int = 0,
 ) -> AttentionInputs:
     """Standard-normal q, k, v in the layout of `batch` (padding slots hold random values too), drawn
-    on `device` in `dtype` (the t4 grid's largest point is ~1.6 billion values: no host draw, no copy)."""
+    on `device` in `dtype` (no host draw, no copy: a grid point may hold billions of values)."""
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
     kv_heads = heads if kv_heads is None else kv_heads
@@ -405,19 +403,19 @@ def flex_unsupported(device: torch.device | str, dtype: torch.dtype) -> str | No
 @functools.cache
 def _flex_kernel(dynamic: bool) -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process and mode (uncompiled it materialises the full
-    scores). dynamic=True on CUDA: one kernel for every grid shape (a recompile per shape costs
-    minutes on Colab's 2 vCPUs); static shapes on CPU, where torch 2.13's automatic dynamic shapes
-    generate C++ that does not compile (`cur_kvSplitSize5 was not declared`)."""
+    scores). dynamic=True on CUDA: one kernel for every grid shape, not a recompile per shape;
+    static shapes on CPU, where torch 2.13's automatic dynamic shapes generate C++ that does not
+    compile (`cur_kvSplitSize5 was not declared`)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=dynamic)
 
 
 def flex_kernel_options(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> dict[str, int]:
-    """Triton block sizes for GPUs below compute capability 8.0 (the T4 is 7.5): torch's defaults
-    for float16 and head_dim 128 need about 64 KB of shared memory per block, the T4's limit, so
-    the kernel fails to launch there; 32 x 32 blocks with one pipeline stage need a quarter of it.
-    Newer GPUs and the CPU keep torch's defaults (an empty dict)."""
+    """Triton block sizes for GPUs below compute capability 8.0 (e.g. the T4, 7.5, 64 KB of shared
+    memory per block): torch's defaults for float16 and head_dim 128 need about that much and fail
+    to launch; 32 x 32 blocks with one pipeline stage need a quarter of it. Newer GPUs and the CPU
+    keep torch's defaults (an empty dict)."""
     device = torch.device(device)
     if device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0):
         return {}

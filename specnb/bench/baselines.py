@@ -17,10 +17,8 @@ without changing its decoding: for the length of one `generate` call, the target
 generator it builds is handed to `_assisted_decoding` inside a recording proxy. The proxy times
 `get_candidates` (draft time) and the span up to `update_candidate_strategy(input_ids, scores,
 num_matches)` (verify time: the target forward, acceptance and cache crop), and keeps each step's
-candidate tokens. (`generate` takes no candidate generator and reports no steps, so this
-temporary instance attribute, removed in a `finally`, is the one place specnb touches a model
-from outside; wrapping the class instead would reach every model of that class.) After the call
-the steps are rebuilt from the final sequence:
+candidate tokens (`generate` takes no candidate generator; an instance attribute, unlike a
+class patch, reaches no other model). After the call the steps are rebuilt from the final sequence:
 
     num_tokens   = tokens the step appended (input_ids grows by exactly this much)
     num_drafted  = candidate tokens the target verified that step
@@ -511,12 +509,9 @@ def _generation_config_set(model: torch.nn.Module, values: dict) -> Iterator[Non
 # ---- helpers --------------------------------------------------------------------------------
 
 
-# What transformers' own assisted generation logs about its own calls, at every run: it calls the
-# assistant's `generate` with a generation config and min/max_new_tokens (candidate_generator.py,
-# `_prepare_generation_args`), which its `generate` logs as deprecated; universal assisted generation
-# decodes with clean_up_tokenization_spaces=True (candidate_generator.py), which its BPE tokenizers
-# log as ignored. Not calls specnb makes, nothing a user can act on: dropped from the log for
-# specnb's baseline calls only (the test suite fails on what specnb's own calls log, tests/conftest.py).
+# What transformers' assisted generation logs about its own internal calls on every run (candidate_generator.py:
+# the assistant's `generate` given a config and min/max_new_tokens; BPE decoding with
+# clean_up_tokenization_spaces=True): nothing a user can act on, dropped for the baseline calls only.
 INTERNAL_WARNINGS = (
     ("transformers.generation.utils", "Passing `generation_config` together with generation-related"),
     ("transformers.tokenization_utils_tokenizers", "Ignoring clean_up_tokenization_spaces=True for BPE"),

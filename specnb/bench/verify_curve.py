@@ -163,7 +163,7 @@ def curve_table(
     linear: str | None = None,
 ) -> pd.DataFrame:
     """The stored rows (milliseconds added), optionally only these models, prefix, device and linear
-    path (rows stored before the path was recorded have none and match no path)."""
+    path (rows with no recorded path match no path)."""
     out = store.frame()
     if not out.empty and linear is not None:
         out = out[out["linear"] == linear] if "linear" in out else out.iloc[0:0]

@@ -7,13 +7,13 @@ drafter filling a binary tree of 8, "dynamic:16" a dynamic tree). The target's o
 of each prompt is the unit with shape "autoregressive" and budget 0; it is the reference output
 (greedy equality is checked for every speculative unit) and the speed baseline of the same run.
 transformers' own speculative decoders run as units too, on the same prompts in the same process
-(`bench.baselines`): shape "hf_assisted" (assisted generation with the pair's draft, budget = its
-fixed draft length) and "hf_prompt_lookup" (budget = `prompt_lookup_num_tokens`); their tree is
-recorded as a chain of that length; "hf_uag" is transformers' universal assisted generation, for a
-draft of another tokenizer (budget = draft tokens per step). Every unit also gets the perplexity of its output under the
-target and its greedy verdict against the target's own output: "exact", "tie" (a numerical tie of
-the target's top two logits at the first difference) or "mismatch" (`analysis.quality`).
-Each unit stores its per-step rows and a one-row summary (see `storage.Sweep`).
+(`bench.baselines`): "hf_assisted" (the pair's draft, budget = its fixed draft length) and
+"hf_prompt_lookup" (budget = `prompt_lookup_num_tokens`), their tree recorded as a chain of that
+length, and "hf_uag" (universal assisted generation, a draft of another tokenizer; budget = draft
+tokens per step). Every unit also gets the perplexity of its output under the target and its
+greedy verdict against the target's own output: "exact", "tie" (a numerical tie of the target's top
+two logits at the first difference) or "mismatch" (`analysis.quality`). Each unit stores its
+per-step rows and a one-row summary (`storage.Sweep`).
 
 Metric conventions (`metrics`): acceptance_rate = accepted / drafted; acceptance_length = accepted
 draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bonus INCLUDED.

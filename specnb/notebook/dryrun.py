@@ -68,7 +68,7 @@ from ..io.prompts import BUILTIN
 
 STAMP = "specnb-standins.json"  # in <home>/hub: what was built, from which code
 MARKER = "specnb-standin.json"  # in every stand-in snapshot: never overwrite a folder without it
-MEMBER_NOISE = 0.05  # a member's own weights, relative to the family's (draft acceptance about 0.4-0.7)
+MEMBER_NOISE = 0.05  # a member's own weights, relative to the family's: drafts agree often, not always
 ATTENTION_GAIN, MLP_GAIN = 0.2, 3.0  # output scale of attention and MLP projections (see standin_weights)
 LOGIT_STD = 4.0  # spread of the logits (the final norm's weight sets it): peaked, not one-hot
 UNUSED = "<unused{}>"  # filler tokens up to the real vocabulary size; BPE never produces them

@@ -1,5 +1,6 @@
-"""Will a profile's pairs fit on its GPU, and how much does it download? An estimate from the committed configs (`io.model_configs`)
-and the arithmetic of `analysis.memory`, for the pairs and sizes the profile's notebooks use.
+"""Will a profile's pairs fit on its GPU, and how much does it download? An estimate from the committed
+configs (`io.model_configs`) and the arithmetic of `analysis.memory`, for the pairs and sizes the
+profile's notebooks use.
 
     python -m specnb.notebook.profile_memory [PROFILE] [--prompt TOKENS] [--usable-gb GB]
 
@@ -49,8 +50,8 @@ from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
 from .runner import RunnerError, hub_models, notebooks, published_heads, resolve
 
-LONGEST_PROMPT = 1024  # tokens, an assumption: the longest Spec-Bench prompt t4's 01 and 02 select (rag's first,
-# 3381 characters) is ~940 Llama-2 tokens at ~3.6 characters a token; 05 keeps prompts of <= 512 tokens
+LONGEST_PROMPT = 1024  # tokens, an assumption: above the longest Spec-Bench prompt t4's 01 and 02 select (~940
+# Llama-2 tokens, estimated); 05 keeps prompts of <= 512 tokens
 T4_USABLE = int(14 * GB)  # of the T4's 15 GB, what the models, caches and activations may take
 
 

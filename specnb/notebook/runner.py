@@ -264,9 +264,8 @@ def run(
 
 
 def cell_timeout() -> int | None:
-    """Seconds one cell may run ($SPECNB_CELL_TIMEOUT; unset: no limit, as a long sweep on a T4
-    needs). The tests set it, so that a kernel that stops answering fails the run instead of
-    hanging it."""
+    """Seconds one cell may run ($SPECNB_CELL_TIMEOUT; unset: no limit). The tests set it, so that a
+    kernel that stops answering fails the run instead of hanging it."""
     value = os.environ.get("SPECNB_CELL_TIMEOUT")
     return int(value) if value else None
 

@@ -1,17 +1,16 @@
-"""How long the `t4` profile takes on a Colab T4: an ESTIMATE, computed from published figures and the
-profile's own sizes, never a measurement (no GPU reaches this project's machines). The README's
-figure is this module's output, so it cannot drift from the profile (a test checks that it is the
-README's).
+"""How long the `t4` profile takes on a Colab T4: an ESTIMATE from published figures and the
+profile's own sizes, not a measurement. The README's figure is this module's output (a test checks
+that they agree).
 
     python -m specnb.notebook.t4_estimate [PROFILE]      the table by notebook and part, and the total
 
 Inputs, `T4Figures` (each with its source or marked as an assumption), and how they combine:
     decode step      a 4-bit target's single-row step: bitsandbytes' published T4 step for Qwen2.5-3B
-                     in nf4 (60.8 ms, batch 1), scaled by the target's nf4 weight bytes over
+                     in nf4 (batch 1), scaled by the target's nf4 weight bytes over
                      Qwen2.5-3B's (`analysis.memory.weight_bytes` of both configs): decoding reads
                      every weight once, so its time follows the bytes
-    verify of r rows the same benchmark's 8 rows at 1.6 single-row steps, extended as a power law
-                     through that point: step x r ** (log 1.6 / log 8) (an assumption beyond 8 rows)
+    verify of r rows the same benchmark's 8-row step over its 1-row step (`nf4_rows8_over_1` = s),
+                     extended as a power law: step x r ** (log s / log 8) (an assumption beyond 8 rows)
     draft forward    a float16 draft at batch 1: the larger of its layers' kernel launches
                      (`launch_per_layer_s`, an assumption) and its weight bytes over the T4's memory
                      bandwidth

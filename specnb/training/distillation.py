@@ -8,15 +8,12 @@ heads, `training.eagle`).
                      and soft rows, and what a sequence model of the rows needs (EAGLE, Li et al.
                      2024): each row's segment (one prompt + continuation), position and next token
     sequence_rows    the rows kept of one sequence, their labels and soft rows
-    distill          the target's own greedy continuations of a prompt set, batched, with the last
-                     hidden state of every fed token captured during that same generation (a hook
-                     on the final norm: no second pass), and sampled ones beside them
-                     (`continuations`: each prompt prefilled once, its greedy and sampled rows
-                     decoded together as the branches of one sequence, over a cache allocated once)
-    continuation_view  the rows a `prompt_rows=False` distillation keeps, taken out of the one with
-                     prompt rows (the same generation: `prompt_rows` decides only which rows are kept)
-    distill_cached   `distill`, kept on disk by (model, prompts, DistillConfig); data without prompt
-                     rows is the `continuation_view` of the data with them, so Medusa's and EAGLE's
+    distill          the target's greedy (and sampled) continuations of a prompt set, batched, with
+                     the last hidden state of every fed token captured by a hook on the final norm
+                     during that same generation (`continuations`: a prompt's continuations decoded
+                     as the branches of one sequence)
+    continuation_view  the rows a `prompt_rows=False` distillation keeps, out of the one with them
+    distill_cached   `distill`, kept on disk by (model, prompts, DistillConfig); Medusa's and EAGLE's
                      trainers on the same prompts and parameters share one distillation
     heldout_prompts  the prompts held out of training (evenly spaced through the list)
     fast_bfloat16    whether bfloat16 matmuls are native on a device

@@ -60,8 +60,7 @@ from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloa
 
 SHOWN_K = (1, 3, 5, 10)  # the top-k columns shown in tables
 RANKS = 16  # ranks per depth in train_or_load's held-out accuracy table (acc[d][r] for Sequoia's tree)
-RECIPE = 2  # in the heads' cache key: heads of an earlier recipe (or cache format) are trained again
-# 2: heads saved in EAGLE's published layout (`io.eagle_checkpoint`), not eagle_head.pt
+RECIPE = 2  # in the heads' cache key: raised when the recipe or the saved layout change, so cached heads are retrained
 
 
 @dataclass(frozen=True)
@@ -71,14 +70,14 @@ class EagleConfig:
     epochs: float = 4.0  # passes over the training windows
     batch_rows: int = 1024  # rows (positions) per optimizer step, padding included
     max_len: int = 1024  # rows per window (a longer segment is cut: later windows lose the earlier context)
-    lr: float = 5e-4  # AdamW (EAGLE: 3e-5 on 68k conversations; a CPU sees far fewer rows)
+    lr: float = 5e-4  # AdamW (EAGLE: 3e-5 on 68k conversations; here far fewer rows)
     warmup: float = 0.05  # share of the steps with a linear warmup, then cosine to 0
     grad_clip: float = 0.5  # EAGLE's
     v_weight: float = 1.0  # EAGLE's weight of the feature regression (smooth L1)
     p_weight: float = 0.1  # EAGLE's weight of the cross-entropy through the frozen LM head
     noise: float = 0.2  # width of the uniform noise added to the input features (EAGLE's std 0.2)
     ce_rows: int = 0  # rows per step whose cross-entropy is computed, drawn uniformly among those with a
-    # target (0 = all, as EAGLE); the LM head over the vocabulary is most of a CPU step's time
+    # target (0 = all, as EAGLE): an unbiased estimate that skips most of the LM head's cost
     bfloat16: bool = True  # bfloat16 autocast in training where native (`fast_bfloat16`)
     seed: int = 0
 

@@ -21,28 +21,20 @@
                      every Medusa tree shape and budget exactly (`analysis.head_collection`, whose
                      accuracy_by_depth and rank_accuracy read it)
 
-CPU choices (stated in every report): `share_lm_head` keeps W2 = the target's LM head, frozen and
-shared (only the residual blocks train, 332k parameters per SmolLM2 head and block); `loss_vocab="seen"`
-computes the softmax over the tokens that occur as training labels only (10.9k of SmolLM2's 49k in
-the full benchmark; but it never pushes down the tokens never seen as labels, and 15-23% of the
-heads' top-k drafts were such tokens), `"sampled"` adds `negatives` of the unseen tokens drawn
-uniformly at every step, their logits raised by log(unseen / negatives) (a sampled softmax: the
-partition function's unseen part estimated without bias; 1.25x the seen loss's training time),
-`"full"` over the whole vocabulary as Medusa does (unfinished after 7x the seen loss's time here). Drafting always uses the full vocabulary.
-Data choices, for the few positions a CPU can distil: `samples` adds continuations sampled at
-`sample_temperature` beside the greedy one (more distinct contexts per prompt: on SmolLM2 they raised
-held-out tau more than longer greedy continuations did); `soft_labels` replaces each hard label by
-the target's distribution at that position (its argmax is the hard label on the target's own greedy
-continuation), which tells the heads the target's second choices; `prompt_rows` also trains on the
-prompts' own positions (their labels are the prompt text, as in Medusa-1's original training on
-ShareGPT text; Medusa-1's self-distillation keeps answers only), and prompts longer than
-`max_continued_prompt` then give those rows only (generating after a long prompt is the slow part);
-`max_sampled_prompt` keeps the greedy continuation of long prompts but samples after short ones only.
-`distill_bfloat16` generates the data with a bfloat16 copy of a float32 target where bfloat16 is
-native (twice float32's speed on this CPU, so twice the rows in the same time): the rows are that
-copy's continuations and hidden states, within bfloat16 rounding of the target's, not equal to them
-(heads trained on them matched heads trained on float32 rows on float32 held-out rows); drafting
-and every measurement use the target itself.
+Choices beyond Medusa-1's recipe (stated in every report): `share_lm_head` keeps W2 = the
+target's LM head, frozen and shared (only the residual blocks train); `loss_vocab` sets the softmax's
+support: "seen" = the tokens that occur as training labels (it never pushes down the others),
+"sampled" = those plus `negatives` unseen tokens drawn uniformly per step, their logits raised by
+log(unseen / negatives) (a sampled softmax: an unbiased estimate of the unseen part of the partition
+function), "full" = the whole vocabulary, as Medusa. Drafting always uses the full vocabulary.
+Data: `samples` adds continuations sampled at `sample_temperature` beside the greedy one;
+`soft_labels` replaces each hard label by the target's distribution at that position (its argmax is
+the hard label on the greedy continuation); `prompt_rows` also trains on the prompts' own positions
+(labels: the prompt text, as Medusa-1's original ShareGPT training; its self-distillation keeps
+answers only), and prompts longer than `max_continued_prompt` then give those rows only;
+`max_sampled_prompt` samples after short prompts only. `distill_bfloat16` generates the data with a
+bfloat16 copy of a float32 target where bfloat16 is native: the rows are within bfloat16 rounding
+of the target's, not equal; drafting and every measurement use the target itself.
 """
 
 from __future__ import annotations
@@ -72,7 +64,7 @@ from ..io.prompts import interleave
 from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
 
 RANKS = 64  # ranks per head in the held-out accuracy table and Medusa's tree search (Medusa's code: 10;
-# a 64-node tree on weak heads spends nodes on depth-1 ranks beyond 10)
+# a 64-node tree can reach rank 63)
 SHOWN_K = (1, 3, 5, 10, 20, 64)  # the top-k columns shown in tables
 
 
@@ -301,9 +293,7 @@ class TrainedHeads:
     folder: Path
 
 
-RECIPE = 4  # in the heads' cache key: heads trained by an earlier recipe are trained again (3: sampled rows
-# drawn by `continuations`, the data of 2 drew them by one `generate` call per continuation; 4: a prompt's
-# continuations decoded as branches of one sequence, `loss_vocab="sampled"` added)
+RECIPE = 4  # in the heads' cache key: raised when the recipe or its data change, so cached heads are retrained
 
 
 def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig) -> str:
@@ -321,9 +311,9 @@ def train_or_load(
     folder: str | Path | None = None,
     progress: bool = True,
 ) -> TrainedHeads:
-    """Heads for `target` trained on `prompts` (the last `heldout` share held out), or loaded from
-    a previous run with the same (model, prompts, config). folder: default
-    `<cache>/medusa-heads/<key>` (kept out of git: 4 SmolLM2 heads are ~458 MB in float32)."""
+    """Heads for `target` trained on `prompts` (a `heldout` share held out, `heldout_prompts`), or
+    loaded from a previous run with the same (model, prompts, config). folder: default
+    `<cache>/medusa-heads/<key>` (outside the repository)."""
     folder = (
         Path(folder) if folder is not None else cache_dir() / "medusa-heads" / cache_key(model_name, prompts, config)
     )
