@@ -272,7 +272,10 @@ def draft_rows(
     if isinstance(drafter, BatchModelDrafter):
         tokens, q = drafter.draft(rows_seq, tree, sampling, [generators[i] for i in active])
         return [tree] * len(active), tokens, [None if q is None else q[r] for r in range(len(active))], []
-    drafts = [drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i]) for i, seq in zip(active, rows_seq)]
+    drafts = [
+        drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i])  # host ids: drafters read them there
+        for i, seq in zip(active, rows_seq)
+    ]
     trees = [d.tree or tree for d in drafts]
     device = generators[0].device
     tokens = torch.zeros(len(active), max(t.num_nodes for t in trees), dtype=torch.long, device=device)
