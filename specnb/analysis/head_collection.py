@@ -11,6 +11,7 @@ answers every static tree shape and budget of such a drafter exactly, and the ta
     super_tree_arrays  a drafter's dynamic trees at every position (`drafters.dynamic.ScoredTree`s,
                        e.g. `EagleDynamicDrafter.super_trees`) as `PromptData`'s super-tree arrays, so
                        `replay.replay_dynamic` answers every budget up to the trees' size
+    empty_super_trees  those arrays zeroed, for a collector that fills them itself (`experiments.collect`)
     accuracy_by_depth  top-k accuracy at each depth on a head collection's continuations
     rank_accuracy      acc[d][r] (Medusa's `heads_accuracy` table): the input of Medusa's tree
                        search and of per-depth Sequoia trees (`analysis.tree_design`)
@@ -103,36 +104,40 @@ def super_tree_arrays(
     that defines every smaller budget's tree (`drafters.dynamic`), at most `size` of them; each
     node's parent (index in that order, -1 the root), sibling rank, depth, token and score; and the
     index of the node on the continuation's path at each depth (`size` where there is none)."""
-    length = len(trees)
-    cols = {
-        name: np.zeros((length, size), dtype=dt)
-        for name, dt in [
-            ("parent", np.int16),
-            ("rank", np.int16),
-            ("depth", np.int16),
-            ("token", np.int64),
-            ("score", np.float32),
-        ]
-    }
-    sizes = np.zeros(length, dtype=np.int16)
-    on_path = np.full((length, depth), size, dtype=np.int16)
+    out = empty_super_trees(len(trees), size, depth)
     for t, scored in enumerate(trees):
         paths, tokens, scores = scored.tree.paths, scored.tokens.tolist(), scored.scores.tolist()
         order = sorted(range(len(paths)), key=lambda i: (-scores[i], len(paths[i]), paths[i]))[:size]
         where = {paths[i]: new for new, i in enumerate(order)}
-        sizes[t] = len(order)
+        out["super_size"][t] = len(order)
         on = {(): True}  # path -> its tokens are the continuation's
         for i in sorted(order, key=lambda i: len(paths[i])):
             path = paths[i]
             d = len(path)
             on[path] = on[path[:-1]] and t + d - 1 < len(continuation) and tokens[i] == continuation[t + d - 1]
             new = where[path]
-            cols["parent"][t, new] = where[path[:-1]] if d > 1 else -1
-            cols["rank"][t, new], cols["depth"][t, new] = path[-1], d
-            cols["token"][t, new], cols["score"][t, new] = tokens[i], scores[i]
+            out["super_parent"][t, new] = where[path[:-1]] if d > 1 else -1
+            out["super_rank"][t, new], out["super_depth"][t, new] = path[-1], d
+            out["super_token"][t, new], out["super_score"][t, new] = tokens[i], scores[i]
             if on[path] and d <= depth:
-                on_path[t, d - 1] = new
-    return {"super_size": sizes, **{f"super_{k}": v for k, v in cols.items()}, "super_on_path": on_path}
+                out["super_on_path"][t, d - 1] = new
+    return out
+
+
+def empty_super_trees(length: int, size: int, depth: int) -> dict[str, np.ndarray]:
+    """`PromptData`'s super_* arrays for `length` positions of at most `size` nodes and `depth`
+    levels, to be filled: zeros, and super_on_path `size` (no node on the path at that depth)."""
+    out = {"super_size": np.zeros(length, dtype=np.int16)}
+    for name, dtype in [
+        ("parent", np.int16),
+        ("rank", np.int16),
+        ("depth", np.int16),
+        ("token", np.int64),
+        ("score", np.float32),
+    ]:
+        out[f"super_{name}"] = np.zeros((length, size), dtype=dtype)
+    out["super_on_path"] = np.full((length, depth), size, dtype=np.int16)
+    return out
 
 
 def _depth_ranks(collection: Collection, d: int) -> np.ndarray:

@@ -242,6 +242,16 @@ def _oracle(collection: Collection, budget: int, positions: _Positions, k: int) 
     )
 
 
+def _nodes(collection: Collection, tree: Tree | int, positions: _Positions) -> _Nodes:
+    """The nodes of `tree` at every position: a static tree's (expected over the draft samples of a
+    sampling collection), or for an int n the dynamic tree of budget n (greedy; super-trees needed)."""
+    if not isinstance(tree, Tree):
+        return _dynamic(collection, int(tree), positions)
+    if collection.sampling:
+        return _sampled_static(collection, tree, positions)[0]
+    return _greedy_static(collection, tree, positions)
+
+
 def _check_greedy(collection: Collection) -> None:
     if collection.config.cross_tokenizer:
         raise ValueError(
@@ -394,12 +404,9 @@ def replay(
     positions = _positions(collection, max_new_tokens)
     rows = []
     for (shape, budget), tree in trees.items():
-        if collection.sampling:
-            nodes, _ = _sampled_static(collection, tree, positions)
-        else:
-            nodes = _greedy_static(collection, tree, positions)
         label = {"shape": shape, "budget": int(budget), "nodes": tree.num_nodes, "depth": tree.depth}
-        rows += _rows(collection, label, _per_position(nodes, positions.cap), positions, mode, per_prompt)
+        per = _per_position(_nodes(collection, tree, positions), positions.cap)
+        rows += _rows(collection, label, per, positions, mode, per_prompt)
     return pd.DataFrame(rows)
 
 
@@ -462,13 +469,11 @@ def replay_steps(
 
     tree: a static tree, or an int n for the dynamic tree of budget n (super-trees needed; the
     prompts collected with them)."""
+    _check_greedy(collection)
     if not isinstance(tree, Tree):
         collection = collection.super_tree_prompts()
     positions = _positions(collection, max_new_tokens)
-    if isinstance(tree, Tree):
-        nodes = _greedy_static(collection, tree, positions)
-    else:
-        nodes = _dynamic(collection, int(tree), positions)
+    nodes = _nodes(collection, tree, positions)
     per = _per_position(nodes, positions.cap)
     keep = _trajectory(per, positions)
     out = {}
@@ -502,13 +507,7 @@ def position_table(collection: Collection, tree: Tree | int, max_new_tokens: int
     if not isinstance(tree, Tree):
         collection = collection.super_tree_prompts()
     positions = _positions(collection, max_new_tokens)
-    if collection.sampling:
-        nodes = _sampled_static(collection, tree, positions)[0]
-    elif isinstance(tree, Tree):
-        nodes = _greedy_static(collection, tree, positions)
-    else:
-        nodes = _dynamic(collection, int(tree), positions)
-    per = _per_position(nodes, positions.cap)
+    per = _per_position(_nodes(collection, tree, positions), positions.cap)
     return pd.DataFrame(
         {
             "prompt_id": [collection.prompts[i].prompt_id for i in positions.prompt],

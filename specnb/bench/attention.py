@@ -116,10 +116,6 @@ class TreeBatch:
     def kv_len(self) -> int:
         return self.prefix_capacity + self.tree_capacity
 
-    @property
-    def is_uniform(self) -> bool:
-        return len(set(self.prefix_lens)) == 1 and len(set(self.trees)) == 1
-
     def allowed(self, device: torch.device | str | None = None) -> torch.Tensor:
         """Bool [B, 1, M, P + M], True where a query may attend (see the module docstring).
 

@@ -134,12 +134,8 @@ def hf_generate_batch(
     attention mask, greedy. Each row: its new tokens, cut after its first stop token (transformers
     pads finished rows), no per-step records; the batch's wall clock."""
     sequences = check_prompts(prompts, max_new_tokens)
-    width = max(map(len, sequences))
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # host: moved below
-    mask = torch.zeros(len(sequences), width, dtype=torch.long)  # host
-    for b, seq in enumerate(sequences):
-        ids[b, width - len(seq) :] = torch.tensor(seq)  # host
-        mask[b, width - len(seq) :] = 1
+    ids, mask = _left_padded(sequences, pad_token_id)
+    width = ids.shape[1]
     kwargs = _generate_kwargs(target, max_new_tokens, 0.0, 0, 1.0, eos_token_id)
     eos = eos_ids(target, eos_token_id)
     clock = Clock(target.device)
@@ -175,22 +171,13 @@ def hf_assisted_refusal(
 ) -> str | None:
     """What transformers says when asked for assisted generation on more than one row at once (its
     issues #32165, #29769): the error message, or None if it ran."""
-    sequences = check_prompts(prompts, 1)
-    width = max(map(len, sequences))
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # host: moved below
-    for b, seq in enumerate(sequences):
-        ids[b, width - len(seq) :] = torch.tensor(seq)  # host
+    ids, mask = _left_padded(check_prompts(prompts, 1), pad_token_id)
     kwargs = _generate_kwargs(target, 2, 0.0, 0, 1.0, None)
-    fixed = {
-        "num_assistant_tokens": num_assistant_tokens,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0,
-    }
     try:
-        with _generation_config_set(draft, fixed), _without(INTERNAL_WARNINGS):
+        with _generation_config_set(draft, _constant_chain(num_assistant_tokens)), _without(INTERNAL_WARNINGS):
             target.generate(
                 ids.to(target.device),
-                attention_mask=(ids != pad_token_id).long().to(target.device),
+                attention_mask=mask.to(target.device),
                 assistant_model=draft,
                 pad_token_id=pad_token_id,
                 **kwargs,
@@ -222,14 +209,9 @@ def hf_assisted_generate(
         raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
     ids = check_input(input_ids, max_new_tokens).to(target.device)
     kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
-    fixed = {
-        "num_assistant_tokens": num_assistant_tokens,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0,
-        # the assistant's own generate fills an unset eos from its model's config: give it the
-        # target's stop tokens (none for eos_token_id=())
-        "eos_token_id": kwargs["eos_token_id"],
-    }
+    # the assistant's own generate fills an unset eos from its model's config: give it the target's
+    # stop tokens (none for eos_token_id=())
+    fixed = _constant_chain(num_assistant_tokens, eos_token_id=kwargs["eos_token_id"])
     with _generation_config_set(draft, fixed):
         return _recorded_generate(
             target,
@@ -269,12 +251,7 @@ def hf_uag_generate(
         )
     ids = check_input(input_ids, max_new_tokens).to(target.device)
     kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
-    fixed = {
-        "num_assistant_tokens": num_assistant_tokens,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0,
-        "eos_token_id": kwargs["eos_token_id"],
-    }
+    fixed = _constant_chain(num_assistant_tokens, eos_token_id=kwargs["eos_token_id"])
     kwargs.update(assistant_model=draft, tokenizer=target_tokenizer, assistant_tokenizer=draft_tokenizer)
     with _generation_config_set(draft, fixed):
         return _recorded_generate(target, ids, kwargs, "hf_uag", seed, {"num_assistant_tokens": num_assistant_tokens})
@@ -490,6 +467,28 @@ def _generate_kwargs(
             temperature=temperature, top_k=top_k, top_p=top_p, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0
         )
     return kwargs
+
+
+def _constant_chain(num_assistant_tokens: int, **more: Any) -> dict[str, Any]:
+    """The draft's generation-config fields for a chain of `num_assistant_tokens` every step
+    (schedule "constant", confidence threshold 0: no early stop), and `more`."""
+    return {
+        "num_assistant_tokens": num_assistant_tokens,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+        **more,
+    }
+
+
+def _left_padded(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), long [B, W] on the host: each sequence right-aligned after `pad_token_id`s."""
+    width = max(map(len, sequences))
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)  # host: moved by the caller
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)  # host
+    for b, seq in enumerate(sequences):
+        ids[b, width - len(seq) :] = torch.tensor(seq)  # host
+        mask[b, width - len(seq) :] = 1
+    return ids, mask
 
 
 @contextmanager

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from ..analysis.collection import CollectConfig, Collection, PromptData, Unit, open_folder, save_unit, units_of
+from ..analysis.head_collection import empty_super_trees
 from ..core.acceptance import sibling_alphas
 from ..core.cache import crop, new_cache
 from ..core.drafting import Drafter, ModelDrafter
@@ -342,18 +343,7 @@ def _super_trees(
     n_seq, length = prompt_len + len(tokens), len(tokens)
     on_top = top_tokens(logp, k)  # [L + 1, k]
     on_values, on_indices = logp.gather(-1, on_top).tolist(), on_top.tolist()
-    cols = {
-        name: np.zeros((length, size), dtype=dt)
-        for name, dt in [
-            ("parent", np.int16),
-            ("rank", np.int16),
-            ("depth", np.int16),
-            ("token", np.int64),
-            ("score", np.float32),
-        ]
-    }
-    sizes = np.zeros(length, dtype=np.int16)
-    on_path = np.full((length, depth), size, dtype=np.int16)
+    out = empty_super_trees(length, size, depth)
     for start in range(0, length, config.super_chunk):
         chunk = range(start, min(length, start + config.super_chunk))
         # node: [sort key (-score, depth, path), token, parent index, on-path depth, fed column]
@@ -407,15 +397,15 @@ def _super_trees(
         for t in chunk:
             kept = sorted(range(len(nodes[t])), key=lambda i: nodes[t][i][0])[:size]
             where = {old: new for new, old in enumerate(kept)}
-            sizes[t] = len(kept)
+            out["super_size"][t] = len(kept)
             for new, old in enumerate(kept):
                 (neg_score, d, path), token, parent, on_depth, _ = nodes[t][old]
-                cols["parent"][t, new] = where[parent] if parent >= 0 else -1
-                cols["rank"][t, new], cols["depth"][t, new] = path[-1], d
-                cols["token"][t, new], cols["score"][t, new] = token, -neg_score
+                out["super_parent"][t, new] = where[parent] if parent >= 0 else -1
+                out["super_rank"][t, new], out["super_depth"][t, new] = path[-1], d
+                out["super_token"][t, new], out["super_score"][t, new] = token, -neg_score
                 if on_depth == d:
-                    on_path[t, d - 1] = new
-    return {"super_size": sizes, **{f"super_{k}": v for k, v in cols.items()}, "super_on_path": on_path}
+                    out["super_on_path"][t, d - 1] = new
+    return out
 
 
 @torch.inference_mode()

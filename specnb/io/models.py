@@ -119,8 +119,11 @@ def _load_causal_lm(
     dtype: torch.dtype | str | None,
     device: str | torch.device | None,
     attn_implementation: str,
+    layers: int | None,
+    cpu_linear: str,
 ) -> PreTrainedModel:
-    """The weights of `name_or_path` on `device`, in eval mode."""
+    """The weights of `name_or_path` on `device`, in eval mode, cut to `layers` and packed for
+    `cpu_linear` (the arguments of `load_model`)."""
     _check_quantization(quantization)
     device = torch.device(device) if device is not None else default_device()
     dtype = model_dtype(dtype) or default_dtype(device)
@@ -139,8 +142,11 @@ def _load_causal_lm(
         path = str(embedded.float_folder(embedded.EMBEDDED_MODELS[name_or_path]))
     else:
         path, kwargs["local_files_only"] = name_or_path, source.local_files_only
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    return model.eval()
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    if layers is not None:
+        truncate_layers(model, layers)
+    pack_linears(model, cpu_linear)
+    return model
 
 
 def load_model(
@@ -170,10 +176,7 @@ def load_model(
     check_linear_path(cpu_linear)
     source = resolve_source(name_or_path)
     tokenizer = load_tokenizer(name_or_path, source)
-    model = _load_causal_lm(name_or_path, source, quantization, dtype, device, attn_implementation)
-    if layers is not None:
-        truncate_layers(model, layers)
-    pack_linears(model, cpu_linear)
+    model = _load_causal_lm(name_or_path, source, quantization, dtype, device, attn_implementation, layers, cpu_linear)
     return model, tokenizer
 
 
@@ -265,12 +268,12 @@ def load_pair(
     tokenizer = load_tokenizer(target, sources[target])
     if not cross_tokenizer:
         check_pair(tokenizer, load_tokenizer(draft, sources[draft]), target, draft)
-    target_model = _load_causal_lm(target, sources[target], target_quantization, dtype, device, attn_implementation)
-    draft_model = _load_causal_lm(draft, sources[draft], draft_quantization, dtype, device, attn_implementation)
-    if draft_layers is not None:
-        truncate_layers(draft_model, draft_layers)
-    pack_linears(target_model, cpu_linear)
-    pack_linears(draft_model, cpu_linear)
+    target_model = _load_causal_lm(
+        target, sources[target], target_quantization, dtype, device, attn_implementation, None, cpu_linear
+    )
+    draft_model = _load_causal_lm(
+        draft, sources[draft], draft_quantization, dtype, device, attn_implementation, draft_layers, cpu_linear
+    )
     return target_model, draft_model, tokenizer
 
 

@@ -223,13 +223,6 @@ class ResultFolder:
         return fs, root.rstrip("/")
 
 
-def run_folder(outputs: str | Path, notebook: str, run_id: str) -> Path:
-    """outputs/<notebook>/<run_id>/, created if needed."""
-    folder = Path(outputs) / notebook / run_id
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 class Sweep:
     """A resumable store of units of work, one JSON line each:
     {"key": {...}, "rows": [...], "meta": {...}}: rows are the unit's tidy rows (e.g. one per step),

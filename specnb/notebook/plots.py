@@ -138,14 +138,34 @@ def speed_bars(table: pd.DataFrame, path=None) -> plt.Figure:
     """Speedup over the target alone (same run) per pair and method, as horizontal bars (method
     names never collide); replayed methods (no wall clock) are left out."""
     data = table[table["speedup"].notna()].assign(method=table["shape"] + ":" + table["budget"].astype(str))
-    rows = data["method"].nunique() * max(data["pair"].nunique(), 1)
+    return _speedup_bars(
+        data,
+        "pair",
+        "method (drafter/shape:draft tokens)",
+        "wall-clock tokens/s relative to the target's own decoding, measured in the same run",
+        path,
+    )
+
+
+def _speedup_bars(data: pd.DataFrame, hue: str, ylabel: str, title: str, path) -> plt.Figure:
+    """Column "speedup" as horizontal bars, one per "method" (side by side per `hue` where a method
+    has several), the 1x line dashed; with columns "speedup_ci_low" / "speedup_ci_high" (one row
+    per method), their interval as error bars."""
+    dodge = data.groupby("method")[hue].nunique().max() > 1
+    rows = data["method"].nunique() * (data[hue].nunique() if dodge else 1)
     fig, ax = plt.subplots(figsize=(8.8, max(2.6, 0.32 * rows + 1.6)))
-    sns.barplot(data=data, y="method", x="speedup", hue="pair", orient="h", ax=ax)
+    sns.barplot(data=data, y="method", x="speedup", hue=hue, dodge=dodge, orient="h", ax=ax)
+    if "speedup_ci_low" in data and data["speedup_ci_low"].notna().any():
+        ok = data["speedup_ci_low"].notna().to_numpy()
+        d = data[ok]
+        y = pd.Index(data["method"].unique()).get_indexer(d["method"])  # the bars' positions, top down
+        xerr = [d["speedup"] - d["speedup_ci_low"], d["speedup_ci_high"] - d["speedup"]]
+        ax.errorbar(d["speedup"], y, xerr=xerr, fmt="none", color="black", lw=1)
     ax.axvline(1.0, color="black", lw=1, ls="--")
-    ax.set_ylabel("method (drafter/shape:draft tokens)")
+    ax.set_ylabel(ylabel)
     ax.set_xlabel("speedup over the target alone (x)")
-    ax.set_title("wall-clock tokens/s relative to the target's own decoding, measured in the same run", fontsize=10)
-    legend_outside(ax, "pair")
+    ax.set_title(title, fontsize=10)
+    legend_outside(ax, hue)
     return save(fig, path)
 
 
@@ -255,6 +275,7 @@ def _log_y(ax: plt.Axes) -> None:
 
 
 def _log2_ticks(ax: plt.Axes, values) -> None:
+    """A log2 x axis ticked at `values` only, labelled as plain integers."""
     values = sorted(set(int(v) for v in values))
     ax.set_xscale("log", base=2)
     ax.set_xticks(values, [str(v) for v in values])
@@ -411,10 +432,7 @@ def replay_vs_budget(
             ax.fill_between(
                 t["budget"], t[f"{metric}_ci_low"], t[f"{metric}_ci_high"], color=kw["color"], alpha=0.12, lw=0
             )
-    budgets = sorted(table["budget"].unique())
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(budgets, [str(b) for b in budgets])
-    ax.minorticks_off()
+    _log2_ticks(ax, table["budget"])
     ax.set_xlabel("draft tokens in the tree (N)")
     ax.set_ylabel(label)
     ax.set_title(title, fontsize=10)
@@ -547,29 +565,14 @@ def learned_speed(speed: pd.DataFrame, path=None) -> plt.Figure:
     """Speedup over the target alone of each measured drafter and tree, with its 95% interval over
     prompts (paired bootstrap), as horizontal bars."""
     data = speed.assign(method=speed["drafter"] + " " + speed["tree"] + ":" + speed["budget"].astype(str))
-    fig, ax = plt.subplots(figsize=(8.8, max(2.6, 0.36 * len(data) + 1.6)))
-    y = range(len(data))
-    ax.barh(list(y), data["speedup"], color=[styles(data["drafter"].unique())[d]["color"] for d in data["drafter"]])
-    low, high = data["speedup"] - data["speedup_ci_low"], data["speedup_ci_high"] - data["speedup"]
-    ok = data["speedup_ci_low"].notna()
-    if ok.any():
-        ax.errorbar(
-            data["speedup"][ok],
-            [i for i, o in zip(y, ok) if o],
-            xerr=[low[ok], high[ok]],
-            fmt="none",
-            color="black",
-            lw=1,
-        )
-    ax.set_yticks(list(y), data["method"])
-    ax.axvline(1.0, color="black", lw=1, ls="--")
-    ax.set_xlabel("speedup over the target alone (x), measured in the same run")
-    ax.set_ylabel("drafter and tree (shape:draft tokens)")
-    ax.set_title(
-        "wall clock against the target alone, same run\n(error bars: 95% interval over prompts; none below 3 prompts)",
-        fontsize=10,
+    return _speedup_bars(
+        data,
+        "drafter",
+        "drafter and tree (shape:draft tokens)",
+        "wall clock against the target alone, measured in the same run\n"
+        "(error bars: 95% interval over prompts; none below 3 prompts)",
+        path,
     )
-    return save(fig, path)
 
 
 def typical_vs_lossless(quality: pd.DataFrame, path=None) -> plt.Figure:
@@ -622,8 +625,7 @@ def batch_speed(measured: pd.DataFrame, versus: pd.DataFrame | None = None, path
     axes[2].axhline(1.0, color="black", lw=0.8, ls=":")
     titles = ("tokens/s of the whole batch", "tokens/s per row", "speedup over the target alone at the same batch")
     for ax, title, label in zip(axes, titles, ("tokens/s (all rows)", "tokens/s per row", "speedup (x)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(data["batch"].unique()), [str(b) for b in sorted(data["batch"].unique())])
+        _log2_ticks(ax, data["batch"])
         ax.set_xlabel("batch size (rows)")
         ax.set_ylabel(label)
         ax.set_title(title, fontsize=9)
@@ -643,9 +645,8 @@ def best_budget_vs_batch(cost: pd.DataFrame, path=None) -> plt.Figure:
     for shape, d in best.groupby("shape"):
         d = d.sort_values("batch")
         left.plot(d["batch"], d["budget"], label=shape, lw=1.4, ms=5, **style[shape])
-    left.set_xscale("log", base=2)
+    _log2_ticks(left, cost["batch"])
     left.set_yscale("log", base=2)
-    left.set_xticks(sorted(cost["batch"].unique()), [str(b) for b in sorted(cost["batch"].unique())])
     chosen = sorted(best["budget"].unique())  # ticks at the budgets chosen: other ticks would widen the axis
     left.set_yticks(chosen, [str(b) for b in chosen])
     left.set_ylim(min(chosen) / 1.3, max(chosen) * 1.3)
@@ -660,8 +661,7 @@ def best_budget_vs_batch(cost: pd.DataFrame, path=None) -> plt.Figure:
         d = d.sort_values("budget")
         right.plot(d["budget"], d["speedup"], label=f"batch {b}", lw=1.4, ms=5, **bstyle[f"batch {b}"])
     right.axhline(1.0, color="black", lw=0.8, ls=":")
-    right.set_xscale("log", base=2)
-    right.set_xticks(sorted(cost["budget"].unique()), [str(b) for b in sorted(cost["budget"].unique())])
+    _log2_ticks(right, cost["budget"])
     right.set_xlabel("draft tokens per row (the best shape at each budget)")
     right.set_ylabel("expected speedup (x)")
     right.set_title(

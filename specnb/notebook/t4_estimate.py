@@ -345,10 +345,6 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
-def total_minutes(profile: str = "t4", figures: T4Figures = T4Figures()) -> float:
-    return float(estimate(profile, figures)["seconds"].sum()) / 60
-
-
 def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures()) -> str:
     """The README's summary: minutes per notebook and in all, with the inputs named."""
     table = estimate(profile, figures)

@@ -112,11 +112,6 @@ class DistillData:
         greedy verification meets, so the held-out accuracy table is measured on them only."""
         return torch.ones(len(self.labels), dtype=torch.bool) if self.greedy is None else self.greedy  # host
 
-    def continuation_rows(self) -> torch.Tensor:
-        """Bool [R]: rows whose next token is generated (position >= prompt length - 1), not prompt text."""
-        prompt_len = torch.tensor([len(p) for p, _ in self.sequences], dtype=torch.long)  # host
-        return self.position >= prompt_len[self.prompt] - 1
-
 
 def row_span(prompt_len: int, seq_len: int, num_heads: int, prompt_rows: bool) -> tuple[int, int]:
     """(first, n): the rows t = first .. first + n - 1 kept of a sequence of `seq_len` tokens (those
