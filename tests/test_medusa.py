@@ -242,6 +242,7 @@ from specnb.analysis.tree_design import medusa_tree  # noqa: E402
 from specnb.training import distillation  # noqa: E402
 from specnb.training.distillation import DistillConfig, continuation_view, distill, distill_cached, heldout_prompts  # noqa: E402
 from specnb.training.medusa import (  # noqa: E402
+    LossTargets,
     TrainConfig,
     collect_heads,
     heads_loss,
@@ -459,22 +460,12 @@ def test_sampled_softmax_with_every_unseen_token_is_the_full_softmax(tiny_target
     unseen = torch.nonzero(remap < 0)[:, 0]
     none = torch.full_like(labels, -1)
     with torch.no_grad():
-        full = heads_loss(heads, x, labels, none, x, None, None)
-        seen = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None)
-        sampled = heads_loss(
-            heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None, negatives=unseen
-        )
-        lifted = heads_loss(
-            heads,
-            x,
-            torch.where(labels >= 0, remap[labels.clamp_min(0)], -100),
-            none,
-            x,
-            vocab,
-            None,
-            negatives=unseen[:5],
-            shift=math.log(len(unseen) / 5),
-        )
+        full = heads_loss(heads, x, labels, none, x, LossTargets(None, None))
+        remapped = torch.where(labels >= 0, remap[labels.clamp_min(0)], -100)
+        seen = heads_loss(heads, x, remapped, none, x, LossTargets(vocab, None))
+        sampled = heads_loss(heads, x, remapped, none, x, LossTargets(vocab, None), negatives=unseen)
+        shifted = LossTargets(vocab, None, shift=math.log(len(unseen) / 5))
+        lifted = heads_loss(heads, x, remapped, none, x, shifted, negatives=unseen[:5])
     torch.testing.assert_close(sampled, full)
     assert float(seen) < float(full)  # the seen-only softmax leaves the unseen tokens' mass out
     z = [heads(x)[d] for d in range(K)]  # by hand: five unseen columns, each counted len(unseen) / 5 times
