@@ -24,7 +24,7 @@ from specnb.bench.attention_grid import (
     speedup_table,
 )
 from specnb.bench.timing import environment_row, measure, measure_interleaved
-from specnb.bench.verify_curve import CURVE_KEY, curve_shape, curve_table, verify_curve
+from specnb.bench.verify_curve import CURVE_KEY, CurveConfig, curve_shape, curve_table, verify_curve
 from specnb.io.storage import Sweep
 from specnb.notebook.readings import curve_reading, recommendation
 
@@ -125,10 +125,11 @@ def test_unsupported_implementation_is_stored_as_skipped(tmp_path, monkeypatch):
 def test_verify_curve_cost_table_and_recommendation(tmp_path):
     target, draft = tiny_model(0), tiny_model(1, layers=1)
     store = Sweep(tmp_path / "curve.jsonl", CURVE_KEY)
-    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], warmup=0, repeats=2, progress=False)
-    verify_curve(store, draft, "tiny-draft", 11, [1, 2, 4], role="draft", warmup=0, repeats=2, progress=False)
+    quick = CurveConfig(warmup=0, repeats=2, progress=False)
+    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], config=quick)
+    verify_curve(store, draft, "tiny-draft", 11, [1, 2, 4], "draft", quick)
     before = len(store)
-    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], warmup=0, repeats=2, progress=False)
+    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], config=quick)
     assert len(store) == before == 3 * 2 + 3, "a finished curve point is never measured twice"
     curve = curve_table(store)
     verify_rows = curve[curve["kind"] == "verify"].sort_values("nodes")

@@ -20,7 +20,7 @@ from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row
 from ..analysis.quality import TIE_MARGIN
 from ..bench.timing import environment_row
-from ..bench.verify_curve import curve_table, missing_points, verify_curve
+from ..bench.verify_curve import CurveConfig, curve_table, missing_points, verify_curve
 from ..core.drafting import Drafter
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -164,8 +164,8 @@ def cost_curves(
                 pair.draft, pair.draft_quantization, dtype=dtype, layers=pair.draft_layers, cpu_linear=pair.cpu_linear
             )[0],
         )
-        verify_curve(store, target, names[0], prefix, nodes, repeats=repeats)
-        verify_curve(store, draft, names[1], prefix, widths, role="draft", repeats=repeats)
+        verify_curve(store, target, names[0], prefix, nodes, config=CurveConfig(repeats=repeats))
+        verify_curve(store, draft, names[1], prefix, widths, "draft", CurveConfig(repeats=repeats))
     return curve_table(store, names, prefix, env["device"], env["linear"])
 
 
