@@ -39,7 +39,7 @@ from specnb.analysis.collection import CollectConfig
 from specnb.analysis.cost_model import draft_widths, step_cost
 from specnb.analysis.replay import acceptance_vector, oracle, prefix_counts, replay, replay_dynamic, replay_steps
 from specnb.analysis.tree_design import hindsight_trees, recommend_budget, sequoia_trees
-from specnb.bench.verify_curve import CURVE_KEY, curve_table, verify_curve
+from specnb.bench.verify_curve import CURVE_KEY, CurveConfig, curve_table, verify_curve
 from specnb.experiments.collect import collect
 from specnb.io.models import load_pair, prompt_ids
 from specnb.io.prompts import load_prompts
@@ -205,11 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     t2 = time.perf_counter()
     curve_store = Sweep(f"{folder}/curve.jsonl", CURVE_KEY)
     prefix = int(sum(len(x[0]) for x in ids.values()) / len(ids)) + args.max_new_tokens // 2
-    verify_curve(
-        curve_store, target, args.target, prefix, [0] + list(args.budgets), warmup=1, repeats=2, progress=False
-    )
+    quick = CurveConfig(warmup=1, repeats=2, progress=False)
+    verify_curve(curve_store, target, args.target, prefix, [0] + list(args.budgets), config=quick)
     widths = draft_widths(Tree.preset(s, n) for s in PRESETS for n in args.budgets)
-    verify_curve(curve_store, draft, args.draft, prefix, widths, role="draft", warmup=1, repeats=2, progress=False)
+    verify_curve(curve_store, draft, args.draft, prefix, widths, "draft", quick)
     curve = curve_table(curve_store)
     cost = step_cost(curve, args.target, args.draft)
     curve_s = time.perf_counter() - t2

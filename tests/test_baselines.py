@@ -265,13 +265,15 @@ class FakeTokenizer:
 def test_sweep_runs_transformers_methods_beside_trees(tmp_path, tiny_target, near_target):
     from specnb.experiments import sweeps as ex
     from specnb.experiments import tables
+    from specnb.experiments.pairs import PairModels
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
     store = Sweep(tmp_path / "sweep", key=ex.UNIT_KEY)
     prompts = [Prompt("a", "cat1", "abcabcabc"), Prompt("b", "cat2", "hello world")]
     trees = method_trees(["chain:3", "hf_assisted:3", "hf_prompt_lookup:4"])
-    ex.run_sweep(store, "pair", tiny_target, near_target, FakeTokenizer(), prompts, trees, 12, progress=False)
+    pair = PairModels("pair", tiny_target, near_target, FakeTokenizer())
+    ex.run_sweep(store, pair, prompts, trees, ex.SweepConfig(12, progress=False))
     units = tables.unit_table(store)
     assert set(units["shape"]) == {"autoregressive", "chain", "hf_assisted", "hf_prompt_lookup"}
     assert units["greedy_equal"].astype(bool).all()  # 8 units, the baselines equal to themselves

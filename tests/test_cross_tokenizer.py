@@ -460,7 +460,7 @@ def test_sweep_of_a_mismatched_pair_refuses_shared_vocabulary_methods(saved_pair
     specs = ["chain:2", "xtok/chain:3", "xtok/dynamic:6", "hf_uag:3", "ngram/chain:2"]
     pairs = [Pair(target, draft, methods=specs)]
     prompts = [Prompt("p", "test", " hello the cat"), Prompt("q", "test", " the mat")]
-    status = ex.run_pairs(store, pairs, prompts, method_trees(specs), 12, progress=False)
+    status = ex.run_pairs(store, pairs, prompts, method_trees(specs), ex.SweepConfig(12, progress=False))
     row = status.iloc[0]
     assert (row["status"], row["vocabulary"]) == ("partial", "different")  # chain:2 refused, the others run
     assert row["reason"].startswith("refused chain:2:") and "xtok/chain:4" in row["reason"]
@@ -473,7 +473,9 @@ def test_sweep_of_a_mismatched_pair_refuses_shared_vocabulary_methods(saved_pair
     versus = tables.head_to_head(table, units)
     assert list(versus["ours"]) == ["xtok/chain:3"] and list(versus["theirs"]) == ["hf_uag:3"]
     only_shared = [Pair(target, draft, methods=["chain:2"])]
-    assert ex.run_pairs(store, only_shared, prompts, {}, 12, progress=False)["status"].tolist() == ["skipped"]
+    assert ex.run_pairs(store, only_shared, prompts, {}, ex.SweepConfig(12, progress=False))["status"].tolist() == [
+        "skipped"
+    ]
 
 
 # ---- re-drafting a collected continuation (notebook 01 on a cross-tokenizer pair) --------------------
@@ -530,6 +532,7 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     from specnb.analysis import replay
     from specnb.experiments import redraft_study, replay_study, tables
     from specnb.experiments import sweeps as ex
+    from specnb.experiments.pairs import PairModels
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
 
@@ -537,18 +540,13 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     target, draft = pair("bigram_other_word", t, d)
     prompts = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on the ma")]
     trees = method_trees(["chain:2", "chain:4", "kary2:6"])
+    models = PairModels("pair", target, draft, t, draft_tokenizer=d)
     collection = replay_study.collect_pair(
         tmp_path / "collection",
-        target,
-        draft,
-        t,
+        models,
         prompts,
         trees,
-        16,
-        super_k=0,
-        super_depth=3,
-        dynamic_budgets=[6],
-        draft_tokenizer=d,
+        replay_study.PairCollectConfig(16, super_k=0, super_depth=3, dynamic_budgets=(6,)),
     ).collection
     assert collection.config.cross_tokenizer and collection.prompts[0].ranks is None
     with pytest.raises(ValueError, match="re-drafted"):
@@ -563,16 +561,7 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     # the collection's own run and an end-to-end xtok run agree with the re-draft step for step
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     ex.run_sweep(
-        store,
-        "pair",
-        target,
-        draft,
-        t,
-        prompts,
-        method_trees(["xtok/dynamic:6", "xtok/kary2:6"]),
-        16,
-        progress=False,
-        draft_tokenizer=d,
+        store, models, prompts, method_trees(["xtok/dynamic:6", "xtok/kary2:6"]), ex.SweepConfig(16, progress=False)
     )
     agreement = replay_study.replay_agreement(
         store, "pair", collection, ["xtok/dynamic:6", "xtok/kary2:6"], redraft_with=again
@@ -596,7 +585,7 @@ def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
     target, draft = saved_pair
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     pairs = [Pair(target, draft, methods=["xtok/chain:3"]), Pair(target, target, methods=["chain:2"])]
-    ex.run_pairs(store, pairs, [Prompt("p", "test", " hello the cat")], {}, 8, progress=False)
+    ex.run_pairs(store, pairs, [Prompt("p", "test", " hello the cat")], {}, ex.SweepConfig(8, progress=False))
     units = tables.unit_table(store)
     alone = units[units["shape"] == "autoregressive"].set_index("pair")
     assert alone.loc[pairs[1].label, "baseline_of"] == pairs[0].label
@@ -619,7 +608,7 @@ def test_xtok_methods_are_refused_for_a_tokenizer_without_a_byte_rule(tmp_path):
     draft = save_tiny_model(tmp_path / "b", WORDS_B, seed=1)
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     pairs = [Pair(str(target), str(draft), methods=["xtok/chain:2", "hf_uag:2"])]
-    status = ex.run_pairs(store, pairs, [Prompt("p", "test", "the cat sat")], {}, 4, progress=False)
+    status = ex.run_pairs(store, pairs, [Prompt("p", "test", "the cat sat")], {}, ex.SweepConfig(4, progress=False))
     row = status.iloc[0]
     assert (
         row["status"] == "partial" and row["reason"].startswith("refused xtok/chain:2:") and "as bytes" in row["reason"]

@@ -332,7 +332,8 @@ def test_rows_carry_segments_positions_and_next_tokens(tiny_target, prompt_rows,
     again = distill_cached(tiny_target, "tiny", prompts, config, progress=False)  # from disk
     for name in ("segment", "position", "token", "hidden", "labels"):
         assert torch.equal(getattr(again, name), getattr(data, name))
-    direct = distill(tiny_target, prompts, 2, 8, batch=2, eos_token_id=-1, progress=False, prompt_rows=prompt_rows)
+    direct_config = DistillConfig(2, 8, gen_batch=2, prompt_rows=prompt_rows, samples=0)
+    direct = distill(tiny_target, prompts, direct_config, eos_token_id=-1, progress=False)
     assert torch.equal(direct.token[direct.segment == 0], data.token[data.segment == 0])
 
 

@@ -246,6 +246,7 @@ from specnb.analysis.tree_design import medusa_tree  # noqa: E402
 from specnb.training import distillation  # noqa: E402
 from specnb.training.distillation import DistillConfig, continuation_view, distill, distill_cached, heldout_prompts  # noqa: E402
 from specnb.training.medusa import (  # noqa: E402
+    LossTargets,
     TrainConfig,
     collect_heads,
     heads_loss,
@@ -265,7 +266,8 @@ MAX_NEW = 20
 @pytest.mark.parametrize("prompt_rows", [False, True])
 def test_distill_rows_are_the_targets_hidden_states(tiny_target, prompt_rows):
     prompts = [random_prompt(30, 5)[0], random_prompt(31, 8)[0]]
-    data = distill(tiny_target, prompts, K, 12, batch=1, eos_token_id=-1, progress=False, prompt_rows=prompt_rows)
+    config = DistillConfig(K, 12, gen_batch=1, prompt_rows=prompt_rows, samples=0)
+    data = distill(tiny_target, prompts, config, eos_token_id=-1, progress=False)
     for i, (prompt, new) in enumerate(data.sequences):
         seq = torch.tensor(prompt + new)
         assert (
@@ -295,9 +297,9 @@ def test_data_without_prompt_rows_is_a_view_of_the_data_with_them(tiny_target, t
     """Medusa's rows (no prompt rows) are the continuation view of EAGLE's (prompt rows), greedy and
     sampled segments alike, field for field; `distill_cached` makes one distillation for both."""
     prompts = [random_prompt(36, 5)[0], random_prompt(37, 9)[0], random_prompt(38, 3)[0]]
-    kw = dict(batch=2, eos_token_id=-1, progress=False, samples=1, temperature=1.5, seed=3)
-    narrow = distill(tiny_target, prompts, K, 10, prompt_rows=False, **kw)
-    wide = distill(tiny_target, prompts, K, 10, prompt_rows=True, **kw)
+    narrow_config = DistillConfig(K, 10, gen_batch=2, samples=1, sample_temperature=1.5, seed=3)
+    narrow = distill(tiny_target, prompts, narrow_config, eos_token_id=-1, progress=False)
+    wide = distill(tiny_target, prompts, replace(narrow_config, prompt_rows=True), eos_token_id=-1, progress=False)
     assert len(wide.hidden) > len(narrow.hidden)
     view = continuation_view(wide, K)
     for name in ("hidden", "labels", "soft_row", "prompt", "segment", "position", "token"):
@@ -309,7 +311,10 @@ def test_data_without_prompt_rows_is_a_view_of_the_data_with_them(tiny_target, t
     monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))
     config = DistillConfig(num_heads=K, max_new_tokens=10, gen_batch=2, samples=1, seed=3)
     calls = []
-    monkeypatch.setattr("specnb.training.distillation.distill", lambda *a, **k: calls.append(k["prompt_rows"]) or wide)
+    monkeypatch.setattr(
+        "specnb.training.distillation.distill",
+        lambda target, prompts, config, **k: calls.append(config.prompt_rows) or wide,
+    )
     assert torch.equal(distill_cached(tiny_target, "tiny", prompts, config, progress=False).hidden, view.hidden)
     assert torch.equal(
         distill_cached(tiny_target, "tiny", prompts, replace(config, prompt_rows=True), progress=False).hidden,
@@ -320,8 +325,11 @@ def test_data_without_prompt_rows_is_a_view_of_the_data_with_them(tiny_target, t
 
 def test_sampled_continuations_add_rows_of_the_same_prompt(tiny_target):
     prompts = [random_prompt(34, 5)[0], random_prompt(35, 7)[0]]
-    greedy = distill(tiny_target, prompts, K, 10, batch=2, eos_token_id=-1, progress=False)
-    data = distill(tiny_target, prompts, K, 10, batch=2, eos_token_id=-1, progress=False, samples=2, temperature=1.5)
+    greedy = distill(
+        tiny_target, prompts, DistillConfig(K, 10, gen_batch=2, samples=0), eos_token_id=-1, progress=False
+    )
+    config = DistillConfig(K, 10, gen_batch=2, samples=2, sample_temperature=1.5)
+    data = distill(tiny_target, prompts, config, eos_token_id=-1, progress=False)
     assert data.sequences == greedy.sequences and sorted(j for j, _ in data.sampled) == [0, 0, 1, 1]
     mask = data.greedy_rows()  # the greedy continuations' rows, in the same order as distilling greedily alone
     # (equal up to float rounding: the sampled rows share their batch, and a batch's size changes the matmul kernels)
@@ -353,35 +361,24 @@ def test_continuations_end_at_eos_and_repeat_with_the_seed(tiny_target):
     plain = [autoregressive_generate(tiny_target, p[None], 12, eos_token_id=()).tokens.tolist() for p in prompts]
     k = next(i for i in range(3, 12) if plain[0][i] not in plain[0][:i])  # prompt 0 ends after k + 1 tokens
     eos = plain[0][k]
-    data = distill(tiny_target, prompts, K, 12, batch=2, eos_token_id=eos, progress=False, samples=3, temperature=1.5)
+    config = DistillConfig(K, 12, gen_batch=2, samples=3, sample_temperature=1.5)
+    data = distill(tiny_target, prompts, config, eos_token_id=eos, progress=False)
     for j, (_, new) in enumerate(data.sequences):  # greedy: the plain continuation up to and including its first eos
         assert list(new) == (plain[j][: plain[j].index(eos) + 1] if eos in plain[j] else plain[j])
     assert len(data.sequences[0][1]) == k + 1
     for j, new in data.sampled:  # a sampled row stops at its eos too (the batch goes on feeding it padding)
         assert eos not in new[:-1] and (new[-1] == eos or len(new) == 12)
-    again = distill(tiny_target, prompts, K, 12, batch=2, eos_token_id=eos, progress=False, samples=3, temperature=1.5)
-    other = distill(
-        tiny_target, prompts, K, 12, batch=2, eos_token_id=eos, progress=False, samples=3, temperature=1.5, seed=1
-    )
+    again = distill(tiny_target, prompts, config, eos_token_id=eos, progress=False)
+    other = distill(tiny_target, prompts, replace(config, seed=1), eos_token_id=eos, progress=False)
     assert again.sampled == data.sampled and torch.equal(again.hidden, data.hidden)
     assert other.sampled != data.sampled and other.sequences == data.sequences
 
 
 def test_long_prompts_get_no_sampled_continuations(tiny_target):
     prompts = [random_prompt(36, 5)[0], random_prompt(37, 12)[0], random_prompt(38, 6)[0]]
-    full = distill(tiny_target, prompts, K, 6, batch=3, eos_token_id=-1, progress=False, samples=2, temperature=1.5)
-    data = distill(
-        tiny_target,
-        prompts,
-        K,
-        6,
-        batch=3,
-        eos_token_id=-1,
-        progress=False,
-        samples=2,
-        temperature=1.5,
-        max_sampled_prompt=8,
-    )
+    config = DistillConfig(K, 6, gen_batch=3, samples=2, sample_temperature=1.5)
+    full = distill(tiny_target, prompts, config, eos_token_id=-1, progress=False)
+    data = distill(tiny_target, prompts, replace(config, max_sampled_prompt=8), eos_token_id=-1, progress=False)
     assert sorted(j for j, _ in data.sampled) == [0, 0, 2, 2] and data.sequences == full.sequences
     for j in (0, 2):  # the short prompts' sampled rows: the target's own on prompt + that continuation
         for new in [n for i, n in data.sampled if i == j]:
@@ -398,14 +395,15 @@ def test_long_prompts_get_no_sampled_continuations(tiny_target):
 def test_bfloat16_distillation(tiny_target, native, monkeypatch):
     monkeypatch.setattr(distillation, "fast_bfloat16", lambda device: native)
     prompts = [random_prompt(39, 5)[0], random_prompt(40, 7)[0]]
-    exact = distill(tiny_target, prompts, K, 8, batch=2, eos_token_id=-1, progress=False)
-    data = distill(tiny_target, prompts, K, 8, batch=2, eos_token_id=-1, progress=False, bfloat16=True)
+    config = DistillConfig(K, 8, gen_batch=2, samples=0)
+    exact = distill(tiny_target, prompts, config, eos_token_id=-1, progress=False)
+    data = distill(tiny_target, prompts, replace(config, distill_bfloat16=True), eos_token_id=-1, progress=False)
     assert next(tiny_target.parameters()).dtype == torch.float32  # the target itself is left as it was
     if not native:  # emulated bfloat16 would be slower: the float32 target generates, unchanged
         assert torch.equal(data.hidden, exact.hidden) and data.sequences == exact.sequences
         return
     low = copy.deepcopy(tiny_target).to(torch.bfloat16)
-    want = distill(low, prompts, K, 8, batch=2, eos_token_id=-1, progress=False)
+    want = distill(low, prompts, config, eos_token_id=-1, progress=False)
     assert torch.equal(data.hidden, want.hidden) and data.sequences == want.sequences  # the copy's rows
     assert data.hidden.dtype == torch.float32
     assert not torch.equal(data.hidden, exact.hidden)  # bfloat16 rounding: close to the target's rows, not equal
@@ -417,9 +415,8 @@ def test_bfloat16_distillation(tiny_target, native, monkeypatch):
 
 def test_long_prompts_give_prompt_rows_only(tiny_target):
     prompts = [random_prompt(32, 5)[0], random_prompt(33, 12)[0]]
-    data = distill(
-        tiny_target, prompts, K, 6, batch=2, eos_token_id=-1, progress=False, prompt_rows=True, max_continued_prompt=8
-    )
+    config = DistillConfig(K, 6, gen_batch=2, prompt_rows=True, max_continued_prompt=8, samples=0)
+    data = distill(tiny_target, prompts, config, eos_token_id=-1, progress=False)
     assert [len(new) for _, new in data.sequences] == [6, 0]
     long = data.prompt == 1
     assert torch.allclose(data.hidden[long], last_hidden(tiny_target, prompts[1])[: 12 - 2], atol=1e-5)
@@ -467,22 +464,12 @@ def test_sampled_softmax_with_every_unseen_token_is_the_full_softmax(tiny_target
     unseen = torch.nonzero(remap < 0)[:, 0]
     none = torch.full_like(labels, -1)
     with torch.no_grad():
-        full = heads_loss(heads, x, labels, none, x, None, None)
-        seen = heads_loss(heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None)
-        sampled = heads_loss(
-            heads, x, torch.where(labels >= 0, remap[labels.clamp_min(0)], -100), none, x, vocab, None, negatives=unseen
-        )
-        lifted = heads_loss(
-            heads,
-            x,
-            torch.where(labels >= 0, remap[labels.clamp_min(0)], -100),
-            none,
-            x,
-            vocab,
-            None,
-            negatives=unseen[:5],
-            shift=math.log(len(unseen) / 5),
-        )
+        full = heads_loss(heads, x, labels, none, x, LossTargets(None, None))
+        remapped = torch.where(labels >= 0, remap[labels.clamp_min(0)], -100)
+        seen = heads_loss(heads, x, remapped, none, x, LossTargets(vocab, None))
+        sampled = heads_loss(heads, x, remapped, none, x, LossTargets(vocab, None), negatives=unseen)
+        shifted = LossTargets(vocab, None, shift=math.log(len(unseen) / 5))
+        lifted = heads_loss(heads, x, remapped, none, x, shifted, negatives=unseen[:5])
     torch.testing.assert_close(sampled, full)
     assert float(seen) < float(full)  # the seen-only softmax leaves the unseen tokens' mass out
     z = [heads(x)[d] for d in range(K)]  # by hand: five unseen columns, each counted len(unseen) / 5 times

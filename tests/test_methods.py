@@ -8,6 +8,7 @@ from specnb import Tree
 from specnb.drafters.methods import method_trees, parse_method
 from specnb.experiments import sweeps as ex
 from specnb.experiments import tables
+from specnb.experiments.pairs import PairModels
 from specnb.io.prompts import Prompt
 from specnb.io.storage import Sweep
 
@@ -52,7 +53,8 @@ def test_every_method_runs_in_a_sweep_and_equals_greedy(tmp_path, tiny_target, t
     ]
     store = Sweep(tmp_path / "s.jsonl", key=ex.UNIT_KEY)
     prompts = [Prompt("a", "writing", "abcabcabcab"), Prompt("b", "qa", "xyzzy xyz")]
-    ex.run_sweep(store, "tiny", tiny_target, tiny_draft, Tok(), prompts, method_trees(specs), 12, progress=False)
+    pair = PairModels("tiny", tiny_target, tiny_draft, Tok())
+    ex.run_sweep(store, pair, prompts, method_trees(specs), ex.SweepConfig(12, progress=False))
     units = tables.unit_table(store)
     assert len(units) == len(prompts) * (len(specs) + 1)
     assert units["greedy_equal"].all(), units[~units["greedy_equal"]][["shape", "budget", "prompt_id"]]

@@ -584,7 +584,8 @@ def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
 
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     pairs = [Pair(str(tiny_dir), str(tiny_dir_other_vocab)), Pair(str(tiny_dir), str(tiny_dir_same_vocab))]
-    status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], method_trees(["chain:2"]), 6, progress=False)
+    config = ex.SweepConfig(6, progress=False)
+    status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], method_trees(["chain:2"]), config)
     assert status["status"].tolist() == ["skipped", "measured"]
     assert str(len(WORDS_A) + 3) in status["reason"][0] and str(len(WORDS_B) + 3) in status["reason"][0]
     assert status["target_loaded"].tolist() == ["", "LlamaForCausalLM, 2 layers, float32"]

@@ -128,7 +128,6 @@ def test_a_notebook_sweep_checks_every_pair_first(hub, no_weights, monkeypatch, 
             pairs,
             [Prompt("p", "c", "hi")],
             method_trees(["chain:2"]),
-            4,
-            progress=False,
+            ex.SweepConfig(4, progress=False),
         )
     assert not (tmp_path / "s.jsonl").exists()  # nothing ran, nothing was stored

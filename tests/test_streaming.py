@@ -202,20 +202,10 @@ def test_long_generations_run_past_eos_and_the_reading_warns_of_a_window_that_ne
     tables = {}
     for stop in (False, True):
         store = Sweep(tmp_path / f"long-{stop}.jsonl", key=lg.UNIT_KEY)
-        lg.run_long(
-            store,
-            model,
-            None,
-            None,
-            prompt,
-            ["autoregressive", "ngram/chain:2"],
-            [8],
-            2,
-            "cache",
-            40,
-            progress=False,
-            stop_at_eos=stop,
+        config = lg.LongConfig(
+            ["autoregressive", "ngram/chain:2"], [8], 2, "cache", 40, progress=False, stop_at_eos=stop
         )
+        lg.run_long(store, model, None, None, prompt, config)
         tables[stop] = lg.long_table(store.meta_frame())
     ran, stopped = tables[False], tables[True]
     assert (ran["tokens"] == 40).all() and (ran.loc[ran["window"] == 8, "evictions"] > 0).all()

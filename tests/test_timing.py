@@ -13,9 +13,18 @@ from conftest import tiny_model
 
 from specnb import Tree
 from specnb.analysis.cost_model import cost_table, draft_seconds, draft_widths, expected_tau
-from specnb.bench.attention_grid import GRID_KEY, HEAD_SHAPES, HeadShape, grid, grid_table, run_grid, speedup_table
+from specnb.bench.attention_grid import (
+    GRID_KEY,
+    HEAD_SHAPES,
+    GridConfig,
+    HeadShape,
+    grid,
+    grid_table,
+    run_grid,
+    speedup_table,
+)
 from specnb.bench.timing import environment_row, measure, measure_interleaved
-from specnb.bench.verify_curve import CURVE_KEY, curve_shape, curve_table, verify_curve
+from specnb.bench.verify_curve import CURVE_KEY, CurveConfig, curve_shape, curve_table, verify_curve
 from specnb.io.storage import Sweep
 from specnb.notebook.readings import curve_reading, recommendation
 
@@ -87,9 +96,10 @@ def test_grid_rows_and_resume(tmp_path):
     points = grid([1, 2], [37], [4, 9], ["sparse"])
     impls = ("sdpa", "per_sequence", "eager", "causal")
     heads = HeadShape("tiny", 4, 2, 8)
-    run_grid(Sweep(path, GRID_KEY), points[:2], heads, impls, warmup=0, repeats=2, progress=False)
+    config = GridConfig(impls, warmup=0, repeats=2, progress=False)
+    run_grid(Sweep(path, GRID_KEY), points[:2], heads, config)
     store = Sweep(path, GRID_KEY)
-    run_grid(store, points, heads, impls, warmup=0, repeats=2, progress=False)  # resumes: 2 more points
+    run_grid(store, points, heads, config)  # resumes: 2 more points
     lines = path.read_text().splitlines()
     assert len(lines) == 4 and len({json.dumps(json.loads(l)["key"]) for l in lines}) == 4
     table = grid_table(store)
@@ -105,15 +115,8 @@ def test_unsupported_implementation_is_stored_as_skipped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(attention, "flex_unsupported", lambda device, dtype: "not here, for this test")
     store = Sweep(tmp_path / "g.jsonl", GRID_KEY)
-    run_grid(
-        store,
-        grid([1], [5], [3], ["chain"]),
-        HeadShape("tiny", 2, 2, 8),
-        ("sdpa", "flex"),
-        warmup=0,
-        repeats=1,
-        progress=False,
-    )
+    config = GridConfig(("sdpa", "flex"), warmup=0, repeats=1, progress=False)
+    run_grid(store, grid([1], [5], [3], ["chain"]), HeadShape("tiny", 2, 2, 8), config)
     table = grid_table(store).set_index("impl")
     assert table.loc["flex", "status"] == "skipped" and table.loc["flex", "note"] == "not here, for this test"
     assert table.loc["sdpa", "status"] == "ok"
@@ -122,10 +125,11 @@ def test_unsupported_implementation_is_stored_as_skipped(tmp_path, monkeypatch):
 def test_verify_curve_cost_table_and_recommendation(tmp_path):
     target, draft = tiny_model(0), tiny_model(1, layers=1)
     store = Sweep(tmp_path / "curve.jsonl", CURVE_KEY)
-    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], warmup=0, repeats=2, progress=False)
-    verify_curve(store, draft, "tiny-draft", 11, [1, 2, 4], role="draft", warmup=0, repeats=2, progress=False)
+    quick = CurveConfig(warmup=0, repeats=2, progress=False)
+    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], config=quick)
+    verify_curve(store, draft, "tiny-draft", 11, [1, 2, 4], "draft", quick)
     before = len(store)
-    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], warmup=0, repeats=2, progress=False)
+    verify_curve(store, target, "tiny-target", 11, [0, 2, 5], config=quick)
     assert len(store) == before == 3 * 2 + 3, "a finished curve point is never measured twice"
     curve = curve_table(store)
     verify_rows = curve[curve["kind"] == "verify"].sort_values("nodes")

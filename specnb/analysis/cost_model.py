@@ -164,24 +164,7 @@ def batch_cost_table(
     B prompts' tokens over their steps (per row, bonus included); tokens/s in all: their tokens
     over that time, per row: that / B; speedup: over the target alone at the same B (B rows, one
     decoding step each per token: B / t_verify(B, 0) tokens/s)."""
-    measured = sorted(int(x) for x in curve["batch"].unique())
-    verify_at, width_at = {}, {}
-    for b in measured:
-        at = curve[curve["batch"] == b]
-        verify_at[b] = (
-            at[(at["model"] == target) & (at["role"] == "target")].groupby("nodes")["median_s"].median().sort_index()
-        )
-        width_at[b] = (
-            at[(at["model"] == draft) & (at["role"] == "draft")].groupby("nodes")["median_s"].median().sort_index()
-        )
-        if verify_at[b].empty or width_at[b].empty or 0 not in verify_at[b].index:
-            raise ValueError(f"batch {b}: the curve needs the target's verify rows (n = 0 included) and the draft's")
-
-    def at_batch(table: dict[int, pd.Series], b: float, x: float) -> float:
-        """The curve's seconds at x (nodes or width), interpolated in x, then in the batch size."""
-        ys = [float(np.interp(x, table[m].index.to_numpy(), table[m].to_numpy())) for m in measured]
-        return float(np.interp(b, measured, ys))
-
+    curves = _BatchCurves(curve, target, draft)
     rows = []
     for (shape, budget), tree in trees.items():
         fed = [len(level.fed) for level in tree.levels if level.fed]
@@ -189,17 +172,12 @@ def batch_cost_table(
             chosen = list(runs[(shape, budget)])[:b]
             tokens, steps = sum(t for t, _ in chosen), [s for _, s in chosen]
             tau = tokens / sum(steps)
-
-            def t_step(active: int) -> tuple[float, float]:
-                t_draft = at_batch(width_at, active, math.ceil(tau)) + sum(at_batch(width_at, active, w) for w in fed)
-                return t_draft, at_batch(verify_at, active, tree.num_nodes)
-
-            seconds = t_draft_b = 0.0
+            seconds = 0.0
             for step in range(max(steps)):
-                d, v = t_step(sum(s > step for s in steps))
-                seconds, t_draft_b = seconds + d + v, t_draft_b + d
-            full_draft, full_verify = t_step(b)
-            base = at_batch(verify_at, b, 0)
+                d, v = curves.step(sum(s > step for s in steps), tau, fed, tree.num_nodes)
+                seconds = seconds + d + v
+            full_draft, full_verify = curves.step(b, tau, fed, tree.num_nodes)
+            base = curves.at(curves.verify_at, b, 0)
             rows.append(
                 {
                     "target": target,
@@ -222,6 +200,42 @@ def batch_cost_table(
                 }
             )
     return pd.DataFrame(rows)
+
+
+class _BatchCurves:
+    """One pair's batched curves (rows of `bench.batch_curve`) by measured batch size: the target's
+    verify seconds by tree size and the draft's forward seconds by width."""
+
+    def __init__(self, curve: pd.DataFrame, target: str, draft: str) -> None:
+        self.measured = sorted(int(x) for x in curve["batch"].unique())
+        self.verify_at: dict[int, pd.Series] = {}
+        self.width_at: dict[int, pd.Series] = {}
+        for b in self.measured:
+            at = curve[curve["batch"] == b]
+            self.verify_at[b] = (
+                at[(at["model"] == target) & (at["role"] == "target")]
+                .groupby("nodes")["median_s"]
+                .median()
+                .sort_index()
+            )
+            self.width_at[b] = (
+                at[(at["model"] == draft) & (at["role"] == "draft")].groupby("nodes")["median_s"].median().sort_index()
+            )
+            if self.verify_at[b].empty or self.width_at[b].empty or 0 not in self.verify_at[b].index:
+                raise ValueError(
+                    f"batch {b}: the curve needs the target's verify rows (n = 0 included) and the draft's"
+                )
+
+    def at(self, table: dict[int, pd.Series], b: float, x: float) -> float:
+        """The curve's seconds at x (nodes or width), interpolated in x, then in the batch size."""
+        ys = [float(np.interp(x, table[m].index.to_numpy(), table[m].to_numpy())) for m in self.measured]
+        return float(np.interp(b, self.measured, ys))
+
+    def step(self, active: int, tau: float, fed: Sequence[int], nodes: int) -> tuple[float, float]:
+        """(t_draft, t_verify) of one step with `active` rows: the draft feeds a block of ceil(tau)
+        tokens per row and then each fed level's width; the target verifies `nodes` per row."""
+        t_draft = self.at(self.width_at, active, math.ceil(tau)) + sum(self.at(self.width_at, active, w) for w in fed)
+        return t_draft, self.at(self.verify_at, active, nodes)
 
 
 def best_budgets(table: pd.DataFrame, by: Sequence[str] = ("batch",)) -> pd.DataFrame:

@@ -96,70 +96,75 @@ def grid(
     return sorted(points, key=lambda g: (g.batch * (g.prefix + g.nodes) * g.nodes, g.shape))
 
 
-def run_grid(
-    store: Sweep,
-    points: Sequence[GridPoint],
-    heads: HeadShape,
-    impls: Sequence[str] = IMPLEMENTATIONS + (CAUSAL,),
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    warmup: int = 2,
-    repeats: int = 7,
-    ragged: bool = True,
-    progress: bool = True,
-) -> None:
+@dataclass(frozen=True)
+class GridConfig:
+    """How `run_grid` times each point, built where notebook 03 reads its parameters."""
+
+    impls: tuple[str, ...] = IMPLEMENTATIONS + (CAUSAL,)  # the implementations timed (`bench.attention`)
+    dtype: torch.dtype = torch.float32  # of the random queries, keys and values
+    device: torch.device | str = "cpu"
+    warmup: int = 2  # untimed calls of each implementation per point
+    repeats: int = 7  # timed calls, interleaved between implementations
+    ragged: bool = True  # prefix lengths spread from `prefix` down to about prefix / 2 (batch > 1)
+    progress: bool = True  # a progress bar over the points
+
+    def __post_init__(self) -> None:  # a notebook's list, kept as a tuple
+        object.__setattr__(self, "impls", tuple(self.impls))
+
+
+def run_grid(store: Sweep, points: Sequence[GridPoint], heads: HeadShape, config: GridConfig = GridConfig()) -> None:
     """Time every implementation at every point not yet in `store` (key `GRID_KEY`); one row per
     (point, implementation). An implementation that cannot run is stored as skipped, with why,
     and is not tried again in this call (a failed compile can take as long as a working one)."""
-    env = environment_row(device, dtype)
+    env = environment_row(config.device, config.dtype)
     unsupported: dict[str, str] = {}
     todo = [p for p in points if p.key() not in store]
-    for i, point in enumerate(tqdm(todo, desc="attention grid", disable=not progress)):
-        batch = point.tree_batch(ragged)
-        x = random_inputs(batch, heads.heads, heads.head_dim, heads.kv_heads, dtype, device, seed=i)
-        rows = {
-            impl: {
-                "impl": impl,
-                **env,
-                "heads": heads.heads,
-                "kv_heads": heads.kv_heads,
-                "head_dim": heads.head_dim,
-                "status": "ok",
-                "note": "",
-            }
-            for impl in impls
-        }
-        runs: dict[str, Callable[[], Any]] = {}
-        for impl in impls:
-            if impl in unsupported:
-                rows[impl].update(status="skipped", note=unsupported[impl])
-                continue
-            try:
-                runs[impl] = prepare(x, impl).run
-            except Unsupported as e:
-                unsupported[impl] = str(e)
-                rows[impl].update(status="skipped", note=str(e))
-        try:
-            for impl, t in measure_interleaved(runs, device, warmup, repeats).items():
-                rows[impl].update(t.row())
-        except torch.OutOfMemoryError as e:
-            for impl in runs:
-                rows[impl].update(status="out of memory", note=str(e)[:200])
-        runs.clear()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    for i, point in enumerate(tqdm(todo, desc="attention grid", disable=not config.progress)):
+        batch = point.tree_batch(config.ragged)
+        rows = _time_point(batch, heads, config, i, unsupported)
         tree = batch.trees[0]
         store.add(
             point.key(),
-            list(rows.values()),
+            [{"impl": impl, **env, **row} for impl, row in rows.items()],
             meta={
                 "leaves": len(tree.leaves),
                 "depth": tree.depth,
                 "prefix_lens": "/".join(map(str, batch.prefix_lens)),
-                "ragged": ragged,
+                "ragged": config.ragged,
             },
         )
-        del x
+
+
+def _time_point(
+    batch: TreeBatch, heads: HeadShape, config: GridConfig, seed: int, unsupported: dict[str, str]
+) -> dict[str, dict]:
+    """Every implementation on random inputs of one point (seeded by `seed`): its row of times, or
+    skipped (an implementation in `unsupported`, or one that raises `Unsupported`: added there) or out
+    of memory, with why."""
+    x = random_inputs(batch, heads.heads, heads.head_dim, heads.kv_heads, config.dtype, config.device, seed=seed)
+    shape = {"heads": heads.heads, "kv_heads": heads.kv_heads, "head_dim": heads.head_dim}
+    rows = {impl: {**shape, "status": "ok", "note": ""} for impl in config.impls}
+    runs: dict[str, Callable[[], Any]] = {}
+    for impl in config.impls:
+        if impl in unsupported:
+            rows[impl].update(status="skipped", note=unsupported[impl])
+            continue
+        try:
+            runs[impl] = prepare(x, impl).run
+        except Unsupported as e:
+            unsupported[impl] = str(e)
+            rows[impl].update(status="skipped", note=str(e))
+    try:
+        for impl, t in measure_interleaved(runs, config.device, config.warmup, config.repeats).items():
+            rows[impl].update(t.row())
+    except torch.OutOfMemoryError as e:
+        for impl in runs:
+            rows[impl].update(status="out of memory", note=str(e)[:200])
+    runs.clear()
+    del x
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows
 
 
 def grid_table(store: Sweep) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from ..core.trees import Tree
 from ..io.storage import Sweep
 from ..kernels.cpu_linear import linear_path
 from .timing import environment_row, measure
+from .verify_curve import CurveConfig
 
 BATCH_CURVE_KEY = ("model", "role", "batch", "prefix", "nodes", "shape", "device", "dtype", "torch", "linear")
 
@@ -50,27 +51,27 @@ def batch_curve(
     prefix: int,
     batches: Sequence[int],
     nodes: Sequence[int],
-    shape: str = "sparse",
-    warmup: int = 1,
-    repeats: int = 2,
-    progress: bool = True,
+    config: CurveConfig | None = None,
 ) -> None:
     """Every (B, n) point not yet in `store`: role "target": one verification of an n-node `shape`
     tree per row (n = 0: the roots alone); role "draft": one forward of n tokens per row (n = a
-    level's width). The block is discarded after every call, so each one sees the same cache."""
+    level's width). The block is discarded after every call, so each one sees the same cache. The
+    trees are `config.shape`'s (default: `CurveConfig(repeats=2)`)."""
+    config = config or CurveConfig(repeats=2)
+    shape = config.shape
     env = {**environment_row(model.device, model.dtype), "linear": linear_path(model)}
     for b in batches:
         todo = [n for n in nodes if _key(model_name, role, b, prefix, n, shape, env) not in store]
         if not todo:
             continue
         ragged = ragged_prefix(model, b, prefix)
-        for n in tqdm(todo, desc=f"{model_name} {role} batch {b}", disable=not progress):
+        for n in tqdm(todo, desc=f"{model_name} {role} batch {b}", disable=not config.progress):
             ids, positions, visible, valid = _block(model, ragged, role, n, shape)
             timing = measure(
                 lambda: block_forward(model, ragged, ids, positions, visible, valid),
                 model.device,
-                warmup,
-                repeats,
+                config.warmup,
+                config.repeats,
                 setup=lambda: discard(ragged),
             )
             discard(ragged)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,23 +79,32 @@ def verify_and_forward(
     return out
 
 
+@dataclass(frozen=True)
+class CurveConfig:
+    """How a cost curve is measured (`verify_curve`, `bench.batch_curve.batch_curve`)."""
+
+    shape: str = "sparse"  # the `Tree.preset` of every n-node tree verified
+    warmup: int = 1  # untimed calls per point
+    repeats: int = 3  # timed calls per point
+    progress: bool = True  # a progress bar over the points
+
+
 def verify_curve(
     store: Sweep,
     model: torch.nn.Module,
     model_name: str,
     prefix_len: int,
     nodes: Sequence[int],
-    shape: str = "sparse",
     role: str = "target",
-    warmup: int = 1,
-    repeats: int = 3,
-    progress: bool = True,
+    config: CurveConfig | None = None,
 ) -> None:
     """For each n in `nodes` not yet in `store` (key `CURVE_KEY`), on a cache of `prefix_len`
     tokens: role "target": one verification of an n-node tree (kind "verify"; n = 0 is the root
     alone, one decoding step) and, interleaved with it, one plain forward of the same n + 1 tokens
     (kind "plain"); role "draft": one plain forward of n tokens, the draft's cost per tree level
-    of width n."""
+    of width n. The trees are `config.shape`'s (default: `CurveConfig()`)."""
+    config = config or CurveConfig()
+    shape, warmup, repeats = config.shape, config.warmup, config.repeats
     env = {**environment_row(model.device, model.dtype), "linear": linear_path(model)}
     kinds = KINDS[role]
     key = lambda kind, n: curve_key(model_name, role, kind, prefix_len, n, shape, env)  # noqa: E731
@@ -102,7 +112,7 @@ def verify_curve(
     if not todo:
         return
     cache = prefilled_cache(model, prefix_len)
-    for n in tqdm(todo, desc=f"{model_name} {role}", disable=not progress):
+    for n in tqdm(todo, desc=f"{model_name} {role}", disable=not config.progress):
         tree = Tree.preset(shape, n)
         if role == "draft":
             timings = verify_and_forward(model, cache, None, max(n, 1), warmup, repeats)

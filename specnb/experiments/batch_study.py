@@ -34,6 +34,7 @@ from ..analysis.replay import replay, replay_steps
 from ..bench.baselines import hf_assisted_generate, hf_assisted_refusal, hf_generate_batch
 from ..bench.batch_curve import batch_curve, batch_curve_table
 from ..bench.timing import environment_row
+from ..bench.verify_curve import CurveConfig
 from ..core.batch import BatchResult, autoregressive_generate_batch, speculative_generate_batch
 from ..core.generation import autoregressive_generate
 from ..core.trees import Tree
@@ -92,8 +93,9 @@ def measure_curves(
             *(len(level.fed) for t in trees for level in t.levels if level.fed),
         }
     )
-    batch_curve(store, target, target_label, "target", prefix, batches, nodes, repeats=repeats)
-    batch_curve(store, draft, draft_label, "draft", prefix, batches, widths, repeats=repeats)
+    config = CurveConfig(repeats=repeats)
+    batch_curve(store, target, target_label, "target", prefix, batches, nodes, config)
+    batch_curve(store, draft, draft_label, "draft", prefix, batches, widths, config)
     curve = batch_curve_table(store)
     env = environment_row(target.device, target.dtype)
     mine = (

@@ -306,25 +306,40 @@ def collect_prompt(
     else:
         start = time.perf_counter()
         cache = new_cache(draft)
-        seq = torch.cat([ids, torch.tensor([tokens], dtype=torch.long)], dim=1)[0]  # host: moved by forward
-        logits = forward(draft, cache, seq, logits_to_keep=len(tokens) + 1).float()
-        logp = torch.log_softmax(logits, dim=-1)  # [L + 1, V]: row j predicts tokens[j]
-        truth = torch.tensor(tokens, dtype=torch.long, device=logp.device)
-        top = top_tokens(logits[: len(tokens)], config.top_k + 1)  # [L, top_k + 1]: the drafters' ranking
-        hit = top[:, : config.top_k] == truth[:, None]
-        out["ranks"] = torch.where(hit.any(-1), hit.int().argmax(-1), config.top_k).cpu().numpy().astype(np.int16)
-        rows = torch.arange(len(tokens), device=logits.device)
-        gaps = (logits[: len(tokens)].gather(-1, top) - logits[rows, truth][:, None]).abs()
-        out["rank_margin"] = (
-            gaps.masked_fill(top == truth[:, None], float("inf")).min(-1).values.cpu().numpy().astype(np.float32)
-        )
-        out["logq"] = logp[rows, truth].cpu().numpy().astype(np.float32)
+        ranks, logp = _ranks(draft, cache, ids, tokens, config.top_k)
+        out.update(ranks)
         times["ranks"] = time.perf_counter() - start
         if config.super_k and super_trees:
             start = time.perf_counter()
             out.update(_super_trees(draft, cache, ids.shape[1], tokens, logp, config))
             times["super_tree"] = time.perf_counter() - start
     return PromptData(prompt_id=prompt_id, category=category, stopped=stopped, times=times, **out)
+
+
+def _ranks(
+    draft: torch.nn.Module, cache: DynamicCache, ids: torch.Tensor, tokens: list[int], top_k: int
+) -> tuple[dict[str, np.ndarray], torch.Tensor]:
+    """The draft teacher-forced on prompt `ids` [1, T] + `tokens` (its cache filled): each token's
+    rank among the draft's top_k (top_k: beyond), the logit margin to the nearest other rank, its
+    log q; and the log q rows [L + 1, V] (row j predicting tokens[j])."""
+    seq = torch.cat([ids, torch.tensor([tokens], dtype=torch.long)], dim=1)[0]  # host: moved by forward
+    logits = forward(draft, cache, seq, logits_to_keep=len(tokens) + 1).float()
+    logp = torch.log_softmax(logits, dim=-1)  # [L + 1, V]: row j predicts tokens[j]
+    truth = torch.tensor(tokens, dtype=torch.long, device=logp.device)
+    top = top_tokens(logits[: len(tokens)], top_k + 1)  # [L, top_k + 1]: the drafters' ranking
+    hit = top[:, :top_k] == truth[:, None]
+    rows = torch.arange(len(tokens), device=logits.device)
+    gaps = (logits[: len(tokens)].gather(-1, top) - logits[rows, truth][:, None]).abs()
+    out = {
+        "ranks": torch.where(hit.any(-1), hit.int().argmax(-1), top_k).cpu().numpy().astype(np.int16),
+        "rank_margin": gaps.masked_fill(top == truth[:, None], float("inf"))
+        .min(-1)
+        .values.cpu()
+        .numpy()
+        .astype(np.float32),
+        "logq": logp[rows, truth].cpu().numpy().astype(np.float32),
+    }
+    return out, logp
 
 
 @torch.inference_mode()
@@ -339,73 +354,95 @@ def _super_trees(
     """Grow the super-tree at every position. cache: the draft's cache of prompt + continuation
     (restored after each chunk); logp: float [L + 1, V], teacher-forced log q, row j predicting
     tokens[j], i.e. the children of the on-path node at depth d of position t are in row t + d."""
-    k, depth, size = config.super_k, config.super_depth, config.super_size
-    n_seq, length = prompt_len + len(tokens), len(tokens)
-    on_top = top_tokens(logp, k)  # [L + 1, k]
-    on_values, on_indices = logp.gather(-1, on_top).tolist(), on_top.tolist()
-    out = empty_super_trees(length, size, depth)
+    size, length = config.super_size, len(tokens)
+    on_top = top_tokens(logp, config.super_k)  # [L + 1, k]
+    on_children = (logp.gather(-1, on_top).tolist(), on_top.tolist())
+    out = empty_super_trees(length, size, config.super_depth)
     for start in range(0, length, config.super_chunk):
-        chunk = range(start, min(length, start + config.super_chunk))
-        # node: [sort key (-score, depth, path), token, parent index, on-path depth, fed column]
-        nodes: dict[int, list[list]] = {t: [] for t in chunk}
-
-        def add_children(t: int, parent: int, values: list[float], indices: list[int]) -> None:
-            base_score, base_depth, base_path = (
-                (0.0, 0, ())
-                if parent < 0
-                else (-nodes[t][parent][0][0], nodes[t][parent][0][1], nodes[t][parent][0][2])
-            )
-            parent_on = parent < 0 or nodes[t][parent][3] == base_depth
-            for r, (v, x) in enumerate(zip(values, indices)):
-                d = base_depth + 1
-                on = parent_on and t + d - 1 < length and x == tokens[t + d - 1]
-                on_depth = d if on else (base_depth if parent_on else nodes[t][parent][3])
-                nodes[t].append([(-(base_score + v), d, base_path + (r,)), x, parent, on_depth, -1])
-
-        for t in chunk:
-            add_children(t, -1, on_values[t], on_indices[t])
-        fed = 0
-        for d in range(1, depth):
-            expand: list[tuple[int, int]] = []
-            for t in chunk:
-                kept = sorted(range(len(nodes[t])), key=lambda i: nodes[t][i][0])[:size]
-                expand += [(t, i) for i in kept if nodes[t][i][0][1] == d]
-            feed = [(t, i) for t, i in expand if nodes[t][i][3] != d]  # off-path: no teacher-forced row
-            for t, i in expand:
-                if nodes[t][i][3] == d:
-                    add_children(t, i, on_values[t + d], on_indices[t + d])
-            if not feed:
-                continue
-            q = len(feed)
-            mask = torch.zeros(q, n_seq + fed + q, dtype=torch.bool)  # host: built here, moved by forward
-            for row, (t, i) in enumerate(feed):
-                node = nodes[t][i]
-                node[4] = fed + row
-                mask[row, : prompt_len + t + node[3]] = True  # the sequence up to the deepest on-path ancestor
-                a = i
-                while a >= 0 and nodes[t][a][4] >= 0:  # itself and its fed (off-path) ancestors
-                    mask[row, n_seq + nodes[t][a][4]] = True
-                    a = nodes[t][a][2]
-            ids = torch.tensor([nodes[t][i][1] for t, i in feed])  # host: moved by forward
-            positions = torch.tensor([prompt_len + t - 1 + d for t, _ in feed])  # host: moved by forward
-            logq = torch.log_softmax(forward(draft, cache, ids, positions, mask).float(), dim=-1)
-            fed += q
-            top = top_tokens(logq, k)
-            for (t, i), values, indices in zip(feed, logq.gather(-1, top).tolist(), top.tolist()):
-                add_children(t, i, values, indices)
-        crop(cache, n_seq)
-        for t in chunk:
-            kept = sorted(range(len(nodes[t])), key=lambda i: nodes[t][i][0])[:size]
+        grown = _SuperChunk(range(start, min(length, start + config.super_chunk)), tokens)
+        for t in grown.chunk:
+            grown.add_children(t, -1, on_children[0][t], on_children[1][t])
+        _grow_chunk(draft, cache, grown, prompt_len, on_children, config)
+        crop(cache, prompt_len + length)
+        for t in grown.chunk:
+            kept = grown.kept(t, size)
             where = {old: new for new, old in enumerate(kept)}
             out["super_size"][t] = len(kept)
             for new, old in enumerate(kept):
-                (neg_score, d, path), token, parent, on_depth, _ = nodes[t][old]
+                (neg_score, d, path), token, parent, on_depth, _ = grown.nodes[t][old]
                 out["super_parent"][t, new] = where[parent] if parent >= 0 else -1
                 out["super_rank"][t, new], out["super_depth"][t, new] = path[-1], d
                 out["super_token"][t, new], out["super_score"][t, new] = token, -neg_score
                 if on_depth == d:
                     out["super_on_path"][t, d - 1] = new
     return out
+
+
+class _SuperChunk:
+    """The super-trees of a chunk of positions as they grow. A node of position t: [sort key
+    (-score, depth, path), token, parent index, on-path depth, fed column (-1: not fed)]."""
+
+    def __init__(self, chunk: range, tokens: list[int]) -> None:
+        self.chunk, self.tokens = chunk, tokens
+        self.nodes: dict[int, list[list]] = {t: [] for t in chunk}
+
+    def add_children(self, t: int, parent: int, values: list[float], indices: list[int]) -> None:
+        nodes, length = self.nodes, len(self.tokens)
+        base_score, base_depth, base_path = (
+            (0.0, 0, ()) if parent < 0 else (-nodes[t][parent][0][0], nodes[t][parent][0][1], nodes[t][parent][0][2])
+        )
+        parent_on = parent < 0 or nodes[t][parent][3] == base_depth
+        for r, (v, x) in enumerate(zip(values, indices)):
+            d = base_depth + 1
+            on = parent_on and t + d - 1 < length and x == self.tokens[t + d - 1]
+            on_depth = d if on else (base_depth if parent_on else nodes[t][parent][3])
+            nodes[t].append([(-(base_score + v), d, base_path + (r,)), x, parent, on_depth, -1])
+
+    def kept(self, t: int, size: int) -> list[int]:
+        """The indices of position t's `size` best nodes, best first."""
+        return sorted(range(len(self.nodes[t])), key=lambda i: self.nodes[t][i][0])[:size]
+
+
+def _grow_chunk(
+    draft: torch.nn.Module,
+    cache: DynamicCache,
+    grown: _SuperChunk,
+    prompt_len: int,
+    on_children: tuple[list, list],
+    config: CollectConfig,
+) -> None:
+    """Expand, depth by depth, every node among its position's `super_size` best: an on-path node's
+    children come from the teacher-forced rows (`on_children`: values and indices of each row's top
+    super_k), an off-path node is fed to the draft (one forward per depth, all positions of the
+    chunk together, each fed token seeing its sequence and its fed ancestors)."""
+    nodes, n_seq, fed = grown.nodes, prompt_len + len(grown.tokens), 0
+    for d in range(1, config.super_depth):
+        expand: list[tuple[int, int]] = []
+        for t in grown.chunk:
+            expand += [(t, i) for i in grown.kept(t, config.super_size) if nodes[t][i][0][1] == d]
+        feed = [(t, i) for t, i in expand if nodes[t][i][3] != d]  # off-path: no teacher-forced row
+        for t, i in expand:
+            if nodes[t][i][3] == d:
+                grown.add_children(t, i, on_children[0][t + d], on_children[1][t + d])
+        if not feed:
+            continue
+        q = len(feed)
+        mask = torch.zeros(q, n_seq + fed + q, dtype=torch.bool)  # host: built here, moved by forward
+        for row, (t, i) in enumerate(feed):
+            node = nodes[t][i]
+            node[4] = fed + row
+            mask[row, : prompt_len + t + node[3]] = True  # the sequence up to the deepest on-path ancestor
+            a = i
+            while a >= 0 and nodes[t][a][4] >= 0:  # itself and its fed (off-path) ancestors
+                mask[row, n_seq + nodes[t][a][4]] = True
+                a = nodes[t][a][2]
+        ids = torch.tensor([nodes[t][i][1] for t, i in feed])  # host: moved by forward
+        positions = torch.tensor([prompt_len + t - 1 + d for t, _ in feed])  # host: moved by forward
+        logq = torch.log_softmax(forward(draft, cache, ids, positions, mask).float(), dim=-1)
+        fed += q
+        top = top_tokens(logq, config.super_k)
+        for (t, i), values, indices in zip(feed, logq.gather(-1, top).tolist(), top.tolist()):
+            grown.add_children(t, i, values, indices)
 
 
 @torch.inference_mode()

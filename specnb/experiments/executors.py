@@ -265,13 +265,7 @@ class RayExecutor:
     def _drive(
         self, ray: Any, load: Callable, work: Callable, units: list, ledger: _Ledger, actors: list, started: float
     ) -> Outcome:
-        resources = ray.cluster_resources()
-        gpus_each = self.num_gpus if self.num_gpus is not None else (1.0 if resources.get("GPU", 0) >= 1 else 0.0)
-        wanted = self.workers or int(
-            resources.get("GPU", 0) // gpus_each if gpus_each else resources.get("CPU", 1) // self.num_cpus
-        )
-        wanted = max(1, min(wanted, len(units)))
-        options = {"num_cpus": self.num_cpus, "num_gpus": gpus_each, "max_restarts": 0}
+        wanted, options = self._actor_plan(ray, len(units))
         threads = self.threads or max(1, round(self.num_cpus))
         actor_class = ray.remote(_RayWorker).options(**options)
         inflight: dict[Any, tuple[str, Any, Any]] = {}  # ref -> ("ready" | "run", actor, unit)
@@ -322,15 +316,22 @@ class RayExecutor:
                     ledger.succeeded(unit, value)
                 idle.append(actor)
             ledger.report(list(running.values()), lost)
-        for unit in pending:  # no worker left to take them
-            ledger.failures.append(
-                Failure(
-                    unit.name, ledger.attempts.get(unit.name, 0), f"no worker left ({lost} lost; last: {last_error})"
-                )
-            )
-        if pending:
+        if pending:  # no worker left to take them
+            for unit in pending:
+                reason = f"no worker left ({lost} lost; last: {last_error})"
+                ledger.failures.append(Failure(unit.name, ledger.attempts.get(unit.name, 0), reason))
             ledger.report(list(running.values()), lost)
         return ledger.outcome(infos, lost, started, ready_at)
+
+    def _actor_plan(self, ray: Any, units: int) -> tuple[int, dict]:
+        """(actors to start, their Ray options): `workers`, or one per GPU of the cluster where it has
+        GPUs (num_gpus each, default 1), else one per `num_cpus` of its CPUs; never more than units."""
+        resources = ray.cluster_resources()
+        gpus_each = self.num_gpus if self.num_gpus is not None else (1.0 if resources.get("GPU", 0) >= 1 else 0.0)
+        wanted = self.workers or int(
+            resources.get("GPU", 0) // gpus_each if gpus_each else resources.get("CPU", 1) // self.num_cpus
+        )
+        return max(1, min(wanted, units)), {"num_cpus": self.num_cpus, "num_gpus": gpus_each, "max_restarts": 0}
 
 
 def executor_for(name: str, address: str = "", workers: int = 0) -> Executor:

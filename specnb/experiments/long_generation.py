@@ -23,6 +23,7 @@ drafted and accepted), and a summary per unit with:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -47,50 +48,62 @@ def policies(windows: Sequence[int], sink: int, slack: int, positions: str) -> d
     return {int(w): None if not w else StreamingCache(sink, int(w), slack, positions) for w in windows}
 
 
+@dataclass(frozen=True)
+class LongConfig:
+    """What `run_long` generates, built where notebook 04 reads its parameters."""
+
+    methods: tuple[str, ...]  # TARGET_ALONE and method specs (`drafters.methods`)
+    windows: tuple[int, ...]  # cache windows; 0 (FULL) is the full cache, the others StreamingLLM's sinks + window
+    sink: int  # attention sinks kept at the start of the cache
+    positions: str  # "cache" (positions inside the cache, keys re-rotated) or "original" (`core.streaming`)
+    max_new_tokens: int  # tokens generated per unit
+    draft_policy: bool = True  # a draft model's own cache takes the same policy
+    progress: bool = True  # a progress bar over the units
+    stop_at_eos: bool = False  # False: every unit runs max_new_tokens whatever the model's EOS; True: it stops there
+
+    def __post_init__(self) -> None:  # a notebook's lists, kept as tuples
+        object.__setattr__(self, "methods", tuple(self.methods))
+        object.__setattr__(self, "windows", tuple(self.windows))
+
+
 def run_long(
     store: Sweep,
     target: torch.nn.Module,
     draft: torch.nn.Module | None,
     tokenizer,
     prompts: Sequence[Prompt],
-    methods: Sequence[str],
-    windows: Sequence[int],
-    sink: int,
-    positions: str,
-    max_new_tokens: int,
-    draft_policy: bool = True,
-    progress: bool = True,
-    stop_at_eos: bool = False,
+    config: LongConfig,
 ) -> None:
     """Every (prompt, window, method) unit not yet in `store`; per prompt, the full cache's target
     alone first (the reference of first_difference), and per window the target alone before the
-    methods (their streaming reference). stop_at_eos False: every generation runs its
+    methods (their streaming reference). config.stop_at_eos False: every generation runs its
     `max_new_tokens` whatever the model's EOS (a base model may emit it long before a window
     fills, and then nothing is evicted); True: each stops at EOS."""
-    eos = None if stop_at_eos else ()  # None: the model's own EOS; (): none
+    eos = None if config.stop_at_eos else ()  # None: the model's own EOS; (): none
+    methods = config.methods
     trees = {m: parse_method(m) for m in methods if m != TARGET_ALONE}
     slack = max([t.tree.depth for t in trees.values()] + [1])
-    by_window = policies([FULL] + [w for w in windows if w], sink, slack, positions)
+    by_window = policies([FULL] + [w for w in config.windows if w], config.sink, slack, config.positions)
     order = [TARGET_ALONE] + [m for m in methods if m != TARGET_ALONE]
     todo = [(p, w, m) for p in prompts for w in by_window for m in order]
     todo = [u for u in todo if {"prompt_id": u[0].id, "window": u[1], "method": u[2]} not in store]
     gap: list[float] = []  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
-    for prompt, window, method in tqdm(todo, desc="long generations", disable=not progress):
+    for prompt, window, method in tqdm(todo, desc="long generations", disable=not config.progress):
         ids = prompt_ids(tokenizer, prompt.text)
         policy = by_window[window]
         if method == TARGET_ALONE:
             result = autoregressive_generate(
-                target, ids, max_new_tokens=max_new_tokens, cache_policy=policy, eos_token_id=eos
+                target, ids, max_new_tokens=config.max_new_tokens, cache_policy=policy, eos_token_id=eos
             )
         else:
             spec = trees[method]
-            drafter = build_drafter(spec, target, draft, cache_policy=policy if draft_policy else None)
+            drafter = build_drafter(spec, target, draft, cache_policy=policy if config.draft_policy else None)
             result = speculative_generate(
                 target,
                 drafter,
                 ids,
                 tree=spec.tree,
-                max_new_tokens=max_new_tokens,
+                max_new_tokens=config.max_new_tokens,
                 cache_policy=policy,
                 eos_token_id=eos,
             )

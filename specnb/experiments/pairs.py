@@ -4,8 +4,12 @@ methods and the labels tables use) and `pair_keys` (which loaded models two pair
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from ..drafters.methods import method_trees
+from ..drafters.retokenize import TokenText
 from ..io.models import ModelPair
 
 
@@ -45,3 +49,15 @@ class Pair(ModelPair):
 def pair_keys(pair: Pair) -> tuple[tuple, tuple]:
     """(target, draft) as (name, quantization, kept layers): equal keys are one loaded model."""
     return (pair.target, pair.target_quantization, None), (pair.draft, pair.draft_quantization, pair.draft_layers)
+
+
+@dataclass(frozen=True)
+class PairModels:
+    """A pair as one run uses it, loaded: its models and both tokenizers, each loaded once."""
+
+    label: str  # the pair as tables name it (`Pair.label`)
+    target: torch.nn.Module | None  # None only where workers load the pair themselves (`collect_pair`)
+    draft: torch.nn.Module | None  # None when no unit needs the draft model
+    tokenizer: Any  # the target's
+    draft_tokenizer: Any = None  # the draft's: needed by the cross-tokenizer methods (xtok, hf_uag) only
+    texts: tuple[TokenText, TokenText] | None = None  # both tokenizers read as bytes (`TokenText`), when already made

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -19,97 +20,114 @@ from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row
 from ..analysis.quality import TIE_MARGIN
 from ..bench.timing import environment_row
-from ..bench.verify_curve import curve_table, missing_points, verify_curve
+from ..bench.verify_curve import CurveConfig, curve_table, missing_points, verify_curve
 from ..core.drafting import Drafter
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
-from ..drafters.methods import DYNAMIC, parse_method
+from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, parse_method
 from ..io.models import ModelPair, default_device, default_dtype, load_model, model_dtype, prompt_ids
 from ..io.prompts import Prompt
 from ..io.storage import Sweep
 from ..kernels.cpu_linear import effective_path, linear_path
 from .collect import CollectReport, collect_units
 from .executors import Executor, LocalExecutor
-from .pairs import Pair
+from .pairs import Pair, PairModels
 from .redraft_study import needs_redrafter, redraft_table, redrafts, steps_of
 from .tables import steps_frame
 
 
+@dataclass(frozen=True)
+class PairCollectConfig:
+    """What `collect_pair` collects of a pair, built where a notebook reads its parameters."""
+
+    max_new_tokens: int  # tokens generated per prompt
+    super_k: int = 0  # children per node of the super-trees; 0: no super-trees
+    super_depth: int = DYNAMIC_MAX_DEPTH  # depth of the super-trees
+    dynamic_budgets: tuple[int, ...] = ()  # budgets of the dynamic trees: the super-trees are as large as the largest
+    top_k: int = 16  # ranks kept per position (at least the widest rank any tree uses; the oracle's limit K)
+    super_prompts: int | None = None  # super-trees on the first prompts only; None: every prompt
+    retries: int = 2  # a unit that fails is tried this many more times, then listed by name
+    dtype: str | None = None  # the dtype a worker loads the pair in (`io.models.model_dtype`)
+
+
 def collect_pair(
     folder,
-    target: torch.nn.Module | None,
-    draft: torch.nn.Module | None,
-    tokenizer,
+    models: PairModels,
     prompts: Sequence[Prompt],
     trees: dict[tuple[str, int], Tree],
-    max_new_tokens: int,
-    super_k: int,
-    super_depth: int,
-    dynamic_budgets: Sequence[int],
-    describe: dict | None = None,
-    top_k: int = 16,
-    super_prompts: int | None = None,
+    config: PairCollectConfig,
     pair: Pair | None = None,
-    executor: Executor = LocalExecutor(),
-    retries: int = 2,
-    dtype: str | None = None,
-    draft_tokenizer=None,
+    executor: Executor | None = None,
 ) -> CollectReport:
-    """`experiments.collect.collect_units` for a prompt set: ranks kept up to top_k (at least the widest
-    rank any tree uses; the oracle's limit K), super-trees (when super_k > 0) as large as the largest
-    dynamic budget, on the first `super_prompts` prompts (None: all). Resumable in `folder` (a path,
-    a shared folder or an fsspec URL). The local executor uses the loaded `target` and `draft`; any
-    other (Ray) loads `pair` on each worker (in `dtype`, `io.models.model_dtype`), and the draft's
-    dtype is recorded so that a worker loading another refuses. The report holds the collection of
-    the collected prompts and the failures by name (`CollectReport`).
+    """`experiments.collect.collect_units` for a prompt set: ranks kept up to config.top_k (at least
+    the widest rank any tree uses; the oracle's limit K), super-trees (when config.super_k > 0) as
+    large as the largest dynamic budget, on the first `config.super_prompts` prompts (None: all).
+    Resumable in `folder` (a path, a shared folder or an fsspec URL). The local executor (the
+    default) uses the loaded `models.target` and `models.draft`; any other (Ray) loads `pair` on
+    each worker (in `config.dtype`, `io.models.model_dtype`), and the draft's dtype is recorded so
+    that a worker loading another refuses. The collection is described by the pair's label. The
+    report holds the collection of the collected prompts and the failures by name (`CollectReport`).
 
-    `tokenizer` is the target's; with the draft's (draft_tokenizer) and a different vocabulary, the
-    collection is a cross-tokenizer one, made in this process: the continuation from an exact
-    cross-tokenizer chain:4 run, nothing else (`redrafter` answers it)."""
+    `models.tokenizer` is the target's; with the draft's (`models.draft_tokenizer`) and a different
+    vocabulary, the collection is a cross-tokenizer one, made in this process: the continuation
+    from an exact cross-tokenizer chain:4 run, nothing else (`redrafter` answers it)."""
+    executor = executor or LocalExecutor()
+    target, draft, tokenizer = models.target, models.draft, models.tokenizer
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
-    draft_dtype = draft.dtype if draft is not None else model_dtype(dtype) or default_dtype(default_device())
-    describe = {**(describe or {}), "draft_dtype": str(draft_dtype).removeprefix("torch.")}
+    draft_dtype = draft.dtype if draft is not None else model_dtype(config.dtype) or default_dtype(default_device())
+    describe = {"pair": models.label, "draft_dtype": str(draft_dtype).removeprefix("torch.")}
     categories = {p.id: p.category for p in prompts}
-    if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+    if models.draft_tokenizer is not None and models.draft_tokenizer.get_vocab() != tokenizer.get_vocab():
         if target is None or draft is None:
             raise ValueError("a cross-tokenizer collection runs in this process: pass the loaded target and draft")
-        config = CollectConfig(max_new_tokens=max_new_tokens, run_tree="chain:4", cross_tokenizer=True)
-        drafter = CrossTokenizerDrafter(draft, draft_tokenizer, tokenizer)
+        cross = CollectConfig(max_new_tokens=config.max_new_tokens, run_tree="chain:4", cross_tokenizer=True)
+        drafter = CrossTokenizerDrafter(draft, models.draft_tokenizer, tokenizer)
         return collect_units(
-            folder, (target, draft, drafter), ids, config, categories=categories, describe=describe, retries=retries
+            folder,
+            (target, draft, drafter),
+            ids,
+            cross,
+            categories=categories,
+            describe=describe,
+            retries=config.retries,
         )
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
-    config = CollectConfig(
-        max_new_tokens=max_new_tokens,
-        top_k=max(widest + 1, super_k, top_k),
-        super_k=super_k,
-        super_depth=super_depth,
-        super_size=max(dynamic_budgets, default=1),
+    collect = CollectConfig(
+        max_new_tokens=config.max_new_tokens,
+        top_k=max(widest + 1, config.super_k, config.top_k),
+        super_k=config.super_k,
+        super_depth=config.super_depth,
+        super_size=max(config.dynamic_budgets, default=1),
     )
-    if isinstance(executor, LocalExecutor) and target is not None and draft is not None:
-        models: ModelPair | tuple = (target, draft)
-    elif pair is not None:
-        models = ModelPair(
-            pair.target,
-            pair.draft,
-            pair.target_quantization,
-            pair.draft_quantization,
-            pair.draft_layers,
-            dtype,
-            pair.cpu_linear,
-        )
-    else:
-        raise ValueError("workers load the pair themselves: pass the pair's names (pair=...)")
     return collect_units(
         folder,
-        models,
+        _collecting_models(models, pair, executor, config.dtype),
         ids,
-        config,
+        collect,
         categories=categories,
         describe=describe,
         executor=executor,
-        retries=retries,
-        super_prompts=None if super_prompts is None else [p.id for p in prompts[:super_prompts]],
+        retries=config.retries,
+        super_prompts=None if config.super_prompts is None else [p.id for p in prompts[: config.super_prompts]],
+    )
+
+
+def _collecting_models(
+    models: PairModels, pair: Pair | None, executor: Executor, dtype: str | None
+) -> ModelPair | tuple[torch.nn.Module, torch.nn.Module]:
+    """The loaded (target, draft) for the local executor; the pair's names for workers that load it."""
+    if isinstance(executor, LocalExecutor) and models.target is not None and models.draft is not None:
+        return (models.target, models.draft)
+    if pair is None:
+        raise ValueError("workers load the pair themselves: pass the pair's names (pair=...)")
+    return ModelPair(
+        pair.target,
+        pair.draft,
+        pair.target_quantization,
+        pair.draft_quantization,
+        pair.draft_layers,
+        dtype,
+        pair.cpu_linear,
     )
 
 
@@ -146,8 +164,8 @@ def cost_curves(
                 pair.draft, pair.draft_quantization, dtype=dtype, layers=pair.draft_layers, cpu_linear=pair.cpu_linear
             )[0],
         )
-        verify_curve(store, target, names[0], prefix, nodes, repeats=repeats)
-        verify_curve(store, draft, names[1], prefix, widths, role="draft", repeats=repeats)
+        verify_curve(store, target, names[0], prefix, nodes, config=CurveConfig(repeats=repeats))
+        verify_curve(store, draft, names[1], prefix, widths, "draft", CurveConfig(repeats=repeats))
     return curve_table(store, names, prefix, env["device"], env["linear"])
 
 

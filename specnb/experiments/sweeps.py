@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -37,14 +39,23 @@ from ..bench.baselines import hf_assisted_generate, hf_prompt_lookup_generate, h
 from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
-from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, build_drafter, method_trees, parse_method
+from ..drafters.methods import (
+    CROSS,
+    DYNAMIC,
+    DYNAMIC_MAX_DEPTH,
+    DYNAMIC_TOP_K,
+    Method,
+    build_drafter,
+    method_trees,
+    parse_method,
+)
 from ..drafters.retokenize import TokenText
 from ..io.models import check_pair, describe_model, load_model, load_tokenizer, prompt_format, prompt_ids
 from ..io.prompts import Prompt
 from ..io.sources import check_sources
 from ..io.storage import Sweep
-from .pairs import Pair, pair_keys
-from .replay_study import collect_pair
+from .pairs import Pair, PairModels, pair_keys
+from .replay_study import PairCollectConfig, collect_pair
 from .tables import BASELINE
 
 WARMUP_TOKENS = 4  # tokens of each method's untimed warm-up run (`run_sweep`)
@@ -52,160 +63,176 @@ GAP_TOKENS = 8  # tokens of the first prompt's output that `quality.logit_gap` d
 UNIT_KEY = ("pair", "shape", "budget", "prompt_id")
 
 
+@dataclass(frozen=True)
+class SweepConfig:
+    """How a sweep runs its units (`run_sweep`, `run_pairs`), built where a notebook reads its parameters."""
+
+    max_new_tokens: int  # tokens generated per unit
+    rounds: int = 1  # timed runs per prompt and method, interleaved in an order rotated per prompt; the fastest kept
+    warmup: bool = True  # every method first runs once untimed (WARMUP_TOKENS tokens)
+    dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH)  # (children per node, depth) of dynamic trees
+    progress: bool = True  # a progress bar per pair
+    dtype: str | None = None  # run_pairs: the models' dtype (`io.models.model_dtype`); None: the device's default
+    cpu_linear: str = "stock"  # run_pairs: a CPU float32 model's linear layers (`kernels.cpu_linear`)
+
+
 def run_sweep(
     store: Sweep,
-    pair_label: str,
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    tokenizer,
+    pair: PairModels,
     prompts: Sequence[Prompt],
     trees: dict[tuple[str, int], Tree],
-    max_new_tokens: int,
-    progress: bool = True,
-    dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
-    draft_tokenizer=None,
+    config: SweepConfig,
     baseline_of: str | None = None,
-    texts: tuple[TokenText, TokenText] | None = None,
-    rounds: int = 1,
-    warmup: bool = True,
     drafters: dict[tuple[str, int], Drafter] | None = None,
 ) -> None:
     """Run every (prompt, tree) unit not yet in `store`. Timing is fair between methods: with
-    `warmup` every method first runs once untimed (a few tokens); then per prompt the methods run
-    interleaved, `rounds` times, in an order rotated from prompt to prompt, and each unit keeps its
-    fastest round (greedy: every round gives the same tokens; a shared CPU's spikes only slow a
-    run down) and records every round's seconds (`round_times`). The target alone is stored first
-    per prompt: the reference of every method's output. A prompt's units are stored when its rounds
-    are done (an interrupted run redoes that prompt only). dynamic:
-    (children per node, depth) of dynamic trees (`methods.build_drafter`). `tokenizer` is the
-    target's; draft_tokenizer, the draft's, is needed by the cross-tokenizer methods (xtok, hf_uag)
-    only. baseline_of: an earlier pair of the same target in `store`, whose target-alone units are
-    copied (meta "baseline_of") instead of run again: same model, prompt and run. texts: the two
-    tokenizers read as bytes (`TokenText`), when already made. drafters: drafters built by the
-    caller for some keys of `trees` (learned heads: `drafters.medusa`, `drafters.eagle`), whose
-    labels then need not be method specs; `draft` may be None when every key has one."""
-    drafters = dict(drafters or {})  # by key: the caller's; by method spec: one built per method, reused across prompts
-    vocabularies = _Vocabularies(tokenizer, draft_tokenizer, texts)
-    todo = {p.id: [k for k in [None, *trees] if _key(pair_label, k, p) not in store] for p in prompts}
-    references: dict[str, list[int]] = {}
-    ids_of = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}  # tokenize each prompt once
-    scores: dict[tuple[str, tuple[int, ...]], Score] = {}  # equal outputs are scored once
-    gap: list[float] = []  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
-    if warmup and any(todo.values()):  # every method once, untimed: no timed run pays a first call's costs
-        for k in [None, *trees]:
-            _generate(
+    `config.warmup` every method first runs once untimed (a few tokens); then per prompt the methods
+    run interleaved, `config.rounds` times, in an order rotated from prompt to prompt, and each unit
+    keeps its fastest round (greedy: every round gives the same tokens; a shared CPU's spikes only
+    slow a run down) and records every round's seconds (`round_times`). The target alone is stored
+    first per prompt: the reference of every method's output. A prompt's units are stored when its
+    rounds are done (an interrupted run redoes that prompt only). `pair.draft_tokenizer` is needed
+    by the cross-tokenizer methods (xtok, hf_uag) only. baseline_of: an earlier pair of the same
+    target in `store`, whose target-alone units are copied (meta "baseline_of") instead of run
+    again: same model, prompt and run. drafters: drafters built by the caller for some keys of
+    `trees` (learned heads: `drafters.medusa`, `drafters.eagle`), whose labels then need not be
+    method specs; `pair.draft` may be None when every key has one."""
+    _sweep(store, _Units(pair, trees, config, drafters), prompts, baseline_of)
+
+
+class _Units:
+    """One pair's units: each key's method parsed once, each specnb method's drafter built once and
+    reused across prompts, the two tokenizers read as `TokenText` once, when a method needs it."""
+
+    def __init__(
+        self,
+        pair: PairModels,
+        trees: dict[tuple[str, int], Tree],
+        config: SweepConfig,
+        drafters: dict[tuple[str, int], Drafter] | None = None,
+        methods: dict[tuple[str, int], Method] | None = None,
+    ) -> None:
+        self.pair, self.trees, self.config = pair, trees, config
+        self.drafters: dict = dict(drafters or {})  # by key: the caller's; by method spec: one built per method
+        self.methods = methods or {k: parse_method(f"{k[0]}:{k[1]}") for k in trees if k not in self.drafters}
+        self.gap: float | None = None  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
+        self._texts = pair.texts
+
+    def generate(self, ids: torch.Tensor, k: tuple[str, int] | None, max_new_tokens: int) -> GenerationResult:
+        """One unit: the baseline (k None), a drafter the caller built for key k, a transformers
+        method, or a specnb method (`methods`)."""
+        target, draft = self.pair.target, self.pair.draft
+        if k is None:
+            return autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
+        tree = self.trees[k]
+        if k in self.drafters:
+            return speculative_generate(target, self.drafters[k], ids, tree=tree, max_new_tokens=max_new_tokens)
+        method = self.methods[k]
+        if method.drafter == "hf_assisted":
+            return hf_assisted_generate(
+                target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens
+            )
+        if method.drafter == "hf_uag":
+            return hf_uag_generate(
                 target,
                 draft,
-                drafters,
-                ids_of[prompts[0].id],
-                k,
-                trees[k] if k else None,
-                min(WARMUP_TOKENS, max_new_tokens),
-                vocabularies,
-                dynamic,
+                ids,
+                self.pair.tokenizer,
+                self.pair.draft_tokenizer,
+                num_assistant_tokens=method.budget,
+                max_new_tokens=max_new_tokens,
             )
-    bar = tqdm(total=sum(map(len, todo.values())), desc=pair_label, disable=not progress)
+        if method.drafter == "hf_prompt_lookup":
+            return hf_prompt_lookup_generate(
+                target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens
+            )
+        if method.spec not in self.drafters:
+            texts = self.texts() if method.drafter == CROSS else (None, None)
+            self.drafters[method.spec] = build_drafter(
+                method, target, draft, dynamic=self.config.dynamic, target_tokenizer=texts[0], draft_tokenizer=texts[1]
+            )
+        return speculative_generate(target, self.drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
+
+    def texts(self) -> tuple[TokenText, TokenText]:
+        if self.pair.draft_tokenizer is None:
+            raise ValueError("cross-tokenizer methods need the draft's tokenizer (PairModels(draft_tokenizer=...))")
+        if self._texts is None:
+            self._texts = (TokenText.of(self.pair.tokenizer), TokenText.of(self.pair.draft_tokenizer))
+        return self._texts
+
+
+def _sweep(store: Sweep, units: _Units, prompts: Sequence[Prompt], baseline_of: str | None) -> None:
+    """`run_sweep` of units whose methods are parsed: warm-up, then per prompt its timed rounds and its units stored."""
+    label, config = units.pair.label, units.config
+    todo = {p.id: [k for k in [None, *units.trees] if _key(label, k, p) not in store] for p in prompts}
+    ids_of = {p.id: prompt_ids(units.pair.tokenizer, p.text) for p in prompts}  # tokenize each prompt once
+    if config.warmup and any(todo.values()):  # every method once, untimed: no timed run pays a first call's costs
+        for k in [None, *units.trees]:
+            units.generate(ids_of[prompts[0].id], k, min(WARMUP_TOKENS, config.max_new_tokens))
+    bar = tqdm(total=sum(map(len, todo.values())), desc=label, disable=not config.progress)
     for i, prompt in enumerate(prompts):
-        keys, ids = todo[prompt.id], ids_of[prompt.id]
+        keys = todo[prompt.id]
         if None in keys and baseline_of is not None and _key(baseline_of, None, prompt) in store:
             earlier = _key(baseline_of, None, prompt)
             store.add(
-                _key(pair_label, None, prompt),
-                store.rows(earlier),
-                meta={**store.meta(earlier), "baseline_of": baseline_of},
+                _key(label, None, prompt), store.rows(earlier), meta={**store.meta(earlier), "baseline_of": baseline_of}
             )
             keys = [k for k in keys if k is not None]
             bar.update()
-        best: dict = {}  # per method, its fastest round (greedy: every round gives the same tokens)
-        rounds_s: dict = {k: [] for k in keys}
-        order = keys[i % len(keys) :] + keys[: i % len(keys)] if keys else []  # rotated: no method always first
-        for _ in range(rounds):
-            for k in order:
-                result = _generate(
-                    target, draft, drafters, ids, k, trees[k] if k else None, max_new_tokens, vocabularies, dynamic
-                )
-                rounds_s[k].append(result.total_time)
-                if k not in best or result.total_time < best[k].total_time:
-                    best[k] = result
-        for k in sorted(keys, key=lambda k: k is not None):  # the target alone first: the reference
-            result = best[k]
-            output = (prompt.id, tuple(result.tokens.tolist()))
-            if output not in scores:
-                scores[output] = score(target, ids, result.tokens)
-            if k is None:
-                references[prompt.id] = result.tokens.tolist()
-            reference = references.get(prompt.id) or _stored_tokens(store, pair_label, prompt)
-            if not gap:
-                gap.append(logit_gap(target, ids, (reference or result.tokens.tolist())[:GAP_TOKENS] or [0]))
-            summary = _unit_summary(
-                result, prompt, reference, trees[k] if k else None, scores[output], target.dtype, gap[0]
-            )
-            store.add(
-                _key(pair_label, k, prompt),
-                _step_rows(result),
-                meta={**summary, "rounds": rounds, "round_times": " ".join(f"{t:.4f}" for t in rounds_s[k])},
-            )
-            bar.update()
+        best, seconds = _timed_rounds(units, ids_of[prompt.id], keys, i)
+        _store_prompt(store, units, prompt, ids_of[prompt.id], best, seconds)
+        bar.update(len(keys))
     bar.close()
 
 
-def _generate(
-    target: torch.nn.Module,
-    draft: torch.nn.Module | None,
-    drafters: dict,
+def _timed_rounds(
+    units: _Units, ids: torch.Tensor, keys: list, start: int
+) -> tuple[dict[tuple[str, int] | None, GenerationResult], dict[tuple[str, int] | None, list[float]]]:
+    """Every key run `config.rounds` times, interleaved in an order rotated by `start` (no method
+    always first): per key its fastest result (greedy: every round gives the same tokens) and every
+    round's seconds, in the order of `keys`."""
+    best: dict = {}
+    seconds: dict = {k: [] for k in keys}
+    order = keys[start % len(keys) :] + keys[: start % len(keys)] if keys else []
+    for _ in range(units.config.rounds):
+        for k in order:
+            result = units.generate(ids, k, units.config.max_new_tokens)
+            seconds[k].append(result.total_time)
+            if k not in best or result.total_time < best[k].total_time:
+                best[k] = result
+    return best, seconds
+
+
+def _store_prompt(
+    store: Sweep,
+    units: _Units,
+    prompt: Prompt,
     ids: torch.Tensor,
-    k: tuple[str, int] | None,
-    tree: Tree | None,
-    max_new_tokens: int,
-    vocabularies: _Vocabularies,
-    dynamic: tuple[int, int] = (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH),
-) -> GenerationResult:
-    """One unit: the baseline (k None), a drafter the caller built for key k, a transformers
-    method, or a specnb method (`methods`)."""
-    if k is None:
-        return autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
-    if k in drafters:
-        return speculative_generate(target, drafters[k], ids, tree=tree, max_new_tokens=max_new_tokens)
-    method = parse_method(f"{k[0]}:{k[1]}")
-    if method.drafter == "hf_assisted":
-        return hf_assisted_generate(
-            target, draft, ids, num_assistant_tokens=method.budget, max_new_tokens=max_new_tokens
+    best: dict[tuple[str, int] | None, GenerationResult],
+    seconds: dict[tuple[str, int] | None, list[float]],
+) -> None:
+    """A prompt's units, the target alone first (the reference of every method's output): step rows
+    and summary, each output scored under the target (equal outputs once) and checked against it."""
+    target, label = units.pair.target, units.pair.label
+    scores: dict[tuple[int, ...], Score] = {}
+    reference: list[int] | None = None
+    for k in sorted(seconds, key=lambda k: k is not None):
+        result = best[k]
+        output = tuple(result.tokens.tolist())
+        if output not in scores:
+            scores[output] = score(target, ids, result.tokens)
+        if k is None:
+            reference = result.tokens.tolist()
+        expected = reference or _stored_tokens(store, label, prompt)
+        if units.gap is None:
+            units.gap = logit_gap(target, ids, (expected or result.tokens.tolist())[:GAP_TOKENS] or [0])
+        tree = units.trees[k] if k else None
+        summary = _unit_summary(result, prompt, expected, tree, scores[output], target.dtype, units.gap)
+        store.add(
+            _key(label, k, prompt),
+            _step_rows(result),
+            meta={**summary, "rounds": units.config.rounds, "round_times": " ".join(f"{t:.4f}" for t in seconds[k])},
         )
-    if method.drafter == "hf_uag":
-        return hf_uag_generate(
-            target,
-            draft,
-            ids,
-            vocabularies.target,
-            vocabularies.draft,
-            num_assistant_tokens=method.budget,
-            max_new_tokens=max_new_tokens,
-        )
-    if method.drafter == "hf_prompt_lookup":
-        return hf_prompt_lookup_generate(
-            target, ids, prompt_lookup_num_tokens=method.budget, max_new_tokens=max_new_tokens
-        )
-    if method.spec not in drafters:
-        texts = vocabularies.texts() if method.drafter == "xtok" else (None, None)
-        drafters[method.spec] = build_drafter(
-            method, target, draft, dynamic=dynamic, target_tokenizer=texts[0], draft_tokenizer=texts[1]
-        )
-    return speculative_generate(target, drafters[method.spec], ids, tree=tree, max_new_tokens=max_new_tokens)
-
-
-class _Vocabularies:
-    """A sweep's two tokenizers (target, draft), read as `TokenText` once, when a method needs it."""
-
-    def __init__(self, target, draft, texts: tuple[TokenText, TokenText] | None = None) -> None:
-        self.target, self.draft = target, draft
-        self._texts = texts
-
-    def texts(self) -> tuple[TokenText, TokenText]:
-        if self.draft is None:
-            raise ValueError("cross-tokenizer methods need the draft's tokenizer (run_sweep(..., draft_tokenizer=...))")
-        if self._texts is None:
-            self._texts = (TokenText.of(self.target), TokenText.of(self.draft))
-        return self._texts
 
 
 def run_pairs(
@@ -213,25 +240,21 @@ def run_pairs(
     pairs: Sequence[Pair],
     prompts: Sequence[Prompt],
     trees: dict[tuple[str, int], Tree],
-    max_new_tokens: int,
-    progress: bool = True,
+    config: SweepConfig,
     collections: Path | None = None,
     measure: Sequence[str] = (),
-    dtype: str | None = None,
-    cpu_linear: str = "stock",
-    rounds: int = 1,
 ) -> pd.DataFrame:
-    """Sweep every pair, the models in `dtype` (`io.models.model_dtype`; None: the device's default),
-    a CPU float32 model's linear layers on `cpu_linear` (`kernels.cpu_linear`), every measured method
-    warmed up, then run `rounds` times per prompt interleaved with the others (`run_sweep`).
-    Before any weights load, every model of every pair is resolved (access, licence, name:
-    `io.sources`, one error listing every problem) and every pair's tokenizers are compared: on a
-    pair whose vocabularies differ, the methods that need a shared one (`Method.shared_vocabulary`)
-    are refused, the reason recorded (check_pair's message, which names the cross-tokenizer
-    methods); the others (xtok, hf_uag, n-gram, early exit) run. Each model is loaded once and kept
-    while a later pair still uses it (two drafts for one target load the target once), and measured
-    alone once per target and prompt (later pairs of that target copy those units:
-    `run_sweep(baseline_of=...)`).
+    """Sweep every pair, the models in `config.dtype` (`io.models.model_dtype`; None: the device's
+    default), a CPU float32 model's linear layers on `config.cpu_linear` (`kernels.cpu_linear`),
+    every measured method warmed up, then run `config.rounds` times per prompt interleaved with the
+    others (`run_sweep`). Before any weights load, every model of every pair is resolved (access,
+    licence, name: `io.sources`, one error listing every problem) and every pair's tokenizers are
+    compared: on a pair whose vocabularies differ, the methods that need a shared one
+    (`Method.shared_vocabulary`) are refused, the reason recorded (check_pair's message, which
+    names the cross-tokenizer methods); the others (xtok, hf_uag, n-gram, early exit) run. Each
+    model is loaded once and kept while a later pair still uses it (two drafts for one target load
+    the target once), and measured alone once per target and prompt (later pairs of that target
+    copy those units: `run_sweep(baseline_of=...)`).
 
     collections: a folder for one collection per pair; given, the methods a collection answers
     (`Method.replayable`: the draft model's static and dynamic trees) are replayed from it (exact
@@ -240,98 +263,106 @@ def run_pairs(
     methods refused, "skipped": all refused), vocabulary ("shared" or "different"), reason, and for
     a pair that ran, the target and draft as loaded (`io.models.describe_model`: dtype, 4-bit
     layers, stand-in or not)."""
-    import gc
-
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
-    status: dict[Pair, dict] = {}
-    allowed: dict[Pair, dict[tuple[str, int], Tree]] = {}
-    texts: dict[Pair, tuple[TokenText, TokenText]] = {}
-    for pair in pairs:
-        own = trees if pair.methods is None else method_trees(pair.methods)
-        reasons, refused = [], []
-        try:
-            check_pair(load_tokenizer(pair.target), load_tokenizer(pair.draft), pair.target, pair.draft)
-            vocabulary = "shared"
-        except ValueError as e:
-            vocabulary = "different"
-            refused = [k for k in own if parse_method(f"{k[0]}:{k[1]}").shared_vocabulary]
-            if refused:
-                reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in refused)}: {e}")
-        cross = [k for k in own if k not in refused and parse_method(f"{k[0]}:{k[1]}").drafter == "xtok"]
-        if cross:  # both tokenizers must read as bytes (`retokenize`), checked before any weights load
-            try:
-                texts[pair] = (TokenText.of(load_tokenizer(pair.target)), TokenText.of(load_tokenizer(pair.draft)))
-            except ValueError as e:
-                refused += cross
-                reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in cross)}: {e}")
-        allowed[pair] = {k: t for k, t in own.items() if k not in refused}
-        state = "measured" if not refused else "partial" if allowed[pair] else "skipped"
-        status[pair] = {
-            "pair": pair.label,
-            "status": state,
-            "vocabulary": vocabulary,
-            "reason": "; ".join(reasons),
-            "prompt_format": prompt_format(pair.target, load_tokenizer(pair.target)),
-            "target_loaded": "",
-            "draft_loaded": "",
-        }
-    runnable = [pair for pair in pairs if allowed[pair]]
+    plans = {pair: _plan_pair(pair, trees) for pair in pairs}
+    runnable = [pair for pair in pairs if plans[pair].allowed]
     first_of_target: dict[tuple, str] = {}  # target -> the first pair that measured it alone
     loaded: dict[tuple, torch.nn.Module] = {}
     for i, pair in enumerate(runnable):
-        wanted = {key for later in runnable[i:] for key in (pair_keys(later))}
-        for key in [k for k in loaded if k not in wanted]:  # no later pair uses it: free it first
-            del loaded[key]
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        target_key, draft_key = pair_keys(pair)
-        for key in (target_key, draft_key):
-            if key not in loaded:
-                loaded[key] = load_model(key[0], key[1], dtype=dtype, layers=key[2], cpu_linear=cpu_linear)[0]
-        status[pair].update(
-            target_loaded=describe_model(loaded[target_key]), draft_loaded=describe_model(loaded[draft_key])
-        )
-        target, draft, tokenizer = loaded[target_key], loaded[draft_key], load_tokenizer(pair.target)
-        own = allowed[pair]
+        plan = plans[pair]
+        target, draft = _load_models(loaded, pair, runnable[i:], config)
+        plan.status.update(target_loaded=describe_model(target), draft_loaded=describe_model(draft))
+        models = PairModels(pair.label, target, draft, *plan.tokenizers, texts=plan.texts)
         replayed = (
             {}
             if collections is None
             else {
-                k: t
-                for k, t in own.items()
-                if parse_method(f"{k[0]}:{k[1]}").replayable and f"{k[0]}:{k[1]}" not in measure
+                k: t for k, t in plan.allowed.items() if plan.methods[k].replayable and f"{k[0]}:{k[1]}" not in measure
             }
         )
-        first_of_target.setdefault(target_key, pair.label)
-        run_sweep(
-            store,
-            pair.label,
-            target,
-            draft,
-            tokenizer,
-            prompts,
-            {k: t for k, t in own.items() if k not in replayed},
-            max_new_tokens,
-            progress,
-            draft_tokenizer=load_tokenizer(pair.draft),
-            baseline_of=first_of_target[target_key],
-            texts=texts.get(pair),
-            rounds=rounds,
+        first_of_target.setdefault(pair_keys(pair)[0], pair.label)
+        measured = {k: t for k, t in plan.allowed.items() if k not in replayed}
+        _sweep(
+            store, _Units(models, measured, config, methods=plan.methods), prompts, first_of_target[pair_keys(pair)[0]]
         )
         if replayed:
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
-            replay_units(store, pair.label, folder, target, draft, tokenizer, prompts, replayed, max_new_tokens)
-    return pd.DataFrame([status[pair] for pair in pairs])
+            replay_units(store, models, folder, prompts, replayed, config.max_new_tokens)
+    return pd.DataFrame([plans[pair].status for pair in pairs])
+
+
+@dataclass
+class _PairPlan:
+    """What `run_pairs` will run of one pair, found before any weights load."""
+
+    status: dict  # the pair's row of run_pairs' table; the loaded models are added when it runs
+    allowed: dict[tuple[str, int], Tree]  # the methods not refused
+    methods: dict[tuple[str, int], Method]  # every method of the pair, parsed once
+    tokenizers: tuple[Any, Any]  # (target's, draft's), loaded once
+    texts: tuple[TokenText, TokenText] | None  # both read as bytes, when a cross-tokenizer method runs
+
+
+def _plan_pair(pair: Pair, trees: dict[tuple[str, int], Tree]) -> _PairPlan:
+    """The pair's methods (its own, or `trees`), those refused and why: the shared-vocabulary ones
+    on a pair whose vocabularies differ, the cross-tokenizer ones when a tokenizer cannot be read as
+    bytes (`retokenize`)."""
+    own = trees if pair.methods is None else method_trees(pair.methods)
+    methods = {k: parse_method(f"{k[0]}:{k[1]}") for k in own}
+    tokenizers = (load_tokenizer(pair.target), load_tokenizer(pair.draft))
+    reasons, refused = [], []
+    try:
+        check_pair(*tokenizers, pair.target, pair.draft)
+        vocabulary = "shared"
+    except ValueError as e:
+        vocabulary = "different"
+        refused = [k for k in own if methods[k].shared_vocabulary]
+        if refused:
+            reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in refused)}: {e}")
+    cross = [k for k in own if k not in refused and methods[k].drafter == CROSS]
+    texts = None
+    if cross:  # both tokenizers must read as bytes (`retokenize`), checked before any weights load
+        try:
+            texts = (TokenText.of(tokenizers[0]), TokenText.of(tokenizers[1]))
+        except ValueError as e:
+            refused += cross
+            reasons.append(f"refused {', '.join(f'{a}:{b}' for a, b in cross)}: {e}")
+    allowed = {k: t for k, t in own.items() if k not in refused}
+    status = {
+        "pair": pair.label,
+        "status": "measured" if not refused else "partial" if allowed else "skipped",
+        "vocabulary": vocabulary,
+        "reason": "; ".join(reasons),
+        "prompt_format": prompt_format(pair.target, tokenizers[0]),
+        "target_loaded": "",
+        "draft_loaded": "",
+    }
+    return _PairPlan(status, allowed, methods, tokenizers, texts)
+
+
+def _load_models(
+    loaded: dict[tuple, torch.nn.Module], pair: Pair, remaining: Sequence[Pair], config: SweepConfig
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The pair's (target, draft) from `loaded`, loading what is missing after freeing every model no
+    pair of `remaining` (this one first) uses."""
+    import gc
+
+    wanted = {key for later in remaining for key in pair_keys(later)}
+    for key in [k for k in loaded if k not in wanted]:  # no later pair uses it: free it first
+        del loaded[key]
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    for key in pair_keys(pair):
+        if key not in loaded:
+            loaded[key] = load_model(key[0], key[1], dtype=config.dtype, layers=key[2], cpu_linear=config.cpu_linear)[0]
+    target_key, draft_key = pair_keys(pair)
+    return loaded[target_key], loaded[draft_key]
 
 
 def replay_units(
     store: Sweep,
-    pair_label: str,
+    pair: PairModels,
     folder: Path,
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    tokenizer,
     prompts: Sequence[Prompt],
     trees: dict[tuple[str, int], Tree],
     max_new_tokens: int,
@@ -342,40 +373,36 @@ def replay_units(
     Needs the target-alone units of `run_sweep` in `store` first."""
     dynamic = [k[1] for k in trees if k[0] == DYNAMIC]
     static = {k: t for k, t in trees.items() if k[0] != DYNAMIC}
-    report = collect_pair(
-        folder,
-        target,
-        draft,
-        tokenizer,
-        prompts,
-        static,
+    settings = PairCollectConfig(
         max_new_tokens,
         super_k=DYNAMIC_TOP_K if dynamic else 0,
         super_depth=DYNAMIC_MAX_DEPTH,
-        dynamic_budgets=dynamic,
-        describe={"pair": pair_label},
+        dynamic_budgets=tuple(dynamic),
         retries=0,
     )
-    collection = report.check().collection
+    models = replace(
+        pair, draft_tokenizer=None
+    )  # never a cross-tokenizer collection: replayed methods share a vocabulary
+    collection = collect_pair(folder, models, prompts, static, settings).check().collection
     data = {p.prompt_id: p for p in collection.prompts}
     for (label, budget), tree in trees.items():
         steps = replay.replay_steps(collection, budget if label == DYNAMIC else tree)
         for prompt in prompts:
-            key = _key(pair_label, (label, budget), prompt)
+            key = _key(pair.label, (label, budget), prompt)
             if key in store:
                 continue
             mine = steps[prompt.id]
             tokens = torch.tensor(data[prompt.id].tokens[: sum(s.num_tokens for s in mine)])  # host
             result = GenerationResult(tokens, mine, len(data[prompt.id].prompt), math.nan, math.nan, None, "replay")
-            quality = score(target, torch.tensor(data[prompt.id].prompt), tokens)  # host: score moves them
-            baseline = store.meta(_key(pair_label, None, prompt)) or {}
+            quality = score(pair.target, torch.tensor(data[prompt.id].prompt), tokens)  # host: score moves them
+            baseline = store.meta(_key(pair.label, None, prompt)) or {}
             summary = _unit_summary(
                 result,
                 prompt,
-                _stored_tokens(store, pair_label, prompt),
+                _stored_tokens(store, pair.label, prompt),
                 tree,
                 quality,
-                target.dtype,
+                pair.target.dtype,
                 float(baseline.get("logit_gap") or 0.0),
             )
             store.add(

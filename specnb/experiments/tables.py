@@ -66,7 +66,20 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
     out["acceptance_length"] = out["accepted"] / out["steps"]
     out["tau"] = out["tokens"] / out["steps"]
     base_by = [c for c in by if c not in ("shape", "budget")]
-    base_units = base[[*base_by, "prompt_id", "num_tokens", "total_time"]]
+    spans = _spans(g, base[[*base_by, "prompt_id", "num_tokens", "total_time"]], base_by)
+    spans.index = out.index
+    out = pd.concat([out, spans], axis=1)
+    out["tokens_per_s"] = out["tokens"] / out["time_s"]
+    base_speed = base.groupby(base_by)[["num_tokens", "total_time"]].sum()
+    base_speed = (base_speed["num_tokens"] / base_speed["total_time"]).rename("baseline_tokens_per_s").reset_index()
+    out = out.merge(base_speed, on=base_by, how="left")
+    out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
+    return out
+
+
+def _spans(groups, base_units: pd.DataFrame, base_by: list[str]) -> pd.DataFrame:
+    """Per group (in order) the 95% intervals of tau and acceptance rate across its prompts, and of
+    its speedup against the target alone on the same prompts (paired bootstrap)."""
 
     def speedup_span(u: pd.DataFrame) -> dict[str, float]:  # against the target alone, on the same prompts
         both = u.merge(base_units, on=[*base_by, "prompt_id"], suffixes=("", "_base"))
@@ -75,24 +88,16 @@ def shape_table(units: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budg
         )
         return {"speedup_ci_low": low, "speedup_ci_high": high}
 
-    spans = pd.DataFrame(
+    return pd.DataFrame(
         [
             {
                 **spread.interval_columns("tau", u["num_tokens"], u["num_steps"]),
                 **spread.interval_columns("acceptance_rate", u["num_accepted"], u["num_drafted"]),
                 **speedup_span(u),
             }
-            for _, u in g
-        ],
-        index=out.index,
+            for _, u in groups
+        ]
     )
-    out = pd.concat([out, spans], axis=1)
-    out["tokens_per_s"] = out["tokens"] / out["time_s"]
-    base_speed = base.groupby(base_by)[["num_tokens", "total_time"]].sum()
-    base_speed = (base_speed["num_tokens"] / base_speed["total_time"]).rename("baseline_tokens_per_s").reset_index()
-    out = out.merge(base_speed, on=base_by, how="left")
-    out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
-    return out
 
 
 def baseline_table(units: pd.DataFrame, by: Sequence[str] = ("pair",)) -> pd.DataFrame:

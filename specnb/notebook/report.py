@@ -115,22 +115,7 @@ def write_index(outputs: Path) -> None:
             + " ".join(f"[{f}]({rel / f})" for f in others)
             + " |"
         )
-        link = lambda f, text=None: f'<a href="{html.escape(str(rel / f))}">{html.escape(text or f)}</a>'  # noqa: E731
-        image = (
-            (
-                f'<a href="{html.escape(str(rel / figure))}"><img src="{html.escape(str(rel / figure))}" '
-                f'alt="{html.escape(stem)}: {html.escape(figure)}" style="max-width:420px;max-height:280px"></a>'
-            )
-            if figure
-            else ""
-        )
-        body.append(
-            f"<tr><td><b>{html.escape(stem)}</b><br>{html.escape(rel.name)}<br>profile {html.escape(str(info.get('profile')))}"
-            f"<br>{html.escape(str(info.get('status')))}, {info.get('duration_s', '')} s<br>{html.escape(str(info.get('started')))}"
-            f"<br>commit {html.escape(commit)}</td><td>{image}</td>"
-            f"<td>{'<br>'.join(link(f, label) for label, f in forms)}</td>"
-            f"<td style='font-size:small'>{' '.join(link(f) for f in others)}</td></tr>"
-        )
+        body.append(_index_html_row(info, rel, figure, commit, forms, others))
     outputs.mkdir(parents=True, exist_ok=True)
     (outputs / "index.md").write_text("\n".join(md) + "\n")
     (outputs / "index.html").write_text(
@@ -142,6 +127,29 @@ def write_index(outputs: Path) -> None:
         "<table><tr><th>run</th><th>headline figure</th><th>appendix</th><th>files</th></tr>"
         + "".join(body)
         + "</table>\n"
+    )
+
+
+def _index_html_row(
+    info: dict, rel: Path, figure: str | None, commit: str, forms: list[tuple[str, str]], others: list[str]
+) -> str:
+    """One run's row of index.html: its facts, its headline figure inline, its appendix forms and files."""
+    stem = str(info.get("notebook"))
+    link = lambda f, text=None: f'<a href="{html.escape(str(rel / f))}">{html.escape(text or f)}</a>'  # noqa: E731
+    image = (
+        (
+            f'<a href="{html.escape(str(rel / figure))}"><img src="{html.escape(str(rel / figure))}" '
+            f'alt="{html.escape(stem)}: {html.escape(figure)}" style="max-width:420px;max-height:280px"></a>'
+        )
+        if figure
+        else ""
+    )
+    return (
+        f"<tr><td><b>{html.escape(stem)}</b><br>{html.escape(rel.name)}<br>profile {html.escape(str(info.get('profile')))}"
+        f"<br>{html.escape(str(info.get('status')))}, {info.get('duration_s', '')} s<br>{html.escape(str(info.get('started')))}"
+        f"<br>commit {html.escape(commit)}</td><td>{image}</td>"
+        f"<td>{'<br>'.join(link(f, label) for label, f in forms)}</td>"
+        f"<td style='font-size:small'>{' '.join(link(f) for f in others)}</td></tr>"
     )
 
 

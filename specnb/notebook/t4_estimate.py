@@ -136,9 +136,20 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
         _row("set-up", "pip install (assumption)", 1, f.setup_s),
         _row("set-up", "downloads", sum(d.bytes for d in profile_downloads(profile)) / f.download_bytes_per_s, 1.0),
     ]
-    prompt = f.prompt_tokens
+    rows += _tree_shapes_rows(p["01_tree_shapes"], c)
+    rows += _pairs_rows(p["02_model_pairs"], c)
+    rows += _attention_rows(p["03_tree_attention_timing"], c)
+    rows += _long_rows(p["04_long_generation"], c)
+    rows += _learned_rows(p["05_learned_drafters"], c)
+    if p.get("06_batch_size") is not None:
+        rows += _batch_rows(p["06_batch_size"], c)
+    return pd.DataFrame(rows)
 
-    a = p["01_tree_shapes"]
+
+def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
+    """Notebook 01 (parameters `a`): the collection, super-trees, check runs, the verify curve."""
+    prompt = c.f.prompt_tokens
+    rows: list[dict] = []
     t, tq, d = a["target"], a["target_quantization"], a["draft"]
     n, prompts = a["max_new_tokens"], a["max_prompts"]
     rows += [
@@ -169,8 +180,13 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
             sum(c.verify(t, tq, k + 1) for k in a["verify_nodes"]) + len(a["verify_nodes"]) * c.draft(d),
         ),
     ]
+    return rows
 
-    b = p["02_model_pairs"]
+
+def _pairs_rows(b: dict, c: Costs) -> list[dict]:
+    """Notebook 02 (parameters `b`): per pair its loads, target alone, methods end to end, collection."""
+    prompt = c.f.prompt_tokens
+    rows: list[dict] = []
     n2, prompts2, rounds2 = b["max_new_tokens"], b["max_prompts"], b["rounds"]  # every timed run, rounds times
     targets_seen: set[str] = set()
     loaded: set[str] = set()  # run_pairs keeps a model loaded while a later pair still uses it
@@ -210,8 +226,13 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
                     c.generation(t, tq, d, Tree.chain(4), n2, prompt) + c.draft(d) * (1 + math.ceil(n2 / 8) * 6),
                 )
             )
+    return rows
 
-    g = p["03_tree_attention_timing"]
+
+def _attention_rows(g: dict, c: Costs) -> list[dict]:
+    """Notebook 03 (parameters `g`): the attention grid, FlexAttention's compile, the verify curve."""
+    f = c.f
+    rows: list[dict] = []
     heads = head_shape(g["attention_shape"])
     calls = 0.0
     for batch in g["batches"]:
@@ -234,8 +255,13 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
             sum(c.verify(t, tq, k + 1) for k in g["verify_nodes"]) + len(g["verify_nodes"]) * c.draft(d),
         ),
     ]
+    return rows
 
-    h = p["04_long_generation"]
+
+def _long_rows(h: dict, c: Costs) -> list[dict]:
+    """Notebook 04 (parameters `h`): every method over every cache window."""
+    prompt = c.f.prompt_tokens
+    rows: list[dict] = []
     t, tq, d = h["target"], h["target_quantization"], h["draft"]
     windows = len({0, *h["windows"]})
     for m in h["methods"]:
@@ -249,8 +275,13 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
             )
         )
     rows.append(_row("04", "load target and draft", 1, c.load(t) + c.load(d)))
+    return rows
 
-    m = p["05_learned_drafters"]
+
+def _learned_rows(m: dict, c: Costs) -> list[dict]:
+    """Notebook 05 (parameters `m`): heads' collections, re-drafted EAGLE-2 trees, timed runs."""
+    prompt = c.f.prompt_tokens
+    rows: list[dict] = []
     t, tq, d, n5 = m["target"], m["target_quantization"], m["draft"], m["max_new_tokens"]
     tree = Tree.sparse(max(m["budgets"])).truncated(5)
     speed_tree = Tree.sparse(m["speed_budget"]).truncated(5)
@@ -299,50 +330,55 @@ def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFr
             c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt),
         ),
     ]
-    z = p.get("06_batch_size")
-    if z is not None:
-        t, tq, d, n6 = z["target"], z["target_quantization"], z["draft"], z["max_new_tokens"]
-        chain = Tree.chain(z["k"])
-        widest = max(Tree.preset(s, b).num_nodes for s in z["shapes"] for b in z["budgets"])
-        rows += [
-            _row("06", "load target and draft", 1, c.load(t) + c.load(d)),
+    return rows
+
+
+def _batch_rows(z: dict, c: Costs) -> list[dict]:
+    """Notebook 06 (parameters `z`): the collection, references, batched cost curves and runs per batch."""
+    prompt, f = c.f.prompt_tokens, c.f
+    rows: list[dict] = []
+    t, tq, d, n6 = z["target"], z["target_quantization"], z["draft"], z["max_new_tokens"]
+    chain = Tree.chain(z["k"])
+    widest = max(Tree.preset(s, b).num_nodes for s in z["shapes"] for b in z["budgets"])
+    rows += [
+        _row("06", "load target and draft", 1, c.load(t) + c.load(d)),
+        _row(
+            "06",
+            "collection for tau (chain:4 run per prompt)",
+            z["max_prompts"],
+            c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d),
+        ),
+        _row(
+            "06",
+            "each row's batch-1 greedy reference (the target alone)",
+            max(z["batches"]),
+            c.generation(t, tq, None, None, n6, prompt),
+        ),
+    ]
+    for b in z["batches"]:
+        nodes = sorted({0, *(Tree.preset(s, x).num_nodes for s in z["shapes"] for x in z["budgets"])})
+        rows.append(
             _row(
                 "06",
-                "collection for tau (chain:4 run per prompt)",
-                z["max_prompts"],
-                c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d),
-            ),
+                f"batched cost curves at batch {b}",
+                z["curve_repeats"] + 1,
+                sum(c.verify(t, tq, b * (n + 1)) for n in nodes) + len(nodes) * c.draft(d),
+            )
+        )
+        alone = n6 * c.verify(t, tq, b)  # one decoding step of b rows per token
+        spec = sum(
+            n6 / f.tau * (c.verify(t, tq, b * (tree.num_nodes + 1)) + tree.depth * c.draft(d))
+            for tree in (chain, Tree.sparse(widest))
+        )
+        rows.append(
             _row(
                 "06",
-                "each row's batch-1 greedy reference (the target alone)",
-                max(z["batches"]),
-                c.generation(t, tq, None, None, n6, prompt),
-            ),
-        ]
-        for b in z["batches"]:
-            nodes = sorted({0, *(Tree.preset(s, x).num_nodes for s in z["shapes"] for x in z["budgets"])})
-            rows.append(
-                _row(
-                    "06",
-                    f"batched cost curves at batch {b}",
-                    z["curve_repeats"] + 1,
-                    sum(c.verify(t, tq, b * (n + 1)) for n in nodes) + len(nodes) * c.draft(d),
-                )
+                f"batch {b}: target alone, transformers' batched generate, chain and the best tree",
+                z["rounds"],
+                2 * alone + spec,
             )
-            alone = n6 * c.verify(t, tq, b)  # one decoding step of b rows per token
-            spec = sum(
-                n6 / f.tau * (c.verify(t, tq, b * (tree.num_nodes + 1)) + tree.depth * c.draft(d))
-                for tree in (chain, Tree.sparse(widest))
-            )
-            rows.append(
-                _row(
-                    "06",
-                    f"batch {b}: target alone, transformers' batched generate, chain and the best tree",
-                    z["rounds"],
-                    2 * alone + spec,
-                )
-            )
-    return pd.DataFrame(rows)
+        )
+    return rows
 
 
 def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures()) -> str:

@@ -169,170 +169,189 @@ def row_layout(
 def distill(
     target: torch.nn.Module,
     prompts: Sequence[torch.Tensor],
-    num_heads: int,
-    max_new_tokens: int,
-    batch: int = 16,
+    config: DistillConfig,
     eos_token_id: int | None = None,
     progress: bool = True,
-    prompt_rows: bool = False,
-    max_continued_prompt: int | None = None,
-    samples: int = 0,
-    temperature: float = 0.7,
-    seed: int = 0,
-    bfloat16: bool = False,
-    max_sampled_prompt: int | None = None,
 ) -> DistillData:
-    """The target's greedy continuations of `prompts` (long [T] each), generated `batch` at a time
-    (left padding), and the hidden state of every fed token captured on the way (module docstring);
-    `samples` more continuations of each prompt sampled at `temperature` (seeded from `seed`; their
-    rows belong to the same prompt; prompts longer than `max_sampled_prompt` get none: after a long
-    prompt each token costs most). Prompts longer than `max_continued_prompt` are not continued:
-    one plain forward gives their prompt rows (`prompt_rows` must be on). bfloat16: a float32 target
-    generates as a bfloat16 copy where that is native (`fast_bfloat16`; otherwise as it is): the rows
-    are then that copy's continuations and hidden states, close to the target's, not equal."""
-    if max_continued_prompt is not None and not prompt_rows:
-        raise ValueError("max_continued_prompt needs prompt_rows=True (long prompts give prompt rows only)")
-    if bfloat16 and target.dtype == torch.float32 and fast_bfloat16(target.device):
+    """The target's greedy continuations of `prompts` (long [T] each), generated `config.gen_batch`
+    at a time (left padding), and the hidden state of every fed token captured on the way (module
+    docstring); `config.samples` more continuations of each prompt sampled at
+    `config.sample_temperature` (seeded from `config.seed`; their rows belong to the same prompt;
+    prompts longer than `config.max_sampled_prompt` get none: after a long prompt each token costs
+    most). Prompts longer than `config.max_continued_prompt` are not continued: one plain forward
+    gives their prompt rows (`config.prompt_rows` must be on). `config.distill_bfloat16`: a float32
+    target generates as a bfloat16 copy where that is native (`fast_bfloat16`; otherwise as it is):
+    the rows are then that copy's continuations and hidden states, close to the target's, not equal."""
+    if config.distill_bfloat16 and target.dtype == torch.float32 and fast_bfloat16(target.device):
         target = copy.deepcopy(target).to(torch.bfloat16)
     eos = target.generation_config.eos_token_id if eos_token_id is None else eos_token_id
     eos = eos[0] if isinstance(eos, (list, tuple)) else eos
     pad = target.config.pad_token_id if target.config.pad_token_id is not None else (eos if eos is not None else 0)
+    limit = config.max_continued_prompt
+    long = [j for j in range(len(prompts)) if limit is not None and prompts[j].numel() > limit]
+    order = sorted(set(range(len(prompts))) - set(long), key=lambda i: prompts[i].numel())  # similar lengths pad less
+    rows = _Rows(len(prompts), config.num_heads)
     captured: list[torch.Tensor] = []
     hook = final_norm(target).register_forward_hook(lambda m, a, out: captured.append(out.float().cpu()))
-    parts: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {j: [] for j in range(len(prompts))}
-    sequences: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    sampled: list[tuple[int, tuple[int, ...]]] = []
-
-    def keep(j: int, p: torch.Tensor, new: list[int], hidden: torch.Tensor, rows_of_prompt: bool) -> None:
-        """hidden: [>= len(seq) - 1, H], the rows of seq[:-1] from its start."""
-        first, labels, soft = sequence_rows(len(p), p.tolist() + new, num_heads, rows_of_prompt)
-        parts[j].append((hidden[first : first + len(labels)], labels, soft))
-
-    long = [
-        j for j in range(len(prompts)) if max_continued_prompt is not None and prompts[j].numel() > max_continued_prompt
-    ]
-    order = sorted(set(range(len(prompts))) - set(long), key=lambda i: prompts[i].numel())  # similar lengths pad less
     try:
-        for lo in tqdm(range(0, len(order), batch), desc="distill", disable=not progress or not order):
-            members = order[lo : lo + batch]
+        for lo in tqdm(range(0, len(order), config.gen_batch), desc="distill", disable=not progress or not order):
+            members = order[lo : lo + config.gen_batch]
             group = [prompts[j].reshape(-1) for j in members]
-            width = max(len(p) for p in group)
-            ids = torch.full((len(group), width), pad, dtype=torch.long, device=target.device)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(group):
-                ids[i, width - len(p) :] = p.to(target.device)
-                mask[i, width - len(p) :] = 1
-            sampled_too = [i for i, p in enumerate(group) if max_sampled_prompt is None or len(p) <= max_sampled_prompt]
-            source = list(range(len(group))) + [i for i in sampled_too for _ in range(samples)]  # each row's prompt
-            generator = torch.Generator(target.device).manual_seed(seed * 1_000_003 + lo)
+            batch = _prompt_batch(group, config, pad, eos, target.device)
+            generator = torch.Generator(target.device).manual_seed(config.seed * 1_000_003 + lo)
             out, hidden = continuations(
-                target, ids, mask, source, len(group), max_new_tokens, temperature, pad, eos, generator, captured
+                target, batch, config.max_new_tokens, config.sample_temperature, generator, captured
             )
-            for b, i in enumerate(source):  # rows 0 .. len(group) - 1: the greedy continuations, first
-                p = group[i]
-                new = out[b].tolist()
-                if eos is not None and eos in new:
-                    new = new[: new.index(eos) + 1]
-                greedy_row = b < len(group)
-                keep(members[i], p.cpu(), new, hidden[b, width - len(p) :], prompt_rows and greedy_row)
-                if greedy_row:
-                    sequences[members[i]] = (tuple(p.tolist()), tuple(new))
-                else:
-                    sampled.append((members[i], tuple(new)))
+            rows.keep_batch(members, group, batch, out, hidden, config.prompt_rows)
         for j in tqdm(long, desc="prompt rows", disable=not progress or not long):
             captured.clear()
             target.model(input_ids=prompts[j].reshape(1, -1).to(target.device))
-            keep(j, prompts[j].reshape(-1).cpu(), [], captured[0][0], True)
-            sequences[j] = (tuple(prompts[j].reshape(-1).tolist()), ())
+            rows.keep(j, prompts[j].reshape(-1).cpu(), [], captured[0][0], True)
+            rows.sequences[j] = (tuple(prompts[j].reshape(-1).tolist()), ())
     finally:
         hook.remove()
-    hidden_rows, label_rows, soft_rows, prompt_of, greedy = [], [], [], [], []
-    offset = 0
-    for j in range(len(prompts)):
-        for k, (hidden, labels, soft) in enumerate(parts[j]):  # k = 0: the greedy continuation (or the prompt)
-            hidden_rows.append(hidden)
-            label_rows.append(labels)
-            soft_rows.append(torch.where(soft >= 0, soft + offset, -1))
-            prompt_of.append(torch.full((len(labels),), j, dtype=torch.long))  # host
-            greedy.append(torch.full((len(labels),), k == 0, dtype=torch.bool))  # host
-            offset += len(labels)
-    ordered = tuple(sequences[i] for i in range(len(prompts)))
-    segment, position, token = row_layout(ordered, sampled, num_heads, prompt_rows)
-    return DistillData(
-        torch.cat(hidden_rows),
-        torch.cat(label_rows),
-        torch.cat(soft_rows),
-        torch.cat(prompt_of),
-        segment,
-        position,
-        token,
-        ordered,
-        tuple(sampled),
-        torch.cat(greedy),
-    )
+    return rows.data(config.prompt_rows)
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """Prompts generated together (`continuations`): left-padded, and the rows that continue them."""
+
+    ids: torch.Tensor  # long [B, W]: the prompts, left-padded with `pad`
+    mask: torch.Tensor  # long [B, W]: 1 on prompt tokens, 0 on padding
+    source: tuple[int, ...]  # row r continues prompt source[r]
+    greedy: int  # the first `greedy` rows continue greedily, the others are sampled
+    pad: int  # fed to a row after it ends
+    eos: int | None  # the token that ends a row; None: rows run to max_new_tokens
+
+
+def _prompt_batch(
+    group: list[torch.Tensor], config: DistillConfig, pad: int, eos: int | None, device: torch.device
+) -> PromptBatch:
+    """The prompts of `group` left-padded, one greedy row each, then `config.samples` sampled rows of
+    each prompt no longer than `config.max_sampled_prompt`."""
+    width = max(len(p) for p in group)
+    ids = torch.full((len(group), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(group):
+        ids[i, width - len(p) :] = p.to(device)
+        mask[i, width - len(p) :] = 1
+    limit = config.max_sampled_prompt
+    sampled_too = [i for i, p in enumerate(group) if limit is None or len(p) <= limit]
+    source = tuple(range(len(group))) + tuple(i for i in sampled_too for _ in range(config.samples))
+    return PromptBatch(ids, mask, source, len(group), pad, eos)
+
+
+class _Rows:
+    """The rows `distill` keeps, per prompt: its greedy continuation's (or its prompt's) first, then
+    its sampled continuations', and the sequences they come from."""
+
+    def __init__(self, num_prompts: int, num_heads: int) -> None:
+        self.num_heads = num_heads
+        self.parts: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
+            j: [] for j in range(num_prompts)
+        }
+        self.sequences: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.sampled: list[tuple[int, tuple[int, ...]]] = []
+
+    def keep(self, j: int, p: torch.Tensor, new: list[int], hidden: torch.Tensor, rows_of_prompt: bool) -> None:
+        """hidden: [>= len(seq) - 1, H], the rows of seq[:-1] from its start."""
+        first, labels, soft = sequence_rows(len(p), p.tolist() + new, self.num_heads, rows_of_prompt)
+        self.parts[j].append((hidden[first : first + len(labels)], labels, soft))
+
+    def keep_batch(
+        self,
+        members: list[int],
+        group: list[torch.Tensor],
+        batch: PromptBatch,
+        out: torch.Tensor,
+        hidden: torch.Tensor,
+        prompt_rows: bool,
+    ) -> None:
+        """The rows of one batch (`group`: prompts `members`, as `batch` holds them padded) from
+        `continuations`' out and hidden, each continuation cut at its eos."""
+        width = batch.ids.shape[1]
+        for b, i in enumerate(batch.source):  # rows 0 .. greedy - 1: the greedy continuations, first
+            p = group[i]
+            new = out[b].tolist()
+            if batch.eos is not None and batch.eos in new:
+                new = new[: new.index(batch.eos) + 1]
+            greedy_row = b < batch.greedy
+            self.keep(members[i], p.cpu(), new, hidden[b, width - len(p) :], prompt_rows and greedy_row)
+            if greedy_row:
+                self.sequences[members[i]] = (tuple(p.tolist()), tuple(new))
+            else:
+                self.sampled.append((members[i], tuple(new)))
+
+    def data(self, prompt_rows: bool) -> DistillData:
+        """Every prompt's rows concatenated, prompt by prompt, soft rows made global."""
+        hidden_rows, label_rows, soft_rows, prompt_of, greedy = [], [], [], [], []
+        offset = 0
+        for j in range(len(self.parts)):
+            for k, (hidden, labels, soft) in enumerate(self.parts[j]):  # k = 0: the greedy continuation (or prompt)
+                hidden_rows.append(hidden)
+                label_rows.append(labels)
+                soft_rows.append(torch.where(soft >= 0, soft + offset, -1))
+                prompt_of.append(torch.full((len(labels),), j, dtype=torch.long))  # host
+                greedy.append(torch.full((len(labels),), k == 0, dtype=torch.bool))  # host
+                offset += len(labels)
+        ordered = tuple(self.sequences[i] for i in range(len(self.parts)))
+        segment, position, token = row_layout(ordered, self.sampled, self.num_heads, prompt_rows)
+        return DistillData(
+            torch.cat(hidden_rows),
+            torch.cat(label_rows),
+            torch.cat(soft_rows),
+            torch.cat(prompt_of),
+            segment,
+            position,
+            token,
+            ordered,
+            tuple(self.sampled),
+            torch.cat(greedy),
+        )
 
 
 @torch.no_grad()
 def continuations(
     model: torch.nn.Module,
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    source: Sequence[int],
-    greedy: int,
+    batch: PromptBatch,
     max_new_tokens: int,
     temperature: float,
-    pad: int,
-    eos: int | None,
     generator: torch.Generator,
     captured: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Continue left-padded prompts ids [B, W] (mask [B, W]): row r continues prompt source[r],
-    greedily for the first `greedy` rows, sampled at `temperature` (`sample_rows`, `generator`, drawn
-    in row order) for the others. Each prompt is prefilled once; its continuations then grow as the
-    branches of one sequence (branch c at cache slot W + step * C + c, C = the most rows of one
-    prompt; a tree mask lets each branch see the prompt and itself), so every step reads a prompt's
-    keys once for all its continuations, not once per continuation, in a cache allocated once
-    (`core.masks.grouped_attention`). A row that ends (eos) is fed `pad` after it. `captured`
-    collects the final norm's outputs (a hook set by the caller). Returns (tokens [R,
-    max_new_tokens], hidden [R, W + steps - 1, H] float32 on the CPU: the last hidden state of every
-    fed token)."""
-    device, (batch, width) = ids.device, ids.shape
-    branch, count = [], [0] * batch  # row r is branch branch[r] of prompt source[r]
-    for i in source:
-        branch.append(count[i])
-        count[i] += 1
-    width_c = max(count)
+    """Continue the left-padded prompts of `batch` (ids [B, W]): row r continues prompt
+    batch.source[r], greedily for the first `batch.greedy` rows, sampled at `temperature`
+    (`sample_rows`, `generator`, drawn in row order) for the others. Each prompt is prefilled once;
+    its continuations then grow as the branches of one sequence (branch c at cache slot
+    W + step * C + c, C = the most rows of one prompt; a tree mask lets each branch see the prompt
+    and itself), so every step reads a prompt's keys once for all its continuations, not once per
+    continuation, in a cache allocated once (`core.masks.grouped_attention`). A row that ends
+    (batch.eos) is fed `batch.pad` after it. `captured` collects the final norm's outputs (a hook set
+    by the caller). Returns (tokens [R, max_new_tokens], hidden [R, W + steps - 1, H] float32 on the
+    CPU: the last hidden state of every fed token)."""
+    device, (prompts, width), source = batch.ids.device, batch.ids.shape, batch.source
+    branch = [source[:r].count(i) for r, i in enumerate(source)]  # row r is branch branch[r] of prompt source[r]
+    width_c = max(branch) + 1
     host_prompt, host_branch = torch.tensor(list(source)), torch.tensor(branch)  # host: index the captured rows
     row_prompt, row_branch = host_prompt.to(device), host_branch.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
-    prefill = DynamicCache(config=model.config)
-    captured.clear()
-    out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, cache=prefill, use_cache=True, logits_to_keep=1
-    )
-    prompt_hidden = captured[0]  # [B, W, H]
+    positions = (batch.mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each prompt starts at position 0
     length = width + width_c * max_new_tokens
-    cache = StaticCache(config=model.config, max_cache_len=length)  # a growing cache would copy itself every step
-    for i, layer in enumerate(prefill.layers):
-        cache.update(layer.keys, layer.values, i, {"cache_position": torch.arange(width, device=device)})
-    del prefill
-    visible = torch.zeros(batch, 1, width_c, length, dtype=torch.bool, device=device)
-    visible[:, 0, :, :width] = mask.bool()[:, None]
+    logits, prompt_hidden, cache = _prefill(model, batch, positions, length, captured)
+    logits = logits[row_prompt]  # [R, V]
+    visible = torch.zeros(prompts, 1, width_c, length, dtype=torch.bool, device=device)
+    visible[:, 0, :, :width] = batch.mask.bool()[:, None]
     lanes = torch.arange(width_c, device=device)
-    position = positions[:, -1:].expand(batch, width_c)  # [B, C]: a prompt's branches stand at one position
-    feed = torch.full((batch, width_c), pad, dtype=torch.long, device=device)  # branches without a row: pad
-    logits = out.logits[row_prompt, -1]  # [R, V]
+    position = positions[:, -1:].expand(prompts, width_c)  # [B, C]: a prompt's branches stand at one position
+    feed = torch.full((prompts, width_c), batch.pad, dtype=torch.long, device=device)  # branches without a row: pad
     done = torch.zeros(len(source), dtype=torch.bool, device=device)
     tokens, steps = [], []
     with use_attention(model, GROUPED_ATTENTION):
         for step in range(max_new_tokens):
-            token = logits.argmax(-1)
-            if len(source) > greedy:
-                token[greedy:] = sample_rows(logits[greedy:], temperature, generator)
-            token = token.masked_fill(done, pad)
+            token = _next_tokens(logits, batch, done, temperature, generator)
             tokens.append(token)
-            if eos is not None:
-                done |= token == eos
+            if batch.eos is not None:
+                done |= token == batch.eos
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
             slot = width + step * width_c
@@ -351,6 +370,39 @@ def continuations(
             logits = logits[row_prompt, row_branch]  # [R, V]
             steps.append(captured[0][host_prompt, host_branch][:, None])  # [R, 1, H]
     return torch.stack(tokens, 1), torch.cat([prompt_hidden[host_prompt], *steps], 1)
+
+
+def _next_tokens(
+    logits: torch.Tensor, batch: PromptBatch, done: torch.Tensor, temperature: float, generator: torch.Generator
+) -> torch.Tensor:
+    """Each row's next token [R] from its logits [R, V]: the argmax for the first `batch.greedy` rows,
+    sampled for the others (in row order); `batch.pad` for a row that has ended (`done` [R])."""
+    token = logits.argmax(-1)
+    if len(batch.source) > batch.greedy:
+        token[batch.greedy :] = sample_rows(logits[batch.greedy :], temperature, generator)
+    return token.masked_fill(done, batch.pad)
+
+
+def _prefill(
+    model: torch.nn.Module, batch: PromptBatch, positions: torch.Tensor, length: int, captured: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, StaticCache]:
+    """The prompts prefilled once: (last logits [B, V], hidden [B, W, H] from `captured`, a static cache
+    of `length` slots holding the prompts' keys and values)."""
+    width = batch.ids.shape[1]
+    prefill = DynamicCache(config=model.config)
+    captured.clear()
+    out = model(
+        input_ids=batch.ids,
+        attention_mask=batch.mask,
+        position_ids=positions,
+        cache=prefill,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = StaticCache(config=model.config, max_cache_len=length)  # a growing cache would copy itself every step
+    for i, layer in enumerate(prefill.layers):
+        cache.update(layer.keys, layer.values, i, {"cache_position": torch.arange(width, device=batch.ids.device)})
+    return out.logits[:, -1], captured[0], cache
 
 
 def fast_bfloat16(device: torch.device) -> bool:
@@ -442,21 +494,7 @@ def distill_cached(
             sampled,
             d["greedy"],
         )
-    data = distill(
-        target,
-        prompts,
-        config.num_heads,
-        config.max_new_tokens,
-        config.gen_batch,
-        progress=progress,
-        prompt_rows=config.prompt_rows,
-        max_continued_prompt=config.max_continued_prompt,
-        samples=config.samples,
-        temperature=config.sample_temperature,
-        seed=config.seed,
-        bfloat16=config.distill_bfloat16,
-        max_sampled_prompt=config.max_sampled_prompt,
-    )
+    data = distill(target, prompts, config, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save(

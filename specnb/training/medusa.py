@@ -159,39 +159,13 @@ def train_heads(
     heads' shared projection). The parameters stay float32; with `config.bfloat16` (and
     `fast_bfloat16`) the forward runs under bfloat16 autocast, the losses in float32."""
     gen = torch.Generator().manual_seed(config.seed)
-    params = heads.trainable()
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     steps = max(1, math.ceil(config.epochs * len(train) / config.batch_size))
-    warm = max(1, int(config.warmup * steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
-    )
-    labels = data.labels[train]
+    opt, sched = _optimizer(heads.trainable(), config, steps)
     device = heads[0][0].linear.weight.device
-    unseen, shift = None, 0.0
-    if config.loss_vocab in ("seen", "sampled"):
-        vocab = torch.unique(labels[labels >= 0]).to(device)  # [S]
-        remap = torch.full((heads.vocab_size,), -100, dtype=torch.long)  # host: labels live on the CPU
-        remap[vocab.cpu()] = torch.arange(len(vocab))  # host
-        labels = torch.where(labels >= 0, remap[labels.clamp_min(0)], -100)
-        if config.loss_vocab == "sampled" and len(vocab) < heads.vocab_size:
-            unseen = torch.nonzero(remap < 0)[:, 0].to(device)  # [U]
-            shift = math.log(len(unseen) / min(config.negatives, len(unseen)))  # 1 / inclusion probability
-    else:
-        vocab = None
-    teacher = None
-    if config.soft_labels:
-        if lm_head is None and not heads.shares_lm_head:
-            raise ValueError("soft_labels needs the target's LM head (lm_head=...) when the heads do not share it")
-        teacher = (heads[0][-1].weight if lm_head is None else lm_head).detach().to(device)
-        teacher = teacher if vocab is None else teacher[vocab]  # [V or S, H]
     mixed = config.bfloat16 and fast_bfloat16(device)
-    low = torch.bfloat16 if mixed else None
-    teacher = teacher.to(low) if teacher is not None and low else teacher
-    shared = None  # the frozen shared projection, gathered (and cast to the blocks' dtype) once, not every step
-    if heads.shares_lm_head:
-        shared = heads[0][-1].weight.detach()
-        shared = (shared if vocab is None else shared[vocab]).to(low or heads[0][0].linear.weight.dtype)
+    labels, targets, unseen = _loss_targets(
+        heads, data.labels[train], config, lm_head, torch.bfloat16 if mixed else None
+    )
     hidden = data.hidden[train]
     soft_row = data.soft_row[train]
     order = torch.cat([torch.randperm(len(train), generator=gen) for _ in range(math.ceil(config.epochs) + 1)])
@@ -209,16 +183,7 @@ def train_heads(
         )
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed):
             loss = heads_loss(
-                heads,
-                x,
-                labels[rows].to(device),
-                soft_row[rows].to(device),
-                data.hidden,
-                vocab,
-                teacher,
-                shared,
-                negatives,
-                shift,
+                heads, x, labels[rows].to(device), soft_row[rows].to(device), data.hidden, targets, negatives
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -237,25 +202,76 @@ def train_heads(
     }
 
 
+def _optimizer(
+    params: list[torch.nn.Parameter], config: TrainConfig, steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW at `config.lr`, warmed up linearly over `config.warmup` of the steps, then a cosine decay."""
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    warm = max(1, int(config.warmup * steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(steps - warm, 1)))
+    )
+    return opt, sched
+
+
+@dataclass(frozen=True)
+class LossTargets:
+    """What `heads_loss` scores the heads' logits against, fixed for one training run."""
+
+    vocab: torch.Tensor | None  # long [S]: the token ids the softmax runs over; None: the whole vocabulary
+    teacher: torch.Tensor | None  # [V or S, H]: the LM head whose distribution is the soft target; None: one-hot
+    shared: torch.Tensor | None = None  # [V or S, H]: the heads' common frozen projection, restricted to vocab
+    shift: float = 0.0  # added to the negatives' logits: log(1 / their inclusion probability)
+
+
+def _loss_targets(
+    heads: MedusaHeads, labels: torch.Tensor, config: TrainConfig, lm_head: torch.Tensor | None, low: torch.dtype | None
+) -> tuple[torch.Tensor, LossTargets, torch.Tensor | None]:
+    """(labels [R, K] as indices into the loss vocabulary, its `LossTargets`, the unseen token ids
+    negatives are drawn from, or None) for `config.loss_vocab`: "seen" (the labels' tokens), "sampled"
+    (those and drawn negatives) or the full vocabulary. low: the autocast dtype, if any, that the
+    teacher and the shared projection are cast to once, not every step."""
+    device = heads[0][0].linear.weight.device
+    unseen, shift, vocab = None, 0.0, None
+    if config.loss_vocab in ("seen", "sampled"):
+        vocab = torch.unique(labels[labels >= 0]).to(device)  # [S]
+        remap = torch.full((heads.vocab_size,), -100, dtype=torch.long)  # host: labels live on the CPU
+        remap[vocab.cpu()] = torch.arange(len(vocab))  # host
+        labels = torch.where(labels >= 0, remap[labels.clamp_min(0)], -100)
+        if config.loss_vocab == "sampled" and len(vocab) < heads.vocab_size:
+            unseen = torch.nonzero(remap < 0)[:, 0].to(device)  # [U]
+            shift = math.log(len(unseen) / min(config.negatives, len(unseen)))  # 1 / inclusion probability
+    teacher = None
+    if config.soft_labels:
+        if lm_head is None and not heads.shares_lm_head:
+            raise ValueError("soft_labels needs the target's LM head (lm_head=...) when the heads do not share it")
+        teacher = (heads[0][-1].weight if lm_head is None else lm_head).detach().to(device)
+        teacher = teacher if vocab is None else teacher[vocab]  # [V or S, H]
+    teacher = teacher.to(low) if teacher is not None and low else teacher
+    shared = None  # the frozen shared projection, gathered (and cast to the blocks' dtype) once, not every step
+    if heads.shares_lm_head:
+        shared = heads[0][-1].weight.detach()
+        shared = (shared if vocab is None else shared[vocab]).to(low or heads[0][0].linear.weight.dtype)
+    return labels, LossTargets(vocab, teacher, shared, shift), unseen
+
+
 def heads_loss(
     heads: MedusaHeads,
     x: torch.Tensor,
     labels: torch.Tensor,
     soft_row: torch.Tensor,
     hidden: torch.Tensor,
-    vocab: torch.Tensor | None,
-    teacher: torch.Tensor | None,
-    shared: torch.Tensor | None = None,
+    targets: LossTargets,
     negatives: torch.Tensor | None = None,
-    shift: float = 0.0,
 ) -> torch.Tensor:
-    """Sum over heads of the cross-entropy of head d's logits on rows x [B, H] (over `vocab`, or the
-    whole vocabulary when None) against labels[:, d] (-100 = none; index into vocab) or, with a
-    `teacher` ([V or S, H]), against the teacher's distribution on hidden[soft_row[:, d]] (one-hot
-    on the label where soft_row is -1). shared: the heads' common frozen projection already
-    restricted to `vocab` ([V or S, H]), used instead of gathering each head's. negatives: token ids
-    outside `vocab` whose logits, raised by `shift`, join the softmax with no target mass (a sampled
-    softmax's estimate of the unseen tokens' share of the partition function)."""
+    """Sum over heads of the cross-entropy of head d's logits on rows x [B, H] (over `targets.vocab`,
+    or the whole vocabulary when None) against labels[:, d] (-100 = none; index into vocab) or, with
+    a `targets.teacher` ([V or S, H]), against the teacher's distribution on hidden[soft_row[:, d]]
+    (one-hot on the label where soft_row is -1). targets.shared: the heads' common frozen projection
+    already restricted to vocab ([V or S, H]), used instead of gathering each head's. negatives:
+    token ids outside vocab whose logits, raised by `targets.shift`, join the softmax with no target
+    mass (a sampled softmax's estimate of the unseen tokens' share of the partition function)."""
+    vocab, teacher, shared = targets.vocab, targets.teacher, targets.shared
     device = x.device
     loss = torch.zeros((), device=device)
     for d, head in enumerate(heads):
@@ -265,7 +281,7 @@ def heads_loss(
         w = shared if shared is not None else head[-1].weight if vocab is None else head[-1].weight[vocab]
         logits = (z @ w.T).float()  # [B, V or S]
         if negatives is not None:
-            logits = torch.cat([logits, (z @ head[-1].weight[negatives].to(z.dtype).T).float() + shift], -1)
+            logits = torch.cat([logits, (z @ head[-1].weight[negatives].to(z.dtype).T).float() + targets.shift], -1)
         want = labels[:, d]
         if teacher is None:
             loss = loss + torch.nn.functional.cross_entropy(logits, want, ignore_index=-100)
