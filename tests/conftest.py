@@ -4,12 +4,17 @@ distinguishable next-token distributions instead of near-uniform ones."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -19,6 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # notebook runs in the tests: a cell that runs past this fails its run with a clear error
 # (specnb.notebook.runner.cell_timeout) instead of waiting on a kernel that stopped answering
 os.environ.setdefault("SPECNB_CELL_TIMEOUT", "600")
+
+# pytest-xdist (run_tests.sh runs two workers on two cores): each worker's torch, and the notebook
+# kernels and subprocesses it starts, on one thread, so the two workers do not fight for the cores
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def tiny_model(
@@ -111,6 +122,165 @@ def smollm2():
     from specnb.io.models import load_model
 
     return load_model("smollm2-135m")
+
+
+# ---- no test leaves a process behind ---------------------------------------------------------------
+
+
+def _descendants() -> dict[int, psutil.Process]:
+    """This process's living descendants (zombies are gone already: only their exit status is left)."""
+    found = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found[child.pid] = child
+        except psutil.Error:
+            pass
+    return found
+
+
+def _started_since(before: set[int]) -> dict[int, psutil.Process]:
+    """Descendants started since `before` was taken, other than those a process already alive then
+    started (a module fixture's Ray instance starts workers while a test uses it: the fixture
+    answers for them, checked when the session ends)."""
+    me = os.getpid()
+    left = {}
+    for pid, proc in _descendants().items():
+        if pid in before:
+            continue
+        try:
+            ancestors = {p.pid for p in proc.parents()}
+            chain = ancestors - {me} - {p.pid for p in psutil.Process(me).parents()}
+        except psutil.Error:
+            continue
+        if not chain & before:
+            left[pid] = proc
+    return left
+
+
+def _describe(procs: dict[int, psutil.Process]) -> str:
+    said = []
+    for pid, proc in procs.items():
+        try:
+            said.append(f"{pid}: {' '.join(proc.cmdline())[:160]}")
+        except psutil.Error:
+            said.append(f"{pid}: (gone)")
+    return "; ".join(said)
+
+
+def _wait_and_stop(find, grace: float = 15.0) -> str:
+    """What `find()` still returns after `grace` seconds (shutdowns take a moment), described; those
+    are then killed, so that one test's leak does not slow or break the next. "" when none."""
+    deadline = time.monotonic() + grace
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    said = _describe(left)
+    for proc in left.values():
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(left.values()), timeout=5)
+    return said
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Every kernel and subprocess a test starts is gone when it ends (a Jupyter kernel started by a
+    test once stayed alive to the end of the suite)."""
+    before = set(_descendants())
+    yield
+    left = _wait_and_stop(lambda: _started_since(before))
+    assert not left, f"the test left processes running (now killed): {left}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_at_the_end():
+    """And every process a module or session fixture started is gone once the fixtures are torn down
+    (this one is torn down last)."""
+    before = set(_descendants())
+    yield
+    left = _wait_and_stop(lambda: {pid: p for pid, p in _descendants().items() if pid not in before})
+    assert not left, f"fixtures left processes running (now killed): {left}"
+
+
+# ---- two test workers (pytest-xdist, run_tests.sh) --------------------------------------------------
+
+# the files that take longest, handed to the workers first so that neither is left with one at the end
+LONGEST_FIRST = ("test_user_clone.py", "test_notebooks.py", "test_dryrun.py", "test_colab.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps the files' order
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the order within a file kept
+
+
+@contextlib.contextmanager
+def machine_lock(tmp_path_factory, name: str):
+    """Held by one test worker at a time, across workers (a file lock in the folder their temporary
+    folders share): what two workers must not do at once on one machine, such as each starting a
+    local Ray instance."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this run
+    with open(root / f"{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---- the smoke run, once per session ------------------------------------------------------------
+
+
+def linked_model_cache(folder: Path) -> Path:
+    """A specnb cache folder (SPECNB_CACHE) holding nothing but links to the embedded models already
+    installed in this machine's cache: a run there de-quantizes nothing again, but trains and
+    distills from nothing (medusa-heads, eagle-heads, medusa-distill start empty) as in a user's
+    first run."""
+    from specnb.io.embedded import EMBEDDED_MODELS, cache_dir
+
+    folder.mkdir(parents=True, exist_ok=True)
+    real = cache_dir()
+    names = [n for m in EMBEDDED_MODELS.values() for n in (m.name, m.gguf_name)]
+    for entry in sorted(real.iterdir()) if real.is_dir() else []:
+        if any(entry.name.startswith(n) for n in names) and ".tmp" not in entry.name:
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory):
+    """`run smoke` for every notebook, once per session, shared by every test that reads its outputs
+    (tests/test_notebooks.py; tests/test_user_clone.py relies on it for the notebooks its clone does
+    not run). As a user's first run: offline with an empty Hugging Face home, and a specnb cache with
+    the embedded models installed (linked: set-up's work, which the clone test does from nothing) and
+    nothing else. Returns the outputs folder and the seconds the run took."""
+    from specnb.io import embedded
+    from specnb.notebook import runner
+
+    embedded.install(runner.profile_models("smoke"))  # as run_notebooks.sh does first (a no-op once installed)
+    outputs = tmp_path_factory.mktemp("outputs")
+    home = tmp_path_factory.mktemp("smoke-home")
+    env = {
+        **os.environ,
+        "SPECNB_CACHE": str(linked_model_cache(home / "specnb-cache")),
+        "HF_HOME": str(home / "empty-hf-home"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "specnb.notebook.runner", "run", "smoke", "--outputs", str(outputs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return outputs, time.perf_counter() - start
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:

@@ -80,6 +80,17 @@ def first_cells(name: str) -> nbformat.NotebookNode:
     return nb
 
 
+def execute(nb: nbformat.NotebookNode, kernel: KernelManager, folder: Path, env: dict) -> None:
+    """Run `nb` in `kernel` started in `folder`, then shut the kernel down (nbclient leaves a kernel
+    it was handed running) and check it is gone."""
+    try:
+        NotebookClient(nb, km=kernel, timeout=600, resources={"metadata": {"path": str(folder)}}).execute(env=env)
+    finally:
+        if kernel.has_kernel:
+            kernel.shutdown_kernel()
+    assert not kernel.is_alive(), "the kernel is still running"
+
+
 @pytest.mark.parametrize("how", ["folder", "git"])
 def test_a_fresh_colab_kernel_finds_installs_and_imports_specnb(bare, how, tmp_path):
     elsewhere = tmp_path / "unrelated"
@@ -101,7 +112,7 @@ def test_a_fresh_colab_kernel_finds_installs_and_imports_specnb(bare, how, tmp_p
     nb = first_cells("01_tree_shapes")
     specs = KernelSpecManager(kernel_dirs=[str(bare["jupyter"] / "kernels")])
     kernel = KernelManager(kernel_name="bare", kernel_spec_manager=specs)
-    NotebookClient(nb, km=kernel, timeout=600, resources={"metadata": {"path": str(elsewhere)}}).execute(env=env)
+    execute(nb, kernel, elsewhere, env)
     printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
     assert f"SPECNB {expected / 'specnb' / '__init__.py'}" in printed, printed
     assert str(tmp_path / "outputs") in printed  # the run folder went where SPECNB_OUTPUTS says
@@ -140,7 +151,7 @@ def test_a_restarted_colab_kernel_in_the_clones_parent_still_imports_specnb(bare
             kernel_name="bare", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(bare["jupyter"] / "kernels")])
         )
         run_env = dict(env, SPECNB_REPO=repo) if repo else env
-        NotebookClient(nb, km=kernel, timeout=600, resources={"metadata": {"path": str(content)}}).execute(env=run_env)
+        execute(nb, kernel, content, run_env)
         printed = "".join(o.get("text", "") for c in nb.cells for o in c.outputs if o.get("output_type") == "stream")
         seen.append(printed)
         assert f"SPECNB {content / 'specnb' / 'specnb' / '__init__.py'}" in printed, printed

@@ -227,15 +227,15 @@ def test_greedy_output_equals_the_targets(vocabs, kind, tree_name):
 
 
 @pytest.mark.slow
-def test_greedy_on_a_real_pair():
-    """SmolLM2-135M drafts for Qwen2.5-Coder-0.5B: identical greedy output, and it accepts."""
+def test_greedy_on_a_real_pair(smollm2):
+    """SmolLM2-135M (the session's) drafts for Qwen2.5-Coder-0.5B: identical greedy output, and it accepts."""
     from specnb.io.models import load_model, prompt_ids
 
     try:
         target, t = load_model("qwen2.5-coder-0.5b")
-        draft, d = load_model("smollm2-135m")
     except Exception as e:
         pytest.skip(f"embedded models not installed: {e}")
+    draft, d = smollm2
     ids = prompt_ids(t, "Write a Python function that returns the sum of a list, with a docstring.")
     reference = autoregressive_generate(target, ids, max_new_tokens=24)
     for tree in (Tree.chain(4), Tree.sparse(8)):

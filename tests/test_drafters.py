@@ -554,21 +554,28 @@ REPEAT = "Repeat this list exactly, twice: apples, pears, plums, figs, dates, li
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    """SmolLM2-135M, the repetitive prompt, and the target's own greedy output after it."""
-    model, tokenizer = load_model("smollm2-135m")
+def smollm(smollm2):
+    """SmolLM2-135M (the session's, loaded once), the repetitive prompt, and the target's own greedy
+    output after it."""
+    model, tokenizer = smollm2
     ids = prompt_ids(tokenizer, REPEAT)
     return model, ids, autoregressive_generate(model, ids, max_new_tokens=16)
 
 
+@pytest.fixture(scope="module")
+def smollm_first8(smollm):
+    """A separate copy of SmolLM2's first 8 layers (made once for both trees)."""
+    return truncate_layers(copy.deepcopy(smollm[0]), 8)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tree", [Tree.chain(4), Tree.kary(2, 8)], ids=["chain4", "kary2x8"])
-def test_smollm_early_exit_greedy_equals_plain(smollm, tree):
+def test_smollm_early_exit_greedy_equals_plain(smollm, smollm_first8, tree):
     model, ids, reference = smollm
     shared = Recorder(EarlyExitDrafter(model, 8))
     result = speculative_generate(model, shared, ids, tree=tree, max_new_tokens=16)
     assert result.tokens.tolist() == reference.tokens.tolist()
-    separate = Recorder(ModelDrafter(truncate_layers(copy.deepcopy(model), 8)))
+    separate = Recorder(ModelDrafter(smollm_first8))
     speculative_generate(model, separate, ids, tree=tree, max_new_tokens=16)
     same = sum(a == b for a, b in zip(shared.drafts, separate.drafts))
     assert same >= len(separate.drafts) - 1  # float rounding may flip a near-tie, rarely

@@ -7,16 +7,20 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pandas as pd
+import papermill
 import pytest
 import torch
 
 from specnb.io.model_configs import config_of, hub_model
 from specnb.io.prompts import BUILTIN
-from specnb.notebook import dryrun
+from specnb.notebook import dryrun, runner
 
 ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 T4_MODELS = [
     "meta-llama/Llama-2-7b-hf",
     "JackFram/llama-160m",
@@ -252,3 +256,120 @@ def test_install_standins_builds_the_published_heads_by_default(tmp_path, monkey
     assert "yuhuili/EAGLE-llama2-chat-7B" not in built
     with pytest.raises(KeyError, match="EAGLE-llama2-chat-7B"):
         dryrun.install_standins(tmp_path, ["yuhuili/EAGLE-llama2-chat-7B"])
+
+
+# ---- the t4-dryrun profile end to end (from tests/test_notebooks.py: a file of its own, so that two
+# test workers run it beside the smoke run) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def t4_dryrun(tmp_path_factory):
+    """`run t4-dryrun` as run_notebooks.sh runs it, with specnb's cache (where the runner builds the
+    stand-ins, `{cache}/hf-standins`) in a folder of the test's own: a cold build every time."""
+    outputs = tmp_path_factory.mktemp("dryrun-outputs")
+    cache = tmp_path_factory.mktemp("specnb-cache")
+    env = {**os.environ, "SPECNB_CACHE": str(cache)}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "specnb.notebook.runner", "run", "t4-dryrun", "--outputs", str(outputs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return outputs, time.perf_counter() - start, proc.stdout, cache
+
+
+def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
+    from specnb.experiments.pairs import Pair
+    from specnb.io.model_configs import hub_model
+
+    outputs, seconds, log, _ = t4_dryrun
+    print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
+    assert (
+        "stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
+        "yuhuili/EAGLE-Vicuna-7B-v1.3;"
+    ) in log
+    folders = {}
+    for nb in NOTEBOOKS:
+        folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())
+        params = json.loads((folder / "params.json").read_text())
+        assert params["status"] == "finished" and params["profile"] == "t4-dryrun", params.get("error")
+        assert params["parameters"]["model_dtype"] == "float16" and params["runner"]["standins"]
+
+    # notebook 02: the t4 pairs measured; across tokenizers, the shared-vocabulary method refused for
+    # that reason and the cross-tokenizer methods run
+    t4_pairs = [Pair.from_dict(p) for p in runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["pairs"]]
+    valid = [p for p in t4_pairs if hub_model(p.target).tokenizer.family == hub_model(p.draft).tokenizer.family]
+    status = pd.read_csv(folders["02_model_pairs"] / "pairs.csv", keep_default_na=False)
+    assert list(status["pair"]) == [p.label for p in t4_pairs] and len(valid) == 3
+    assert list(status["vocabulary"]) == ["shared"] * 3 + ["different"] * 2
+    partial = status[status["status"] == "partial"]
+    assert list(partial["pair"]) == ["meta-llama/Llama-3.2-1B -> meta-llama/Llama-2-7b-hf[4bit]"]
+    reason = partial["reason"].iloc[0]
+    assert reason.startswith("refused chain:4:") and "vocab size 32000" in reason and "vocab size 128256" in reason
+    measured = status[status["status"] == "measured"]
+    assert list(measured["pair"]) == [p.label for p in valid] + [
+        "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B[4bit]"
+    ]
+    for loaded in status["target_loaded"]:  # what was loaded, not what was asked
+        assert "float16, nf4 4-bit" in loaded and "STAND-IN" in loaded
+    assert all("float16" in d and "4-bit" not in d for d in status["draft_loaded"])
+    table = pd.read_csv(folders["02_model_pairs"] / "pairs_methods.csv")
+    t4_methods = runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["methods"]
+    across = [p for p in t4_pairs if p not in valid]
+    assert len(table) == 3 * len(t4_methods) + (len(across[0].methods) - 1) + len(across[1].methods)
+    assert set(table["pair"]) == set(status["pair"])
+    assert (table["greedy_mismatches"] == 0).all(), "every greedy output equals the target's (or a numerical tie)"
+
+    # notebook 01: the 4-bit Llama-2-7B pair, the replay equal to the real runs step by step
+    agreement = pd.read_csv(folders["01_tree_shapes"] / "replay_agreement.csv")
+    assert (agreement["mismatched_steps"] == 0).all() and (agreement["steps_compared"] > 0).all()
+    for stem in ("01_tree_shapes", "03_tree_attention_timing"):
+        curve = pd.read_csv(folders[stem] / "verify_curve.csv")
+        assert set(curve["model"]) == {"meta-llama/Llama-2-7b-hf[4bit]", "JackFram/llama-160m"}
+        assert set(curve["dtype"]) == {"float16"}
+
+    # notebook 03: Llama-2-7B's heads in float16; every implementation agrees with the reference or
+    # says why it could not run here
+    check = pd.read_csv(folders["03_tree_attention_timing"] / "reference_check.csv", keep_default_na=False)
+    assert set(check["impl"]) == {"sdpa", "per_sequence", "eager", "flex"}
+    assert all(ok == "True" or (ok == "" and note) for ok, note in zip(check["ok"].astype(str), check["note"]))
+    grid = pd.read_csv(folders["03_tree_attention_timing"] / "attention_grid.csv")
+    assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
+
+
+def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun, monkeypatch):
+    """Colab's "rerun to resume": each t4-dryrun notebook executed again into its finished run folder
+    (as an interactive rerun with that run_dir does) recomputes nothing and duplicates nothing:
+    every table keeps its rows and every resumable store its lines. Then notebook 05's published
+    heads came from their stand-in checkpoint (5 heads, float16, the published layout)."""
+    outputs, _, _, cache = t4_dryrun
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(cache / "hf-standins"))
+    monkeypatch.setenv("SPECNB_CACHE", str(cache))
+    monkeypatch.setenv("SPECNB_HEADLESS", "1")
+    for nb in NOTEBOOKS:
+        folder = next((outputs / nb.stem).iterdir())
+        params = json.loads((folder / "params.json").read_text())["parameters"]
+        tables = {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")}
+        stores = {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")}
+        papermill.execute_notebook(
+            str(nb),
+            str(folder / "rerun.ipynb"),
+            parameters={**params, "run_dir": str(folder)},
+            cwd=str(nb.parent),
+            progress_bar=False,
+            kernel_name="python3",
+            execution_timeout=600,
+        )
+        assert {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")} == tables, nb.stem
+        assert {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")} == stores, nb.stem
+    medusa = next((outputs / "05_learned_drafters").iterdir())
+    accuracy = pd.read_csv(medusa / "depth_accuracy.csv")
+    assert set(accuracy.loc[accuracy["drafter"] == "Medusa heads", "depth"]) == {1, 2, 3, 4, 5}  # the published 5 heads
+    assert set(accuracy.loc[accuracy["drafter"] == "EAGLE head", "depth"]) == set(range(1, 7))  # its stand-in, depth 6
+    said = json.loads((medusa / "params.json").read_text())["test_prompts"]
+    assert said["source"] == "spec_bench" and "lmsys/vicuna-7b-v1.3's conversation format" in said["prompt_format"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_prompt, tiny_model
+from conftest import machine_lock, random_prompt, tiny_model
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast
@@ -160,16 +160,17 @@ def test_two_concurrent_collections_into_one_folder_leave_one_file_per_unit(tmp_
 
 
 @pytest.fixture(scope="module")
-def ray_local():
+def ray_local(tmp_path_factory):
     """A local Ray instance with 2 CPUs for this module (stopped after it); skipped where Ray is not
-    installed or cannot start."""
+    installed or cannot start. One at a time on this machine (machine_lock: two test workers)."""
     ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "specnb[ray]")')
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
-    except Exception as e:  # no shared memory, no ports...: the tests cannot say anything here
-        pytest.skip(f"Ray cannot start here: {type(e).__name__}: {e}")
-    yield ray
-    ray.shutdown()
+    with machine_lock(tmp_path_factory, "ray"):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
+        except Exception as e:  # no shared memory, no ports...: the tests cannot say anything here
+            pytest.skip(f"Ray cannot start here: {type(e).__name__}: {e}")
+        yield ray
+        ray.shutdown()
 
 
 def test_ray_collection_writes_the_same_files_as_local(tmp_path, ray_local, pair, local_reference):

@@ -524,8 +524,8 @@ def test_cli_install_runs_pip_for_missing_packages_only(
 
 
 @pytest.mark.slow
-def test_smollm2_generates_paris() -> None:
-    model, tokenizer = load_model("smollm2-135m")
+def test_smollm2_generates_paris(smollm2) -> None:
+    model, tokenizer = smollm2
     ids = prompt_ids(tokenizer, "What is the capital of France?")
     assert ids.dim() == 2 and ids.shape[0] == 1 and ids.dtype == torch.long
     out = model.generate(ids, max_new_tokens=12, do_sample=False)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import papermill
 import pytest
+from conftest import machine_lock
 from papermill.translators import PythonTranslator
 
 from specnb.analysis.collection import Collection
@@ -56,13 +57,7 @@ def test_committed_notebook_is_clean(path):
     )
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    outputs = tmp_path_factory.mktemp("outputs")
-    start = time.perf_counter()
-    proc = run_cli("run", "smoke", outputs=outputs)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return outputs, time.perf_counter() - start
+# `smoke`: the smoke profile run once per session (conftest.py), shared by every test that reads it
 
 
 def test_smoke_profile_runs_every_notebook(smoke):
@@ -85,6 +80,33 @@ def test_smoke_profile_runs_every_notebook(smoke):
         assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"
     index = (outputs / "index.md").read_text()
     assert all(nb.stem in index for nb in NOTEBOOKS) and (outputs / "index.html").exists()
+
+
+def test_smoke_runs_say_which_prompts_they_ran_on(smoke):
+    """Every notebook that runs prompts says which, how many, and how many per category. Checked here
+    on the shared smoke run (a user's first run: offline, nothing cached but the installed models);
+    tests/test_user_clone.py runs notebook 01 alone in its clone and checks 01's record there too."""
+    outputs, _ = smoke
+    records = {
+        nb.stem: json.loads((next((outputs / nb.stem).iterdir()) / "params.json").read_text()) for nb in NOTEBOOKS
+    }
+    assert records["01_tree_shapes"]["prompts"] == {
+        "source": "builtin",
+        "count": 2,
+        "per_category": {"writing": 1, "roleplay": 1},
+        "prompt_format": "the tokenizer's chat template",
+    }
+    assert records["02_model_pairs"]["prompts"] == {
+        "source": "spec_bench",
+        "count": 6,
+        "per_category": {"coding": 3, "writing": 3},
+    }
+    assert records["04_long_generation"]["prompts"]["count"] == 1
+    medusa = records["05_learned_drafters"]
+    assert medusa["training_prompts"]["source"] == "spec_bench" and medusa["training_prompts"]["count"] == 16
+    assert medusa["test_prompts"]["count"] == 2
+    by_category = (next((outputs / "02_model_pairs").iterdir()) / "by_category.csv").read_text()
+    assert "coding" in by_category and "writing" in by_category
 
 
 def test_appendices_come_in_two_forms_and_the_index_shows_the_headlines(smoke):
@@ -226,11 +248,21 @@ def test_model_pairs_tables(smoke):
 
 
 def test_rerun_keeps_the_finished_run(smoke, tmp_path):
+    """A finished run of the smoke run (copied: the shared outputs stay as the run left them) and the
+    same notebook run again into the same outputs: a second folder beside the first. Notebook 03, the
+    quickest of the smoke run: which notebook it is does not matter to the runner's naming."""
     outputs, _ = smoke
-    proc = run_cli("run", "smoke", "--notebook", "02_model_pairs", outputs=outputs)
+    stem = "03_tree_attention_timing"
+    (finished,) = (outputs / stem).iterdir()
+    shutil.copytree(finished, tmp_path / stem / finished.name)
+    assert json.loads((finished / "params.json").read_text())["status"] == "finished"
+    proc = run_cli("run", "smoke", "--notebook", stem, outputs=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    runs = sorted(p.name for p in (outputs / "02_model_pairs").iterdir())
+    runs = sorted(p.name for p in (tmp_path / stem).iterdir())
     assert len(runs) == 2 and runs[1] == runs[0] + "-2"
+    assert runs[0] == finished.name and sorted(p.name for p in (tmp_path / stem / runs[0]).iterdir()) == sorted(
+        p.name for p in finished.iterdir()
+    ), "the finished run kept as it was"
 
 
 @pytest.mark.parametrize(
@@ -343,12 +375,13 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
 
 
-def test_tree_shapes_collects_on_ray(tmp_path):
+def test_tree_shapes_collects_on_ray(tmp_path, tmp_path_factory):
     """Notebook 01 through the runner with `-p executor ray`: it starts a local Ray instance, whose
     actors load the pair by name and write the collection; the replay of what they wrote equals the
     real runs in the notebook's own process step by step. Skipped where Ray is missing or cannot start."""
     pytest.importorskip("ray", reason='Ray is not installed (pip install "specnb[ray]")')
-    proc = run_cli("run", "smoke", "--notebook", "01_tree_shapes", "-p", "executor", "ray", outputs=tmp_path)
+    with machine_lock(tmp_path_factory, "ray"):  # one local Ray instance at a time on this machine
+        proc = run_cli("run", "smoke", "--notebook", "01_tree_shapes", "-p", "executor", "ray", outputs=tmp_path)
     folder = next((tmp_path / "01_tree_shapes").iterdir())
     params = json.loads((folder / "params.json").read_text())
     if proc.returncode and "Ray could not start" in params.get("error", ""):
@@ -526,119 +559,6 @@ def test_runner_section_sets_the_environment_of_the_kernels(tmp_path, monkeypatc
     with pytest.raises(runner.RunnerError, match="standins needs env: HF_HOME"):
         runner.run("nohome", {}, [], None, tmp_path / "out2", books_folder=books)
     assert not (tmp_path / "out2").exists()
-
-
-@pytest.fixture(scope="module")
-def t4_dryrun(tmp_path_factory):
-    """`run t4-dryrun` as run_notebooks.sh runs it, with specnb's cache (where the runner builds the
-    stand-ins, `{cache}/hf-standins`) in a folder of the test's own: a cold build every time."""
-    outputs = tmp_path_factory.mktemp("dryrun-outputs")
-    cache = tmp_path_factory.mktemp("specnb-cache")
-    env = {**os.environ, "SPECNB_CACHE": str(cache)}
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "specnb.notebook.runner", "run", "t4-dryrun", "--outputs", str(outputs)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return outputs, time.perf_counter() - start, proc.stdout, cache
-
-
-def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
-    from specnb.experiments.pairs import Pair
-    from specnb.io.model_configs import hub_model
-
-    outputs, seconds, log, _ = t4_dryrun
-    print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
-    assert (
-        "stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
-        "yuhuili/EAGLE-Vicuna-7B-v1.3;"
-    ) in log
-    folders = {}
-    for nb in NOTEBOOKS:
-        folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())
-        params = json.loads((folder / "params.json").read_text())
-        assert params["status"] == "finished" and params["profile"] == "t4-dryrun", params.get("error")
-        assert params["parameters"]["model_dtype"] == "float16" and params["runner"]["standins"]
-
-    # notebook 02: the t4 pairs measured; across tokenizers, the shared-vocabulary method refused for
-    # that reason and the cross-tokenizer methods run
-    t4_pairs = [Pair.from_dict(p) for p in runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["pairs"]]
-    valid = [p for p in t4_pairs if hub_model(p.target).tokenizer.family == hub_model(p.draft).tokenizer.family]
-    status = pd.read_csv(folders["02_model_pairs"] / "pairs.csv", keep_default_na=False)
-    assert list(status["pair"]) == [p.label for p in t4_pairs] and len(valid) == 3
-    assert list(status["vocabulary"]) == ["shared"] * 3 + ["different"] * 2
-    partial = status[status["status"] == "partial"]
-    assert list(partial["pair"]) == ["meta-llama/Llama-3.2-1B -> meta-llama/Llama-2-7b-hf[4bit]"]
-    reason = partial["reason"].iloc[0]
-    assert reason.startswith("refused chain:4:") and "vocab size 32000" in reason and "vocab size 128256" in reason
-    measured = status[status["status"] == "measured"]
-    assert list(measured["pair"]) == [p.label for p in valid] + [
-        "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B[4bit]"
-    ]
-    for loaded in status["target_loaded"]:  # what was loaded, not what was asked
-        assert "float16, nf4 4-bit" in loaded and "STAND-IN" in loaded
-    assert all("float16" in d and "4-bit" not in d for d in status["draft_loaded"])
-    table = pd.read_csv(folders["02_model_pairs"] / "pairs_methods.csv")
-    t4_methods = runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["methods"]
-    across = [p for p in t4_pairs if p not in valid]
-    assert len(table) == 3 * len(t4_methods) + (len(across[0].methods) - 1) + len(across[1].methods)
-    assert set(table["pair"]) == set(status["pair"])
-    assert (table["greedy_mismatches"] == 0).all(), "every greedy output equals the target's (or a numerical tie)"
-
-    # notebook 01: the 4-bit Llama-2-7B pair, the replay equal to the real runs step by step
-    agreement = pd.read_csv(folders["01_tree_shapes"] / "replay_agreement.csv")
-    assert (agreement["mismatched_steps"] == 0).all() and (agreement["steps_compared"] > 0).all()
-    for stem in ("01_tree_shapes", "03_tree_attention_timing"):
-        curve = pd.read_csv(folders[stem] / "verify_curve.csv")
-        assert set(curve["model"]) == {"meta-llama/Llama-2-7b-hf[4bit]", "JackFram/llama-160m"}
-        assert set(curve["dtype"]) == {"float16"}
-
-    # notebook 03: Llama-2-7B's heads in float16; every implementation agrees with the reference or
-    # says why it could not run here
-    check = pd.read_csv(folders["03_tree_attention_timing"] / "reference_check.csv", keep_default_na=False)
-    assert set(check["impl"]) == {"sdpa", "per_sequence", "eager", "flex"}
-    assert all(ok == "True" or (ok == "" and note) for ok, note in zip(check["ok"].astype(str), check["note"]))
-    grid = pd.read_csv(folders["03_tree_attention_timing"] / "attention_grid.csv")
-    assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
-
-
-def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun, monkeypatch):
-    """Colab's "rerun to resume": each t4-dryrun notebook executed again into its finished run folder
-    (as an interactive rerun with that run_dir does) recomputes nothing and duplicates nothing:
-    every table keeps its rows and every resumable store its lines. Then notebook 05's published
-    heads came from their stand-in checkpoint (5 heads, float16, the published layout)."""
-    outputs, _, _, cache = t4_dryrun
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(cache / "hf-standins"))
-    monkeypatch.setenv("SPECNB_CACHE", str(cache))
-    monkeypatch.setenv("SPECNB_HEADLESS", "1")
-    for nb in NOTEBOOKS:
-        folder = next((outputs / nb.stem).iterdir())
-        params = json.loads((folder / "params.json").read_text())["parameters"]
-        tables = {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")}
-        stores = {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")}
-        papermill.execute_notebook(
-            str(nb),
-            str(folder / "rerun.ipynb"),
-            parameters={**params, "run_dir": str(folder)},
-            cwd=str(nb.parent),
-            progress_bar=False,
-            kernel_name="python3",
-            execution_timeout=600,
-        )
-        assert {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")} == tables, nb.stem
-        assert {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")} == stores, nb.stem
-    medusa = next((outputs / "05_learned_drafters").iterdir())
-    accuracy = pd.read_csv(medusa / "depth_accuracy.csv")
-    assert set(accuracy.loc[accuracy["drafter"] == "Medusa heads", "depth"]) == {1, 2, 3, 4, 5}  # the published 5 heads
-    assert set(accuracy.loc[accuracy["drafter"] == "EAGLE head", "depth"]) == set(range(1, 7))  # its stand-in, depth 6
-    said = json.loads((medusa / "params.json").read_text())["test_prompts"]
-    assert said["source"] == "spec_bench" and "lmsys/vicuna-7b-v1.3's conversation format" in said["prompt_format"]
 
 
 def test_interact_is_one_call_headless_and_a_widget_otherwise(monkeypatch):
