@@ -68,39 +68,43 @@ def layer_shapes(config) -> dict[str, tuple[int, int, int]]:
 def shape_table(config, rows: tuple[int, ...], repeats: int) -> list[dict]:
     out = []
     for name, (n, k, copies) in layer_shapes(config).items():
-        torch.manual_seed(0)
-        weights = [torch.randn(n, k) * 0.02 for _ in range(copies)]
-        transposed = [w.t().contiguous().t() for w in weights]
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
-        gb = copies * n * k * 4 / 1e9
-        for m in rows:
-            x = torch.randn(m, k)
-            ways = {
-                "stock": lambda: [F.linear(x, w) for w in weights],
-                "transposed": lambda: [F.linear(x, w) for w in transposed],
-                "onednn": lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in weights],
-                "onednn_packed": lambda: [
-                    torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed
-                ],
-            }
-            reference = [x.double() @ w.double().t() for w in weights[:4]]
-            timings = measure_interleaved(ways, torch.device("cpu"), warmup=1, repeats=repeats)
-            for way, fn in ways.items():
-                got = fn()[:4]
-                err = max(((a.double() - r).abs().max() / r.abs().max()).item() for a, r in zip(got, reference))
-                ms = timings[way].median_s * 1e3
-                out.append(
-                    {
-                        "shape": f"{name} [{n}x{k}] x{copies}",
-                        "rows": m,
-                        "way": way,
-                        "ms": ms,
-                        "GB_per_s": gb / (ms / 1e3),
-                        "max_rel_err": err,
-                    }
-                )
+        out += shape_rows(name, n, k, copies, rows, repeats)  # its weights are freed on return
         print_shape(out, name)
-        del weights, transposed, packed
+    return out
+
+
+def shape_rows(name: str, n: int, k: int, copies: int, rows: tuple[int, ...], repeats: int) -> list[dict]:
+    """One layer shape's rows of `shape_table`: each way timed on `copies` random [n, k] weights."""
+    out = []
+    torch.manual_seed(0)
+    weights = [torch.randn(n, k) * 0.02 for _ in range(copies)]
+    transposed = [w.t().contiguous().t() for w in weights]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
+    gb = copies * n * k * 4 / 1e9
+    for m in rows:
+        x = torch.randn(m, k)
+        ways = {
+            "stock": lambda: [F.linear(x, w) for w in weights],
+            "transposed": lambda: [F.linear(x, w) for w in transposed],
+            "onednn": lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in weights],
+            "onednn_packed": lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed],
+        }
+        reference = [x.double() @ w.double().t() for w in weights[:4]]
+        timings = measure_interleaved(ways, torch.device("cpu"), warmup=1, repeats=repeats)
+        for way, fn in ways.items():
+            got = fn()[:4]
+            err = max(((a.double() - r).abs().max() / r.abs().max()).item() for a, r in zip(got, reference))
+            ms = timings[way].median_s * 1e3
+            out.append(
+                {
+                    "shape": f"{name} [{n}x{k}] x{copies}",
+                    "rows": m,
+                    "way": way,
+                    "ms": ms,
+                    "GB_per_s": gb / (ms / 1e3),
+                    "max_rel_err": err,
+                }
+            )
     return out
 
 
@@ -199,7 +203,8 @@ def main() -> None:
         f"({packed_layers} layers packed; {gb:.2f} GB of Linear weights read per forward)"
     )
     print(
-        f"{'n':>3} {'stock ms':>9} {'GB/s':>6} {'/decode':>8} {'onednn ms':>10} {'GB/s':>6} {'/decode':>8} {'speedup':>8}"
+        f"{'n':>3} {'stock ms':>9} {'GB/s':>6} {'/decode':>8} "
+        f"{'onednn ms':>10} {'GB/s':>6} {'/decode':>8} {'speedup':>8}"
     )
     for n in ROWS:
         print(
@@ -209,7 +214,8 @@ def main() -> None:
         )
     print(
         f"verify of root + a 16-node sparse tree under its tree mask (17 rows, notebook 01's curve) over verify of "
-        f"the root alone: stock {stock_tree[16] * 1e3:.0f} / {stock_tree[0] * 1e3:.0f} ms = {stock_tree[16] / stock_tree[0]:.3f}, "
+        f"the root alone: stock {stock_tree[16] * 1e3:.0f} / {stock_tree[0] * 1e3:.0f} ms "
+        f"= {stock_tree[16] / stock_tree[0]:.3f}, "
         f"onednn {fast_tree[16] * 1e3:.0f} / {fast_tree[0] * 1e3:.0f} ms = {fast_tree[16] / fast_tree[0]:.3f}",
         flush=True,
     )
@@ -241,7 +247,8 @@ def main() -> None:
         print("  " + note)
     print(f"total {time.perf_counter() - started:.0f} s")
     print(
-        f"verify16_over_decode={fast_tree[16] / fast_tree[0]:.3f} stock_verify16_over_decode={stock_tree[16] / stock_tree[0]:.3f} "
+        f"verify16_over_decode={fast_tree[16] / fast_tree[0]:.3f} "
+        f"stock_verify16_over_decode={stock_tree[16] / stock_tree[0]:.3f} "
         f"decode_speedup={stock[1] / fast[1]:.3f} greedy_equal={equal}/{total}"
     )
 
