@@ -63,7 +63,8 @@ def main() -> None:
         "--draft-layers",
         type=int,
         default=None,
-        help="also replay the same trees on a draft model: the target's first N layers (default 24 full, 0 = none --quick)",
+        help="also replay the same trees on a draft model: the target's first N layers "
+        "(default 24 full, 0 = none --quick)",
     )
     ap.add_argument("--threads", type=int, default=2, help="torch threads (1 when another job shares the machine)")
     args = ap.parse_args()
@@ -193,7 +194,7 @@ def main() -> None:
 
     drafter = MedusaDrafter(target, trained.heads)
     taus, ppl_typ, ppl_exact = [], [], []
-    for pid, _, ids in test[:n_typ]:
+    for _, _, ids in test[:n_typ]:
         typ = speculative_generate(
             target,
             drafter,

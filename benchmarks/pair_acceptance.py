@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trees = {f"{shape}:{budget}": tree for (shape, budget), tree in method_trees(args.trees).items()}
     except ValueError as e:
-        raise SystemExit(str(e))
+        raise SystemExit(str(e)) from None
     prompts = load_prompts(args.prompts, per_category=args.per_category, limit=args.limit)
     target, draft, tokenizer = load_pair(args.target, args.draft, args.target_quantization, args.draft_quantization)
     print(f"device={target.device} dtype={target.dtype} torch={torch.__version__} prompts={len(prompts)}")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 -- this script may run on an older Python: say so, then stop
         print(f"specnb needs Python >= 3.11, this is {sys.version.split()[0]}", file=sys.stderr)
         return 2
     pins = []

@@ -439,7 +439,7 @@ def test_depth_accuracy_is_what_a_chain_draft_drafts(trained, tiny_target):
     for root in (len(prompt), len(prompt) + 4, len(seq) - 4):
         want = [int(top[d, root - 1]) for d in range(3)]  # row root - 1 = (f_{root-1}, x_root)
         got = []
-        for d in range(3):
+        for _ in range(3):
             got.append(int(reference_logits(trained.head, tiny_target, seq[: root + 1], got).argmax()))
         assert got == want
 

@@ -366,7 +366,7 @@ def test_continuations_end_at_eos_and_repeat_with_the_seed(tiny_target):
     for j, (_, new) in enumerate(data.sequences):  # greedy: the plain continuation up to and including its first eos
         assert list(new) == (plain[j][: plain[j].index(eos) + 1] if eos in plain[j] else plain[j])
     assert len(data.sequences[0][1]) == k + 1
-    for j, new in data.sampled:  # a sampled row stops at its eos too (the batch goes on feeding it padding)
+    for _, new in data.sampled:  # a sampled row stops at its eos too (the batch goes on feeding it padding)
         assert eos not in new[:-1] and (new[-1] == eos or len(new) == 12)
     again = distill(tiny_target, prompts, config, eos_token_id=eos, progress=False)
     other = distill(tiny_target, prompts, replace(config, seed=1), eos_token_id=eos, progress=False)

@@ -251,7 +251,7 @@ def brute_force_top(draft, seq, k, depth, size):
     the sequence and its path; the top `size` in (score desc, depth, path) order."""
     nodes = []
     frontier = [((), [], 0.0)]
-    for d in range(depth):
+    for _ in range(depth):
         grown = []
         for path, toks, score in frontier:
             ids = torch.tensor([seq + toks])

@@ -66,7 +66,7 @@ class CollectConfig:
             raise ValueError("sampling mode (temperature > 0) needs samples >= 1 draft samples per position")
         if self.super_k and self.sampling:
             raise ValueError("super-trees are collected in greedy mode only")
-        self.run  # an unknown or non-model method fails here
+        _ = self.run  # an unknown or non-model method fails here
         if self.cross_tokenizer and (self.sampling or self.super_k):
             raise ValueError("a cross-tokenizer collection is greedy and holds the continuation only (no super-trees)")
         if self.sampling and self.cover.has_rank_gaps:

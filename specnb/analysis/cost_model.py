@@ -32,7 +32,7 @@ def expected_tau(tree: Tree, acceptance: Sequence[float]) -> float:
     accepted with probability acceptance[r] (Sequoia's positional assumption): 1 + the sum over
     nodes of the product of acceptance[rank] along the node's path. Ranks beyond the vector: 0."""
     value: list[float] = []
-    for i, (parent, rank) in enumerate(zip(tree.parents, tree.ranks)):
+    for parent, rank in zip(tree.parents, tree.ranks):
         a = acceptance[rank] if rank < len(acceptance) else 0.0
         value.append(a * (value[parent] if parent >= 0 else 1.0))
     return 1.0 + sum(value)

@@ -160,7 +160,7 @@ def parse_method(spec: str) -> Method:
         )
     value = None if arg is None else (int(arg) if drafter == "early_exit" else float(arg))
     method = Method(drafter, shape, budget, value)
-    method.tree  # an unknown shape fails here, with Tree.preset's message
+    _ = method.tree  # an unknown shape fails here, with Tree.preset's message
     if drafter in ("adaptive", "confidence") and shape != "chain":
         raise ValueError(f"method {spec!r}: {drafter} drafts chains; use {drafter}{arg or ''}/chain:N")
     return method

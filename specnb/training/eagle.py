@@ -199,7 +199,7 @@ def train_head(
     start = time.perf_counter()
     head.train()
     bar = tqdm(range(steps), desc="train eagle head", disable=not progress)
-    for s in bar:
+    for _ in bar:
         if not plan:
             plan = batches(ws, config.batch_rows, gen)
         x = batch_tensors(data, plan.pop())
