@@ -21,10 +21,10 @@ Last line:
     speedup_b1=<a> speedup_b4=<b> best_budget_b1=<n1> best_budget_b4=<n4> predicted_over_measured=<r> target_b4_over_b1=<t> greedy_rows_equal=<x>/<y>
 a, b: the best measured speculative method's total tokens/s over the batched target alone at batch
 1 and 4; n1, n4: the cost model's best budgets (draft tokens per row); r: predicted over measured
-decoding tokens/s (after the prefill) of the model's best tree at batch 4; t: the batched target alone's total tokens/s at
-batch 4 over batch 1; x/y: rows of specnb's batched runs (target alone and speculative, every
+decoding tokens/s (after the prefill) of the model's best tree at batch 4; t: the batched target alone's total tokens/s
+at batch 4 over batch 1; x/y: rows of specnb's batched runs (target alone and speculative, every
 batch) whose greedy output equals that prompt's own batch-1 greedy output, ties counted as not equal.
-"""
+"""  # noqa: E501 -- the last-line template above is one printed line, shown unbroken
 
 from __future__ import annotations
 
@@ -94,10 +94,12 @@ def main(argv: list[str] | None = None) -> int:
             args.curve_repeats,
         )
     print(
-        f"tau per row (replayed, bonus included):\n{table.pivot(index='budget', columns='shape', values='tau').round(3)}"
+        "tau per row (replayed, bonus included):\n"
+        f"{table.pivot(index='budget', columns='shape', values='tau').round(3)}"
     )
     print(
-        f"batched curves (median ms):\n{curve.pivot_table(index=['role', 'nodes'], columns='batch', values='median_ms').round(1)}"
+        "batched curves (median ms):\n"
+        f"{curve.pivot_table(index=['role', 'nodes'], columns='batch', values='median_ms').round(1)}"
     )
     cost = cost_model.batch_cost_table(curve, trees, runs, args.batches, args.target, args.draft)
     best = cost_model.best_budgets(cost)
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     versus = bs.predicted_vs_measured(cost, measured)
     print(
-        "\nmeasured (greedy; tokens/s in all = every row's tokens / the batch's wall clock; tau per row, bonus included):"
+        "\nmeasured (greedy; tokens/s in all = every row's tokens / the batch's wall clock; "
+        "tau per row, bonus included):"
     )
     print(measured.round(3).to_string(index=False))
     print("\npredicted against measured:")
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     equal, total = int(ours["greedy_equal"].sum()), int(ours["rows"].sum())
     print(
-        f"speedup_b1={speedup[1]:.3f} speedup_b4={speedup[4]:.3f} best_budget_b1={budget[1]} best_budget_b4={budget[4]} "
+        f"speedup_b1={speedup[1]:.3f} speedup_b4={speedup[4]:.3f} "
+        f"best_budget_b1={budget[1]} best_budget_b4={budget[4]} "
         f"predicted_over_measured={r:.3f} target_b4_over_b1={alone[4] / alone[1]:.3f} greedy_rows_equal={equal}/{total}"
     )
     return 0 if equal == total else 1

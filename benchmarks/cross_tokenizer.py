@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     x = pooled_speed(runs, f"xtok chain:{args.k}") / pooled_speed(runs, f"hf_uag {args.k}")
     y = pooled_speed(runs, best) / pooled_speed(runs, TARGET_ALONE)
     print(
-        f"best xtok method: {best} ({pooled_speed(runs, best):.2f} tokens/s against {pooled_speed(runs, TARGET_ALONE):.2f} "
+        f"best xtok method: {best} ({pooled_speed(runs, best):.2f} tokens/s "
+        f"against {pooled_speed(runs, TARGET_ALONE):.2f} "
         f"for the target alone: speculation {'pays' if y > 1 else 'does NOT pay'} here)"
     )
     if args.csv:

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"target {args.target} ({total} layers), prompts {list(prompts)}, {args.max_new_tokens} new tokens each")
     print(
-        f"{'drafter':32s} {'requested tree':28s} {'acc.rate':>8s} {'acc.len':>8s} {'tau':>6s} {'draft ms':>9s} {'speed-up':>8s}"
+        f"{'drafter':32s} {'requested tree':28s} {'acc.rate':>8s} {'acc.len':>8s} "
+        f"{'tau':>6s} {'draft ms':>9s} {'speed-up':>8s}"
     )
     for name, drafter, tree in configs:
         results = []

@@ -154,7 +154,8 @@ def main() -> None:
     eagle = train_eagle(target, args.target, train_ids, eagle_config, depth=EAGLE_DEPTH)
     print(
         f"eagle head: {'loaded' if eagle.log['cached'] else 'trained'} ({eagle.folder}); "
-        f"distill {eagle.log['distill_seconds']:.0f} s, train {eagle.log['seconds']:.0f} s ({eagle.log['steps']} steps), "
+        f"distill {eagle.log['distill_seconds']:.0f} s, "
+        f"train {eagle.log['seconds']:.0f} s ({eagle.log['steps']} steps), "
         f"{eagle.log['rows']} rows; loss {eagle.log['loss_first']:.3f} -> {eagle.log['loss_last']:.3f} "
         f"(smooth-L1 {eagle.log['vloss_last']:.3f}, CE {eagle.log['ploss_last']:.3f})"
     )

@@ -183,8 +183,9 @@ def main() -> None:
         )
 
     print(
-        f"\nEAGLE head learning curve ({'full' if args.full else 'quick'} recipe: epochs={config.epochs:g} lr={config.lr:g} "
-        f"batch_rows={config.batch_rows} p_weight={config.p_weight:g} noise={config.noise:g}; schedule={args.schedule}); "
+        f"\nEAGLE head learning curve ({'full' if args.full else 'quick'} recipe: "
+        f"epochs={config.epochs:g} lr={config.lr:g} batch_rows={config.batch_rows} "
+        f"p_weight={config.p_weight:g} noise={config.noise:g}; schedule={args.schedule}); "
         f"held-out: greedy rows of {len(held)} prompts, {table[0]['held_roots']} roots; tau bonus INCLUDED, "
         f"every position of the continuation (not a run's step roots)"
     )
@@ -210,7 +211,8 @@ def main() -> None:
     print(f"total {time.perf_counter() - t_start:.0f} s")
     print(
         f"rows={last['rows']} steps={full_steps if full_steps is not None else last['steps']} "
-        f"distill_s={distill_s:.0f} heldout_top1_d1={last['held_top1_d1']:.3f} heldout_top1_d2={last['held_top1_d2']:.3f} "
+        f"distill_s={distill_s:.0f} heldout_top1_d1={last['held_top1_d1']:.3f} "
+        f"heldout_top1_d2={last['held_top1_d2']:.3f} "
         f"heldout_top1_d3={last['held_top1_d3']:.3f} tau_proxy_sparse={last['held_tau_sparse']:.3f} "
         f"tau_proxy_sparse_depth6={last['held_tau_sparse_depth6']:.3f} "
         f"tau_proxy_sparse_smallest_share={table[0]['held_tau_sparse']:.3f}"

@@ -38,7 +38,7 @@ summarization and rag prompts (nan without an n-gram drafter or such prompts); n
 whose output equals the target's own greedy output; z: the smallest, over categories, of the best
 specnb method's tokens/s over the best transformers method's; r: resident memory of a fresh process
 that loaded the pair on the oneDNN path over one that loaded it on the stock path.
-"""
+"""  # noqa: E501 -- the last-line template above is one printed line, shown unbroken
 
 from __future__ import annotations
 
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=1,
-        help="runs of every (prompt, method), interleaved; the fastest is kept (a shared CPU's spikes only slow runs down)",
+        help="runs of every (prompt, method), interleaved; the fastest is kept "
+        "(a shared CPU's spikes only slow runs down)",
     )
     ap.add_argument("--csv", default=None, help="also write the per-run table here")
     args = ap.parse_args(argv)
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
-        f"cpu_linear={linear_path(target)} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} load_s={time.perf_counter() - loading:.0f}"
+        f"cpu_linear={linear_path(target)} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} "
+        f"load_s={time.perf_counter() - loading:.0f}"
     )
     methods = build_methods(target, draft, args)
 
@@ -239,11 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"elapsed_s={time.perf_counter() - started:.0f}")
     z = best[best["category"] != "all"]["best_over_hf_best"].min()
     print(
-        f"resident memory of the pair, every weight read once, each path in a fresh process: stock {rss['stock'] / 1e9:.2f} GB, "
+        "resident memory of the pair, every weight read once, each path in a fresh process: "
+        f"stock {rss['stock'] / 1e9:.2f} GB, "
         f"onednn {rss['onednn'] / 1e9:.2f} GB"
     )
     print(
-        f"chain_over_hf_assisted={x:.3f} ngram_over_hf_prompt_lookup={y:.3f} greedy_outputs_equal={equal}/{len(greedy)} "
+        f"chain_over_hf_assisted={x:.3f} ngram_over_hf_prompt_lookup={y:.3f} "
+        f"greedy_outputs_equal={equal}/{len(greedy)} "
         f"best_over_hf_best={z:.3f} rss_onednn_over_stock={rss['onednn'] / rss['stock']:.3f}"
     )
     return 0 if equal == len(greedy) else 1
@@ -473,7 +477,8 @@ def cost_report(runs: list[dict], methods: list[Method], draft_forwards: dict[st
         per_forward = f", c = one draft forward / target forward = {draft / depth:.3f}" if m.depth and depth else ""
         verdict = "pays" if tau > verify + draft else "does NOT pay"
         lines.append(
-            f"- {m.name}: verify {nodes + 1:.1f} tokens = {verify:.2f} target forwards, draft = {draft:.2f}{per_forward}; "
+            f"- {m.name}: verify {nodes + 1:.1f} tokens = {verify:.2f} target forwards, "
+            f"draft = {draft:.2f}{per_forward}; "
             f"tau {tau:.2f} vs cost {verify + draft:.2f} -> predicted {tau / (verify + draft):.2f}x, "
             f"measured {measured:.2f}x (prefill included): speculation {verdict} here"
         )

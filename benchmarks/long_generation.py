@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         tau = len(r.tokens) / len(r.steps)
         print(
-            f"{name:>24}: {len(r.tokens)} tokens, {len(r.tokens) / r.total_time:.2f} tokens/s, KV end {r.kv_bytes / 1e6:.2f} MB, "
+            f"{name:>24}: {len(r.tokens)} tokens, {len(r.tokens) / r.total_time:.2f} tokens/s, "
+            f"KV end {r.kv_bytes / 1e6:.2f} MB, "
             f"peak {r.kv_peak_bytes / 1e6:.2f} MB, cuts {r.evictions}, tau {tau:.2f}"
         )
     streaming, full = results["streaming speculative"], results["full speculative"]
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     quality = {name: score(target, ids, results[name].tokens).perplexity for name in results}
     first = compare_greedy(reference.tokens, full.tokens).position
     print(
-        f"bound (sink + window + tree) / total length = ({args.sink} + {args.window} + {tree.num_nodes}) / {total} = {bound:.4f}"
+        "bound (sink + window + tree) / total length = "
+        f"({args.sink} + {args.window} + {tree.num_nodes}) / {total} = {bound:.4f}"
     )
     print("perplexity under the full-cache target: " + ", ".join(f"{k} {v:.3f}" for k, v in quality.items()))
     print(f"the streaming output first differs from the full-cache output at token {first}")

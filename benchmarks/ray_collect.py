@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                 loads = ", ".join(f"{w.load_s:.1f}" for w in o.workers)
                 unit_s = sum(r["seconds"] for r in o.results.values()) / len(o.results)
                 print(
-                    f"workers={n} wall_s={o.seconds:.1f} startup_s={o.startup_s:.1f} after_startup_s={seconds[n][1]:.1f} "
-                    f"unit_s={unit_s:.1f} (mean seconds per unit inside its worker; pair loaded in {loads} s per worker)",
+                    f"workers={n} wall_s={o.seconds:.1f} startup_s={o.startup_s:.1f} "
+                    f"after_startup_s={seconds[n][1]:.1f} unit_s={unit_s:.1f} "
+                    f"(mean seconds per unit inside its worker; pair loaded in {loads} s per worker)",
                     flush=True,
                 )
             same = _same_files(*(folders[n] for n in args.workers))
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     first, last = args.workers[0], args.workers[-1]
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        f"wall_ratio={seconds[first][0] / seconds[last][0]:.2f} after_startup_ratio={seconds[first][1] / seconds[last][1]:.2f} "
+        f"wall_ratio={seconds[first][0] / seconds[last][0]:.2f} "
+        f"after_startup_ratio={seconds[first][1] / seconds[last][1]:.2f} "
         f"({first} worker(s) / {last}) same_files={same}"
     )
     return 0 if same else 1

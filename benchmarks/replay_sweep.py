@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
     print(
         f"device={target.device} dtype={target.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
-        f"prompts={len(prompts)} (lengths {min(len(i[0]) for i in ids.values())}-{max(len(i[0]) for i in ids.values())}) "
+        f"prompts={len(prompts)} "
+        f"(lengths {min(len(i[0]) for i in ids.values())}-{max(len(i[0]) for i in ids.values())}) "
         f"max_new_tokens={args.max_new_tokens}; loading took {time.perf_counter() - start:.0f} s (not counted)"
     )
     warm = prompt_ids(tokenizer, "Hello")
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     base_s = stage.get("continuation", 0.0) + stage.get("ranks", 0.0)
     super_s = stage.get("super_tree", 0.0)
     print(
-        f"collection in {folder}: continuation {stage.get('continuation', 0):.1f} s + ranks {stage.get('ranks', 0):.1f} s"
+        f"collection in {folder}: continuation {stage.get('continuation', 0):.1f} s "
+        f"+ ranks {stage.get('ranks', 0):.1f} s"
         f" + super-trees {super_s:.1f} s (recorded per prompt; this call's wall clock {wall:.1f} s)"
     )
 
@@ -257,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     replay_side = base_s + replay_s
     print(f"\nacceptance vector (ranks 0-3): {', '.join(f'{a:.3f}' for a in acc)}")
     print(
-        f"collection + replay: {base_s:.1f} s + {replay_s:.2f} s = {replay_side:.1f} s for {len(trees)} (shape, budget) pairs"
+        f"collection + replay: {base_s:.1f} s + {replay_s:.2f} s = {replay_side:.1f} s "
+        f"for {len(trees)} (shape, budget) pairs"
         + (
             f"; super-trees {super_s:.1f} s + {super_replay_s:.2f} s more for the dynamic and oracle rows"
             if extra
@@ -272,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if extra:
         print(
-            f"ratio with the super-trees counted on the replay side: {e2e_total / (replay_side + super_s + super_replay_s):.1f}x"
+            "ratio with the super-trees counted on the replay side: "
+            f"{e2e_total / (replay_side + super_s + super_replay_s):.1f}x"
         )
     print(f"replay_speedup={e2e_total / replay_side:.1f} identical_steps={matched}/{compared}")
     return 0

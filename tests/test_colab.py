@@ -144,7 +144,8 @@ def test_a_restarted_colab_kernel_in_the_clones_parent_still_imports_specnb(bare
             1,
             nbformat.v4.new_code_cell(
                 "import importlib.util\nfound = importlib.util.find_spec('specnb')\n"
-                "print('FOUND', found if found is None else (found.origin, list(found.submodule_search_locations or [])))"
+                "print('FOUND', found if found is None else "
+                "(found.origin, list(found.submodule_search_locations or [])))"
             ),
         )
         kernel = KernelManager(

@@ -214,7 +214,8 @@ def test_killing_a_ray_worker_loses_no_unit_and_duplicates_none(tmp_path, ray_lo
     )
     print(
         f"killed worker {killed['pid']} after {killed['done']} of {len(PROMPTS)} units; "
-        f"{report.outcome.lost_workers} lost, {report.outcome.retried} retried, {len(report.outcome.workers)} workers in all"
+        f"{report.outcome.lost_workers} lost, {report.outcome.retried} retried, "
+        f"{len(report.outcome.workers)} workers in all"
     )
     assert killed["done"] < len(PROMPTS), "killed too late to test anything"
     assert report.outcome.lost_workers >= 1 and not report.outcome.failures

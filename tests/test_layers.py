@@ -72,7 +72,8 @@ def test_no_private_name_crosses_modules(path):
 def test_the_core_loads_no_notebook_runtime():
     code = (
         "import sys, specnb, specnb.core.generation, specnb.drafters.methods, specnb.analysis.replay\n"
-        "bad = sorted(m for m in sys.modules if m.startswith(('specnb.notebook', 'matplotlib', 'seaborn', 'papermill')))\n"
+        "bad = sorted(m for m in sys.modules "
+        "if m.startswith(('specnb.notebook', 'matplotlib', 'seaborn', 'papermill')))\n"
         "print(bad)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,5 @@
-"""Tests for specnb.io.embedded and specnb.io.models: embedded-model assembly, loading (float and 4-bit nf4), pair checks.
+"""Tests for specnb.io.embedded and specnb.io.models: embedded-model assembly, loading (float and
+4-bit nf4), pair checks.
 
 Everything runs on CPU from models built here: tiny seeded Llamas saved with `save_pretrained`, a
 WordLevel tokenizer built with `tokenizers`, and a tiny Q8_0 GGUF written with `gguf` and shipped as

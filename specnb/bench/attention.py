@@ -458,7 +458,9 @@ def _prepare_flex(x: AttentionInputs) -> Callable[[], torch.Tensor]:
             run()
     except Exception as e:  # inductor raises many kinds (no compiler, unsupported dtype, ...)
         where = (
-            f"{torch.cuda.get_device_name(x.q.device)} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability(x.q.device)))}, kernel options {options or 'default'})"
+            f"{torch.cuda.get_device_name(x.q.device)} (compute capability "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(x.q.device)))}, "
+            f"kernel options {options or 'default'})"
             if on_cuda
             else "CPU"
         )

@@ -67,7 +67,8 @@ def medusa_split(
         return
     raise ParameterError(
         "; ".join(problems) + f": {eligible} prompts of {source!r} have at most max_prompt_tokens={max_prompt_tokens} "
-        f"tokens, split into {len(train)} training and {len(test)} test prompts (each category's 1st, 5th, 9th, ... prompt held out for testing). "
+        f"tokens, split into {len(train)} training and {len(test)} test prompts "
+        "(each category's 1st, 5th, 9th, ... prompt held out for testing). "
         "Lower train_prompts or test_prompts, raise max_prompt_tokens, or use a larger prompt source "
         "(prompts='spec_bench': 480 prompts)"
     )

@@ -221,7 +221,8 @@ class RayExecutor:
     threads: int = 0  # torch threads per actor; 0: num_cpus (rounded, at least 1)
     replacements: int = 4  # actors started in place of ones that died or could not start, in all
     ship_code: bool = True  # when this executor starts or joins Ray: send this specnb to the actors (runtime_env
-    #                         py_modules), so they run the driver's code; a Ray the caller started keeps its own runtime_env
+    #                         py_modules), so they run the driver's code; a Ray the caller started keeps its own
+    #                         runtime_env
 
     def map(
         self,

@@ -250,7 +250,8 @@ def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, u
             "Across tokenizers (cross-tokenizer methods only; the shared-vocabulary ones are refused before "
             "any weights load): "
             + "; ".join(f"{p.draft} -> {p.target}" for p in across)
-            + ". Their draft cache is counted at the same number of tokens (its own tokenizer's count differs a little)."
+            + ". Their draft cache is counted at the same number of tokens "
+            "(its own tokenizer's count differs a little)."
         )
     return "\n".join(lines)
 

@@ -218,7 +218,8 @@ def curve_reading(curve: pd.DataFrame, model: str | None = None) -> str:
     if c["last_tokens"] > c["first_tokens"]:
         out += (
             f"; from {c['first_tokens']} to {c['last_tokens']} tokens {c['slope_ms']:+.1f} ms per further token "
-            f"(least squares), {c['last_ms']:.0f} ms at {c['last_tokens']} ({c['last_ms'] / c['decode_ms']:.2f}x a decode)"
+            f"(least squares), {c['last_ms']:.0f} ms at {c['last_tokens']} "
+            f"({c['last_ms'] / c['decode_ms']:.2f}x a decode)"
         )
     added = (
         "the first added token accounts"

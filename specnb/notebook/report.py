@@ -145,8 +145,10 @@ def _index_html_row(
         else ""
     )
     return (
-        f"<tr><td><b>{html.escape(stem)}</b><br>{html.escape(rel.name)}<br>profile {html.escape(str(info.get('profile')))}"
-        f"<br>{html.escape(str(info.get('status')))}, {info.get('duration_s', '')} s<br>{html.escape(str(info.get('started')))}"
+        f"<tr><td><b>{html.escape(stem)}</b><br>{html.escape(rel.name)}"
+        f"<br>profile {html.escape(str(info.get('profile')))}"
+        f"<br>{html.escape(str(info.get('status')))}, {info.get('duration_s', '')} s"
+        f"<br>{html.escape(str(info.get('started')))}"
         f"<br>commit {html.escape(commit)}</td><td>{image}</td>"
         f"<td>{'<br>'.join(link(f, label) for label, f in forms)}</td>"
         f"<td style='font-size:small'>{' '.join(link(f) for f in others)}</td></tr>"

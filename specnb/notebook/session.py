@@ -8,8 +8,8 @@
   take the profile's values, and the cell prints which values the profile set and which edits it
   kept. Under `run_notebooks.sh` the profile is already concrete and applied.
 - run_dir "" (interactive use): a new folder outputs/<notebook>/interactive-<time>/ is made
-  ($SPECNB_OUTPUTS instead of outputs/ when set) and params.json written there (parameters, environment). Under the runner, run_dir is given and
-  params.json was written by the runner.
+  ($SPECNB_OUTPUTS instead of outputs/ when set) and params.json written there (parameters,
+  environment). Under the runner, run_dir is given and params.json was written by the runner.
 - torch's global seed is set from `seed` when the notebook declares one.
 
 `record(run, key, value)` adds what the notebook learns while it runs to params.json (the runner
