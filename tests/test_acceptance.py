@@ -56,8 +56,8 @@ def broken_accept(tree, tokens, p, q, g):
                 path.append(child)
                 row = child + 1
                 break
-        else:
-            return Acceptance(tuple(path), sample(p[row], g))
+        else:  # the accepted tokens are recorded as every rule records them: only the rule is broken
+            return Acceptance(tuple(path), sample(p[row], g), tuple(int(tokens[i]) for i in path))
 
 
 def first_two_tokens(rule, tree, vocab, trials, seed):
@@ -188,8 +188,8 @@ def not_zeroing_accept(tree, tokens, p, q, g):
         child = next(
             (c for c in tree.children[row] if float(torch.rand((), generator=g)) < float(p[row][toks[c]])), None
         )
-        if child is None:
-            return Acceptance(tuple(path), sample(p[row], g))
+        if child is None:  # the accepted tokens recorded as every rule records them
+            return Acceptance(tuple(path), sample(p[row], g), tuple(toks[i] for i in path))
         path.append(child)
         row = child + 1
 

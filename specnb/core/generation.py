@@ -72,10 +72,31 @@ class TargetCache:
     cache: DynamicCache
     pending: torch.Tensor  # long [P]: tokens before the root that the cache does not hold yet
     position_offset: int = 0  # positions cut out of a bounded cache that keeps original positions
+    evictions: int = 0  # times a bounded cache was cut
 
     def held(self) -> int:
         """Tokens before the root once `pending` is in: the prefix a verified tree sits on."""
         return cache_length(self.cache) + self.pending.numel()
+
+    def bound(self, policy: StreamingCache, target: torch.nn.Module, cut: bool) -> int:
+        """Under a bounded-cache policy: cut the cache before the root (a generated token, never
+        inside a tree) when `cut`, and return the deepest tree that then fits (`depth_cap`)."""
+        removed = policy.cut(target, self.cache) if cut else 0
+        self.evictions += removed > 0
+        self.position_offset += removed if policy.positions == "original" else 0
+        return policy.depth_cap(self.held())
+
+
+def open_target(target: torch.nn.Module, drafter: Drafter, prompt: torch.Tensor) -> TargetCache:
+    """The target's cache for a generation, the prompt pending (it goes through the first
+    verification), except for a drafter that shares the target's cache: it needs the prompt there
+    before its first draft. prompt: long [1, T]."""
+    state = TargetCache(new_cache(target), prompt[0, :-1].to(target.device))
+    drafter.bind_target_cache(state.cache)  # before the prefill: a drafter may read its hidden states (Medusa)
+    if drafter.shares_target_cache and state.pending.numel():
+        prefill(target, state.cache, state.pending[None])
+        state.pending = state.pending[:0]
+    return state
 
 
 @dataclass(frozen=True)
@@ -86,6 +107,12 @@ class StepOutcome:
     draft_time: float  # seconds
     verify_time: float  # seconds (target forward)
     kv_bytes: int  # target + draft KV bytes with the tree in the target's cache: the step's peak
+
+    def record(self, position: int, added: list[int], target_kv_bytes: int, draft_kv_bytes: int) -> Step:
+        """The step's record: `added`, the tokens it added (an EOS may cut them short); KV bytes after it."""
+        step = step_record(position, self.tree, self.acceptance, added, self.draft_time, self.verify_time)
+        kv = {"target_kv_bytes": target_kv_bytes, "draft_kv_bytes": draft_kv_bytes}
+        return replace(step, draft_tokens=self.draft.draft_tokens, **kv)
 
 
 def speculative_step(
@@ -146,27 +173,17 @@ def speculative_generate(
     clock = Clock(target.device)
     reset_peak_memory(target.device)
     start = clock.now()
-    state = TargetCache(new_cache(target), prompt[0, :-1].to(target.device))
-    drafter.bind_target_cache(state.cache)  # before the prefill: a drafter may read its hidden states (Medusa)
-    if drafter.shares_target_cache and state.pending.numel():
-        prefill(target, state.cache, state.pending[None])
-        state.pending = state.pending[:0]
+    state = open_target(target, drafter, prompt)
     prefill_time = clock.now() - start
-
-    seq, new, steps, evictions, kv_peak = prompt[0].tolist(), [], [], 0, 0
+    seq, new, steps, kv_peak = prompt[0].tolist(), [], [], 0
     while len(new) < max_new_tokens:
         depth = max_new_tokens - len(new) - 1  # no node past max_new_tokens (the bonus token is the +1)
-        if cache_policy is not None:  # cut before the root (a generated token), never inside a tree
-            cut = cache_policy.cut(target, state.cache) if new else 0
-            evictions += cut > 0
-            state.position_offset += cut if cache_policy.positions == "original" else 0
-            depth = min(depth, cache_policy.depth_cap(state.held()))
+        if cache_policy is not None:
+            depth = min(depth, state.bound(cache_policy, target, cut=bool(new)))
         out = speculative_step(target, state, drafter, seq, tree.truncated(depth), sampling, generator)
         kv_peak = max(kv_peak, out.kv_bytes)
         added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
-        record = step_record(len(new), out.tree, out.acceptance, added, out.draft_time, out.verify_time)
-        kv = {"target_kv_bytes": kv_bytes(state.cache), "draft_kv_bytes": drafter.kv_bytes()}
-        steps.append(replace(record, draft_tokens=out.draft.draft_tokens, **kv))
+        steps.append(out.record(len(new), added, kv_bytes(state.cache), drafter.kv_bytes()))
         new += added
         seq += added
         if stopped:
@@ -183,7 +200,7 @@ def speculative_generate(
         method=sampling.method("speculative"),
         kv_bytes=kv_bytes(state.cache) + drafter.kv_bytes(),
         kv_peak_bytes=kv_peak,
-        evictions=evictions,
+        evictions=state.evictions,
         meta={"draft_evictions": drafter.evictions} if cache_policy is not None or drafter.evictions else {},
     )
 
