@@ -187,10 +187,10 @@ def speculative_generate_batch(
     sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> BatchResult:
-    """Speculative decoding of B prompts at once (module docstring). drafter: a draft model (or its `BatchModelDrafter`): every row's tree drafted in one forward per
-    depth; or one `Drafter` per prompt (n-gram and other host-side drafters: they draft per row).
-    prompts: B long tensors [T_b] (or [1, T_b]). tree: default `Tree.chain(4)`. Row b samples with its
-    own generator, seeded `sampling.seed` + b. Returns the rows in prompt order."""
+    """Speculative decoding of B prompts at once (module docstring). drafter: a draft model (or its
+    `BatchModelDrafter`): every row's tree drafted in one forward per depth; or one `Drafter` per
+    prompt (host-side drafters draft per row). prompts: B long tensors [T_b] (or [1, T_b]). tree:
+    default `Tree.chain(4)`. Row b samples with its own generator, seeded `sampling.seed` + b."""
     attention_implementation(target)
     tree = tree or Tree.chain(4)
     sequences = check_prompts(prompts, max_new_tokens)
