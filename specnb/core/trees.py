@@ -109,6 +109,23 @@ class Tree:
         return cls(tuple(paths))
 
     @classmethod
+    def from_branching(cls, widths: Sequence[int]) -> Tree:
+        """The tree with widths[d] children under every node of depth d (the root is depth 0):
+        `from_branching([3, 2, 1])` has 3 nodes at depth 1, 6 at depth 2 and 6 at depth 3."""
+        if not widths or any(int(w) < 1 for w in widths):
+            raise ValueError(f"branching widths must be a non-empty list of integers >= 1, got {list(widths)}")
+        level: list[Path] = [()]
+        paths: list[Path] = []
+        for w in widths:
+            level = [p + (r,) for p in level for r in range(int(w))]
+            paths += level
+        return cls.from_paths(paths)
+
+    def to_choices(self) -> list[list[int]]:
+        """The tree as Medusa's and EAGLE-1's `choices` (a list of rank paths, sorted by (depth, path))."""
+        return [list(p) for p in self.paths]
+
+    @classmethod
     def wide(cls, n: int) -> Tree:
         """n siblings at depth 1: the draft's top-n guesses for the next token only."""
         return cls(tuple((r,) for r in range(_budget(n))))

@@ -1,0 +1,103 @@
+"""Trees as users write them and as serving engines read them.
+
+A user names trees of their own (`custom_trees`: name -> spec) beside the presets. A spec is one of
+    a list of rank paths (Medusa's and EAGLE-1's `choices`): [[0], [1], [0, 0]]
+    {"paths": [[0], [1], [0, 0]]}
+    {"branching": [3, 2, 1]}: `Tree.from_branching`
+and is refused, with what to change, if it has a duplicate path, a path without its parent, an
+empty tree, gaps in sibling ranks (a rank-r child without a rank r - 1 sibling: a draft's rank r is
+its r-th choice, so a gap wastes a slot and breaks lossless sampling), or a name that is a preset's.
+
+Exports (`deploy_lines`): vLLM's `speculative_config` takes `speculative_token_tree`, the string of
+the tree's rank-path tuples in (depth, path) order, with `num_speculative_tokens` = its node count;
+Medusa and EAGLE-1 take the `choices` list; SGLang builds its own tree every step (EAGLE-2 style),
+so only its nearest flags are given, labelled approximate: steps = depth, topk = the widest node's
+children, num-draft-tokens = nodes + 1 (SGLang counts the root).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .trees import Tree
+
+PRESET = re.compile(r"^(chain|wide|sparse|kary\d+|beams\d+)$")
+
+
+class TreeSpecError(ValueError):
+    """A tree spec that cannot be used; the message says what to change."""
+
+
+def parse_tree(name: str, spec: Any) -> Tree:
+    """The `Tree` a user's spec describes (module docstring); TreeSpecError if it cannot be one."""
+    if PRESET.match(str(name)):
+        raise TreeSpecError(
+            f"custom tree {name!r}: the name is a preset's (chain, wide, sparse, kary<k>, "
+            "beams<k>); give your tree another name"
+        )
+    if isinstance(spec, Mapping):
+        if set(spec) == {"branching"}:
+            try:
+                return Tree.from_branching(list(spec["branching"]))
+            except (TypeError, ValueError) as e:
+                raise TreeSpecError(f"custom tree {name!r}: {e}") from None
+        if set(spec) != {"paths"}:
+            raise TreeSpecError(
+                f"custom tree {name!r}: a mapping spec holds one key, 'paths' or 'branching', got {sorted(spec)}"
+            )
+        spec = spec["paths"]
+    if isinstance(spec, str):
+        spec = ast.literal_eval(spec)
+    try:
+        paths = [tuple(int(r) for r in p) for p in spec]
+    except (TypeError, ValueError):
+        raise TreeSpecError(
+            f"custom tree {name!r}: expected a list of rank paths like [[0], [1], [0, 0]], got {spec!r}"
+        ) from None
+    if not paths:
+        raise TreeSpecError(f"custom tree {name!r} is empty: give at least one path, e.g. [[0]]")
+    try:
+        tree = Tree.from_paths(paths)
+    except ValueError as e:
+        raise TreeSpecError(f"custom tree {name!r}: {e}") from None
+    if tree.has_rank_gaps:
+        gap = next(tree.paths[c] for kids in tree.children for i, c in enumerate(kids) if tree.ranks[c] != i)
+        raise TreeSpecError(
+            f"custom tree {name!r}: path {list(gap)} has no sibling of rank {gap[-1] - 1}: "
+            "sibling ranks must run 0, 1, 2, ... under each node"
+        )
+    return tree
+
+
+def parse_custom_trees(specs: Mapping[str, Any] | None) -> dict[str, Tree]:
+    """Every custom tree by name (an empty mapping or None: none); refused before any model loads."""
+    return {str(name): parse_tree(str(name), spec) for name, spec in (specs or {}).items()}
+
+
+def vllm_config(tree: Tree) -> dict[str, Any]:
+    """The `speculative_config` fields vLLM reads for a static tree (add "method" and "model")."""
+    return {"num_speculative_tokens": tree.num_nodes, "speculative_token_tree": str([tuple(p) for p in tree.paths])}
+
+
+def sglang_flags(tree: Tree) -> dict[str, int]:
+    """SGLang's nearest flags (APPROXIMATE: SGLang grows its own tree each step; only the depth, the
+    widest branching and the budget carry over, not this shape)."""
+    width = max((len(kids) for kids in tree.children), default=0)
+    return {
+        "speculative_num_steps": tree.depth,
+        "speculative_eagle_topk": width,
+        "speculative_num_draft_tokens": tree.num_nodes + 1,
+    }
+
+
+def deploy_lines(tree: Tree) -> dict[str, str]:
+    """One line to paste per engine: vLLM, Medusa / EAGLE-1 choices, SGLang (approximate)."""
+    sglang = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in sglang_flags(tree).items())
+    return {
+        "vllm": f"speculative_config={vllm_config(tree)!r}",
+        "medusa_eagle_choices": repr(tree.to_choices()),
+        "sglang_approximate": f"{sglang}  # approximate: SGLang builds its own tree each step",
+    }

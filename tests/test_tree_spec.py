@@ -1,0 +1,70 @@
+"""Trees a user writes (paths, `choices` lists, branching widths) and the lines engines read."""
+
+import ast
+
+import pytest
+
+from specnb.core.tree_spec import TreeSpecError, deploy_lines, parse_custom_trees, parse_tree, sglang_flags, vllm_config
+from specnb.core.trees import Tree
+
+PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]]
+
+
+def test_paths_choices_and_branching_give_the_same_tree():
+    by_paths = parse_tree("mine", {"paths": PATHS})
+    assert parse_tree("mine", PATHS[::-1]) == by_paths  # a `choices` list, any order
+    assert parse_tree("mine", str(PATHS)) == by_paths  # as a YAML string
+    assert parse_tree("mine", {"branching": [3, 2]}) == by_paths == Tree.from_branching([3, 2])
+    assert Tree.from_branching([3, 2, 1]).num_nodes == 3 + 6 + 6
+    assert Tree.from_branching([1, 1, 1]) == Tree.chain(3)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ([[0], [2]], "no sibling of rank 1"),
+        ([[0], [1, 0]], "has no parent"),
+        ([[0], [0]], "duplicate"),
+        ([], "is empty"),
+        ({"branching": [2, 0]}, ">= 1"),
+        ({"paths": [[0]], "branching": [1]}, "one key"),
+        ([["a"]], "rank paths"),
+    ],
+)
+def test_bad_specs_are_refused_with_what_to_change(spec, message):
+    with pytest.raises(TreeSpecError, match=message):
+        parse_tree("mine", spec)
+
+
+@pytest.mark.parametrize("name", ["chain", "sparse", "kary2", "beams4", "wide"])
+def test_a_name_that_is_a_presets_is_refused(name):
+    with pytest.raises(TreeSpecError, match="preset"):
+        parse_custom_trees({name: [[0]]})
+
+
+def test_vllm_string_round_trips_in_vllms_order():
+    tree = Tree.from_paths([(1, 0), (0,), (1,), (0, 0), (0, 1)])
+    config = vllm_config(tree)
+    parsed = ast.literal_eval(config["speculative_token_tree"])
+    assert sorted(parsed, key=lambda p: (len(p), p)) == parsed == list(tree.paths)
+    assert config["num_speculative_tokens"] == len(parsed) == tree.num_nodes
+
+
+def test_choices_load_as_medusas_trees_do():
+    # a published Medusa tree's first entries, in Medusa's own list-of-lists form
+    medusa = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3]]
+    tree = Tree.from_paths(medusa)
+    assert tree.to_choices() == sorted(medusa, key=lambda x: (len(x), x))  # Medusa sorts them so
+    assert Tree.from_paths(tree.to_choices()) == tree
+
+
+def test_sglang_flags_are_labelled_approximate():
+    tree = Tree.from_branching([3, 2])
+    assert sglang_flags(tree) == {
+        "speculative_num_steps": 2,
+        "speculative_eagle_topk": 3,
+        "speculative_num_draft_tokens": 10,
+    }
+    lines = deploy_lines(tree)
+    assert "approximate" in lines["sglang_approximate"] and "--speculative-eagle-topk 3" in lines["sglang_approximate"]
+    assert "'num_speculative_tokens': 9" in lines["vllm"] and lines["medusa_eagle_choices"].startswith("[[0], [1], [2]")
