@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument(
-        "--heads", default="llama-2-7b", help="head shape of a real target (specnb.bench.attention_grid.HEAD_SHAPES)"
+        "--heads",
+        default="meta-llama/Llama-2-7b-hf",
+        help="the model whose head shape is timed, read from its config (an embedded model, hub id or folder)",
     )
     ap.add_argument("--model", default="smollm2-135m", help="the real model for (c)")
     ap.add_argument("--quantization", choices=["4bit"], default=None, help="load that model in 4-bit nf4")

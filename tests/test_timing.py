@@ -5,21 +5,23 @@ tested)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import torch
 from conftest import tiny_model
+from transformers import LlamaConfig
 
 from specnb import Tree
 from specnb.analysis.cost_model import cost_table, draft_seconds, draft_widths, expected_tau
 from specnb.bench.attention_grid import (
     GRID_KEY,
-    HEAD_SHAPES,
     GridConfig,
     HeadShape,
     grid,
     grid_table,
+    head_shape,
     run_grid,
     speedup_table,
 )
@@ -88,7 +90,49 @@ def test_head_shapes_from_config():
     config = tiny_model(0).config
     shape = HeadShape.from_config(config, "tiny")
     assert (shape.heads, shape.kv_heads, shape.head_dim) == (4, 2, 12)
-    assert HEAD_SHAPES["llama-2-7b"] == HeadShape("llama-2-7b", 32, 32, 128)
+    # kv heads default to the heads, head size to hidden size / heads
+    bare = SimpleNamespace(num_attention_heads=24, hidden_size=3072, num_hidden_layers=28, model_type="llama")
+    assert HeadShape.from_config(bare, "bare") == HeadShape("bare", 24, 24, 128, 28)
+
+
+LLAMA_32_3B = dict(  # meta-llama/Llama-3.2-3B's config.json, the numbers the grid reads
+    hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, head_dim=128, num_hidden_layers=28
+)
+
+
+def test_head_shape_of_a_local_config_llama_3_2_3b(tmp_path, monkeypatch):
+    """Any model's heads come from its config.json: a folder, the file itself, no network."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    LlamaConfig(**LLAMA_32_3B, intermediate_size=8192, vocab_size=128256).save_pretrained(tmp_path)
+    for name in (str(tmp_path), str(tmp_path / "config.json")):
+        assert head_shape(name) == HeadShape(name, 24, 8, 128, 28)
+
+
+def test_head_shape_of_hub_ids_and_embedded_models_without_the_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # committed configs (io/configs): exact, offline
+    assert head_shape("meta-llama/Llama-3.2-3B") == HeadShape("meta-llama/Llama-3.2-3B", 24, 8, 128, 28)
+    assert head_shape("meta-llama/Llama-2-7b-hf") == HeadShape("meta-llama/Llama-2-7b-hf", 32, 32, 128, 32)
+    assert head_shape("smollm2-135m") == HeadShape("smollm2-135m", 9, 3, 64, 30)
+
+
+def test_embedded_config_from_the_gguf_where_no_float_folder_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECNB_CACHE", str(tmp_path))  # no float32 folder here: the GGUF's metadata (seconds)
+    assert head_shape("smollm2-135m") == HeadShape("smollm2-135m", 9, 3, 64, 30)
+    assert not (tmp_path / "smollm2-135m-float32").exists()  # nothing de-quantized
+
+
+def test_head_shape_given_by_hand_and_refusals(monkeypatch):
+    assert head_shape({"heads": 24, "kv_heads": 8, "head_dim": 128}) == HeadShape("given", 24, 8, 128)
+    assert head_shape({"heads": 4, "head_dim": 16, "layers": 2, "name": "mine"}) == HeadShape("mine", 4, 4, 16, 2)
+    with pytest.raises(ValueError, match="by hand looks like"):
+        head_shape({"heads": 24, "dim": 128})
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        head_shape({"heads": 24, "kv_heads": 7, "head_dim": 128})
+    with pytest.raises(ValueError, match="(?s)not a hub id.*by hand"):  # the old table's names are no model
+        head_shape("llama-2-7b")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="(?s)offline mode is set.*needs the hub once.*by hand"):
+        head_shape("nobody-here/no-such-model-7b")
 
 
 def test_grid_rows_and_resume(tmp_path):

@@ -1,8 +1,8 @@
 """The tree-attention grid: every implementation of `bench.attention` timed across batch size,
 prefix length, draft tokens and tree shape.
 
-    HeadShape, HEAD_SHAPES     attention heads x head size of real targets (Llama-2-7B, Qwen2.5
-                               1.5B / 0.5B, SmolLM2-135M), or read from a model's config
+    HeadShape, head_shape      attention heads x head size of a real model, read from its config
+                               (any embedded model, hub id or folder; no weights), or given
     GridPoint, grid, run_grid  the grid (batch x prefix x draft tokens x tree shape), stored in a
                                resumable `Sweep`, one row per (point, implementation)
     grid_table, speedup_table  per grid point: per-sequence / tree time, tree / plain causal time
@@ -11,7 +11,7 @@ prefix length, draft tokens and tree shape.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +20,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.trees import Tree
+from ..io.embedded import ModelNotInstalledError
+from ..io.models import load_config
+from ..io.sources import ModelSourceError
 from ..io.storage import Sweep
 from .attention import CAUSAL, IMPLEMENTATIONS, TreeBatch, Unsupported, prepare, random_inputs
 from .timing import environment_row, measure_interleaved
@@ -29,37 +32,61 @@ GRID_KEY = ("batch", "prefix", "nodes", "shape")
 
 @dataclass(frozen=True)
 class HeadShape:
-    """Attention heads of a target model: query heads, key/value heads, head size."""
+    """Attention heads of a target model: query heads, key/value heads, head size (and its layers,
+    None where not given)."""
 
     name: str
     heads: int
     kv_heads: int
     head_dim: int
+    layers: int | None = None
+
+    def __post_init__(self) -> None:
+        sizes = (self.heads, self.kv_heads, self.head_dim, self.layers or 1)
+        if not all(isinstance(v, int) and v > 0 for v in sizes) or self.heads % self.kv_heads:
+            raise ValueError(
+                f"head shape {self.name!r}: heads, kv_heads, head_dim (and layers) must be positive integers, "
+                f"heads a multiple of kv_heads; got {self.heads}, {self.kv_heads}, {self.head_dim}, {self.layers}"
+            )
 
     @classmethod
     def from_config(cls, config: Any, name: str | None = None) -> HeadShape:
+        """From a transformers config (its text model's, for a composite one): num_attention_heads,
+        num_key_value_heads (default: as many as heads), head_dim (default: hidden_size / heads),
+        num_hidden_layers."""
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         kv = getattr(config, "num_key_value_heads", None) or heads
-        return cls(name or getattr(config, "name_or_path", "") or config.model_type, heads, kv, head_dim)
+        layers = getattr(config, "num_hidden_layers", None)
+        return cls(name or getattr(config, "name_or_path", "") or config.model_type, heads, kv, head_dim, layers)
 
 
-# from the models' config.json files (hidden size / heads = head size)
-HEAD_SHAPES: dict[str, HeadShape] = {
-    s.name: s
-    for s in (
-        HeadShape("llama-2-7b", 32, 32, 128),
-        HeadShape("qwen2.5-coder-1.5b", 12, 2, 128),
-        HeadShape("qwen2.5-coder-0.5b", 14, 2, 64),
-        HeadShape("smollm2-135m", 9, 3, 64),
-    )
-}
+EXPLICIT_SHAPE = '{"heads": 24, "kv_heads": 8, "head_dim": 128}'  # the form of a shape given by hand
 
 
-def head_shape(name: str) -> HeadShape:
-    if name not in HEAD_SHAPES:
-        raise ValueError(f"unknown head shape {name!r}; known: {sorted(HEAD_SHAPES)}")
-    return HEAD_SHAPES[name]
+def head_shape(model: str | Mapping[str, Any]) -> HeadShape:
+    """The head shape of `model`, read from its config alone (`io.models.load_config`: an embedded
+    model, a hub id (committed, cached, or its config.json fetched), a folder or a config.json; never
+    weights), or given by hand as a mapping like `EXPLICIT_SHAPE` (kv_heads defaults to heads; an
+    optional "layers" and "name"). ValueError says what was wrong and what to do."""
+    if isinstance(model, Mapping):
+        unknown = set(model) - {"name", "heads", "kv_heads", "head_dim", "layers"}
+        if unknown or not {"heads", "head_dim"} <= set(model):
+            raise ValueError(f"a head shape given by hand looks like {EXPLICIT_SHAPE} (optionally layers), not {model}")
+        heads = model["heads"]
+        return HeadShape(
+            model.get("name", "given"), heads, model.get("kv_heads", heads), model["head_dim"], model.get("layers")
+        )
+    try:
+        return HeadShape.from_config(load_config(model), model)
+    except (ModelSourceError, ModelNotInstalledError, OSError) as e:
+        raise ValueError(
+            f"no head shape for {model!r}, its config cannot be read: {e}\nName a model whose config can be read "
+            f"(a hub id needs the hub once: only its config.json is fetched, then cached), or give the shape by hand "
+            f"from its config.json (num_attention_heads, num_key_value_heads, head_dim or hidden_size / heads), "
+            f"e.g. {EXPLICIT_SHAPE}"
+        ) from e
 
 
 @dataclass(frozen=True)

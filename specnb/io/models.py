@@ -5,6 +5,8 @@ What it holds:
                                   the name is resolved first (`sources`): a mistyped name, a gated
                                   model without access or an unreachable hub fails at once, naming
                                   the model and what to do, before any weights load
+    load_config                   a model's transformers config alone (no weights): embedded, a
+                                  folder or config.json, committed, cached or fetched from the hub
     check_pair / load_pair        a target and a draft that share one vocabulary, checked before any
                                   weights are loaded (or, with cross_tokenizer=True, any two causal
                                   LMs, for the cross-tokenizer drafter)
@@ -23,22 +25,25 @@ from the hub or its local cache, local folders as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     BatchEncoding,
     BitsAndBytesConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
 from ..kernels.cpu_linear import PackedLinear, check_linear_path, pack_linears
 from . import embedded
-from .model_configs import hub_model, known_models
-from .sources import Source, check_sources, resolve_source
+from .model_configs import config_of, hub_model, known_models
+from .sources import ModelSourceError, Source, check_sources, resolve_source
 
 QUANTIZATIONS: tuple[str | None, ...] = (None, "4bit")
 
@@ -90,6 +95,36 @@ def load_tokenizer(name_or_path: str, source: Source | None = None) -> PreTraine
     if conversation and not tokenizer.chat_template:
         tokenizer.chat_template = conversation
     return tokenizer
+
+
+def load_config(name_or_path: str) -> PretrainedConfig:
+    """The transformers config of a model, never its weights: a config.json file or a local folder's;
+    a hub id's committed config (`model_configs.config_of`: exact, no hub needed); an embedded model's
+    (`embedded.model_config`; ModelNotInstalledError says how to install it); else a hub id's
+    config.json from the local hub cache, else that one file from the hub (not in offline mode).
+    ModelSourceError says what failed."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return AutoConfig.from_pretrained(path)
+    if name_or_path in known_models():
+        return config_of(name_or_path)
+    source = resolve_source(name_or_path, check_access=False)  # a name that leads nowhere: why, and what works
+    if source.kind == "embedded":
+        return embedded.model_config(embedded.EMBEDDED_MODELS[name_or_path])
+    if source.kind == "folder":
+        return AutoConfig.from_pretrained(path)
+    try:
+        return AutoConfig.from_pretrained(name_or_path, local_files_only=True)  # the hub cache: no request
+    except OSError as e:
+        if source.local_files_only:
+            raise ModelSourceError(f"the cached config.json of {name_or_path!r} cannot be read: {e}") from e
+    try:
+        return AutoConfig.from_pretrained(name_or_path)  # config.json alone
+    except OSError as e:
+        raise ModelSourceError(
+            f"the config.json of {name_or_path!r} could not be fetched from the Hugging Face hub: "
+            f"{str(e).splitlines()[0]} (a gated model needs its licence accepted and a token in HF_TOKEN)"
+        ) from e
 
 
 def prompt_format(name_or_path: str, tokenizer: PreTrainedTokenizerBase) -> str:

@@ -119,7 +119,7 @@ def grid_bytes(profile: str) -> int:
     """Notebook 03's largest grid point: q and the output [B, H, M, D], k and v [B, Hkv, P + M, D] in
     the grid's dtype, and the eager reference's float32 scores [B, H, M, P + M] (the largest tensor)."""
     p = resolve(profile, {}, [], notebooks())["03_tree_attention_timing"]
-    heads = head_shape(p["attention_shape"])
+    heads = head_shape(p["attention_shape"] or p["target"])  # the target's config unless given
     size = 2 if p["dtype"] in ("float16", "bfloat16") else 4
     b, prefix, m = max(p["batches"]), max(p["prefixes"]), max(p["nodes"])
     qo = 2 * b * heads.heads * m * heads.head_dim * size

@@ -233,7 +233,7 @@ def _attention_rows(g: dict, c: Costs) -> list[dict]:
     """Notebook 03 (parameters `g`): the attention grid, FlexAttention's compile, the verify curve."""
     f = c.f
     rows: list[dict] = []
-    heads = head_shape(g["attention_shape"])
+    heads = head_shape(g["attention_shape"] or g["target"])  # the target's config unless given
     calls = 0.0
     for batch in g["batches"]:
         for prefix in g["prefixes"]:
