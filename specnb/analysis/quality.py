@@ -91,8 +91,9 @@ def score(target: torch.nn.Module, prompt_ids: torch.Tensor, new_tokens: torch.T
     """Perplexity of `new_tokens` after the prompt, and the target's top-2 margin at every position.
 
     prompt_ids: long [1, T] or [T], T >= 1. new_tokens: long [n] (or a list of ids)."""
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)  # host: moved below
-    new = torch.as_tensor(new_tokens, dtype=torch.long).reshape(-1)  # host: moved below
+    # on the host first: a CUDA prompt and a result's tokens (kept on the CPU) are concatenated below
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()  # host: moved below
+    new = torch.as_tensor(new_tokens, dtype=torch.long).reshape(-1).cpu()  # host: moved below
     if prompt.numel() == 0:
         raise ValueError("perplexity needs a prompt of at least one token")
     n = new.numel()
