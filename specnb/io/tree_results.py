@@ -151,9 +151,9 @@ def deploy_text(results: TreeResults) -> str:
     return "\n".join(
         [
             f"# {results.pair}: {rec.tree.name} with {rec.tree.budget} draft tokens, "
-            f"held-out tau {rec.tree.tau_heldout:.2f} "
-            f"[{rec.tau_low:.2f}, {rec.tau_high:.2f}], expected {rec.speedup:.2f}x [{rec.speedup_low:.2f}, "
-            f"{rec.speedup_high:.2f}] the target alone: {rec.verdict}",
+            f"held-out tau {rec.tree.tau_heldout:.2f} [{rec.tau_low:.2f}, {rec.tau_high:.2f}], expected "
+            f"{rec.speedup:.2f}x [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}] the target alone (95% intervals; "
+            f"nan: too few prompts for one): {rec.verdict}",
             f"# rank paths: {[list(p) for p in rec.tree.paths]}",
             "",
             "# vLLM: speculative_config (add your drafter's method and model)",

@@ -147,7 +147,8 @@ def heldout_note(held: pd.DataFrame) -> str:
     if lose.empty:
         return "on held-out prompts every design beats the best preset of its budget"
     shown = ", ".join(
-        f"{r.shape} at {r.budget} ({r.tau_heldout:.2f} vs {r.best_preset} {r.best_preset_tau:.2f})"
+        f"{r.shape} at {r.budget} ({r.tau_heldout:.2f} vs {r.best_preset} {r.best_preset_tau:.2f}"
+        + (", a tie)" if abs(r.tau_heldout - r.best_preset_tau) < 5e-3 else ")")
         for r in lose.itertuples()
     )
     return f"on held-out prompts these designs do **not** beat the best preset of their budget: {shown}"
@@ -164,8 +165,8 @@ def verdict_reading(
     kind = "a design fitted on every prompt" if choice.fitted else "a preset"
     out = (
         f"recommended (cost model with held-out tau): **{choice.shape} with {choice.budget} draft tokens** ({kind}), "
-        f"held-out tau {choice.tau:.2f} [{choice.tau_low:.2f}, {choice.tau_high:.2f}], expected "
-        f"{choice.speedup:.2f}x [{choice.speedup_low:.2f}, {choice.speedup_high:.2f}] the target alone "
+        f"held-out tau {choice.tau:.2f}{_bracket(choice.tau_low, choice.tau_high)}, expected "
+        f"{choice.speedup:.2f}x{_bracket(choice.speedup_low, choice.speedup_high)} the target alone "
         f"(95% intervals: bootstrap over held-out prompts, the cost curves at their quartiles): "
         f"speculation **{choice.verdict}**"
     )
@@ -181,6 +182,13 @@ def verdict_reading(
         picks = ", ".join(f"{r.shape}:{r.budget}" for r in folds.itertuples())
         out += f"; chosen on the other folds and scored on each, the choice picks {picks}"
     return out
+
+
+def _bracket(low: float, high: float) -> str:
+    """ " [low, high]", or a note that there is no interval (fewer than MIN_PROMPTS prompts)."""
+    if low == low and high == high:
+        return f" [{low:.2f}, {high:.2f}]"
+    return f" (no interval: fewer than {MIN_PROMPTS} prompts)"
 
 
 def deploy_reading(choice: Choice) -> str:
