@@ -21,7 +21,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     drafters/     every drafter beyond a plain draft model: dynamic trees, n-grams, self-drafts,
                   merged drafts, adaptive length, cross-tokenizer drafts, Medusa and EAGLE heads
     analysis/     pure or cheap computations on collected data: metrics, quality, collection,
-                  replay, redraft, tree_design, cost_model, memory, spread, head_collection
+                  replay, redraft, tree_design, heldout, cost_model, memory, spread, head_collection
     training/     learned drafters by self-distillation: distillation, medusa, eagle
     bench/        timing harness, tree-attention kernels and grid, verify-cost curves, batched curves,
                   transformers' own decoders (baselines) timed beside specnb

@@ -576,3 +576,26 @@ def prefix_counts(collection: Collection, max_new_tokens: int | None = None) -> 
             path = path + (row[d],)
             counts[path] = counts.get(path, 0) + 1
     return counts
+
+
+def rank_accuracy_by_depth(
+    collection: Collection, depth: int, k: int | None = None, max_new_tokens: int | None = None
+) -> tuple[tuple[float, ...], ...]:
+    """The per-depth acceptance vector: a[d - 1][r] = among the positions whose continuation rank
+    path stays within the collected ranks for its first d - 1 tokens (and whose loop allows depth
+    d), the share whose depth-d token is the draft's rank-r token there. What a Medusa-style tree
+    search reads (`tree_design.medusa_tree`), measured along the continuation; depth 1's row is
+    `acceptance_vector` over the positions that allow a draft token. k: ranks (default top_k)."""
+    _check_greedy(collection)
+    positions = _positions(collection, max_new_tokens)
+    ranks = positions.ranks(collection, depth)  # [T, depth]
+    top_k = collection.config.top_k
+    k = top_k if k is None else k
+    reached = np.ones(len(positions.t), dtype=bool)
+    out = []
+    for d in range(depth):
+        alive = reached & (positions.cap >= d + 1)
+        total = int(alive.sum())
+        out.append(tuple(float((ranks[alive, d] == r).sum() / total) if total else 0.0 for r in range(k)))
+        reached = alive & (ranks[:, d] < top_k)
+    return tuple(out)

@@ -1,8 +1,9 @@
 """Collect once, replay many (notebook 01; `analysis.replay`): one collection of a pair on its
 prompts (`collect_pair`), the cost curves of the cost model (`cost_curves`), every shape x budget
 and the data-driven trees replayed from it (`replay_table`, `designed_trees`, `replay_depths`,
-`replayed_steps_frame`), and real runs checked against the replay step by step
-(`replay_agreement`). A cross-tokenizer collection is re-drafted instead (`redraft_study`)."""
+`replayed_steps_frame`), the data-fitted trees scored on prompts they were not fitted to
+(`heldout_scores`) and what 01 passes on (`tree_results`), and real runs checked against the
+replay step by step (`replay_agreement`). A cross-tokenizer collection is re-drafted instead (`redraft_study`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analysis import replay, tree_design
+from ..analysis import heldout, replay
 from ..analysis.collection import CollectConfig, Collection
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row
@@ -25,6 +26,7 @@ from ..core.drafting import Drafter
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, parse_method
+from ..io import tree_results as tree_store
 from ..io.models import ModelPair, default_device, default_dtype, load_model, model_dtype, prompt_ids
 from ..io.prompts import Prompt
 from ..io.storage import Sweep
@@ -170,11 +172,11 @@ def cost_curves(
 
 
 def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple[str, int], Tree]:
-    """The data-driven static trees of a collection: "sequoia" (Sequoia's DP under the measured
-    acceptance vector) and "hindsight" (the best static tree on this very data), per budget."""
-    sequoia = tree_design.sequoia_trees(replay.acceptance_vector(collection), max(budgets))
-    hindsight = tree_design.hindsight_trees(replay.prefix_counts(collection), budgets)
-    return {("sequoia", n): sequoia[n] for n in budgets} | {("hindsight", n): hindsight[n] for n in budgets}
+    """The data-driven static trees of a collection (`analysis.heldout.DESIGNERS`), fitted on every
+    prompt, per budget: "sequoia" (Sequoia's DP under the measured acceptance vector), "medusa"
+    (Medusa's search under the per-depth acceptance) and "hindsight" (the best static tree on this
+    very data: in-sample, the ceiling of static trees; `heldout_scores` scores them held out)."""
+    return {(name, n): t for name, design in heldout.DESIGNERS.items() for n, t in design(collection, budgets).items()}
 
 
 def replay_table(
@@ -344,3 +346,71 @@ def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
     )
     long["depth"] = long["depth"].str.extract(r"(\d+)", expand=False).astype(int)
     return long.dropna(subset=["acceptance"]).sort_values(["budget", "shape", "depth"]).reset_index(drop=True)
+
+
+def heldout_scores(
+    collection: Collection,
+    presets: dict[tuple[str, int], Tree],
+    budgets: Sequence[int],
+    table: pd.DataFrame,
+    k: int = 3,
+    seed: int = 0,
+) -> heldout.HeldOut:
+    """Every data-fitted tree scored on prompts it was not fitted to (`analysis.heldout.score`:
+    k-fold over prompts, seeded), beside the presets. A cross-tokenizer collection holds no draft
+    ranks of the target's tokens, so nothing is fitted: presets only, from `table`
+    (`replay_table`'s rows)."""
+    if collection.config.cross_tokenizer:
+        return heldout.HeldOut(heldout.from_table(table), pd.DataFrame(), dict(presets), (), k, seed)
+    return heldout.score(collection, presets, budgets, k, seed)
+
+
+def tree_results(
+    pair: str,
+    collection: Collection,
+    held: heldout.HeldOut,
+    choice: heldout.Choice | None,
+    measured: pd.DataFrame | None = None,
+    device: str = "",
+) -> tree_store.TreeResults:
+    """What notebook 01 passes on (`io.tree_results`): the acceptance vectors (none for a
+    cross-tokenizer collection), per budget the best preset and every design with in-sample and
+    held-out tau, the choice with its intervals and verdict, and its measured speed-up if run."""
+    cross = collection.config.cross_tokenizer
+    acceptance = () if cross else replay.acceptance_vector(collection)
+    by_depth = () if cross else replay.rank_accuracy_by_depth(collection, heldout.MEDUSA_DEPTH)
+    table = held.table
+    presets = table[~table["fitted"]]
+    keep = pd.concat([presets.loc[presets.groupby("budget")["tau_heldout"].idxmax()], table[table["fitted"]]])
+    found = {(r["shape"], int(r["budget"])): _found(r, held.trees) for _, r in keep.iterrows()}
+    recommendation = None
+    if choice is not None:
+        row = table.set_index(["shape", "budget"]).loc[(choice.shape, choice.budget)]
+        run = None if measured is None or measured.empty else measured.iloc[0]
+        recommendation = tree_store.Recommendation(
+            tree=_found(pd.Series({"shape": choice.shape, "budget": choice.budget, **row}), held.trees),
+            tau_low=choice.tau_low,
+            tau_high=choice.tau_high,
+            speedup=choice.speedup,
+            speedup_low=choice.speedup_low,
+            speedup_high=choice.speedup_high,
+            verdict=choice.verdict,
+            measured_speedup=None if run is None else float(run["speedup"]),
+            measured_prompts=0 if run is None else int(run["prompts"]),
+            device=device,
+        )
+    return tree_store.TreeResults(
+        pair, tuple(acceptance), tuple(by_depth), tuple(found.values()), recommendation, held.record()
+    )
+
+
+def _found(row: pd.Series, trees: dict[tuple[str, int], Tree]) -> tree_store.FoundTree:
+    key = (str(row["shape"]), int(row["budget"]))
+    return tree_store.FoundTree(
+        key[0],
+        key[1],
+        tuple(tuple(p) for p in trees[key].paths),
+        float(row["tau_in_sample"]),
+        float(row["tau_heldout"]),
+        bool(row["fitted"]),
+    )

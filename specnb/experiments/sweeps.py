@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..analysis import replay
+from ..analysis.heldout import Choice
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import Score, compare_greedy, logit_gap, score
 from ..bench.baselines import hf_assisted_generate, hf_prompt_lookup_generate, hf_uag_generate
@@ -56,7 +57,7 @@ from ..io.sources import check_sources
 from ..io.storage import Sweep
 from .pairs import Pair, PairModels, pair_keys
 from .replay_study import PairCollectConfig, collect_pair
-from .tables import BASELINE
+from .tables import BASELINE, shape_table, unit_table
 
 WARMUP_TOKENS = 4  # tokens of each method's untimed warm-up run (`run_sweep`)
 GAP_TOKENS = 8  # tokens of the first prompt's output that `quality.logit_gap` decodes and verifies
@@ -289,6 +290,31 @@ def run_pairs(
             folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
             replay_units(store, models, folder, prompts, replayed, config.max_new_tokens)
     return pd.DataFrame([plans[pair].status for pair in pairs])
+
+
+def measure_choice(
+    store: Sweep,
+    pair: PairModels,
+    prompts: Sequence[Prompt],
+    choice: Choice | None,
+    config: SweepConfig,
+    cross: bool = False,
+) -> pd.DataFrame:
+    """The chosen tree run end to end against the target alone on `prompts`, interleaved
+    (`run_sweep`, `store` a sweep of its own): `tables.shape_table`'s row of it (tokens/s,
+    speedup and its interval). A design is drafted by the pair's draft model; a cross-tokenizer
+    pair drafts across tokenizers (xtok). No choice: an empty table."""
+    if choice is None:
+        return pd.DataFrame()
+    key = (choice.shape, choice.budget)
+    if cross:
+        run_sweep(store, pair, prompts, method_trees([f"xtok/{key[0]}:{key[1]}"]), config)
+    elif choice.fitted:
+        drafter = build_drafter(parse_method("chain:1"), pair.target, pair.draft)
+        run_sweep(store, pair, prompts, {key: choice.tree}, config, drafters={key: drafter})
+    else:
+        run_sweep(store, pair, prompts, {key: choice.tree}, config)
+    return shape_table(unit_table(store))
 
 
 @dataclass

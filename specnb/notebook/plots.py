@@ -412,7 +412,7 @@ def verify_cost(curve: pd.DataFrame, cost: pd.DataFrame, path=None) -> plt.Figur
 
 # ---- replay (notebook 01): tables from `replay_study.replay_table` ----------------------------
 
-DESIGNED = ("sequoia", "hindsight", "dynamic", "oracle")
+DESIGNED = ("sequoia", "medusa", "hindsight", "dynamic", "oracle")
 
 
 def replay_vs_budget(

@@ -5,8 +5,10 @@ it is given (which shape wins, whether speculation pays here, how the replay agr
 runs). Conventions: tau = tokens per target call, bonus INCLUDED; acceptance length excludes it;
 acceptance rate = accepted / drafted.
 
-    replay_reading     notebook 01: best preset and designed trees per budget, fraction of the
-                       hindsight ceiling, replay against real runs, the fastest budget here
+    replay_reading     notebook 01: best preset and designed trees per budget (held out and
+                       in-sample), fraction of the hindsight ceiling, designs that do not beat the
+                       presets held out, replay against real runs, the verdict, the deploy lines
+    verdict_reading    the tree to deploy, its intervals and verdict, the measured run (01)
     pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality;
                        per target, the fastest pair and method (does a draft of another
                        tokenizer pay where the same-tokenizer draft does not?)
@@ -22,8 +24,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ..analysis.heldout import Choice, preset_gaps
 from ..analysis.spread import MIN_PROMPTS
 from ..bench.verify_curve import curve_shape
+from ..core.tree_spec import deploy_lines
+from ..io.tree_results import Earlier
 
 if TYPE_CHECKING:
     from ..experiments.collect import CollectReport
@@ -31,9 +36,16 @@ if TYPE_CHECKING:
 
 # where each notebook's budget recommendation takes its tau and its costs (`recommendation`)
 RECOMMENDATION_01 = (
-    "tau replayed from this notebook's collection of the pair on its prompts (measured); draft and "
-    "verify costs from the curves measured on this machine"
+    "tau replayed from this notebook's collection of the pair on its prompts (measured), a fitted tree's "
+    "held out (fitted on the other folds of prompts); draft and verify costs from the curves measured on "
+    "this machine"
 )
+RECOMMENDATION_03_FROM_01 = (
+    "tau of the preset shapes from notebook 01's measured per-rank acceptance vector of the pair, through "
+    "Sequoia's model of independent ranks; tau of 01's own trees (shapes 01:...) as 01 measured it held out; "
+    "draft and verify costs from the curves measured on this machine"
+)
+DESIGNS = ("sequoia", "medusa", "hindsight")  # trees fitted to the collected data (`analysis.heldout`)
 RECOMMENDATION_03 = (
     "tau from the `acceptance` parameter (an assumed per-rank vector, through Sequoia's model of "
     "independent ranks: not measured here; notebook 01 measures the pair's); draft and verify costs "
@@ -41,17 +53,36 @@ RECOMMENDATION_03 = (
 )
 
 
-def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataFrame) -> str:
-    """Markdown reading of notebook 01's replay, computed from its tables (no fixed conclusions)."""
+def replay_reading(
+    table: pd.DataFrame,
+    agreement: pd.DataFrame,
+    held: pd.DataFrame,
+    choice: Choice | None,
+    measured: pd.DataFrame | None = None,
+    folds: pd.DataFrame | None = None,
+) -> str:
+    """Markdown reading of notebook 01, computed from its tables (no fixed conclusions): per budget
+    the best preset and the designs (held-out tau, in-sample in brackets; the hindsight tree's
+    in-sample tau is the ceiling), the designs that do not beat the best preset held out, the replay
+    against real runs, the verdict (`verdict_reading`), and last the chosen tree's deploy lines.
+    held: `heldout.HeldOut.table`; folds: `heldout.selection`."""
     lines = ["tau = tokens per target call, bonus included; run-trajectory positions unless noted."]
-    presets = table[~table["shape"].isin(["sequoia", "hindsight", "dynamic", "oracle"])]
+    presets = table[~table["shape"].isin(DESIGNS + ("dynamic", "oracle"))]
+    fitted = held[held["fitted"]].set_index(["shape", "budget"])
     for budget, b in table.groupby("budget"):
         parts = []
         p = presets[presets["budget"] == budget]
         if len(p):
             best = p.loc[p["tau"].idxmax()]
             parts.append(f"best preset {best['shape']} tau {best['tau']:.2f}{_interval(best, 'tau')}")
-        for shape in ("sequoia", "hindsight", "dynamic", "oracle"):
+        for shape in DESIGNS:
+            if (shape, budget) in fitted.index:
+                r = fitted.loc[(shape, budget)]
+                name = "hindsight as a design" if shape == "hindsight" else shape
+                parts.append(f"{name} {r['tau_heldout']:.2f} held out ({r['tau_in_sample']:.2f} in-sample)")
+        if ("hindsight", budget) in fitted.index:
+            parts.append(f"in-sample ceiling (hindsight) {fitted.loc[('hindsight', budget), 'tau_in_sample']:.2f}")
+        for shape in ("dynamic", "oracle"):
             row = b[b["shape"] == shape]
             if len(row):
                 parts.append(f"{shape} {row['tau'].iloc[0]:.2f}")
@@ -60,9 +91,10 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
         frac = presets.groupby("shape")["tau_all_over_hindsight"].mean().sort_values(ascending=False)
         if frac.notna().any():
             lines.append(
-                "- mean fraction of the hindsight (best static) tree's tau over the budgets (all positions): "
-                + ", ".join(f"{k} {v:.2f}" for k, v in frac.items())
+                "- mean fraction of the hindsight (best static, in-sample) tree's tau over the budgets (all "
+                "positions): " + ", ".join(f"{k} {v:.2f}" for k, v in frac.items())
             )
+    lines.append("- " + heldout_note(held))
     same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
     ties, bad = int(agreement["tie_steps"].sum()), int(agreement["mismatched_steps"].sum())
     parts = ", ".join(f"{r.method} ({r.source}, {r.prompts} prompts)" for r in agreement.itertuples())
@@ -70,13 +102,107 @@ def replay_reading(table: pd.DataFrame, agreement: pd.DataFrame, speed: pd.DataF
         f", **{bad} differ for no numerical reason (a bug to report)**" if bad else ""
     )
     lines.append(f"- replay against real runs: {same}/{compared} steps identical{extra}: {parts}")
-    best = speed.iloc[0]
-    verdict = "pays off" if best["speedup"] > 1 else "does not pay off here (the target alone is faster)"
-    lines.append(
-        f"- fastest on this device by the cost model: {best['shape']} with {int(best['budget'])} draft "
-        f"tokens, {best['speedup']:.2f}x the target alone: speculation {verdict}"
-    )
+    lines.append("- " + verdict_reading(choice, measured, folds))
+    if choice is not None:
+        lines.append(deploy_reading(choice))
     return "\n".join(lines)
+
+
+def earlier_batch_reading(earlier: Earlier, rows: pd.DataFrame, best: pd.DataFrame) -> str:
+    """Notebook 06: where 01's trees stand at each batch size against the best tree here, and what 01
+    said of its recommended tree (`experiments.earlier.batch_rows`; best: `cost_model.best_budgets`)."""
+    if earlier.results is None or rows.empty:
+        return earlier.note
+    lines = [earlier.note]
+    rec = earlier.results.recommendation
+    if rec is not None:
+        lines.append(
+            f"- notebook 01 recommended {rec.tree.name} with {rec.tree.budget} draft tokens: expected "
+            f"{rec.speedup:.2f}x [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}] ({rec.verdict}) "
+            f"on {rec.device or 'its device'}"
+            + (f", measured {rec.measured_speedup:.2f}x" if rec.measured_speedup is not None else "")
+        )
+    top = rows.loc[rows.groupby("batch")["speedup"].idxmax()].set_index("batch")
+    here = best.set_index("batch") if "batch" in best else pd.DataFrame()
+    for b, r in top.iterrows():
+        other = (
+            f"; best here {here.loc[b, 'shape']}:{int(here.loc[b, 'budget'])} {here.loc[b, 'speedup']:.2f}x"
+            if b in here.index
+            else ""
+        )
+        lines.append(
+            f"- batch {b}: 01's best {r['shape']}:{int(r['budget'])} {r['speedup']:.2f}x the target alone{other}"
+        )
+    return "\n".join(lines)
+
+
+def heldout_note(held: pd.DataFrame) -> str:
+    """Which designs beat the best preset on held-out prompts and which do not (`heldout.preset_gaps`)."""
+    if not held["fitted"].any():
+        return "no tree was fitted to the data (a cross-tokenizer pair has no draft ranks of the target's tokens)"
+    gaps = preset_gaps(held)
+    if gaps.empty:
+        return "nothing could be held out (fewer than 2 prompts): the designs' tau is in-sample only"
+    lose = gaps[~gaps["beats_best_preset"]]
+    if lose.empty:
+        return "on held-out prompts every design beats the best preset of its budget"
+    shown = ", ".join(
+        f"{r.shape} at {r.budget} ({r.tau_heldout:.2f} vs {r.best_preset} {r.best_preset_tau:.2f}"
+        + (", a tie)" if abs(r.tau_heldout - r.best_preset_tau) < 5e-3 else ")")
+        for r in lose.itertuples()
+    )
+    return f"on held-out prompts these designs do **not** beat the best preset of their budget: {shown}"
+
+
+def verdict_reading(
+    choice: Choice | None, measured: pd.DataFrame | None = None, folds: pd.DataFrame | None = None
+) -> str:
+    """The tree to deploy with its held-out tau and expected speed-up, their 95% intervals, the verdict
+    (only where the interval excludes 1), the measured run against the target alone, and the
+    choice itself held out (chosen on the other folds, scored on each)."""
+    if choice is None:
+        return "no tree has a held-out tau: no recommendation"
+    kind = "a design fitted on every prompt" if choice.fitted else "a preset"
+    out = (
+        f"recommended (cost model with held-out tau): **{choice.shape} with {choice.budget} draft tokens** ({kind}), "
+        f"held-out tau {choice.tau:.2f}{_bracket(choice.tau_low, choice.tau_high)}, expected "
+        f"{choice.speedup:.2f}x{_bracket(choice.speedup_low, choice.speedup_high)} the target alone "
+        f"(95% intervals: bootstrap over held-out prompts, the cost curves at their quartiles): "
+        f"speculation **{choice.verdict}**"
+    )
+    if choice.verdict == "cannot tell":
+        out += " (the interval holds 1.0, or there are too few prompts for one)"
+    if measured is not None and not measured.empty:
+        r = measured.iloc[0]
+        out += (
+            f"; run end to end on {int(r['prompts'])} prompts: {r['speedup']:.2f}x the target alone"
+            f"{_interval(r, 'speedup')}"
+        )
+    if folds is not None and not folds.empty:
+        picks = ", ".join(f"{r.shape}:{r.budget}" for r in folds.itertuples())
+        out += f"; chosen on the other folds and scored on each, the choice picks {picks}"
+    return out
+
+
+def _bracket(low: float, high: float) -> str:
+    """ " [low, high]", or a note that there is no interval (fewer than MIN_PROMPTS prompts)."""
+    if low == low and high == high:
+        return f" [{low:.2f}, {high:.2f}]"
+    return f" (no interval: fewer than {MIN_PROMPTS} prompts)"
+
+
+def deploy_reading(choice: Choice) -> str:
+    """The chosen tree's lines for serving engines (`core.tree_spec.deploy_lines`), as markdown."""
+    lines = deploy_lines(choice.tree)
+    return "\n".join(
+        [
+            f"\nDeploy {choice.shape} with {choice.budget} draft tokens (also in deploy.txt):",
+            f"- vLLM: `{lines['vllm']}`",
+            f"- Medusa / EAGLE-1 choices: `{lines['medusa_eagle_choices']}`",
+            f"- SGLang (approximate: it grows its own tree each step; depth, widest branching and budget carry "
+            f"over, not the shape): `{lines['sglang_approximate'].split('  #')[0]}`",
+        ]
+    )
 
 
 def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:

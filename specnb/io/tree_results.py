@@ -1,0 +1,245 @@
+"""What notebook 01 passes on: the pair's measured acceptance, the best trees it found, the tree to
+deploy with its interval and verdict, and that tree's lines for serving engines.
+
+    TreeResults     the record (JSON in 01's run folder: RESULTS_FILE; the deploy lines also as
+                    DEPLOY_FILE, one block per engine)
+    write, read     the two files, and reading one back
+    latest          the newest 01 run of a pair under an outputs folder
+    acceptance_from what notebooks 03 and 06 read: a named run folder (or JSON file), "latest" (the
+                    newest 01 run of the same pair), or "" / "default": their own default vector,
+                    with one line saying which (`Earlier.note`)
+
+tau includes the bonus token. Trees are rank paths (`Tree.paths`, canonical order).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.tree_spec import deploy_lines
+from ..core.trees import Tree
+from .storage import write_json
+
+RESULTS_FILE = "tree_results.json"
+DEPLOY_FILE = "deploy.txt"
+NOTEBOOK = "01_tree_shapes"  # the run folders under outputs/ that `latest` searches
+
+
+@dataclass(frozen=True)
+class FoundTree:
+    """One tree 01 scored: its rank paths, budget and tau in-sample and on held-out prompts."""
+
+    name: str  # the shape: a preset's name or a design's (sequoia, medusa, hindsight)
+    budget: int
+    paths: tuple[tuple[int, ...], ...]
+    tau_in_sample: float
+    tau_heldout: float  # NaN where nothing could be held out (one prompt)
+    fitted: bool  # fitted to the collected data (a design), or a preset
+
+    @property
+    def tree(self) -> Tree:
+        return Tree.from_paths(self.paths)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The tree and budget to deploy (best expected tokens/s with held-out tau), its 95% intervals
+    and the verdict, and the measured run against the target alone when 01 made one."""
+
+    tree: FoundTree
+    tau_low: float
+    tau_high: float
+    speedup: float  # expected, by the cost model on 01's machine
+    speedup_low: float
+    speedup_high: float
+    verdict: str  # "pays off", "does not pay off" or "cannot tell"
+    measured_speedup: float | None = None  # measured on 01's check prompts; None when not run
+    measured_prompts: int = 0
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class TreeResults:
+    """Notebook 01's results for one pair (module docstring)."""
+
+    pair: str
+    acceptance: tuple[float, ...]  # per rank: a_r, the share of positions whose next token is the draft's rank r
+    acceptance_by_depth: tuple[tuple[float, ...], ...]  # a[d-1][r], `replay.rank_accuracy_by_depth`
+    trees: tuple[FoundTree, ...]  # per budget: the best preset and every design
+    recommendation: Recommendation | None
+    split: Mapping[str, Any] = field(default_factory=dict)  # k, folds, seed and each fold's prompt ids
+    written: str = ""  # when (ISO time); `latest` orders by it
+
+    @property
+    def deploy(self) -> dict[str, str]:
+        """The recommended tree's lines per engine (`core.tree_spec.deploy_lines`); empty without one."""
+        return deploy_lines(self.recommendation.tree.tree) if self.recommendation else {}
+
+    def best_trees(self) -> dict[tuple[str, int], Tree]:
+        """(name, budget) -> tree: the recommended one, and per budget the one of highest held-out
+        tau (in-sample where nothing was held out)."""
+        out: dict[tuple[str, int], Tree] = {}
+        if self.recommendation:
+            r = self.recommendation.tree
+            out[(r.name, r.budget)] = r.tree
+        for budget in sorted({t.budget for t in self.trees}):
+            mine = [t for t in self.trees if t.budget == budget]
+            best = max(mine, key=lambda t: t.tau_heldout if t.tau_heldout == t.tau_heldout else t.tau_in_sample)
+            out.setdefault((best.name, best.budget), best.tree)
+        return out
+
+    def table(self) -> pd.DataFrame:
+        """One row per tree found: name, budget, nodes, in-sample and held-out tau, fitted, rank paths."""
+        return pd.DataFrame(
+            [
+                {
+                    "name": t.name,
+                    "budget": t.budget,
+                    "nodes": len(t.paths),
+                    "fitted": t.fitted,
+                    "tau_in_sample": t.tau_in_sample,
+                    "tau_heldout": t.tau_heldout,
+                    "paths": [list(p) for p in t.paths],
+                }
+                for t in self.trees
+            ]
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["deploy"] = self.deploy
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TreeResults:
+        found = lambda d: FoundTree(**{**d, "paths": tuple(tuple(p) for p in d["paths"])})  # noqa: E731
+        rec = data.get("recommendation")
+        return cls(
+            pair=data["pair"],
+            acceptance=tuple(float(a) for a in data["acceptance"]),
+            acceptance_by_depth=tuple(tuple(float(a) for a in row) for row in data.get("acceptance_by_depth", ())),
+            trees=tuple(found(t) for t in data["trees"]),
+            recommendation=None if rec is None else Recommendation(**{**rec, "tree": found(rec["tree"])}),
+            split=dict(data.get("split", {})),
+            written=str(data.get("written", "")),
+        )
+
+
+def write(folder: str | Path, results: TreeResults) -> Path:
+    """RESULTS_FILE (with `written` set to now when empty) and DEPLOY_FILE in `folder`; returns the JSON's path."""
+    folder = Path(folder)
+    if not results.written:
+        results = replace(results, written=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    path = write_json(folder / RESULTS_FILE, results.to_json())
+    (folder / DEPLOY_FILE).write_text(deploy_text(results))
+    return path
+
+
+def deploy_text(results: TreeResults) -> str:
+    """The recommended tree's export for each engine, one block each, with what SGLang's differs in."""
+    rec = results.recommendation
+    if rec is None:
+        return f"# {results.pair}: no tree recommended (nothing scored)\n"
+    lines = deploy_lines(rec.tree.tree)
+    return "\n".join(
+        [
+            f"# {results.pair}: {rec.tree.name} with {rec.tree.budget} draft tokens, "
+            f"held-out tau {rec.tree.tau_heldout:.2f} [{rec.tau_low:.2f}, {rec.tau_high:.2f}], expected "
+            f"{rec.speedup:.2f}x [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}] the target alone (95% intervals; "
+            f"nan: too few prompts for one): {rec.verdict}",
+            f"# rank paths: {[list(p) for p in rec.tree.paths]}",
+            "",
+            "# vLLM: speculative_config (add your drafter's method and model)",
+            lines["vllm"],
+            "",
+            "# Medusa / EAGLE-1: the tree as a choices list",
+            lines["medusa_eagle_choices"],
+            "",
+            "# SGLang (APPROXIMATE): SGLang grows its own tree every step; only the depth, the widest",
+            "# branching and the budget carry over, not this shape",
+            lines["sglang_approximate"],
+            "",
+        ]
+    )
+
+
+def read(path: str | Path) -> TreeResults:
+    """The results in a run folder (its RESULTS_FILE) or in a JSON file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    return TreeResults.from_json(json.loads(path.read_text()))
+
+
+def latest(outputs: str | Path, pair: str, notebook: str = NOTEBOOK) -> Path | None:
+    """The RESULTS_FILE of the newest run of `notebook` under `outputs` for `pair` (by `written`,
+    then path), None if there is none."""
+    found = []
+    for path in sorted(Path(outputs).glob(f"{notebook}/*/{RESULTS_FILE}")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a half-written or foreign file is no result
+        if data.get("pair") == pair:
+            found.append((str(data.get("written", "")), str(path), path))
+    return max(found)[2] if found else None
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What 03 and 06 take from 01 (`acceptance_from`): the vector, the trees, where from."""
+
+    acceptance: tuple[float, ...]
+    trees: dict[tuple[str, int], Tree]  # `TreeResults.best_trees`; empty with the default
+    results: TreeResults | None  # None: the default was used
+    note: str  # one line saying where the acceptance came from
+
+    def heldout_tau(self) -> dict[tuple[str, int], float]:
+        """(name, budget) -> held-out tau measured in 01 (in-sample where nothing was held out)."""
+        if self.results is None:
+            return {}
+        out = {}
+        for t in self.results.trees + ((self.results.recommendation.tree,) if self.results.recommendation else ()):
+            out[(t.name, t.budget)] = t.tau_heldout if t.tau_heldout == t.tau_heldout else t.tau_in_sample
+        return out
+
+
+def acceptance_from(source: str, pair: str, outputs: str | Path, default: Sequence[float]) -> Earlier:
+    """The acceptance vector and best trees of notebook 01 from `source`: a run folder or JSON file,
+    "latest" (the newest 01 run of `pair` under `outputs`), or "" / "default" (`default`, no
+    trees). A folder named but missing is an error (say "latest" or "default" instead); "latest"
+    with no run of the pair falls back to `default`, and `note` says so."""
+    default = tuple(float(a) for a in default)
+    if source in ("", "default"):
+        return Earlier(default, {}, None, f"acceptance: the default {list(default)} (acceptance_from = {source!r})")
+    if source == "latest":
+        path = latest(outputs, pair)
+        if path is None:
+            fallback = f"using the default {list(default)}" if default else "nothing taken from it"
+            return Earlier(
+                default, {}, None, f"acceptance: no run of notebook 01 for {pair} under {outputs}; {fallback}"
+            )
+    else:
+        path = Path(source)
+        if not (path / RESULTS_FILE).exists() and not path.is_file():
+            raise FileNotFoundError(
+                f"acceptance_from = {source!r}: no {RESULTS_FILE} there; name a run folder of notebook 01, "
+                "'latest' or 'default'"
+            )
+    results = read(path)
+    other = "" if results.pair == pair else f" (a run of {results.pair}, not of this pair {pair})"
+    shown = ", ".join(f"{a:.3f}" for a in results.acceptance[:6])
+    return Earlier(
+        results.acceptance,
+        results.best_trees(),
+        results,
+        f"acceptance: measured by notebook 01 in {Path(path).parent if Path(path).is_file() else path}{other}: "
+        f"[{shown}{', ...' if len(results.acceptance) > 6 else ''}]; {len(results.best_trees())} trees from it",
+    )

@@ -1,0 +1,180 @@
+"""Held-out scoring of data-fitted trees on synthetic collections (no model): the split matters
+where one prompt category differs, the folds follow the seed, the verdict needs an interval that
+excludes 1, and notebook 01's results round-trip through the loader notebooks 03 and 06 use."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specnb import Tree
+from specnb.analysis import heldout, replay
+from specnb.analysis.collection import CollectConfig, Collection, PromptData
+from specnb.experiments import replay_study
+from specnb.io import tree_results
+
+LENGTH = 24
+
+
+def prompt(pid: str, category: str, ranks: list[int]) -> PromptData:
+    r = np.resize(np.array(ranks, dtype=np.int16), LENGTH)
+    return PromptData(pid, category, np.zeros(3, dtype=np.int64), np.arange(LENGTH), False, {}, ranks=r)
+
+
+def collection(odd: int = 1, same: int = 5) -> Collection:
+    """`same` prompts whose next token is always the draft's first choice, `odd` prompts (another
+    category) where it is always the second."""
+    prompts = [prompt(f"s{i}", "same", [0]) for i in range(same)] + [prompt(f"o{i}", "odd", [1]) for i in range(odd)]
+    return Collection(CollectConfig(max_new_tokens=LENGTH, top_k=4, eos_token_id=()), {}, tuple(prompts))
+
+
+PRESETS = {("chain", 4): Tree.chain(4), ("kary2", 4): Tree.kary(2, 4)}
+
+
+def test_folds_follow_the_seed():
+    ids = [f"p{i}" for i in range(7)]
+    a, b = heldout.folds(ids, 3, seed=1), heldout.folds(ids, 3, seed=1)
+    assert a == b and len(a) == 3
+    assert sorted(x for f in a for x in f) == sorted(ids)  # every prompt held out exactly once
+    assert {len(f) for f in a} <= {2, 3}
+    assert any(heldout.folds(ids, 3, seed=s) != a for s in range(2, 6))
+    assert len(heldout.folds(ids[:2], 5, 0)) == 2  # k capped at the prompts
+    assert heldout.folds(ids[:1], 3, 0) == ()  # one prompt: nothing can be held out
+
+
+def test_a_tree_fitted_on_the_others_scores_lower_on_the_odd_category():
+    c = collection(odd=2, same=4)
+    odd = heldout.subset(c, ["o0"])
+    others = heldout.subset(c, [p.prompt_id for p in c.prompts if p.category == "same"])
+    # budgets where the design fitted on every prompt takes the odd category's rank-1 branch
+    for design, n in ((heldout.sequoia_design, 4), (heldout.medusa_design, 8), (heldout.hindsight_design, 16)):
+        fit_all, fit_others = design(c, [n])[n], design(others, [n])[n]
+        tau = lambda t: replay.replay(odd, {("t", 4): t}, mode="trajectory")["tau"].iloc[0]  # noqa: E731
+        assert tau(fit_others) < tau(fit_all), design.__name__
+    held = heldout.score(c, PRESETS, [4, 16], k=3, seed=0)
+    fitted = held.table[held.table["fitted"]].set_index(["shape", "budget"])
+    for key in [("sequoia", 4), ("sequoia", 16), ("hindsight", 16)]:
+        assert fitted.loc[key, "tau_heldout"] < fitted.loc[key, "tau_in_sample"], key
+    presets = held.table[~held.table["fitted"]]
+    assert (presets["tau_heldout"] == presets["tau_in_sample"]).all()  # fitted to nothing
+    assert held.table.loc[held.table["shape"] == "hindsight", "note"].str.contains("ceiling").all()
+    # every prompt is scored held out exactly once per design and budget
+    out = held.per_prompt[held.per_prompt["scored"] == "heldout"]
+    assert out.groupby(["shape", "budget"])["prompt_id"].apply(sorted).map(len).eq(len(c.prompts)).all()
+    assert held.record()["splits"] == [list(f) for f in held.splits] and held.record()["seed"] == 0
+
+
+def test_without_the_odd_category_held_out_equals_in_sample():
+    held = heldout.score(collection(odd=0), PRESETS, [4], k=3, seed=0)
+    fitted = held.table[held.table["fitted"]]
+    assert np.allclose(fitted["tau_heldout"], fitted["tau_in_sample"])
+
+
+def curve(verify: float = 1.0, slope: float = 0.02, spread: float = 0.0, draft: float = 0.05) -> pd.DataFrame:
+    rows = [
+        {"model": "t", "role": "target", "kind": "verify", "nodes": n, "median_s": verify + slope * n}
+        for n in (0, 2, 4, 8)
+    ] + [{"model": "d", "role": "draft", "kind": "plain", "tokens": w, "median_s": draft} for w in (1, 2, 4)]
+    out = pd.DataFrame(rows)
+    return out.assign(q25_s=out["median_s"] * (1 - spread), q75_s=out["median_s"] * (1 + spread))
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "expected"),
+    [
+        (0.9, 1.2, "cannot tell"),
+        (1.05, 1.3, "pays off"),
+        (0.6, 0.95, "does not pay off"),
+        (math.nan, math.nan, "cannot tell"),
+    ],
+)
+def test_verdict_needs_an_interval_that_excludes_one(low, high, expected):
+    assert heldout.verdict(low, high) == expected
+
+
+def test_choice_straddling_one_cannot_tell():
+    c = collection(odd=2, same=4)
+    held = heldout.score(c, PRESETS, [2, 4], k=3, seed=0)
+    # a slow draft: speculation is near break-even and the curves' spread is wide
+    speed, choice = heldout.choose(held.table, held.trees, curve(spread=0.3, draft=0.6), "t", "d")
+    assert choice is not None and (choice.shape, choice.budget) == tuple(speed.iloc[0][["shape", "budget"]])
+    assert choice.speedup_low < 1 < choice.speedup_high and choice.verdict == "cannot tell"
+    assert choice.tau == pytest.approx(
+        held.table.set_index(["shape", "budget"]).loc[(choice.shape, choice.budget), "tau_heldout"]
+    )
+    _, sure = heldout.choose(held.table, held.trees, curve(verify=1.0, slope=0.0), "t", "d")
+    assert sure.verdict == "pays off" and sure.speedup_low > 1
+    folds = heldout.selection(held, curve(), "t", "d")
+    assert len(folds) == len(held.splits) and folds["tau_heldout"].notna().all()
+    assert heldout.selection_speedup(folds, curve(), "t", "d") > 0
+
+
+def fake_results(pair: str = "d -> t") -> tree_results.TreeResults:
+    c = collection(odd=2, same=4)
+    held = heldout.score(c, PRESETS, [2, 4], k=3, seed=5)
+    _, choice = heldout.choose(held.table, held.trees, curve(), "t", "d")
+    return replay_study.tree_results(pair, c, held, choice, device="cpu")
+
+
+def test_results_round_trip_and_latest_run_by_pair(tmp_path):
+    results = fake_results()
+    assert results.acceptance[:2] == pytest.approx((4 / 6, 2 / 6), abs=0.02)
+    assert results.split["seed"] == 5 and len(results.split["splits"]) == 3
+    assert {t.name for t in results.trees} >= {"sequoia", "medusa", "hindsight"}
+    older, newer, other = (tmp_path / "01_tree_shapes" / n for n in ("a", "b", "c"))
+    from dataclasses import replace
+
+    tree_results.write(older, replace(results, written="2025-01-01T00:00:00"))
+    tree_results.write(newer, replace(results, written="2025-02-01T00:00:00"))
+    tree_results.write(other, replace(results, pair="x -> y", written="2025-03-01T00:00:00"))
+    back = tree_results.read(newer)
+    assert back == replace(results, written="2025-02-01T00:00:00")
+    assert json.loads((newer / tree_results.RESULTS_FILE).read_text())["deploy"] == results.deploy
+    assert "speculative_token_tree" in (newer / tree_results.DEPLOY_FILE).read_text()
+    assert "APPROXIMATE" in (newer / tree_results.DEPLOY_FILE).read_text()
+    assert tree_results.latest(tmp_path, "d -> t") == newer / tree_results.RESULTS_FILE
+    assert tree_results.latest(tmp_path, "nobody") is None
+
+    earlier = tree_results.acceptance_from("latest", "d -> t", tmp_path, [0.5, 0.1])
+    assert earlier.acceptance == results.acceptance and str(newer) in earlier.note
+    rec = results.recommendation.tree
+    assert earlier.trees[(rec.name, rec.budget)] == rec.tree
+    assert earlier.heldout_tau()[(rec.name, rec.budget)] == pytest.approx(rec.tau_heldout)
+    named = tree_results.acceptance_from(str(other), "d -> t", tmp_path, [0.5])
+    assert named.acceptance == results.acceptance and "not of this pair" in named.note
+    fallback = tree_results.acceptance_from("latest", "nobody", tmp_path, [0.5, 0.1])
+    assert fallback.acceptance == (0.5, 0.1) and fallback.trees == {} and "default" in fallback.note
+    assert tree_results.acceptance_from("default", "d -> t", tmp_path, [0.3]).acceptance == (0.3,)
+    with pytest.raises(FileNotFoundError, match="latest"):
+        tree_results.acceptance_from(str(tmp_path / "missing"), "d -> t", tmp_path, [0.3])
+
+
+def test_notebook_03_prices_01s_trees_and_the_readings_end_with_deploy_lines(tmp_path):
+    from specnb.analysis.cost_model import cost_table
+    from specnb.experiments.earlier import add_cost_rows
+    from specnb.notebook import readings
+
+    results = fake_results()
+    tree_results.write(tmp_path / "01_tree_shapes" / "run", results)
+    earlier = tree_results.acceptance_from("latest", "d -> t", tmp_path, [0.5])
+    base = cost_table(curve(), ["chain"], earlier.acceptance, "t", "d")
+    cost = add_cost_rows(base, earlier, curve(), "t", "d")
+    ours = cost[cost["shape"].str.startswith("01:")]
+    assert len(ours) == len(earlier.trees) and list(cost.columns) == list(base.columns)
+    rec = results.recommendation.tree
+    row = ours[ours["shape"] == f"01:{rec.name}"].iloc[0]
+    assert row["expected_tau"] == pytest.approx(rec.tau_heldout)
+    none = tree_results.acceptance_from("default", "d -> t", tmp_path, [0.5])
+    assert add_cost_rows(base, none, curve(), "t", "d") is base
+
+    c = collection(odd=2, same=4)
+    held = heldout.score(c, PRESETS, [2, 4], k=3, seed=0)
+    _, choice = heldout.choose(held.table, held.trees, curve(spread=0.3, draft=0.6), "t", "d")
+    text = readings.verdict_reading(choice, None, heldout.selection(held, curve(), "t", "d"))
+    assert "cannot tell" in text and "chosen on the other folds" in text
+    assert "do **not** beat" in readings.heldout_note(held.table) or "every design" in readings.heldout_note(held.table)
+    assert "speculative_token_tree" in readings.deploy_reading(choice).splitlines()[-3]
