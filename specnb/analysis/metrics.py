@@ -1,4 +1,4 @@
-"""Metrics from generation results, each named for its convention (shared/docs/ANCHORS.md).
+"""Metrics from generation results, each named for its convention (README.md, "Metric conventions").
 
 - acceptance_rate   = accepted draft tokens / drafted tokens (the course brief, vLLM)
 - acceptance_length = accepted draft tokens per verification step, bonus token EXCLUDED

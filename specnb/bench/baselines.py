@@ -11,7 +11,7 @@ What it holds:
     hf_prompt_lookup_generate   transformers prompt lookup decoding (`prompt_lookup_num_tokens`,
                                 Saxena 2023): drafts copied from n-gram matches in the sequence
 
-transformers returns no acceptance statistics (shared/docs/ANCHORS.md). They are recovered here
+transformers returns no acceptance statistics (its `generate` returns tokens only). They are recovered here
 without changing its decoding: for the length of one `generate` call, the target's
 `_get_candidate_generator` is wrapped (on the instance, restored afterwards) so that the candidate
 generator it builds is handed to `_assisted_decoding` inside a recording proxy. The proxy times

@@ -2,7 +2,7 @@
 
 After a tree is verified, the cache holds the prefix, the root and all N tree nodes. Only the
 accepted branch may stay, and a branch is not contiguous in the cache, so cropping is not enough
-(shared/docs/ANCHORS.md): the kept positions are gathered in every layer. The same gather serves the
+(docs/how-a-step-works.md, "Commit"): the kept positions are gathered in every layer. The same gather serves the
 draft model's cache. A self-draft that runs the target's first layers on the target's own cache
 saves those layers' state before it drafts and puts it back after (`layer_states`,
 `restore_layers`), so the target finds its cache as it left it.

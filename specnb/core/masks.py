@@ -8,7 +8,7 @@ and the position ids go in as forward arguments.
 many query tokens per row under a dense mask without repeating grouped key/value heads: what a
 batch of branches decoded together over one prompt needs (`training.medusa.continuations`).
 
-Pitfall (shared/docs/ANCHORS.md): `sdpa` reads a boolean mask as "True = attend", but `eager` adds
+Pitfall (docs/how-a-step-works.md, "Verify"): `sdpa` reads a boolean mask as "True = attend", but `eager` adds
 the mask to the scores, so a boolean mask there is silently wrong (True becomes +1). `model_mask`
 therefore hands eager a float mask of 0 / dtype-min. Other implementations (flash attention,
 flex attention with a dense tensor) cannot take an arbitrary mask and are refused.

