@@ -105,9 +105,9 @@ def test_every_t4_pair_fits_a_t4():
     ) and "Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B" in memory_markdown("t4")
 
 
-def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_readme_says_so():
-    """~40 GB: a free Drive's 15 GB cannot hold it (the README once said ~23). Llama-2-7B by hand:
-    6,738,415,616 parameters in float16 files; the published Medusa heads: 5 x (4096^2 + 4096 +
+def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_colab_page_says_so():
+    """~40 GB: a free Drive's 15 GB cannot hold it (the README once said ~23; docs/colab.md gives it now).
+    Llama-2-7B by hand: 6,738,415,616 parameters in float16 files; the published Medusa heads: 5 x (4096^2 + 4096 +
     32000 x 4096) float16 values; the published EAGLE head: fc, one layer and the embedding in float32."""
     from pathlib import Path
 
@@ -127,16 +127,16 @@ def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_readme_says
     assert 39e9 < total < 41e9 and total > FREE_DRIVE
     table = download_markdown("t4")
     assert f"**{total / 1e9:.1f} GB**" in table and "keep the Hugging Face cache on the Colab VM's own disk" in table
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert f"{total / 1e9:.1f} GB" in readme, "the README's download figure is the profile's"
+    colab = (Path(__file__).resolve().parents[1] / "docs" / "colab.md").read_text()
+    assert f"{total / 1e9:.1f} GB" in colab, "docs/colab.md's download figure is the profile's"
     assert drive_warning("t4", {"HF_HOME": "/content/drive/MyDrive/hf"}).startswith(
         "warning: the Hugging Face cache is on Google Drive"
     )
     assert drive_warning("t4", {"HF_HOME": "/root/.cache/huggingface"}) is None
 
 
-def test_the_t4_time_estimate_adds_up_from_its_parts_and_is_the_readmes():
-    """The README's T4 time is `t4_estimate`'s output, so it cannot drift from the profile; its parts
+def test_the_t4_time_estimate_adds_up_from_its_parts_and_is_the_t4_pages():
+    """docs/t4.md's T4 time is `t4_estimate`'s output, so it cannot drift from the profile; its parts
     follow the profile's sizes (twice the tokens in 04: its generations cost more)."""
     from dataclasses import replace
     from pathlib import Path
@@ -148,8 +148,8 @@ def test_the_t4_time_estimate_adds_up_from_its_parts_and_is_the_readmes():
     assert (table["seconds"] >= 0).all() and abs(
         table["seconds"].sum() - (table["count"] * table["each_s"]).sum()
     ) < 1e-6
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert est.estimate_markdown("t4") in readme, "the README's T4 estimate is this module's output"
+    t4_page = (Path(__file__).resolve().parents[1] / "docs" / "t4.md").read_text()
+    assert est.estimate_markdown("t4") in t4_page, "docs/t4.md's T4 estimate is this module's output"
     c = est.Costs(est.T4Figures())
     step = c.step("meta-llama/Llama-2-7b-hf", "4bit")
     assert 0.1 < step < 0.2  # ~2x Qwen2.5-3B's 60.8 ms: about twice its nf4 bytes

@@ -11,10 +11,10 @@ What it holds:
     profile_budget              the longest sequence: prompt + the largest max_new_tokens + the largest tree
     profile_memory              one `PairMemory` per pair that shares a vocabulary
     grid_bytes                  notebook 03's largest attention-grid point (no model loaded then)
-    memory_markdown             the README's table
+    memory_markdown             docs/t4.md's memory table
     published_download          the download of a published Medusa or EAGLE checkpoint
     profile_downloads           what the profile downloads (models, Medusa and EAGLE heads), from the configs
-    download_markdown           the README's download table; drive_warning: the cache on a free Drive
+    download_markdown           docs/colab.md's download table; drive_warning: the cache on a free Drive
 
 Assumptions, printed with the table: prompts are at most LONGEST_PROMPT tokens (the Spec-Bench prompts
 the t4 profile selects: its longest, a RAG prompt, ~940 Llama-2 tokens, an estimate); one budget is used
@@ -176,7 +176,7 @@ def profile_downloads(profile: str) -> list[Download]:
 
 
 def download_markdown(profile: str = "t4") -> str:
-    """The README's download table: one row per repository, the total, and where to keep it."""
+    """docs/colab.md's download table: one row per repository, the total, and where to keep it."""
     rows = profile_downloads(profile)
     total = sum(r.bytes for r in rows)
     lines = ["| repository | what | parameters | files | download |", "|---|---|---|---|---|"]
@@ -217,7 +217,7 @@ def drive_warning(profile: str, environ: dict[str, str]) -> str | None:
 
 
 def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> str:
-    """The README's table: one row per pair, then the assumptions and the refused pairs."""
+    """docs/t4.md's memory table: one row per pair, then the assumptions and the refused pairs."""
     budget = profile_budget(profile, longest_prompt)
     table = memory_table(profile_memory(profile, longest_prompt, usable))
     lines = [

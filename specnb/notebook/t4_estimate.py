@@ -1,5 +1,5 @@
 """How long the `t4` profile takes on a Colab T4: an ESTIMATE from published figures and the
-profile's own sizes, not a measurement. The README's figure is this module's output (a test checks
+profile's own sizes, not a measurement. docs/t4.md's figure is this module's output (a test checks
 that they agree).
 
     python -m specnb.notebook.t4_estimate [PROFILE]      the table by notebook and part, and the total
@@ -382,7 +382,7 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
 
 
 def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures()) -> str:
-    """The README's summary: minutes per notebook and in all, with the inputs named."""
+    """docs/t4.md's summary: minutes per notebook and in all, with the inputs named."""
     table = estimate(profile, figures)
     by = table.groupby("notebook", sort=False)["seconds"].sum() / 60
     parts = ", ".join(f"{name} {minutes:.0f} min" for name, minutes in by.items())

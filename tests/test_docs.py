@@ -1,0 +1,80 @@
+"""The README is a front page and docs/ holds the rest: size limits, links that resolve, the two commands,
+and no reference to a folder a user's clone lacks."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a Markdown page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    out = set()
+    for line in page.read_text().split("\n"):
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_readme_is_a_front_page():
+    text = README.read_text()
+    lines = text.split("\n")
+    assert len(text.splitlines()) <= 300, f"README.md has {len(text.splitlines())} lines: move content to docs/"
+    assert len(text.encode()) <= 25_000, f"README.md is {len(text.encode())} bytes: move content to docs/"
+    long = [i + 1 for i, line in enumerate(lines) if len(line) > 200]
+    assert not long, f"README.md lines over 200 characters: {long}"
+
+
+def test_readme_gives_the_two_commands_first():
+    """`.ci/run` runs exactly the README's test command; both commands open the README."""
+    text = README.read_text()
+    block = text[text.index("```bash") : text.index("```", text.index("```bash") + 3)]
+    assert text.index("```bash") < text.index("\n## ")
+    assert "./run_notebooks.sh      # the main job" in block and "./run_tests.sh          # the tests" in block
+    assert "./run_tests.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(page):
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL or an anchor on the same page
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve()
+        if not file.exists() or (anchor and file.suffix == ".md" and anchor not in anchors(file)):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)}: links to missing files or headings: {broken}"
+
+
+def test_nothing_points_at_a_folder_a_clone_lacks():
+    """A user's clone has no `shared/` beside it; only tests may name it (this one does)."""
+    try:
+        files = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    found = []
+    for name in files:
+        if name.startswith("tests/"):
+            continue
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        text = path.read_bytes().decode("utf-8", errors="ignore")
+        for needle in ("../shared", "shared/docs"):
+            if needle in text:
+                found.append(f"{name}: {needle}")
+    assert not found, f"references to a folder a user's clone lacks: {found}"
