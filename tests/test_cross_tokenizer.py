@@ -387,7 +387,7 @@ def test_universal_assisted_generation_equals_the_target(vocabs, kind):
     assert sum(s.num_tokens for s in r.steps) == MAX_NEW and r.method == "hf_uag"
     assert all(s.draft_tokens == 4 for s in r.steps)  # draft tokens, fixed; candidates vary
     assert all(s.num_accepted <= s.num_drafted for s in r.steps)
-    if kind == "bigram":  # it accepts (less than specnb here: its windows and alignment, see README)
+    if kind == "bigram":  # it accepts (less than specnb here: its windows and alignment, see docs/cross-tokenizer.md)
         assert summarize(r).num_accepted > 5
 
 

@@ -287,7 +287,7 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     from specnb.io.model_configs import hub_model
 
     outputs, seconds, log, _ = t4_dryrun
-    print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
+    print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (docs/performance-cpu.md: the figure)
     assert (
         "stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
         "yuhuili/EAGLE-Vicuna-7B-v1.3;"

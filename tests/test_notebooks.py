@@ -62,7 +62,7 @@ def test_committed_notebook_is_clean(path):
 
 def test_smoke_profile_runs_every_notebook(smoke):
     outputs, seconds = smoke
-    print(f"smoke profile: {seconds:.0f} s")  # information, not a timed assertion (README gives the figure)
+    print(f"smoke profile: {seconds:.0f} s")  # information, not a timed assertion (docs/performance-cpu.md: the figure)
     for nb in NOTEBOOKS:
         runs = list((outputs / nb.stem).iterdir())
         assert len(runs) == 1
