@@ -574,6 +574,38 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
     assert 0 < frequency[(0,)] <= 1
 
 
+def test_a_custom_tree_is_redrafted_as_it_runs_across_tokenizers(vocabs, tmp_path):
+    """A tree the user writes, on a pair of two tokenizers: re-drafted beside the presets from one
+    collection, and an end-to-end xtok run of it (the method naming it) agrees step for step."""
+    from specnb.core.tree_spec import parse_custom_trees
+    from specnb.drafters.methods import trees_for
+    from specnb.experiments import redraft_study, replay_study
+    from specnb.experiments import sweeps as ex
+    from specnb.experiments.pairs import PairModels
+    from specnb.io.prompts import Prompt
+    from specnb.io.storage import Sweep
+
+    t, d, tt, dt = vocabs
+    target, draft = pair("bigram_other_word", t, d)
+    prompts = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on the ma")]
+    custom = parse_custom_trees({"mine": [[0], [1], [0, 0], [0, 0, 0], [1, 0]]})
+    trees = trees_for(["chain"], [2], custom)
+    models = PairModels("pair", target, draft, t, draft_tokenizer=d)
+    config = replay_study.PairCollectConfig(16, super_k=0, super_depth=3)
+    collection = replay_study.collect_pair(tmp_path / "collection", models, prompts, trees, config).collection
+    again = redraft_study.redrafter(draft, t, d)
+    table, _ = replay_study.replay_table(collection, trees, [2, 5], [], redraft_with=again)
+    assert list(zip(table["shape"], table["budget"])) == [("chain", 2), ("chain", 5), ("mine", 5)]
+    store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
+    ex.run_sweep(store, models, prompts, method_trees(["xtok/mine"], custom), ex.SweepConfig(16, progress=False))
+    agreement = replay_study.replay_agreement(store, "pair", collection, ["xtok/mine"], again, custom)
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (
+        agreement["steps_compared"] > 0
+    ).all()
+    mine = table.set_index("shape").loc["mine"]
+    assert mine["tau"] == pytest.approx(agreement.set_index("method").loc["xtok/mine", "tau_replayed"])
+
+
 def test_a_target_is_measured_alone_once_per_prompt(saved_pair, tmp_path):
     """Two pairs of one target: the second copies the first's target-alone units."""
     from specnb.experiments import sweeps as ex

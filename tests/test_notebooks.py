@@ -192,7 +192,7 @@ def test_tree_shapes_tables(smoke):
     outputs, _ = smoke
     folder = next((outputs / "01_tree_shapes").iterdir())
     table = pd.read_csv(folder / "replay.csv")
-    assert set(table["shape"]) == {"chain", "kary2", "sequoia", "hindsight", "dynamic", "oracle"}
+    assert set(table["shape"]) == {"chain", "kary2", "mine", "sequoia", "hindsight", "dynamic", "oracle"}
     assert set(table["budget"]) == {2, 4}
     assert table["acceptance_rate"].between(0, 1).all() and (table["tau"] >= 1).all()
     assert (table["tau"] <= table["depth"] + 1).all()
@@ -209,7 +209,7 @@ def test_tree_shapes_tables(smoke):
     assert depths["acceptance"].between(0, 1).all()
     assert len(pd.read_csv(folder / "recommendation.csv")) == len(table[~table["shape"].isin(["dynamic", "oracle"])])
     units = pd.read_csv(folder / "units.csv")
-    assert len(units) == 2 * (1 + 3) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    assert len(units) == 2 * (1 + 3 + 1) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
 
 
 def test_model_pairs_tables(smoke):
@@ -220,6 +220,7 @@ def test_model_pairs_tables(smoke):
     assert set(table["shape"]) == {
         "chain",
         "kary2",
+        "mine",
         "dynamic",
         "ngram/kary2",
         "early_exit24/chain",
@@ -228,7 +229,7 @@ def test_model_pairs_tables(smoke):
         "hf_assisted",
         "hf_prompt_lookup",
     }
-    assert set(table.loc[table["source"] == "replay", "shape"]) == {"kary2", "dynamic"}  # from one collection
+    assert set(table.loc[table["source"] == "replay", "shape"]) == {"kary2", "mine", "dynamic"}  # one collection
     assert (folder / "collections").is_dir()
     assert ((table["perplexity"] > 1) & table["perplexity"].map(math.isfinite)).all()
     versus = pd.read_csv(folder / "versus_transformers.csv")
@@ -245,6 +246,28 @@ def test_model_pairs_tables(smoke):
     assert (baseline["tokens_per_s"] > 0).all() and (baseline["ttft_s"] > 0).all() and (baseline["tpot_s"] > 0).all()
     assert set(pd.read_csv(folder / "pairs.csv")["status"]) == {"measured"}
     assert pd.read_csv(folder / "by_category.csv")["category"].nunique() == 2
+
+
+def test_the_smoke_profiles_own_tree_is_measured_in_every_notebook_that_takes_trees(smoke):
+    """smoke.yaml's `custom_trees` (mine: 4 nodes, depth 3) beside the presets in 01, 02, 03, 05, 06."""
+    outputs, _ = smoke
+    folder = {nb.stem: next((outputs / nb.stem).iterdir()) for nb in NOTEBOOKS}
+    for stem, name in [
+        ("01_tree_shapes", "replay.csv"),
+        ("01_tree_shapes", "replay_agreement.csv"),  # run end to end too
+        ("02_model_pairs", "pairs_methods.csv"),
+        ("03_tree_attention_timing", "attention_grid.csv"),
+        ("03_tree_attention_timing", "cost_model.csv"),
+        ("05_learned_drafters", "tau_by_tree.csv"),
+        ("06_batch_size", "replay.csv"),
+        ("06_batch_size", "batch_cost_model.csv"),
+    ]:
+        table = pd.read_csv(folder[stem] / name)
+        mine = table[table["method" if "method" in table else "shape"].astype(str).str.startswith("mine")]
+        assert len(mine) and (mine.get("depth", 3) == 3).all(), f"{stem}/{name}: no row of the custom tree"
+    assert json.loads((folder["01_tree_shapes"] / "params.json").read_text())["custom_trees"] == {
+        "mine": [[0], [1], [0, 0], [0, 0, 0]]
+    }
 
 
 def test_rerun_keeps_the_finished_run(smoke, tmp_path):
@@ -272,6 +295,7 @@ def test_rerun_keeps_the_finished_run(smoke, tmp_path):
         (["run", "smoke", "-p", "no_such_parameter", "3"], "unknown parameter"),
         (["run", "smoke", "-p", "run_dir", "/tmp/x"], "set by the runner"),
         (["run", "smoke", "--notebook", "99_nothing"], "no notebook named"),
+        (["run", "smoke", "-p", "custom_trees", "{gap: [[0], [2]]}"], "no sibling of rank 1"),
     ],
 )
 def test_bad_requests_run_nothing(tmp_path, args, message):
@@ -368,8 +392,8 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     table = pd.read_csv(collected.parent / "collection_units.csv")
     assert sorted(table["unit"]) == files and (table["status"] == "present").sum() == before
     units = pd.read_csv(collected.parent / "units.csv")
-    # the first check_prompts (2) of the 3 prompts run end to end: the target alone and 3 methods each
-    assert len(units) == 2 * (1 + 3) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    # the first check_prompts (2) of the 3 prompts run end to end: the target alone, 3 methods and smoke's own tree
+    assert len(units) == 2 * (1 + 3 + 1) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
     assert units["greedy_equal"].all()
     agreement = pd.read_csv(collected.parent / "replay_agreement.csv")
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()

@@ -33,6 +33,8 @@ from specnb.analysis.replay import (
 from specnb.analysis.tree_design import hindsight_trees, prefix_value, sequoia_trees
 from specnb.core.drafting import ModelDrafter
 from specnb.core.sampling import SamplingConfig
+from specnb.core.tree_spec import parse_custom_trees
+from specnb.drafters.methods import trees_for
 from specnb.experiments.collect import collect
 from specnb.io.models import truncate_layers
 
@@ -94,6 +96,22 @@ def test_trajectory_steps_equal_real_runs(tiny_target, drafts, collections, draf
     assert_same_steps(replay_steps(collections[draft_name], tree), real)
     row = replay(collections[draft_name], {(tree_name, tree.num_nodes): tree}, mode="trajectory").iloc[0]
     assert_row_equals_summary(row, summarize(list(real.values())))
+
+
+@pytest.mark.parametrize("draft_name", ["early", "random"])
+def test_a_custom_tree_replays_as_a_real_run_of_it(tiny_target, drafts, collections, draft_name):
+    """A tree the user writes is swept beside the presets (at its node count) and its replayed
+    steps equal a real greedy `speculative_generate` run with it."""
+    custom = parse_custom_trees(
+        {"mine": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], "two_one": {"branching": [2, 1]}}
+    )
+    trees = trees_for(["chain"], [4], custom)
+    assert set(trees) == {("chain", 4), ("chain", 6), ("mine", 6), ("two_one", 4)}
+    table = replay(collections[draft_name], trees, mode="trajectory").set_index(["shape", "budget"])
+    for name, tree in custom.items():
+        real = real_runs(tiny_target, drafts[draft_name], tree)
+        assert_same_steps(replay_steps(collections[draft_name], tree), real)
+        assert_row_equals_summary(table.loc[(name, tree.num_nodes)], summarize(list(real.values())))
 
 
 @pytest.mark.parametrize("draft_name", ["early", "self", "random"])

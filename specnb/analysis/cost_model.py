@@ -110,17 +110,21 @@ def step_cost(curve: pd.DataFrame, target: str, draft: str) -> StepCost:
 
 
 def cost_table(
-    curve: pd.DataFrame, shapes: Sequence[str], acceptance: Sequence[float], target: str, draft: str
+    curve: pd.DataFrame,
+    shapes: Sequence[str],
+    acceptance: Sequence[float],
+    target: str,
+    draft: str,
+    custom: Mapping[str, Tree] | None = None,
 ) -> pd.DataFrame:
     """Expected tokens/s per (tree shape, nodes) from the measured curves (see `StepCost`), with
-    tau from the acceptance vector (`expected_tau`), at every measured n > 0. speedup = tokens/s
-    over the target's own decoding, 1 / t_verify(0)."""
+    tau from the acceptance vector (`expected_tau`), at every measured n > 0; each custom tree
+    (name -> `Tree`) at its own node count (t_verify interpolated). speedup = tokens/s over the
+    target's own decoding, 1 / t_verify(0)."""
     cost = step_cost(curve, target, draft)
-    rows = []
-    for shape in shapes:
-        for n in sorted(int(n) for n in cost.verify_s.index if n > 0):
-            tree = Tree.preset(shape, n)
-            rows.append({"shape": shape, **cost.row(tree, expected_tau(tree, acceptance))})
+    named = [(s, Tree.preset(s, int(n))) for s in shapes for n in sorted(cost.verify_s.index) if n > 0]
+    named += list((custom or {}).items())
+    rows = [{"shape": shape, **cost.row(tree, expected_tau(tree, acceptance))} for shape, tree in named]
     return pd.DataFrame(rows)[_COST_COLUMNS]
 
 

@@ -3,8 +3,9 @@ prefix length, draft tokens and tree shape.
 
     HeadShape, head_shape      attention heads x head size of a real model, read from its config
                                (any embedded model, hub id or folder; no weights), or given
-    GridPoint, grid, run_grid  the grid (batch x prefix x draft tokens x tree shape), stored in a
-                               resumable `Sweep`, one row per (point, implementation)
+    GridPoint, grid, run_grid  the grid (batch x prefix x draft tokens x tree shape; a custom tree,
+                               `core.tree_spec`, at its own node count), stored in a resumable
+                               `Sweep`, one row per (point, implementation)
     grid_table, speedup_table  per grid point: per-sequence / tree time, tree / plain causal time
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -92,18 +93,20 @@ def head_shape(model: str | Mapping[str, Any]) -> HeadShape:
 @dataclass(frozen=True)
 class GridPoint:
     """One attention problem: `batch` sequences, the longest with `prefix` cached positions, each
-    with a tree of `nodes` draft tokens of the named shape (`Tree.preset`)."""
+    with a tree of `nodes` draft tokens of the named shape (`Tree.preset`, or `custom`: a custom
+    tree named `shape`, of `nodes` nodes)."""
 
     batch: int
     prefix: int
     nodes: int
     shape: str
+    custom: Tree | None = field(default=None, compare=False, repr=False)
 
     def key(self) -> dict[str, int | str]:
-        return asdict(self)
+        return {"batch": self.batch, "prefix": self.prefix, "nodes": self.nodes, "shape": self.shape}
 
     def tree(self) -> Tree:
-        return Tree.preset(self.shape, self.nodes)
+        return self.custom if self.custom is not None else Tree.preset(self.shape, self.nodes)
 
     def tree_batch(self, ragged: bool) -> TreeBatch:
         """ragged: prefix lengths spread from `prefix` down to about prefix / 2 (batch > 1)."""
@@ -116,10 +119,19 @@ class GridPoint:
 
 
 def grid(
-    batches: Iterable[int], prefixes: Iterable[int], nodes: Iterable[int], shapes: Iterable[str]
+    batches: Iterable[int],
+    prefixes: Iterable[int],
+    nodes: Iterable[int],
+    shapes: Iterable[str],
+    custom: Mapping[str, Tree] | None = None,
 ) -> list[GridPoint]:
-    """Every combination, cheapest first (so an interrupted run has the small points)."""
+    """Every combination, cheapest first (so an interrupted run has the small points); each custom
+    tree (name -> `Tree`) at every batch and prefix, at its own node count."""
+    batches, prefixes = list(batches), list(prefixes)
     points = [GridPoint(b, p, n, s) for s, b, p, n in itertools.product(shapes, batches, prefixes, nodes)]
+    points += [
+        GridPoint(b, p, t.num_nodes, name, t) for name, t in (custom or {}).items() for b in batches for p in prefixes
+    ]
     return sorted(points, key=lambda g: (g.batch * (g.prefix + g.nodes) * g.nodes, g.shape))
 
 

@@ -6,7 +6,9 @@ A user names trees of their own (`custom_trees`: name -> spec) beside the preset
     {"branching": [3, 2, 1]}: `Tree.from_branching`
 and is refused, with what to change, if it has a duplicate path, a path without its parent, an
 empty tree, gaps in sibling ranks (a rank-r child without a rank r - 1 sibling: a draft's rank r is
-its r-th choice, so a gap wastes a slot and breaks lossless sampling), or a name that is a preset's.
+its r-th choice, so a gap wastes a slot and breaks lossless sampling), or a name that is a preset's,
+that tables use for other rows (`RESERVED`), or that a method spec cannot hold (`NAME`: methods name a
+custom tree as `[drafter/]name`, its budget its node count).
 
 Exports (`deploy_lines`): vLLM's `speculative_config` takes `speculative_token_tree`, the string of
 the tree's rank-path tuples in (depth, path) order, with `num_speculative_tokens` = its node count;
@@ -25,6 +27,28 @@ from typing import Any
 from .trees import Tree
 
 PRESET = re.compile(r"^(chain|wide|sparse|kary\d+|beams\d+)$")
+NAME = re.compile(r"^[a-z_]+\d*$")  # the shape part of a method spec (`drafters.methods`)
+# names tables and method specs give other rows: dynamic trees, the designed trees, the oracle, the
+# target alone, transformers' methods and the drafters of `drafters.methods`
+RESERVED = (
+    "dynamic",
+    "oracle",
+    "sequoia",
+    "sequoia_per_depth",
+    "hindsight",
+    "medusa",
+    "autoregressive",
+    "hf_assisted",
+    "hf_uag",
+    "hf_prompt_lookup",
+    "draft",
+    "ngram",
+    "early_exit",
+    "merged",
+    "adaptive",
+    "confidence",
+    "xtok",
+)
 
 
 class TreeSpecError(ValueError):
@@ -37,6 +61,16 @@ def parse_tree(name: str, spec: Any) -> Tree:
         raise TreeSpecError(
             f"custom tree {name!r}: the name is a preset's (chain, wide, sparse, kary<k>, "
             "beams<k>); give your tree another name"
+        )
+    if str(name) in RESERVED:
+        raise TreeSpecError(
+            f"custom tree {name!r}: tables use that name for other rows ({', '.join(RESERVED)}); "
+            "give your tree another name"
+        )
+    if not NAME.match(str(name)):
+        raise TreeSpecError(
+            f"custom tree {name!r}: methods cannot name it ([drafter/]name); use lowercase letters and "
+            "underscores, digits only at the end (e.g. mine, my_tree2)"
         )
     if isinstance(spec, Mapping):
         if set(spec) == {"branching"}:
@@ -74,6 +108,10 @@ def parse_tree(name: str, spec: Any) -> Tree:
 
 def parse_custom_trees(specs: Mapping[str, Any] | None) -> dict[str, Tree]:
     """Every custom tree by name (an empty mapping or None: none); refused before any model loads."""
+    if specs is not None and not isinstance(specs, Mapping):
+        raise TreeSpecError(
+            f"custom_trees maps names to specs, e.g. {{'mine': {{'branching': [2, 1]}}}}, got {specs!r}"
+        )
     return {str(name): parse_tree(str(name), spec) for name, spec in (specs or {}).items()}
 
 

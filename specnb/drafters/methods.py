@@ -24,6 +24,10 @@ A method spec is `[drafter/]shape:budget`:
                                     tokenizer, 4 of its own tokens per step
     hf_prompt_lookup:4              transformers prompt lookup, 4 draft tokens per step
 
+A tree the user writes (`core.tree_spec`: `custom_trees`, name -> spec) is a shape like a preset's,
+given to the parser as `custom` (name -> `Tree`): "mine", "ngram/mine", "xtok/mine" fill it; its
+budget is its node count, so the budget may be left out ("mine" = "mine:6" for a 6-node tree).
+
 Methods that put the draft model's token ids in the target's tree need the two to share a
 vocabulary (`Method.shared_vocabulary`); xtok and hf_uag pair any two causal LMs.
 
@@ -34,8 +38,8 @@ In tables, a method's `shape` is the spec before the colon ("ngram/kary2", "dyna
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,6 +47,7 @@ import torch
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.sampling import TypicalAcceptance
 from ..core.streaming import StreamingCache
+from ..core.tree_spec import PRESET
 from ..core.trees import Tree
 from .cross_tokenizer import CrossTokenizerDrafter
 from .draft_length import AdaptiveLength
@@ -73,9 +78,10 @@ DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH = 8, 6
 @dataclass(frozen=True)
 class Method:
     drafter: str  # one of DRAFTERS, DYNAMIC or HF_METHODS
-    shape: str  # Tree.preset name; "dynamic" or the transformers method name otherwise
+    shape: str  # Tree.preset name or a custom tree's; "dynamic" or the transformers method name otherwise
     budget: int
     arg: float | None = None  # early_exit: layers; confidence: threshold
+    custom: Tree | None = field(default=None, repr=False)  # the custom tree `shape` names; None: a preset
 
     @property
     def label(self) -> str:
@@ -101,6 +107,8 @@ class Method:
             return Tree.chain(DYNAMIC_MAX_DEPTH)
         if self.drafter == "adaptive":
             return Tree.chain(2 * self.budget)
+        if self.custom is not None:
+            return self.custom
         return Tree.preset(self.shape, self.budget)
 
     @property
@@ -132,17 +140,30 @@ class Method:
         return self.needs_draft_model and self.drafter not in (CROSS, "hf_uag")
 
 
-_SPEC = re.compile(r"^(?:(?P<drafter>[a-z_]+?)(?P<arg>\d+(?:\.\d+)?)?/)?(?P<shape>[a-z_]+\d*):(?P<budget>\d+)$")
+_SPEC = re.compile(r"^(?:(?P<drafter>[a-z_]+?)(?P<arg>\d+(?:\.\d+)?)?/)?(?P<shape>[a-z_]+\d*)(?::(?P<budget>\d+))?$")
 
 
-def parse_method(spec: str) -> Method:
-    """A `Method` from its spec (module docstring); a ValueError names the accepted forms."""
+def parse_method(spec: str, custom: Mapping[str, Tree] | None = None) -> Method:
+    """A `Method` from its spec (module docstring); a ValueError names the accepted forms.
+    custom: the user's trees by name (`core.tree_spec.parse_custom_trees`), shapes beside the presets."""
     m = _SPEC.match(spec.strip())
     if not m:
         raise ValueError(
             f"method {spec!r} must be [drafter/]shape:budget, e.g. chain:4, ngram/kary2:8, dynamic:16, hf_assisted:4"
         )
-    drafter, arg, shape, budget = m["drafter"] or "draft", m["arg"], m["shape"], int(m["budget"])
+    drafter, arg, shape = m["drafter"] or "draft", m["arg"], m["shape"]
+    tree = None if PRESET.match(shape) or shape in (DYNAMIC, *HF_METHODS) else (custom or {}).get(shape)
+    if tree is not None and m["budget"] is not None and int(m["budget"]) != tree.num_nodes:
+        raise ValueError(
+            f"method {spec!r}: custom tree {shape!r} has {tree.num_nodes} nodes, its budget: write "
+            f"{spec.split(':')[0]} or {spec.split(':')[0]}:{tree.num_nodes}"
+        )
+    if tree is None and m["budget"] is None:
+        raise ValueError(
+            f"method {spec!r} must be [drafter/]shape:budget, e.g. chain:4, ngram/kary2:8 (only a custom tree's "
+            f"name may go without its budget; custom_trees: {sorted(custom or {})})"
+        )
+    budget = tree.num_nodes if tree is not None else int(m["budget"])
     if budget < 1:
         raise ValueError(f"method {spec!r}: the budget must be >= 1")
     if m["drafter"] is None and (shape in HF_METHODS or shape == DYNAMIC):
@@ -159,24 +180,50 @@ def parse_method(spec: str) -> Method:
             f"method {spec!r}: early_exit and confidence take a number (early_exit12, confidence0.4), the others none"
         )
     value = None if arg is None else (int(arg) if drafter == "early_exit" else float(arg))
-    method = Method(drafter, shape, budget, value)
-    _ = method.tree  # an unknown shape fails here, with Tree.preset's message
+    method = Method(drafter, shape, budget, value, tree)
+    try:
+        _ = method.tree  # an unknown shape fails here
+    except ValueError as e:
+        raise ValueError(f"method {spec!r}: {e}, or a name in custom_trees ({sorted(custom or {})})") from None
     if drafter in ("adaptive", "confidence") and shape != "chain":
         raise ValueError(f"method {spec!r}: {drafter} drafts chains; use {drafter}{arg or ''}/chain:N")
     return method
 
 
-def method_trees(specs: Iterable[str]) -> dict[tuple[str, int], Tree]:
+def method_trees(specs: Iterable[str], custom: Mapping[str, Tree] | None = None) -> dict[tuple[str, int], Tree]:
     """Method specs keyed (shape, budget) as tables name them (`Method.label`, `Method.budget`),
-    with the tree each requests per step; a bad spec raises before anything runs."""
-    methods = [parse_method(spec) for spec in specs]
+    with the tree each requests per step; a bad spec raises before anything runs. custom: the
+    user's trees by name, which specs may name (`parse_method`)."""
+    methods = [parse_method(spec, custom) for spec in specs]
     return {(m.label, m.budget): m.tree for m in methods}
 
 
-def trees_for(shapes: Iterable[str], budgets: Iterable[int]) -> dict[tuple[str, int], Tree]:
-    """Every preset shape x budget filled by the draft model (`method_trees` of "shape:budget")."""
-    budgets = list(budgets)
-    return method_trees(f"{s}:{b}" for s in shapes for b in budgets)
+def with_custom_trees(specs: Sequence[str], custom: Mapping[str, Tree] | None = None) -> list[str]:
+    """`specs` and, for each custom tree that none of them names, the draft model filling it (its name)."""
+    named = {parse_method(spec, custom).shape for spec in specs}
+    return list(specs) + [name for name in custom or {} if name not in named]
+
+
+def method_of(key: tuple[str, int], tree: Tree) -> Method:
+    """The method of a (label, budget) key of `method_trees`, `tree` its tree: a label that names a
+    custom tree (e.g. "mine", "ngram/mine") resolves to `tree`."""
+    label, budget = key
+    return parse_method(f"{label}:{budget}", {label.rsplit("/", 1)[-1]: tree})
+
+
+def budget_axis(budgets: Iterable[int], custom: Mapping[str, Tree] | None = None) -> list[int]:
+    """The budgets, with each custom tree's node count (its budget) added, sorted."""
+    return sorted({int(b) for b in budgets} | {t.num_nodes for t in (custom or {}).values()})
+
+
+def trees_for(
+    shapes: Sequence[str], budgets: Iterable[int], custom: Mapping[str, Tree] | None = None
+) -> dict[tuple[str, int], Tree]:
+    """The named trees a sweep runs, filled by the draft model: every preset shape at every budget of
+    `budget_axis` (so the presets are also measured at each custom tree's size), and each custom
+    tree keyed (name, its node count)."""
+    axis = budget_axis(budgets, custom)
+    return method_trees([f"{s}:{b}" for s in shapes for b in axis] + list(custom or {}), custom)
 
 
 def build_drafter(

@@ -22,7 +22,7 @@ at the same batch size, in the same run.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -144,17 +144,18 @@ def measure_batches(
     pad_token_id: int,
     k: int = 4,
     rounds: int = 1,
+    custom: Mapping[str, Tree] | None = None,
 ) -> pd.DataFrame:
     """One row per (batch, method) on the first B prompts (module docstring), every row generating
     `max_new_tokens` (EOS ignored: batches compare like with like, and the replayed steps match).
     specs[B]: the specnb method specs measured at B besides the target alone (e.g. chain:4 and the
-    best tree there)."""
+    best tree there); custom: the user's trees by name, which specs may name (`core.tree_spec`)."""
     references = [
         autoregressive_generate(target, p[None], max_new_tokens=max_new_tokens, eos_token_id=()).tokens.tolist()
         for p in prompts
     ]
     for name in [TARGET_ALONE, HF_BATCH] + sorted({s for v in specs.values() for s in v}):  # warm-up, untimed
-        _run(name, target, draft, prompts[:1], WARMUP_TOKENS, pad_token_id, k)
+        _run(name, target, draft, prompts[:1], WARMUP_TOKENS, pad_token_id, k, custom)
     rows = []
     for b in batches:
         names = [TARGET_ALONE, HF_BATCH, *specs[b], f"{HF_ASSISTED}:{k}"]
@@ -162,7 +163,7 @@ def measure_batches(
         best: dict[str, BatchResult | str] = {}
         for _ in range(rounds):
             for name in order:
-                result = _run(name, target, draft, prompts[:b], max_new_tokens, pad_token_id, k)
+                result = _run(name, target, draft, prompts[:b], max_new_tokens, pad_token_id, k, custom)
                 if isinstance(result, str) or name not in best or result.total_time < best[name].total_time:
                     best[name] = result
         for name in names:
@@ -173,7 +174,16 @@ def measure_batches(
     return out
 
 
-def _run(name: str, target, draft, prompts, max_new_tokens: int, pad_token_id: int, k: int) -> BatchResult | str:
+def _run(
+    name: str,
+    target,
+    draft,
+    prompts,
+    max_new_tokens: int,
+    pad_token_id: int,
+    k: int,
+    custom: Mapping[str, Tree] | None = None,
+) -> BatchResult | str:
     if name == TARGET_ALONE:
         return autoregressive_generate_batch(target, prompts, max_new_tokens, eos_token_id=())
     if name == HF_BATCH:
@@ -185,7 +195,7 @@ def _run(name: str, target, draft, prompts, max_new_tokens: int, pad_token_id: i
             target, draft, prompts[0][None], num_assistant_tokens=k, max_new_tokens=max_new_tokens, eos_token_id=()
         )
         return BatchResult((r,), r.total_time, r.prefill_time)
-    method = parse_method(name)
+    method = parse_method(name, custom)
     if method.drafter != "draft":
         raise ValueError(f"{name!r}: notebook 06 batches the draft model's trees (e.g. chain:4, sparse:8)")
     return speculative_generate_batch(
@@ -234,15 +244,18 @@ def best_specs(best: pd.DataFrame, k: int = 4) -> dict[int, list[str]]:
     return out
 
 
-def predicted_vs_measured(cost: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+def predicted_vs_measured(
+    cost: pd.DataFrame, measured: pd.DataFrame, custom: Mapping[str, Tree] | None = None
+) -> pd.DataFrame:
     """Per measured specnb tree method and batch: the cost model's tokens/s in all, the measured, their
     ratio; both of the decoding steps, after the prompts' ragged prefill (which the model leaves out:
-    it is the same for every batched method, the draft's own prefill aside)."""
+    it is the same for every batched method, the draft's own prefill aside). custom: as in
+    `measure_batches`."""
     rows = []
     for r in measured[measured["status"] == "measured"].itertuples():
         if r.method in (TARGET_ALONE, HF_BATCH) or r.method.startswith(HF_ASSISTED):
             continue
-        m = parse_method(r.method)
+        m = parse_method(r.method, custom)
         hit = cost[(cost["batch"] == r.batch) & (cost["shape"] == m.shape) & (cost["budget"] == m.budget)]
         if hit.empty:
             continue

@@ -33,7 +33,7 @@ tokens per step, bonus EXCLUDED; the typical rule is named `typical_lossy` in ev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -48,6 +48,7 @@ from ..analysis.replay import replay, replay_dynamic
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.generation import autoregressive_generate, speculative_generate
 from ..core.sampling import SamplingConfig, TypicalAcceptance
+from ..core.tree_spec import PRESET
 from ..core.trees import Tree
 from ..drafters.dynamic import DynamicTreeDrafter
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
@@ -189,13 +190,14 @@ def tree_design(collection: Collection, trained: TrainedHeads | TrainedEagle | N
 
 
 def budget_trees(
-    budgets: Sequence[int], depth: int, accuracy: Sequence[Sequence[float]]
+    budgets: Sequence[int], depth: int, accuracy: Sequence[Sequence[float]], custom: Mapping[str, Tree] | None = None
 ) -> dict[tuple[str, int], Tree]:
-    """`shape_trees` for every budget (Medusa's own tree and Sequoia's per-depth tree included)."""
+    """`shape_trees` for every budget (Medusa's own tree and Sequoia's per-depth tree included), and
+    each custom tree (name -> `Tree`, `core.tree_spec`) keyed (name, its node count)."""
     out: dict[tuple[str, int], Tree] = {}
     for b in budgets:
         out.update(shape_trees(int(b), depth, accuracy))
-    return out
+    return out | {(name, t.num_nodes): t for name, t in (custom or {}).items()}
 
 
 EAGLE, MEDUSA = "EAGLE head", "Medusa heads"  # drafter labels in every table
@@ -250,9 +252,10 @@ def tau_table(
 ) -> pd.DataFrame:
     """tau by drafter, tree and budget (greedy, the trajectory a real run visits): `static`, per
     drafter, its collection and the static trees it fills (replayed; `kind` "designed" for Medusa's
-    own and Sequoia's trees, else "preset"; a tree deeper than a head collection or of ranks it did
-    not store is left out); `dynamic`, per drafter with super-trees, its collection and budgets
-    (replayed dynamic trees). Column `source` is "replay"; `with_measured` adds real runs."""
+    own and Sequoia's trees, "custom" for the user's (`core.tree_spec`), else "preset"; a tree
+    deeper than a head collection or of ranks it did not store is left out); `dynamic`, per drafter
+    with super-trees, its collection and budgets (replayed dynamic trees). Column `source` is
+    "replay"; `with_measured` adds real runs."""
     cols = [c for c in TAU_COLUMNS if c not in ("drafter", "kind", "source")]
     frames = []
     for label, (collection, trees) in static.items():
@@ -263,9 +266,9 @@ def tau_table(
             if t.num_nodes and max(t.ranks) < collection.config.top_k and (heads is None or t.depth <= heads.shape[1])
         }
         t = replay(collection, fits, mode="trajectory")[cols]
-        frames.append(
-            t.assign(drafter=label, kind=np.where(t["shape"].isin(DESIGNED), "designed", "preset"), source="replay")
-        )
+        preset = t["shape"].map(lambda shape: bool(PRESET.match(shape)))
+        kind = np.where(t["shape"].isin(DESIGNED), "designed", np.where(preset, "preset", "custom"))
+        frames.append(t.assign(drafter=label, kind=kind, source="replay"))
     for label, (collection, budgets) in dynamic.items():
         t = replay_dynamic(collection, budgets, mode="trajectory")[cols]
         frames.append(t.assign(drafter=label, kind=DYNAMIC, source="replay"))

@@ -3,11 +3,14 @@ methods and the labels tables use) and `pair_keys` (which loaded models two pair
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..core.tree_spec import parse_tree
+from ..core.trees import Tree
 from ..drafters.methods import method_trees
 from ..drafters.retokenize import TokenText
 from ..io.models import ModelPair
@@ -18,11 +21,17 @@ class Pair(ModelPair):
     """A draft -> target pair as named in parameter files (`ModelPair`), with its own methods."""
 
     methods: tuple[str, ...] | None = None  # this pair's method specs; None: the sweep's own
+    # the user's trees its methods may name ((name, Tree) pairs; given as a mapping of names to
+    # Trees or to specs, `core.tree_spec`)
+    custom_trees: tuple[tuple[str, Tree], ...] = ()
 
     def __post_init__(self) -> None:
+        trees = dict(self.custom_trees)
+        trees = {str(n): t if isinstance(t, Tree) else parse_tree(str(n), t) for n, t in trees.items()}
+        object.__setattr__(self, "custom_trees", tuple(sorted(trees.items())))
         if self.methods is not None:
             object.__setattr__(self, "methods", tuple(self.methods))
-            method_trees(self.methods)  # refuse a bad spec before any model loads
+            method_trees(self.methods, trees)  # refuse a bad spec before any model loads
 
     @property
     def draft_label(self) -> str:
@@ -38,12 +47,18 @@ class Pair(ModelPair):
     def label(self) -> str:
         return f"{self.draft_label} -> {self.target_label}"
 
+    @property
+    def trees(self) -> dict[str, Tree]:
+        """The custom trees by name."""
+        return dict(self.custom_trees)
+
     @classmethod
-    def from_dict(cls, d: dict) -> Pair:
+    def from_dict(cls, d: dict, custom_trees: Mapping[str, Tree] | None = None) -> Pair:
+        """A pair from a parameter file's mapping; custom_trees: the notebook's, beside the pair's own."""
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown pair fields {sorted(unknown)}; allowed: {sorted(cls.__dataclass_fields__)}")
-        return cls(**d)
+        return cls(**{**d, "custom_trees": {**(custom_trees or {}), **dict(d.get("custom_trees") or {})}})
 
 
 def pair_keys(pair: Pair) -> tuple[tuple, tuple]:

@@ -1,6 +1,7 @@
 """Cross-tokenizer collections are re-drafted, not replayed (`analysis.redraft`): a collection of a
 pair whose vocabularies differ holds the target's continuation only, and each tree is drafted again
-in the draft's own tokens along it. `redrafter` makes the drafter of a (shape, budget);
+in the draft's own tokens along it. `redrafter` makes the drafter of a (shape, budget, tree): a
+preset, a custom tree (`core.tree_spec`) or "dynamic";
 `steps_of` gives a tree's steps from any collection (replayed, or re-drafted);
 `redraft_table` is the replay table of a cross-tokenizer collection."""
 
@@ -19,7 +20,7 @@ from ..analysis.redraft import Redrafted, redraft
 from ..core.drafting import Drafter
 from ..core.generation import GenerationResult
 from ..core.trees import Tree
-from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, build_drafter, parse_method
+from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, build_drafter, method_of
 from ..drafters.retokenize import TokenText
 from ..io.models import load_tokenizer
 
@@ -30,16 +31,20 @@ def different_vocabularies(target: str, draft: str) -> bool:
     return load_tokenizer(target).get_vocab() != load_tokenizer(draft).get_vocab()
 
 
-def redrafter(draft: torch.nn.Module, target_tokenizer, draft_tokenizer) -> Callable[[str, int], Drafter]:
-    """(shape, budget) -> a fresh cross-tokenizer drafter of `draft` for it ("dynamic": a dynamic
-    tree of that budget), the vocabularies read once."""
+Redrafter = Callable[[str, int, Tree], Drafter]  # (shape, budget, tree) -> a drafter of it
+
+
+def redrafter(draft: torch.nn.Module, target_tokenizer, draft_tokenizer) -> Redrafter:
+    """(shape, budget, tree) -> a fresh cross-tokenizer drafter of `draft` for it ("dynamic": a
+    dynamic tree of that budget; any other shape: `tree`, a preset's or a custom one), the
+    vocabularies read once."""
     texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
-    return lambda shape, budget: build_drafter(
-        parse_method(f"xtok/{shape}:{budget}"), None, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1]
+    return lambda shape, budget, tree: build_drafter(
+        method_of((f"xtok/{shape}", budget), tree), None, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1]
     )
 
 
-def needs_redrafter(redraft_with: Callable[[str, int], Drafter] | None) -> Callable[[str, int], Drafter]:
+def needs_redrafter(redraft_with: Redrafter | None) -> Redrafter:
     """`redraft_with`, refused with what to pass when it is missing."""
     if redraft_with is None:
         raise ValueError(
@@ -50,10 +55,10 @@ def needs_redrafter(redraft_with: Callable[[str, int], Drafter] | None) -> Calla
 
 
 def redrafts(
-    collection: Collection, shape: str, tree: Tree, budget: int, redraft_with: Callable[[str, int], Drafter]
+    collection: Collection, shape: str, tree: Tree, budget: int, redraft_with: Redrafter
 ) -> dict[str, Redrafted]:
     """Per prompt, the re-drafted run of (shape, budget) whose requested tree is `tree`."""
-    drafter = redraft_with(shape, budget)
+    drafter = redraft_with(shape, budget, tree)
     # the continuation holds a stop token only as its last token, when it stopped: the one stop
     # token that can cut a step
     return {
@@ -70,11 +75,7 @@ def redrafts(
 
 
 def steps_of(
-    collection: Collection,
-    shape: str,
-    tree: Tree | int,
-    redraft_with: Callable[[str, int], Drafter] | None,
-    budget: int | None = None,
+    collection: Collection, shape: str, tree: Tree | int, redraft_with: Redrafter | None, budget: int | None = None
 ) -> dict[str, tuple]:
     """Per prompt, the steps of `tree` (an int: the dynamic tree of that budget): replayed, or
     re-drafted for a cross-tokenizer collection."""
@@ -86,10 +87,7 @@ def steps_of(
 
 
 def redraft_table(
-    collection: Collection,
-    trees: dict[tuple[str, int], Tree],
-    dynamic_budgets: Sequence[int],
-    redraft_with: Callable[[str, int], Drafter],
+    collection: Collection, trees: dict[tuple[str, int], Tree], dynamic_budgets: Sequence[int], redraft_with: Redrafter
 ) -> pd.DataFrame:
     """Every shape x budget and "dynamic" re-drafted on the run trajectory, in the columns of
     `replay_study.replay_table` (tau_all and its ratios NaN: they need the draft's ranks of the

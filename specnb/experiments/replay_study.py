@@ -8,7 +8,7 @@ replay step by step (`replay_agreement`). A cross-tokenizer collection is re-dra
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +22,6 @@ from ..analysis.metrics import step_row
 from ..analysis.quality import TIE_MARGIN
 from ..bench.timing import environment_row
 from ..bench.verify_curve import CurveConfig, curve_table, missing_points, verify_curve
-from ..core.drafting import Drafter
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, parse_method
@@ -34,7 +33,7 @@ from ..kernels.cpu_linear import effective_path, linear_path
 from .collect import CollectReport, collect_units
 from .executors import Executor, LocalExecutor
 from .pairs import Pair, PairModels
-from .redraft_study import needs_redrafter, redraft_table, redrafts, steps_of
+from .redraft_study import Redrafter, needs_redrafter, redraft_table, redrafts, steps_of
 from .tables import steps_frame
 
 
@@ -185,7 +184,7 @@ def replay_table(
     budgets: Sequence[int],
     dynamic_budgets: Sequence[int],
     oracle_k: int | None = None,
-    redraft_with: Callable[[str, int], Drafter] | None = None,
+    redraft_with: Redrafter | None = None,
 ) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
     """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
     (super-trees needed; on the prompts collected with them) and the per-position "oracle"
@@ -240,13 +239,15 @@ def replay_agreement(
     pair_label: str,
     collection: Collection,
     specs: Sequence[str],
-    redraft_with: Callable[[str, int], Drafter] | None = None,
+    redraft_with: Redrafter | None = None,
+    custom: Mapping[str, Tree] | None = None,
 ) -> pd.DataFrame:
     """Real runs against the replay, step by step: one row per method with the steps compared and
     how many were identical (position, drafted, accepted and tokens added). The collection's own
     run (its `run_tree`, on every prompt) is always compared, as source "collection run"; `specs`
     are end-to-end units in `store` (source "end to end"). A cross-tokenizer collection is
-    re-drafted (`redraft_with`) instead of replayed; its specs are xtok methods."""
+    re-drafted (`redraft_with`) instead of replayed; its specs are xtok methods. custom: the user's
+    trees by name, which specs may name (`drafters.methods.parse_method`)."""
     rows = []
     run_spec = collection.config.run_tree
     replayed = steps_of(collection, "chain", collection.config.run, redraft_with)
@@ -254,7 +255,7 @@ def replay_agreement(
     rows.append(_agreement_row(run_spec, "collection run", replayed, real, collection))
     steps = steps_frame(store) if store is not None and len(store) else pd.DataFrame()
     for spec in specs:
-        method = parse_method(spec)
+        method = parse_method(spec, custom)
         dynamic = method.drafter == "dynamic" or method.shape == DYNAMIC
         mine = steps[
             (steps["pair"] == pair_label) & (steps["shape"] == method.label) & (steps["budget"] == method.budget)
@@ -319,7 +320,7 @@ def collection_dtype(collection: Collection) -> torch.dtype:
 
 
 def replayed_steps_frame(
-    collection, tree: Tree, shape: str = "", redraft_with: Callable[[str, int], Drafter] | None = None
+    collection, tree: Tree, shape: str = "", redraft_with: Redrafter | None = None
 ) -> pd.DataFrame:
     """The replayed run-trajectory steps of one static tree as a steps frame (for `node_frequency`).
     A cross-tokenizer collection is re-drafted with the drafter of (shape, tree size), and each

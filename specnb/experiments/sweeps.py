@@ -47,6 +47,7 @@ from ..drafters.methods import (
     DYNAMIC_TOP_K,
     Method,
     build_drafter,
+    method_of,
     method_trees,
     parse_method,
 )
@@ -115,7 +116,7 @@ class _Units:
     ) -> None:
         self.pair, self.trees, self.config = pair, trees, config
         self.drafters: dict = dict(drafters or {})  # by key: the caller's; by method spec: one built per method
-        self.methods = methods or {k: parse_method(f"{k[0]}:{k[1]}") for k in trees if k not in self.drafters}
+        self.methods = methods or {k: method_of(k, t) for k, t in trees.items() if k not in self.drafters}
         self.gap: float | None = None  # the target's decode-vs-verify logit gap (`quality.logit_gap`), measured once
         self._texts = pair.texts
 
@@ -266,6 +267,7 @@ def run_pairs(
     layers, stand-in or not)."""
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
     plans = {pair: _plan_pair(pair, trees) for pair in pairs}
+    measure = _specs(measure, {n: t for pair in pairs for n, t in pair.custom_trees})
     runnable = [pair for pair in pairs if plans[pair].allowed]
     first_of_target: dict[tuple, str] = {}  # target -> the first pair that measured it alone
     loaded: dict[tuple, torch.nn.Module] = {}
@@ -332,8 +334,8 @@ def _plan_pair(pair: Pair, trees: dict[tuple[str, int], Tree]) -> _PairPlan:
     """The pair's methods (its own, or `trees`), those refused and why: the shared-vocabulary ones
     on a pair whose vocabularies differ, the cross-tokenizer ones when a tokenizer cannot be read as
     bytes (`retokenize`)."""
-    own = trees if pair.methods is None else method_trees(pair.methods)
-    methods = {k: parse_method(f"{k[0]}:{k[1]}") for k in own}
+    own = trees if pair.methods is None else method_trees(pair.methods, pair.trees)
+    methods = {k: method_of(k, t) for k, t in own.items()}
     tokenizers = (load_tokenizer(pair.target), load_tokenizer(pair.draft))
     reasons, refused = [], []
     try:
@@ -437,6 +439,17 @@ def replay_units(
 
 
 # ---- helpers --------------------------------------------------------------------------------
+
+
+def _specs(specs: Sequence[str], custom: dict[str, Tree]) -> set[str]:
+    """Method specs as keys write them: a custom tree's name alone ("mine") with its budget ("mine:6")."""
+    out = set()
+    for spec in specs:
+        try:
+            out.add(parse_method(spec, custom).spec)
+        except ValueError:
+            out.add(spec)
+    return out
 
 
 def _key(pair: str, k: tuple[str, int] | None, prompt: Prompt) -> dict:

@@ -240,6 +240,12 @@ def _ok(grid: pd.DataFrame) -> pd.DataFrame:
     return data
 
 
+def _swept_shape(table: pd.DataFrame) -> str:
+    """The shape timed at the most tree sizes (a custom tree has one size): the grid figures' default."""
+    sizes = table.groupby("shape", sort=False)["nodes"].nunique()
+    return str(sizes.idxmax())
+
+
 def _nearest(values, target: float):
     values = sorted(set(values))
     return min(values, key=lambda v: (abs(v - target), v))
@@ -289,7 +295,7 @@ def attention_time_vs_nodes(
     prefix length (at the smallest batch and the first tree shape unless given)."""
     data = _ok(grid)
     batch = batch if batch is not None else int(data["batch"].min())
-    shape = shape or data["shape"].iloc[0]
+    shape = shape or _swept_shape(data)
     data = data[(data["batch"] == batch) & (data["shape"] == shape)]
     prefixes = sorted(data["prefix"].unique())
     cols = min(len(prefixes), 3)
@@ -315,7 +321,7 @@ def attention_time_vs_nodes(
 def tree_speedup(speed: pd.DataFrame, shape: str | None = None, path=None) -> plt.Figure:
     """per-sequence time / one-tree-call time against draft tokens, one line per prefix length,
     one panel per batch size; the dashed line is the number of leaves (the calls one tree replaces)."""
-    shape = shape or speed["shape"].iloc[0]
+    shape = shape or _swept_shape(speed)
     data = speed[speed["shape"] == shape]
     batches = sorted(data["batch"].unique())
     fig, axes = plt.subplots(1, len(batches), figsize=(4.6 * len(batches), 4.0), squeeze=False)
@@ -344,7 +350,7 @@ def attention_time_vs_prefix_and_batch(
     """Two panels: time against prefix length (smallest batch) and against batch size (longest
     prefix), one line per implementation, at `nodes` draft tokens (default: nearest to 64)."""
     data = _ok(grid)
-    shape = shape or data["shape"].iloc[0]
+    shape = shape or _swept_shape(data)
     data = data[data["shape"] == shape]
     nodes = nodes if nodes is not None else _nearest(data["nodes"], 64)
     data = data[data["nodes"] == nodes]

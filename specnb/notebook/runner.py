@@ -243,6 +243,7 @@ def run(
     env = settings.environment()
     if settings.standins and not env.get("HF_HOME"):
         raise RunnerError(f"profile {profile}: runner: standins needs env: HF_HOME (a folder of its own)")
+    check_custom_trees(resolved)
     with applied_environment(env):
         check_tokens(resolved)
         from .profile_memory import drive_warning
@@ -335,6 +336,18 @@ def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
 
     resolved = resolve(profile, {}, [], notebooks(books_folder), books_folder / "profiles")
     return sorted({s for s in _strings(resolved) if s in EMBEDDED_MODELS})
+
+
+def check_custom_trees(resolved: dict[str, dict[str, Any]]) -> None:
+    """RunnerError, before anything runs, when a notebook's `custom_trees` holds a spec that is not a
+    tree (`core.tree_spec`); the notebooks refuse it again in their set-up cells."""
+    from ..core.tree_spec import TreeSpecError, parse_custom_trees
+
+    for stem, params in resolved.items():
+        try:
+            parse_custom_trees(params.get("custom_trees"))
+        except TreeSpecError as e:
+            raise RunnerError(f"{stem}: {e}") from None
 
 
 def check_tokens(resolved: dict[str, dict[str, Any]]) -> None:

@@ -14,7 +14,9 @@
 
 `record(run, key, value)` adds what the notebook learns while it runs to params.json (the runner
 keeps it when it writes the run's status); `show_prompts(run, summary)` prints a prompt set's
-summary (source, count, prompts per category) and records it under "prompts".
+summary (source, count, prompts per category) and records it under "prompts";
+`show_trees(run, custom_trees)` parses the user's own trees (`core.tree_spec`: a bad spec is refused
+there, before any model loads), prints them and records their rank paths under "custom_trees".
 
 `interact(**options)` decorates a figure function: a widget (ipywidgets.interact) in Jupyter or
 Colab; under the runner (headless: $SPECNB_HEADLESS, set by `run_notebooks.sh`) one call with the
@@ -34,6 +36,8 @@ from typing import Any
 
 import torch
 
+from ..core.tree_spec import parse_custom_trees
+from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
 from .runner import NOTEBOOKS, declared_parameters, default_outputs, resolve
@@ -123,6 +127,20 @@ def show_prompts(run: str | Path, summary: PromptSummary, key: str = "prompts") 
     """Print which prompts a notebook runs on and record them in params.json under `key`."""
     print(summary.line(key.replace("_", " ")))
     record(run, key, summary.record())
+
+
+def show_trees(run: str | Path, specs: Any) -> dict[str, Tree]:
+    """The notebook's `custom_trees` (name -> spec) as trees, refused with what to change if a spec
+    is not one (`core.tree_spec.TreeSpecError`); each printed with its size and rank paths and
+    recorded in params.json under "custom_trees"."""
+    trees = parse_custom_trees(specs)
+    if trees:
+        print(
+            "your trees: "
+            + "; ".join(f"{n} ({t.num_nodes} nodes, depth {t.depth}): {t.to_choices()}" for n, t in trees.items())
+        )
+        record(run, "custom_trees", {n: t.to_choices() for n, t in trees.items()})
+    return trees
 
 
 def interact(**options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
