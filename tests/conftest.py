@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # notebook runs in the tests: a cell that runs past this fails its run with a clear error
 # (specnb.notebook.runner.cell_timeout) instead of waiting on a kernel that stopped answering
 os.environ.setdefault("SPECNB_CELL_TIMEOUT", "600")
+os.environ.setdefault("SPECNB_DECODE_MS", "skip")  # the runner measures no decode step in tests (`notebook.estimate`)
 
 # pytest-xdist (run_tests.sh runs two workers on two cores): each worker's torch, and the notebook
 # kernels and subprocesses it starts, on one thread, so the two workers do not fight for the cores

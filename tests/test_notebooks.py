@@ -575,7 +575,11 @@ def test_runner_section_sets_the_environment_of_the_kernels(tmp_path, monkeypatc
     assert seen == {"SPECNB_T_A": str(tmp_path / "cache" / "x"), "SPECNB_T_B": "kept", "SPECNB_T_C": "outside"}
     assert "SPECNB_T_A" not in os.environ and "SPECNB_T_B" not in os.environ  # restored after the run
     record = json.loads((folder / "params.json").read_text())
-    assert record["runner"] == {"env": {"SPECNB_T_A": "{cache}/x", "SPECNB_T_B": "kept"}, "standins": False}
+    assert record["runner"] == {
+        "env": {"SPECNB_T_A": "{cache}/x", "SPECNB_T_B": "kept"},
+        "standins": False,
+        "notebooks": [],
+    }
     (books / "profiles" / "bad.yaml").write_text("runner:\n  envs: {}\n")
     with pytest.raises(runner.RunnerError, match="runner: takes env"):
         runner.run("bad", {}, [], None, tmp_path / "out", books_folder=books)

@@ -9,7 +9,8 @@ parameter literals are the `cpu` defaults, so `cpu.yaml` only names itself. Ever
 against the parameters the notebooks declare before anything runs. Two more keys, in profiles only:
 
     extends: t4            start from profile t4's sections (and its runner settings); this file's
-                           sections change only the names they list (a list value replaces a list)
+                           sections change only the names they list (a list value replaces a list);
+                           `extends: auto` takes t4 where CUDA is present, else cpu (`auto_profile`)
     runner:                what the runner does before the notebooks run (`RunnerSettings`)
       env: {HF_HUB_OFFLINE: "1", HF_HOME: "{cache}/hf-standins"}
                            environment variables, set for the run and inherited by the papermill
@@ -17,6 +18,9 @@ against the parameters the notebooks declare before anything runs. Two more keys
                            and $VARS expand
       standins: true       install stand-ins of every hub model the notebooks name into $HF_HOME
                            first (`notebook.dryrun`): a dry run of a hub profile with no hub
+      notebooks: [01_tree_shapes, 02_model_pairs]
+                           the notebooks the profile runs (default: every numbered notebook); only
+                           their models are installed; --notebook still picks among all of them
 
 Each notebook run goes to `outputs/<notebook>/<run-id>/` (run-id = profile + a hash of the
 parameters): the executed notebook, its two HTML appendices (`notebook.report`: the full notebook
@@ -24,7 +28,12 @@ and a report without code), params.json (parameters, environment, status, durati
 tables and figures the notebook writes there. A finished run is never
 overwritten: the same parameters again get a new folder. An interrupted run resumes in its folder
 (the notebooks' sweeps skip finished units). `outputs/index.md` and `index.html` list every run
-(`report.write_index`), with each run's headline figure.
+(`report.write_index`), with each run's headline figure, and `outputs/report.md` and `report.html`
+bring the latest finished runs of 01-03 together (`report.write_report`).
+
+Before the first notebook, the runner measures this machine's decode step and prints each notebook's
+estimated time (`notebook.estimate`); after each, a progress line with the time left. The estimate
+and the actual time go into the run's params.json ("timing") and outputs/run_summary.json.
 """
 
 from __future__ import annotations
@@ -45,14 +54,16 @@ from typing import Any
 import yaml
 
 from ..io.storage import environment, write_json
-from .report import export, write_index
+from .report import export, write_index, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = NOTEBOOKS / "profiles"
 RESERVED = ("run_dir",)  # set by the runner, never by a profile
 PROFILE_KEYS = ("extends", "runner")  # keys of a profile that are not parameter sections
-RUNNER_KEYS = ("env", "standins")
+RUNNER_KEYS = ("env", "standins", "notebooks")
+AUTO = "auto"  # `extends: auto`: t4 where CUDA is present, else cpu
+SUMMARY_FILE = "run_summary.json"  # the last run's plan: estimates, actual times, decode step
 
 
 def default_outputs() -> Path:
@@ -107,12 +118,32 @@ class RunnerSettings:
 
     env: tuple[tuple[str, str], ...] = ()  # (name, value) set for the run, values as written
     standins: bool = False  # install stand-ins of the hub models the notebooks name into $HF_HOME
+    notebooks: tuple[str, ...] = ()  # the notebooks the profile runs; empty: all
 
     def environment(self) -> dict[str, str]:
         """The variables with "{cache}", "~" and $VARS expanded."""
         from ..io.embedded import cache_dir
 
         return {k: os.path.expanduser(os.path.expandvars(v.replace("{cache}", str(cache_dir())))) for k, v in self.env}
+
+
+def auto_profile() -> str:
+    """What `auto` means: the t4 profile where CUDA is present, else cpu."""
+    import torch
+
+    return "t4" if torch.cuda.is_available() else "cpu"
+
+
+def profile_chain(name: str, folder: Path = PROFILES) -> list[str]:
+    """The profile and the ones it extends, in order (`auto` resolved)."""
+    chain = [name]
+    while len(chain) < 20:
+        path = folder / f"{chain[-1]}.yaml"
+        parent = (_read_yaml(path, profile=True).get("extends") if path.exists() else None) or None
+        if parent is None:
+            break
+        chain.append(auto_profile() if parent == AUTO else parent)
+    return chain
 
 
 def load_profile(name: str, folder: Path = PROFILES) -> dict[str, dict]:
@@ -135,6 +166,8 @@ def _load_chain(name: str, folder: Path, seen: tuple[str, ...] = ()) -> tuple[di
     data = _read_yaml(path, profile=True)
     sections, settings = {}, RunnerSettings()
     parent = data.pop("extends", None)
+    if parent == AUTO:
+        parent = auto_profile()
     if parent is not None:
         sections, settings = _load_chain(parent, folder, seen + (name,))
         sections = {k: dict(v or {}) for k, v in sections.items()}
@@ -144,13 +177,15 @@ def _load_chain(name: str, folder: Path, seen: tuple[str, ...] = ()) -> tuple[di
         unknown
         or not isinstance(runner.get("env", {}) or {}, dict)
         or not isinstance(runner.get("standins", False), bool)
+        or not isinstance(runner.get("notebooks", []), list)
     ):
         raise RunnerError(
-            f"{path}: runner: takes env (a mapping of names to strings) and standins (true or "
-            f"false){f'; unknown {unknown}' if unknown else ''}"
+            f"{path}: runner: takes env (a mapping of names to strings), standins (true or "
+            f"false) and notebooks (a list of notebook names){f'; unknown {unknown}' if unknown else ''}"
         )
     env = dict(settings.env) | {str(k): str(v) for k, v in (runner.get("env") or {}).items()}
-    settings = RunnerSettings(tuple(sorted(env.items())), runner.get("standins", settings.standins))
+    books = tuple(str(b) for b in runner["notebooks"]) if "notebooks" in runner else settings.notebooks
+    settings = RunnerSettings(tuple(sorted(env.items())), runner.get("standins", settings.standins), books)
     for section, values in data.items():
         sections[section] = {**(sections.get(section) or {}), **(values or {})}
     return sections, settings
@@ -233,13 +268,14 @@ def run(
     outputs: Path,
     books_folder: Path = NOTEBOOKS,
 ) -> int:
-    """Every selected notebook through papermill, after the profile's runner settings (environment,
-    stand-ins); 0 if all finished, 1 if one failed."""
-    books = notebooks(books_folder, only)
+    """Every selected notebook (`only`, else the profile's `notebooks`, else all) through papermill,
+    after the profile's runner settings (environment, stand-ins) and the time estimate; 0 if all
+    finished, 1 if one failed."""
+    settings = runner_settings(profile, books_folder / "profiles")
+    books = notebooks(books_folder, only or list(settings.notebooks) or None)
     if not books:
         raise RunnerError(f"no numbered notebooks in {books_folder}")
     resolved = resolve(profile, overrides, extra_files, books, books_folder / "profiles")
-    settings = runner_settings(profile, books_folder / "profiles")
     env = settings.environment()
     if settings.standins and not env.get("HF_HOME"):
         raise RunnerError(f"profile {profile}: runner: standins needs env: HF_HOME (a folder of its own)")
@@ -261,7 +297,27 @@ def run(
                 flush=True,
             )
             install_standins(env["HF_HOME"], names + heads)
-        return _run_books(profile, books, resolved, settings, outputs)
+        plan = time_plan(profile, overrides, extra_files, books, books_folder)
+        print("\n".join(plan.lines()), flush=True)
+        return _run_books(profile, books, resolved, settings, outputs, plan)
+
+
+def time_plan(
+    profile: str, overrides: dict[str, Any], extra_files: list[Path], books: list[Path], books_folder: Path = NOTEBOOKS
+):
+    """Each notebook's estimated time (`estimate.plan`), scaled by this machine's decode step: the
+    profile's 01 target timed for a few steps ($SPECNB_DECODE_MS gives it or skips it)."""
+    from . import estimate
+
+    given, ms, how = estimate.given_decode()
+    first = books_folder / f"{estimate.CPU_NOTEBOOKS[0]}.ipynb"
+    if not given and first.exists():
+        params = resolve(profile, overrides, extra_files, [first], books_folder / "profiles")[first.stem]
+        ms, how = estimate.decode_ms(params)
+    elif not given:
+        how = f"not measured (no {first.name})"
+    chain = profile_chain(profile, books_folder / "profiles")
+    return estimate.plan(profile, chain, [b.stem for b in books], (ms, how))
 
 
 def cell_timeout() -> int | None:
@@ -272,12 +328,22 @@ def cell_timeout() -> int | None:
 
 
 def _run_books(
-    profile: str, books: list[Path], resolved: dict[str, dict[str, Any]], settings: RunnerSettings, outputs: Path
+    profile: str,
+    books: list[Path],
+    resolved: dict[str, dict[str, Any]],
+    settings: RunnerSettings,
+    outputs: Path,
+    plan: Any = None,
 ) -> int:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    from .estimate import Progress
+
     failures = []
+    progress = Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
+    summary = {"profile": profile, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {}}
+    summary |= {"plan": plan.to_json()} if plan is not None else {}
     os.environ["SPECNB_HEADLESS"] = "1"  # the kernels inherit it: figures without widgets (`session.interact`)
     for nb in books:
         params = resolved[nb.stem]
@@ -289,7 +355,7 @@ def _run_books(
             "profile": profile,
             "parameters": params,
             "environment": environment(),
-            "runner": asdict(settings) | {"env": dict(settings.env)},
+            "runner": asdict(settings) | {"env": dict(settings.env), "notebooks": list(settings.notebooks)},
             "status": "running",
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
@@ -318,12 +384,27 @@ def _run_books(
             failures.append(f"{nb.stem}: {record['error']}")
             print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
         record["duration_s"] = round(time.perf_counter() - start, 1)
+        if plan is not None:
+            record["timing"] = plan.record(nb.stem) | {"actual_s": record["duration_s"]}
         record = _notebook_records(folder) | record  # what the notebook recorded (`session.record`) is kept
         if executed.exists():
             export(executed, record)
         write_json(folder / "params.json", record)
         print(f"== {nb.stem}: {record['status']} in {record['duration_s']} s", flush=True)
+        print(progress.finished(nb.stem, record["duration_s"]), flush=True)
+        summary["runs"][nb.stem] = {
+            "folder": str(folder.relative_to(outputs)),
+            "status": record["status"],
+            "estimate_s": record.get("timing", {}).get("estimate_s"),
+            "actual_s": record["duration_s"],
+        }
+        write_json(outputs / SUMMARY_FILE, summary)
     write_index(outputs)
+    try:
+        md, page = write_report(outputs)
+        print(f"== report: {page} (and {md.name})", flush=True)
+    except Exception as e:
+        print(f"!! the report could not be written: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     if failures:
         print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
@@ -334,7 +415,8 @@ def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
     """Embedded model names the profile's notebooks use (so set-up can install them)."""
     from ..io.embedded import EMBEDDED_MODELS
 
-    resolved = resolve(profile, {}, [], notebooks(books_folder), books_folder / "profiles")
+    only = list(runner_settings(profile, books_folder / "profiles").notebooks) or None
+    resolved = resolve(profile, {}, [], notebooks(books_folder, only), books_folder / "profiles")
     return sorted({s for s in _strings(resolved) if s in EMBEDDED_MODELS})
 
 

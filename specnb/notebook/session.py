@@ -10,7 +10,8 @@
 - run_dir "" (interactive use): a new folder outputs/<notebook>/interactive-<time>/ is made
   ($SPECNB_OUTPUTS instead of outputs/ when set) and params.json written there (parameters,
   environment). Under the runner, run_dir is given and params.json was written by the runner.
-- torch's global seed is set from `seed` when the notebook declares one.
+- torch's global seed is set from `seed` when the notebook declares one, and pandas shows every row
+  of a displayed table (`whole_tables`: the appendices show tables whole).
 
 `record(run, key, value)` adds what the notebook learns while it runs to params.json (the runner
 keeps it when it writes the run's status); `show_prompts(run, summary)` prints a prompt set's
@@ -91,6 +92,7 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
         if report["kept"]:
             lines.append("  your edits kept (the profile would change them): " + ", ".join(report["kept"]))
         print("\n".join(lines))
+    whole_tables()
     if "seed" in namespace:
         torch.manual_seed(int(namespace["seed"]))
     run_dir = namespace.get("run_dir") or ""
@@ -114,6 +116,16 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
     )
     namespace["run_dir"] = str(folder)
     return folder
+
+
+def whole_tables() -> None:
+    """pandas shows every row and column of a table a notebook displays: its default (60 rows) would
+    cut 01's 70-row table to rows 0-4 and 65-69, and the appendix (`report`) shows what was displayed."""
+    import pandas as pd
+
+    pd.set_option("display.max_rows", None)
+    pd.set_option("display.max_columns", None)
+    pd.set_option("display.width", None)
 
 
 def record(run: str | Path, key: str, value: Any) -> None:

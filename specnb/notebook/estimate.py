@@ -1,0 +1,240 @@
+"""How long a run of the notebooks will take on this machine, said before it starts.
+
+    decode_ms(params_01)        this machine's decode step: one token of the profile's 01 target on a
+                                DECODE_PREFIX-token cache, median of DECODE_REPEATS after DECODE_WARMUP
+                                (a few seconds, the load included); None when the target is a hub model
+    reference(profile, chain)   REFERENCES[profile] (or of the first profile it extends that has some)
+    plan(...)                   the estimate of each notebook: its reference time x (decode here /
+                                decode where the reference was measured); unscaled where either is
+                                unknown, and then said so
+    Progress                    the progress line between notebooks: elapsed, and the time left (the
+                                remaining estimates, corrected by how the finished notebooks compared)
+
+The reference times per profile live here, in REFERENCES, each with the decode step of the machine
+it was measured on. A notebook's time does not all scale with the decode step (loading, prompts,
+plotting do not), so the estimate is a first figure, not a promise: the actual time is recorded
+beside it in each run's params.json ("timing").
+
+$SPECNB_DECODE_MS skips the measurement: a number is taken as the decode step in ms; "skip" (the
+tests set it) scales nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DECODE_PREFIX = 256
+DECODE_WARMUP = 2
+DECODE_REPEATS = 8
+DECODE_ENV = "SPECNB_DECODE_MS"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Seconds per notebook measured on one machine, and that machine's decode step (None: not known,
+    so the times are not scaled)."""
+
+    seconds: Mapping[str, float]
+    decode_ms: float | None
+    where: str  # when, where and how the times (and the decode step) were measured
+
+
+CPU_NOTEBOOKS = ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
+REFERENCES: dict[str, Reference] = {
+    "cpu": Reference(
+        {
+            "01_tree_shapes": 190,
+            "02_model_pairs": 294,
+            "03_tree_attention_timing": 58,
+            "04_long_generation": 133,
+            "05_learned_drafters": 353,
+            "06_batch_size": 158,
+        },
+        156.0,
+        "the cpu profile's run from a fresh clone, 2 cores, commit c9e5b19, 2026-11-25 22:01 UTC; that "
+        "machine decoded Qwen2.5-Coder-1.5B (oneDNN, 256-token cache) in 152-161 ms",
+    ),
+    "smoke": Reference(
+        {"01_tree_shapes": 23, "02_model_pairs": 26, "03_tree_attention_timing": 10},
+        None,
+        "the smoke profile's times of the README (no decode step recorded with them: not scaled)",
+    ),
+    "t4-dryrun": Reference(
+        {"01_tree_shapes": 18, "02_model_pairs": 25, "03_tree_attention_timing": 14},
+        None,
+        "the t4-dryrun profile's times of the README with warm caches (stand-ins: not scaled)",
+    ),
+}
+T4_PROFILE = "t4"  # profiles extending it take `t4_estimate` (a T4's estimate from published figures)
+
+
+def reference(chain: Sequence[str]) -> tuple[str, Reference] | None:
+    """The first profile of `chain` (a profile and the ones it extends, in order) with a reference:
+    REFERENCES, or t4's estimate (`t4_estimate.estimate`, not scaled: no T4 here to compare)."""
+    for name in chain:
+        if name in REFERENCES:
+            return name, REFERENCES[name]
+        if name == T4_PROFILE:
+            from .t4_estimate import estimate
+
+            per_notebook = estimate(chain[0]).groupby("notebook")["seconds"].sum()
+            return name, Reference(
+                {k: float(v) for k, v in per_notebook.items() if k != "set-up"},
+                None,
+                "an estimate for a Colab T4 from published figures (python -m specnb.notebook.t4_estimate)",
+            )
+    return None
+
+
+def decode_ms(params_01: Mapping[str, Any]) -> tuple[float | None, str]:
+    """(ms, how): one decode step of 01's target here, or (None, why not). Only an embedded model or a
+    local folder is loaded for it (a hub target would cost a download or a long load first)."""
+    from ..io.embedded import EMBEDDED_MODELS
+
+    target = str(params_01.get("target") or "")
+    if target not in EMBEDDED_MODELS and not Path(target).expanduser().is_dir():
+        return None, f"not measured: 01's target {target!r} is a hub model (loading it is no quick check)"
+    import torch
+
+    from ..bench.verify_curve import prefilled_cache, verify_and_forward
+    from ..io.models import load_model
+
+    start = time.perf_counter()
+    try:
+        model, _ = load_model(
+            target,
+            params_01.get("target_quantization"),
+            params_01.get("model_dtype"),
+            cpu_linear=str(params_01.get("cpu_linear") or "stock"),
+        )
+        cache = prefilled_cache(model, DECODE_PREFIX)
+        timing = verify_and_forward(model, cache, None, tokens=1, warmup=DECODE_WARMUP, repeats=DECODE_REPEATS)
+    except Exception as e:
+        return None, f"not measured: {type(e).__name__}: {e}"
+    finally:
+        model = cache = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    ms = timing["plain"].median_s * 1e3
+    how = (
+        f"{target}: one token on a {DECODE_PREFIX}-token cache, median of {DECODE_REPEATS} "
+        f"(measured in {time.perf_counter() - start:.1f} s, load included)"
+    )
+    return ms, how
+
+
+def given_decode() -> tuple[bool, float | None, str]:
+    """(given, ms, how) from $SPECNB_DECODE_MS: not given (measure), a number, or "skip"."""
+    value = os.environ.get(DECODE_ENV, "").strip()
+    if not value:
+        return False, None, ""
+    if value.lower() == "skip":
+        return True, None, f"not measured (${DECODE_ENV}=skip)"
+    return True, float(value), f"given (${DECODE_ENV}={value})"
+
+
+@dataclass
+class Plan:
+    """The estimate of each notebook of a run, and how it was made."""
+
+    profile: str
+    reference_profile: str | None
+    reference_where: str
+    reference_decode_ms: float | None
+    decode_ms: float | None  # this machine's
+    decode_how: str
+    estimates: dict[str, float | None] = field(default_factory=dict)  # seconds; None: no reference time
+
+    @property
+    def scale(self) -> float | None:
+        if self.decode_ms is None or self.reference_decode_ms is None:
+            return None
+        return self.decode_ms / self.reference_decode_ms
+
+    @property
+    def total(self) -> float:
+        return sum(v for v in self.estimates.values() if v is not None)
+
+    def record(self, notebook: str) -> dict[str, Any]:
+        """What a run's params.json holds under "timing" (the runner adds "actual_s")."""
+        return {
+            "estimate_s": self.estimates.get(notebook),
+            "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 1),
+            "decode": self.decode_how,
+            "reference_profile": self.reference_profile,
+            "reference_decode_ms": self.reference_decode_ms,
+            "reference": self.reference_where,
+        }
+
+    def lines(self) -> list[str]:
+        """What the runner prints before the first notebook starts."""
+        decode = f"{self.decode_ms:.0f} ms" if self.decode_ms is not None else "unknown"
+        out = [f"== this machine's decode step: {decode} ({self.decode_how})"]
+        if self.reference_profile is None:
+            out.append(f"== no reference times for profile {self.profile}: no estimate")
+            return out
+        ref = f"{self.reference_decode_ms:.0f} ms" if self.reference_decode_ms is not None else "an unknown"
+        how = (
+            f"scaled by {self.scale:.2f} (decode here / {ref} decode where they were measured)"
+            if self.scale is not None
+            else "not scaled (a decode step missing here or there)"
+        )
+        out.append(f"== estimated time, from the reference times of {self.reference_profile} ({how}):")
+        for name, seconds in self.estimates.items():
+            out.append(f"   {name:<28} {duration(seconds) if seconds is not None else 'no reference time'}")
+        out.append(f"   {'total':<28} {duration(self.total)}")
+        out.append(f"   reference: {self.reference_where}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"scale": self.scale, "total_s": self.total}
+
+
+def plan(
+    profile: str, chain: Sequence[str], books: Sequence[str], decode: tuple[float | None, str] = (None, "")
+) -> Plan:
+    """Each notebook's estimate (module docstring): `chain` is the profile and those it extends."""
+    found = reference(chain)
+    if found is None:
+        return Plan(profile, None, "", None, decode[0], decode[1], {b: None for b in books})
+    name, ref = found
+    out = Plan(profile, name, ref.where, ref.decode_ms, decode[0], decode[1])
+    scale = out.scale or 1.0
+    out.estimates = {b: (ref.seconds[b] * scale if b in ref.seconds else None) for b in books}
+    return out
+
+
+class Progress:
+    """The line printed after each notebook: done / all, elapsed, the time left."""
+
+    def __init__(self, estimates: Mapping[str, float | None]) -> None:
+        self.estimates = dict(estimates)
+        self.start = time.perf_counter()
+        self.done: dict[str, float] = {}
+
+    def finished(self, notebook: str, seconds: float) -> str:
+        self.done[notebook] = seconds
+        elapsed = time.perf_counter() - self.start
+        timed = [n for n in self.done if self.estimates.get(n)]
+        ratio = sum(self.done[n] for n in timed) / sum(self.estimates[n] for n in timed) if timed else 1.0
+        left = [self.estimates[n] for n in self.estimates if n not in self.done]
+        known = [s for s in left if s is not None]
+        said = f"about {duration(sum(known) * ratio)} left" if known else "nothing left to estimate"
+        if timed:
+            said += f" (the estimates x {ratio:.2f}, as the finished notebooks compared)"
+        if len(known) < len(left):
+            said += f", and {len(left) - len(known)} notebook(s) without an estimate"
+        return f"== progress: {len(self.done)}/{len(self.estimates)} notebooks in {duration(elapsed)}; {said}"
+
+
+def duration(seconds: float) -> str:
+    """'7 min 05 s', or '42 s' under a minute."""
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"

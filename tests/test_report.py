@@ -1,0 +1,329 @@
+"""outputs/report.md and report.html from fake run folders of 01, 02 and 03 (small CSVs, no models):
+the four sections in order, whole tables, a notebook that did not run said so, a self-contained page;
+the course profile; the time estimate scaled by a given decode step and recorded by the runner."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specnb.notebook import estimate, runner
+from specnb.notebook.report import latest_run, pivot, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cfc0f01f0005000201a5f6b3ad0000000049454e44ae426082"
+)
+SHAPES = [f"shape{i}" for i in range(14)]
+BUDGETS = [2, 4, 8, 16, 32]
+
+
+def run_folder(outputs: Path, notebook: str, name: str = "cpu-0000", status: str = "finished") -> Path:
+    folder = outputs / notebook / name
+    folder.mkdir(parents=True)
+    (folder / "params.json").write_text(
+        json.dumps(
+            {
+                "notebook": notebook,
+                "profile": "cpu",
+                "parameters": {"profile": "cpu", "max_new_tokens": 40, "run_dir": "x"},
+                "environment": {
+                    "git_commit": "abcdef1234567890",
+                    "device": "cpu (2 cores)",
+                    "packages": {"torch": "2"},
+                },
+                "status": status,
+                "started": "2026-11-26 10:00:00",
+                "duration_s": 12.5,
+                "timing": {"decode_ms": 400.0, "estimate_s": 487.2, "decode": "qwen: one token"},
+            }
+        )
+    )
+    (folder / "fig.png").write_bytes(PNG)
+    return folder
+
+
+def tau(i: int, budget: int) -> float:
+    return 1 + i / 10 + BUDGETS.index(budget) / 100  # distinct at two decimals: every cell can be found
+
+
+def fake_01(outputs: Path) -> Path:
+    folder = run_folder(outputs, "01_tree_shapes")
+    rows = [
+        {
+            "shape": s,
+            "budget": b,
+            "depth": 2,
+            "prompts": 4,
+            "steps": 10,
+            "acceptance_rate": 0.5 - i / 100,
+            "acceptance_length": 1.0 + b / 100,
+            "tau": tau(i, b),
+            "tau_ci_low": 1.9,
+            "tau_ci_high": 2.5,
+            "acceptance_rate_ci_low": 0.4,
+            "acceptance_rate_ci_high": 0.6,
+            "tau_all_over_hindsight": 0.9,
+        }
+        for i, s in enumerate(SHAPES)
+        for b in BUDGETS
+    ]
+    pd.DataFrame(rows).to_csv(folder / "replay.csv", index=False)  # 70 rows
+    pd.DataFrame(
+        [
+            {
+                "method": "chain:4",
+                "source": "collection run",
+                "prompts": 4,
+                "steps_compared": 9,
+                "identical_steps": 9,
+                "tie_steps": 0,
+                "mismatched_steps": 0,
+            }
+        ]
+    ).to_csv(folder / "replay_agreement.csv", index=False)
+    (folder / "tau_vs_budget.png").write_bytes(PNG)
+    return folder
+
+
+def fake_02(outputs: Path) -> Path:
+    folder = run_folder(outputs, "02_model_pairs")
+    pd.DataFrame(
+        [
+            {
+                "pair": "a -> b",
+                "shape": "chain",
+                "budget": 4,
+                "source": "measured",
+                "prompts": 6,
+                "acceptance_rate": 0.6,
+                "acceptance_length": 2.1,
+                "tau": 3.1,
+                "tau_ci_low": 2.8,
+                "tau_ci_high": 3.3,
+                "tokens_per_s": 10.0,
+                "baseline_tokens_per_s": 8.0,
+                "speedup": 1.25,
+                "greedy_equal": 6,
+                "greedy_ties": 0,
+                "greedy_mismatches": 0,
+            },
+            {
+                "pair": "a -> b",
+                "shape": "sparse",
+                "budget": 8,
+                "source": "replay",
+                "prompts": 6,
+                "acceptance_rate": 0.4,
+                "acceptance_length": 2.3,
+                "tau": 3.3,
+                "tokens_per_s": np.nan,
+                "baseline_tokens_per_s": 8.0,
+                "speedup": np.nan,
+                "greedy_equal": 6,
+                "greedy_ties": 0,
+                "greedy_mismatches": 0,
+            },
+        ]
+    ).to_csv(folder / "pairs_methods.csv", index=False)
+    return folder
+
+
+def fake_03(outputs: Path) -> Path:
+    folder = run_folder(outputs, "03_tree_attention_timing")
+    rows = [
+        {
+            "batch": b,
+            "prefix": p,
+            "nodes": n,
+            "shape": "sparse",
+            "impl": impl,
+            "status": "ok",
+            "note": "",
+            "device": "cpu",
+            "dtype": "float32",
+            "median_ms": 0.1 * b * n,
+            "q25_ms": 0.09,
+            "q75_ms": 0.2,
+        }
+        for b in (1, 4)
+        for p in (256, 1024)
+        for n in (8, 32)
+        for impl in ("sdpa", "causal")
+    ]
+    pd.DataFrame(rows).to_csv(folder / "attention_grid.csv", index=False)
+    (folder / "time_vs_nodes.png").write_bytes(PNG)
+    return folder
+
+
+def sections(text: str) -> list[str]:
+    return re.findall(r"^## (.+)$", text, flags=re.M)
+
+
+def test_report_from_fake_runs_has_the_four_sections_and_whole_tables(tmp_path):
+    fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
+    md, page = write_report(tmp_path)
+    text, html = md.read_text(), page.read_text()
+    assert sections(text) == ["1 Method", "2 Results", "3 Analysis", "4 Reproduce"]
+    for needle in ("acceptance length", "bonus token **excluded**", "bonus token **included**", "9/9 steps identical"):
+        assert needle in text
+    assert "| shape | 2 | 4 | 8 | 16 | 32 |" in text
+    for i, shape in enumerate(SHAPES):  # all 70 rows of the replay table: every shape, every budget, intervals
+        assert f"| {shape} | " + " | ".join(f"{tau(i, b):.2f} [1.90, 2.50]" for b in BUDGETS) + " |" in text
+    assert "3.10 [2.80, 3.30]" in text and "a -> b" in text
+    assert "| 4 | 1024 | 3.200 [0.090, 0.200] |" in text, "03's grid: batch x prefix x draft tokens"
+    assert "did not run" not in text
+    assert "abcdef123456" in text and "400" in text, "commit and decode step in reproduce"
+    assert "..." not in text.split("## 2 Results")[1].split("## 3 Analysis")[0], "nothing cut in the results"
+    assert "<h2" in html and html.count("data:image/png;base64,") >= 2
+    images = re.findall(r"<img[^>]+src=\"([^\"]+)\"", html)
+    assert images and all(src.startswith("data:image/png;base64,") for src in images)
+    assert not re.search(r"(src|href)=\"(https?:|file:)", html), "self-contained: nothing fetched"
+
+
+def test_a_notebook_that_did_not_run_is_said_so(tmp_path):
+    fake_01(tmp_path)
+    run_folder(tmp_path, "02_model_pairs", status="failed")  # a failed run is not a result
+    md, _ = write_report(tmp_path)
+    text = md.read_text()
+    assert sections(text) == ["1 Method", "2 Results", "3 Analysis", "4 Reproduce"]
+    assert (
+        text.count("**02 model pairs did not run**") == 2
+        and text.count("**03 tree-attention timing did not run**") == 2
+    )
+    assert "| 02_model_pairs | did not run |" in text
+
+
+def test_latest_finished_run_is_read(tmp_path):
+    old = run_folder(tmp_path, "01_tree_shapes", "cpu-a")
+    new = run_folder(tmp_path, "01_tree_shapes", "cpu-b")
+    info = json.loads((new / "params.json").read_text())
+    (new / "params.json").write_text(json.dumps(info | {"started": "2026-11-27 10:00:00"}))
+    run_folder(tmp_path, "01_tree_shapes", "cpu-c", status="running")
+    assert latest_run(tmp_path, "01_tree_shapes") == new != old
+
+
+def test_pivot_keeps_every_row_and_intervals():
+    table = pd.DataFrame(
+        {
+            "shape": ["b", "a", "b"],
+            "budget": [2, 2, 4],
+            "tau": [1.5, 1.2, 1.7],
+            "tau_ci_low": [1.4, np.nan, 1.6],
+            "tau_ci_high": [1.6, np.nan, 1.8],
+        }
+    )
+    p = pivot(table, "tau")
+    assert list(p["shape"]) == ["b", "a"] and list(p.columns) == ["shape", "2", "4"]
+    assert p.iloc[0].tolist() == ["b", "1.50 [1.40, 1.60]", "1.70 [1.60, 1.80]"] and p.iloc[1, 1] == "1.20"
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    browser = next(
+        (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None
+    )
+    if browser is None:
+        pytest.skip("no headless Chromium here (none of chromium, chromium-browser, google-chrome on PATH)")
+    from test_notebooks import render
+
+    fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
+    _, page = write_report(tmp_path)
+    seen = render(page, browser, tmp_path / "report.png")
+    assert seen["images"] >= 2 and seen["broken"] == [] and seen["text"] > 2000, seen
+
+
+def test_course_profile_runs_01_to_03_with_cpu_values_here(monkeypatch):
+    monkeypatch.setattr(runner, "auto_profile", lambda: "cpu")
+    settings = runner.runner_settings("course")
+    assert settings.notebooks == ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
+    assert runner.load_profile("course") == runner.load_profile("cpu")
+    assert runner.profile_chain("course") == ["course", "cpu"]
+    monkeypatch.setattr(runner, "auto_profile", lambda: "t4")
+    assert runner.load_profile("course") == runner.load_profile("t4")
+    models = runner.profile_models("course")
+    assert "meta-llama/Llama-2-7b-hf" not in models and "lmsys/vicuna-7b-v1.3" not in " ".join(models)
+
+
+def test_course_profile_installs_only_the_models_of_01_to_03(monkeypatch):
+    monkeypatch.setattr(runner, "auto_profile", lambda: "cpu")
+    course = set(runner.profile_models("course"))
+    everything = set(runner.profile_models("cpu"))
+    books = runner.notebooks(only=["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"])
+    wanted = set(runner._strings(runner.resolve("cpu", {}, [], books)))
+    assert course == {m for m in everything if m in wanted}
+
+
+def test_estimate_scales_with_the_decode_step():
+    books = ["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"]
+    ref = estimate.REFERENCES["cpu"]
+    same = estimate.plan("course", ["course", "cpu"], books, (ref.decode_ms, "given"))
+    twice = estimate.plan("course", ["course", "cpu"], books, (2 * ref.decode_ms, "given"))
+    assert same.estimates == {b: ref.seconds[b] for b in books}
+    assert twice.estimates == {b: 2 * ref.seconds[b] for b in books} and twice.total == 2 * same.total
+    unknown = estimate.plan("course", ["course", "cpu"], books, (None, "skipped"))
+    assert unknown.estimates == same.estimates and unknown.scale is None
+    said = "\n".join(twice.lines())
+    assert "total" in said and "scaled by 2.00" in said and "01_tree_shapes" in said
+    progress = estimate.Progress(twice.estimates)
+    line = progress.finished("01_tree_shapes", twice.estimates["01_tree_shapes"] / 2)
+    assert "1/3 notebooks" in line and "x 0.50" in line
+
+
+def test_runner_records_the_estimate_and_the_actual_time(tmp_path, monkeypatch, capsys):
+    """A one-cell notebook through the runner with a given decode step: the plan is printed, and
+    params.json and run_summary.json hold the estimate (scaled) beside the actual time."""
+    import nbformat
+
+    books = tmp_path / "books"
+    (books / "profiles").mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('profile = "x"  # profile\nrun_dir = ""  # run folder')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, nbformat.v4.new_code_cell("1 + 1")]
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    nbformat.write(nb, books / "01_tree_shapes.ipynb")
+    (books / "profiles" / "cpu.yaml").write_text("all:\n")
+    monkeypatch.setenv(estimate.DECODE_ENV, str(2 * estimate.REFERENCES["cpu"].decode_ms))
+    code = runner.run("cpu", {}, [], None, tmp_path / "out", books)
+    assert code == 0
+    said = capsys.readouterr().out
+    assert "estimated time" in said and "scaled by 2.00" in said and "== progress: 1/1 notebooks" in said
+    (folder,) = (tmp_path / "out" / "01_tree_shapes").iterdir()
+    timing = json.loads((folder / "params.json").read_text())["timing"]
+    assert timing["estimate_s"] == 2 * estimate.REFERENCES["cpu"].seconds["01_tree_shapes"]
+    assert timing["actual_s"] > 0 and timing["decode_ms"] == 2 * estimate.REFERENCES["cpu"].decode_ms
+    summary = json.loads((tmp_path / "out" / runner.SUMMARY_FILE).read_text())
+    assert summary["runs"]["01_tree_shapes"]["estimate_s"] == timing["estimate_s"]
+    assert (tmp_path / "out" / "report.html").exists() and "did not run" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_report_command_writes_both_files(tmp_path):
+    fake_01(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specnb.notebook.report", "--outputs", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists() and (tmp_path / "index.md").exists()
+    )
+
+
+def test_notebooks_display_tables_whole():
+    """start_run sets pandas to show every row, so 01's 70-row table is whole in its appendix."""
+    from specnb.notebook.session import whole_tables
+
+    with pd.option_context("display.max_rows", 60):
+        whole_tables()
+        shown = pd.DataFrame({"shape": [f"s{i}" for i in range(70)], "tau": range(70)})._repr_html_()
+    assert "s0<" in shown and "s35<" in shown and "s69<" in shown and "..." not in shown
