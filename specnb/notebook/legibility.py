@@ -174,6 +174,8 @@ def _axis_beyond_data(ax: Axes) -> list[str]:
         ("x", 0, ax.get_xlim(), ax.get_xscale(), ax.get_shared_x_axes()),
         ("y", 1, ax.get_ylim(), ax.get_yscale(), ax.get_shared_y_axes()),
     ):
+        if not len(ax.get_xticks() if axis == "x" else ax.get_yticks()):
+            continue  # an axis without ticks has no scale to read (a drawn tree's x): its limits are layout
         values = [v for sibling in shared.get_siblings(ax) for v in _plotted(sibling)[index]]
         values = np.concatenate(values) if values else np.zeros(0)
         values = values[np.isfinite(values)]
