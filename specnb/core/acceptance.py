@@ -78,17 +78,12 @@ class Acceptance:
 
 def greedy_accept(tree: Tree, tokens: torch.Tensor, target_argmax: torch.Tensor) -> Acceptance:
     """tokens: long [N] draft tokens; target_argmax: long [N + 1], the target's argmax per row."""
-    toks = tokens.tolist()
-    choice = target_argmax.tolist()
-    path: list[int] = []
-    row = 0
-    while True:
-        want = choice[row]
-        child = next((c for c in tree.children[row] if toks[c] == want), None)
-        if child is None:
-            return Acceptance(tuple(path), want, tuple(toks[i] for i in path))
+    toks, choice = tokens.tolist(), target_argmax.tolist()
+    path, row = [], 0
+    while (child := next((c for c in tree.children[row] if toks[c] == choice[row]), None)) is not None:
         path.append(child)
-        row = child + 1
+        row = child + 1  # the child's row: its target argmax is the next token wanted
+    return Acceptance(tuple(path), choice[row], tuple(toks[i] for i in path))
 
 
 def speculative_accept(

@@ -34,7 +34,7 @@ import torch
 
 from .acceptance import accept
 from .drafting import Draft, Drafter
-from .generation import GenerationResult, Step, step_record
+from .generation import GenerationResult, Step, StepOutcome
 from .masks import attention_implementation, rooted_ancestor_mask
 from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows
 from .runtime import Clock, cut_at_eos, eos_ids, make_generator, peak_memory, reset_peak_memory
@@ -226,7 +226,7 @@ def speculative_generate_batch(
             keep.append([0] + [1 + j for j in result.path])
             if drafts:
                 drafter[i].observe(drafts[r], result)
-            steps[i].append(step_record(len(new[i]), cut[r], result, added, t1 - t0, t2 - t1))
+            steps[i].append(StepOutcome(cut[r], result, t1 - t0, t2 - t1).record(len(new[i]), added))
             new[i].extend(added)
             if stopped or len(new[i]) >= max_new_tokens:
                 finished.append(r)

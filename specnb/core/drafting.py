@@ -22,10 +22,10 @@ nodes of that depth with children at once under the tree mask, on top of the dra
 The child at rank r of a node is the draft's r-th most likely token after that node's path
 (greedy), or the r-th draw without replacement from q there (sampling, see `acceptance`). Leaves are
 chosen but never fed. The cache persists across steps: it holds the sequence drafted from, then the
-nodes fed for the deeper levels. At the next call the accepted nodes that were fed keep their
-keys and values (their mask was the sequence itself, their positions the sequence's), the other
-nodes are dropped (`cache.keep_positions`), and only the tokens the cache lacks are fed (the
-accepted nodes never fed, and the bonus token).
+nodes fed for the deeper levels. `observe` keeps the accepted nodes that were fed (their mask was
+the sequence itself, their positions the sequence's) and drops the others (`cache.keep_positions`);
+the next call feeds only the tokens the cache lacks (the accepted nodes never fed, and the bonus
+token).
 
 `ModelDrafter(model, confidence_threshold=t)` drafts chains of adaptive length: it stops after the
 first token whose draft probability is below t (transformers' `assistant_confidence_threshold`;
@@ -35,7 +35,9 @@ first token whose draft probability is below t (transformers' `assistant_confide
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable
+import itertools
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +50,7 @@ from .forward import forward
 from .masks import paths_visible
 from .sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
 from .streaming import StreamingCache, kv_bytes
-from .trees import Level, Tree
+from .trees import Level, Path, Tree
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,9 @@ class ModelDrafter(Drafter):
         self._cache: DynamicCache | None = None
         self._committed: list[int] = []  # the sequence whose keys/values open the cache, in order
         self._evicted = 0  # of them, cut out of the cache after its first `sink` (a cache policy)
-        self._fed: list[Hashable] = []  # the tree nodes fed after them, in cache order
-        self._accepted: tuple[tuple[Hashable, ...], tuple[int, ...]] = ((), ())  # last observed: nodes, tokens
+        self._shift = 0  # subtracted from a sequence index to get its position id (policy positions "cache")
+        self._fed: list[Path] = []  # the tree nodes fed after them, by rank path, in cache order
+        self._tree, self._k = Tree(()), [0]  # the last tree drafted, and its k per depth (`draft`)
         self.evictions = 0
 
     def kv_bytes(self) -> int:
@@ -151,13 +154,6 @@ class ModelDrafter(Drafter):
         """Positions of the committed sequence the cache holds."""
         return len(self._committed) - self._evicted
 
-    @property
-    def _shift(self) -> int:
-        """Subtracted from a token's sequence index to get its position id: the positions cut out,
-        under a policy with positions inside the cache; else 0 (original positions)."""
-        policy = self.cache_policy
-        return self._evicted if policy is not None and policy.positions == "cache" else 0
-
     def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
         if not sampling.greedy and tree.has_rank_gaps:
             raise ValueError(
@@ -166,9 +162,6 @@ class ModelDrafter(Drafter):
             )
         if self.confidence_threshold > 0.0 and tree != Tree.chain(tree.num_nodes):
             raise ValueError(f"confidence_threshold applies to chains; got a tree of {tree.describe()}")
-
-    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
-        self._accepted = (acceptance.path, acceptance.tokens)
 
     @torch.inference_mode()
     def draft(
@@ -188,77 +181,60 @@ class ModelDrafter(Drafter):
         self.check_request(tree, sampling)
         if copies > 1 and sampling.greedy:
             raise ValueError("copies > 1 draws independent samples: it needs sampling (temperature > 0)")
-        seq = tokens.reshape(-1).tolist()
-        ranked = self.head is not None and sampling.greedy and self.confidence_threshold == 0.0  # top-k only
-        widths = [lv.width for lv in tree.levels] + [0]
+        # k at each depth's parents: the TopKHead's exact top k (the children chosen there); 0: the model's head
+        ranked = self.head is not None and sampling.greedy and self.confidence_threshold == 0.0
+        k = [lv.width if ranked else 0 for lv in tree.levels] + [0]
+        self._tree, self._k = tree, k
+        root = self._advance(tokens.reshape(-1).tolist(), k[0])  # [V]
+        return fill_levels(tree, root[None], sampling, generator, self._feed, copies, self.confidence_threshold)
 
-        def k(depth: int) -> int:  # the TopKHead's exact top k at a depth's parents (0: the model's head)
-            return widths[depth] if ranked else 0
-
-        def feed(level: Level, ids: torch.Tensor) -> torch.Tensor:
-            return self._feed(tree, list(level.fed), ids, len(seq) - 1 + level.depth - self._shift, k(level.depth))
-
-        root_logits = self._advance(seq, k(0))  # [V]
-        return fill_levels(tree, root_logits[None], sampling, generator, feed, copies, self.confidence_threshold)
-
-    def _feed(self, tree: Tree, nodes: list[int], ids: torch.Tensor, position: int, k: int = 0) -> torch.Tensor:
-        """Feed tree nodes of one depth (their tokens `ids`, all at `position`); each sees the
-        sequence, its fed ancestors and itself. Returns their logits [len(nodes), V], from the
-        TopKHead with its top `k` exact where k > 0, else from the model's own head."""
-        head = self.head if k else None
-        chain_so_far = len(nodes) == 1 and list(tree.node_path(nodes[0])[:-1]) == self._fed
-        if chain_so_far and position == cache_length(self._cache):  # sees everything cached, at the cache's
-            self._fed += nodes  # own next position: the model's unmasked path
-            return forward(self.model, self._cache, ids, head=head, k=k)
-        visible = paths_visible([tree.paths[i] for i in nodes], [tree.paths[i] for i in self._fed], self._held)
-        self._fed += nodes
-        positions = torch.full((len(nodes),), position)  # host: moved by forward
-        return forward(self.model, self._cache, ids, positions, visible, head=head, k=k)
+    def _feed(self, level: Level, ids: torch.Tensor) -> torch.Tensor:
+        """Feed the nodes of `level` that have children (their tokens `ids`, long [F]) at the root's
+        position + depth; each sees the sequence, its fed ancestors and itself. Returns their logits
+        [F, V], from the TopKHead with its top k exact where k > 0 (`draft`), else the model's head's."""
+        k = self._k[level.depth]
+        paths = [self._tree.paths[i] for i in level.fed]
+        visible = paths_visible(paths, self._fed, self._held)  # [F, cache + F]
+        position = len(self._committed) - 1 + level.depth - self._shift
+        self._fed += paths
+        if visible.all() and position == cache_length(self._cache):  # one node that sees all the cache,
+            visible = None  # at its next position: the model's own causal path
+        positions = torch.full((len(paths),), position)  # host: moved by forward
+        return forward(self.model, self._cache, ids, positions, visible, head=self.head if k else None, k=k)
 
     def _advance(self, seq: list[int], k: int = 0) -> torch.Tensor:
-        """Bring the cache to `seq`, feeding only what it lacks; float32 logits [V] at seq[-1] (top
-        `k` exact from the TopKHead where k > 0, else the model's own head's)."""
-        held = len(self._committed)
-        extends = len(seq) > held and seq[:held] == self._committed
-        if self._cache is None or (self._evicted and not extends):  # a cut cache cannot be rewound
-            self._cache = new_cache(self.model)
-            self._committed, self._fed, self._evicted = [], [], 0
-            held, extends = 0, len(seq) > 0
-        kept: list[Hashable] = []
-        if extends:
-            # an extension: keep the accepted nodes that were fed, while they match the sequence
-            # (never the root, seq[-1]: its logits are needed)
-            slot = {node: i for i, node in enumerate(self._fed)}
-            for node, token in zip(*self._accepted):
-                at = held + len(kept)
-                if at >= len(seq) - 1 or node not in slot or seq[at] != token:
-                    break
-                kept.append(node)
-            keep = held
-        else:
-            keep, limit = 0, min(held, len(seq) - 1)
-            while keep < limit and self._committed[keep] == seq[keep]:
-                keep += 1
-        if kept:
-            slot = {node: i for i, node in enumerate(self._fed)}
-            cached = self._held
-            keep_positions(self._cache, list(range(cached)) + [cached + slot[node] for node in kept])
-        else:
-            crop(self._cache, keep - self._evicted)  # drops the last tree's nodes and anything not shared
-        start = keep + len(kept)  # the sequence index of the first token fed now
-        self._committed, self._fed, self._accepted = list(seq[:start]), [], ((), ())
-        if self.cache_policy is not None:  # between steps: the only place a draft cache is cut
-            cut = self.cache_policy.cut(self.model, self._cache)
-            self._evicted, self.evictions = self._evicted + cut, self.evictions + (cut > 0)
-        new = torch.tensor(seq[start:], dtype=torch.long)  # host: moved by forward
-        positions = None
-        if self._evicted and self.cache_policy.positions == "original":
-            positions = torch.arange(start, len(seq))  # host: their true indices
-        logits = forward(self.model, self._cache, new, positions, logits_to_keep=1, head=self.head if k else None, k=k)[
-            -1
-        ]
+        """Bring the cache to `seq`, feeding only what it lacks (the root, seq[-1], always: its logits
+        are read); float32 logits [V] at the root (top `k` exact from the TopKHead where k > 0, else
+        the model's own head's)."""
+        keep = len(os.path.commonprefix([self._committed, seq[:-1]]))  # committed tokens `seq` shares
+        if self._cache is None or (self._evicted and keep < len(self._committed)):  # a cut cache cannot be rewound
+            self._cache, self._committed, self._evicted, self._shift, keep = new_cache(self.model), [], 0, 0, 0
+        crop(self._cache, keep - self._evicted)  # drops the last tree's nodes and anything not shared
+        self._committed, self._fed = seq[:keep], []
+        if self.cache_policy is not None:
+            self._cut()
+        positions = torch.arange(keep, len(seq)) - self._shift  # host: moved by forward
+        new = torch.tensor(seq[keep:])  # host: moved by forward
+        logits = forward(self.model, self._cache, new, positions, logits_to_keep=1, head=self.head if k else None, k=k)
         self._committed = list(seq)
-        return logits.float()
+        return logits[-1].float()
+
+    def _cut(self) -> None:
+        """The cache policy's cut, between steps (never while a tree is drafted)."""
+        cut = self.cache_policy.cut(self.model, self._cache)
+        self._evicted, self.evictions = self._evicted + cut, self.evictions + (cut > 0)
+        self._shift += cut if self.cache_policy.positions == "cache" else 0
+
+    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
+        """The accepted nodes that were fed join the committed sequence: their keys and values are the
+        ones the sequence gives them (they saw the sequence and their ancestors, at its positions)."""
+        paths = (self._tree if draft.tree is None else draft.tree).paths
+        slot = {path: self._held + i for i, path in enumerate(self._fed)}
+        kept = list(itertools.takewhile(slot.__contains__, (paths[i] for i in acceptance.path)))
+        if kept:
+            keep_positions(self._cache, [*range(self._held), *(slot[path] for path in kept)])
+            self._committed += acceptance.tokens[: len(kept)]
+        self._fed = []
 
 
 def as_drafter(drafter: Drafter | torch.nn.Module) -> Drafter:
@@ -296,34 +272,36 @@ def fill_levels(
 
     logits: float [1, V] at the root. At each depth the children of every parent are chosen at once
     from the logits at the parents: greedy, the top `width` tokens (`top_tokens`: rank r = the r-th
-    largest); sampling, draws without replacement from q (rank r = the r-th draw, Sequoia's rule, so
-    `acceptance.speculative_accept` stays lossless). Then `feed(level, tokens)` runs the level's nodes
-    that have children (long [F]) and returns their logits [F, V]; leaves are chosen, never fed.
-    copies > 1 (sampling): the root's children are that many independent samples side by side.
-    confidence_threshold > 0 (a chain): stop after the first token whose q is below it."""
+    largest); sampling, draws without replacement from q (`draw_children`). Then `feed(level, tokens)`
+    runs the level's nodes that have children (long [F]) and returns their logits [F, V]; leaves are
+    chosen, never fed. confidence_threshold > 0 (a chain): stop after the first token whose q is below it."""
     n, device = tree.num_nodes, logits.device
     out = torch.zeros(n, dtype=torch.long, device=device)
     q = None if sampling.greedy else torch.zeros(n + 1, logits.shape[-1], dtype=torch.float32, device=device)
-    parent_rows = torch.zeros(1, dtype=torch.long, device=device)  # the parents' rows in q (0 = the root)
+    rows = torch.zeros(1, dtype=torch.long, device=device)  # the parents' rows in q (0 = the root)
     for level, (parents, ranks, fed) in zip(tree.levels, level_indices(tree, device)):
-        if sampling.greedy:
+        if q is None:
             choices = top_tokens(logits, level.width)  # [P, width]
         else:
-            probs = probabilities(logits, sampling)  # [P, V]
-            q[parent_rows] = probs
-            if level.depth == 1 and copies > 1:  # the root's row, once per copy
-                choices = sample_without_replacement(probs.expand(copies, -1), level.width // copies, generator)
-                choices = choices.reshape(1, -1)
-            else:
-                choices = sample_without_replacement(probs, level.width, generator)
+            q[rows] = probabilities(logits, sampling)
+            choices = draw_children(q[rows], level.width, generator, copies if level.depth == 1 else 1)
         out[level.nodes.start : level.nodes.stop] = choices[parents, ranks]
         if confidence_threshold > 0.0 and level.depth < n:  # a chain: one node per level
-            row = torch.softmax(logits[0], -1) if sampling.greedy else probs[0]
+            row = torch.softmax(logits[0], -1) if q is None else q[rows[0]]
             if float(row[out[level.depth - 1]]) < confidence_threshold:
                 depth = level.depth
                 return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
         if not level.fed:
             break
         logits = feed(level, out[fed]).float()
-        parent_rows = fed + 1
+        rows = fed + 1
     return Draft(out, q)
+
+
+def draw_children(probs: torch.Tensor, width: int, generator: torch.Generator | None, copies: int = 1) -> torch.Tensor:
+    """Long [P, width]: draws without replacement from each parent's row of q (probs [P, V]; rank r =
+    the r-th draw, Sequoia's rule, so `acceptance.speculative_accept` stays lossless). copies > 1 (the
+    root alone): that many independent samples of width / copies side by side."""
+    if copies == 1:
+        return sample_without_replacement(probs, width, generator)
+    return sample_without_replacement(probs.expand(copies, -1), width // copies, generator).reshape(1, -1)

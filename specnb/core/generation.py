@@ -10,7 +10,7 @@ one `Step` per target call that produced tokens. Batch size 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -78,13 +78,14 @@ class TargetCache:
         """Tokens before the root once `pending` is in: the prefix a verified tree sits on."""
         return cache_length(self.cache) + self.pending.numel()
 
-    def bound(self, policy: StreamingCache, target: torch.nn.Module, cut: bool) -> int:
-        """Under a bounded-cache policy: cut the cache before the root (a generated token, never
-        inside a tree) when `cut`, and return the deepest tree that then fits (`depth_cap`)."""
-        removed = policy.cut(target, self.cache) if cut else 0
-        self.evictions += removed > 0
-        self.position_offset += removed if policy.positions == "original" else 0
-        return policy.depth_cap(self.held())
+
+def bound_target(state: TargetCache, policy: StreamingCache, target: torch.nn.Module, cut: bool) -> int:
+    """Under a bounded-cache policy only: cut the cache before the root (a generated token, never
+    inside a tree) when `cut`, and return the deepest tree that then fits (`depth_cap`)."""
+    removed = policy.cut(target, state.cache) if cut else 0
+    state.evictions += removed > 0
+    state.position_offset += removed if policy.positions == "original" else 0
+    return policy.depth_cap(state.held())
 
 
 def open_target(target: torch.nn.Module, drafter: Drafter, prompt: torch.Tensor) -> TargetCache:
@@ -101,18 +102,32 @@ def open_target(target: torch.nn.Module, drafter: Drafter, prompt: torch.Tensor)
 
 @dataclass(frozen=True)
 class StepOutcome:
+    """What one speculative step did; the loop turns it into a `Step` record (`record`)."""
+
     tree: Tree  # the verified tree: the request, or the drafter's own shape
-    draft: Draft
     acceptance: Acceptance
     draft_time: float  # seconds
     verify_time: float  # seconds (target forward)
-    kv_bytes: int  # target + draft KV bytes with the tree in the target's cache: the step's peak
+    kv_bytes: int = 0  # target + draft KV bytes with the tree in the target's cache: the step's peak
+    draft_tokens: int | None = None  # `Draft.draft_tokens`: tokens drafted in the draft's own vocabulary
 
-    def record(self, position: int, added: list[int], target_kv_bytes: int, draft_kv_bytes: int) -> Step:
+    def record(self, position: int, added: list[int], target_kv_bytes: int = 0, draft_kv_bytes: int = 0) -> Step:
         """The step's record: `added`, the tokens it added (an EOS may cut them short); KV bytes after it."""
-        step = step_record(position, self.tree, self.acceptance, added, self.draft_time, self.verify_time)
-        kv = {"target_kv_bytes": target_kv_bytes, "draft_kv_bytes": draft_kv_bytes}
-        return replace(step, draft_tokens=self.draft.draft_tokens, **kv)
+        path, tree = self.acceptance.path[: len(added)], self.tree  # an EOS inside the path cuts the rest
+        return Step(
+            position=position,
+            num_drafted=tree.num_nodes,
+            num_accepted=len(path),
+            num_tokens=len(added),
+            draft_time=self.draft_time,
+            verify_time=self.verify_time,
+            tree_depth=tree.depth,
+            accepted_ranks=tuple(tree.ranks[i] for i in path),
+            child_counts=tuple(len(tree.children[row]) for row in (0, *(i + 1 for i in path))),
+            target_kv_bytes=target_kv_bytes,
+            draft_kv_bytes=draft_kv_bytes,
+            draft_tokens=self.draft_tokens,
+        )
 
 
 def speculative_step(
@@ -140,7 +155,7 @@ def speculative_step(
     result = accept(tree, draft.tokens, logits, sampling, draft.q, generator)
     commit(state.cache, held, result.path)
     drafter.observe(draft, result)
-    return StepOutcome(tree, draft, result, t1 - t0, t2 - t1, peak)
+    return StepOutcome(tree, result, t1 - t0, t2 - t1, peak, draft.draft_tokens)
 
 
 def speculative_generate(
@@ -179,7 +194,7 @@ def speculative_generate(
     while len(new) < max_new_tokens:
         depth = max_new_tokens - len(new) - 1  # no node past max_new_tokens (the bonus token is the +1)
         if cache_policy is not None:
-            depth = min(depth, state.bound(cache_policy, target, cut=bool(new)))
+            depth = min(depth, bound_target(state, cache_policy, target, cut=bool(new)))
         out = speculative_step(target, state, drafter, seq, tree.truncated(depth), sampling, generator)
         kv_peak = max(kv_peak, out.kv_bytes)
         added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
@@ -278,30 +293,3 @@ def drafted_tree(draft: Draft, requested: Tree) -> Tree:
     if tree.depth > requested.depth:
         raise ValueError(f"the drafter built a tree of depth {tree.depth}, deeper than the {requested.depth} allowed")
     return tree
-
-
-def step_record(
-    position: int,
-    tree: Tree,
-    result: Acceptance,
-    added: list[int],
-    draft_time: float,
-    verify_time: float,
-    draft_tokens: int | None = None,
-) -> Step:
-    """The record of one target call: the verified `tree`, its acceptance, the tokens it `added`
-    (an EOS may cut them short), and the seconds its draft and its verification took."""
-    path = result.path[: len(added)]  # an EOS inside the path cuts the rest of it
-    rows = (0,) + tuple(i + 1 for i in path)
-    return Step(
-        position=position,
-        num_drafted=tree.num_nodes,
-        num_accepted=len(path),
-        num_tokens=len(added),
-        draft_time=draft_time,
-        verify_time=verify_time,
-        tree_depth=tree.depth,
-        accepted_ranks=tuple(tree.ranks[i] for i in path),
-        child_counts=tuple(len(tree.children[r]) for r in rows),
-        draft_tokens=draft_tokens,
-    )

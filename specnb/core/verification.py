@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from .cache import cache_length, keep_positions
 from .forward import forward
-from .masks import attention_implementation, prefix_tree_mask, rooted_ancestor_mask
+from .masks import attention_implementation, causal_visible, rooted_ancestor_mask
 from .trees import Tree
 
 
@@ -27,9 +27,9 @@ def prefill(
     model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Append `tokens` (long [1, T], T >= 1) to the cache; returns float32 logits [1, V] at the last
-    token only (the LM head over a whole prompt is wasted work, about 11% of a 700-token prefill of
-    Qwen2.5-1.5B on CPU; transformers' generate skips it too). positions: long [T], default the
-    cache's continuation (a bounded cache with original positions passes the true indices)."""
+    token only (the LM head over the rest is wasted work; transformers' generate skips it too).
+    positions: long [T], default the cache's continuation (a bounded cache with original positions
+    passes the true indices)."""
     return forward(model, cache, tokens.reshape(-1), positions, logits_to_keep=1).float()
 
 
@@ -53,23 +53,16 @@ def verify(
     """
     attention_implementation(target)  # refused before any compute, chain or tree
     cached = cache_length(cache)
-    before = 0 if pending is None else int(pending.numel())
+    pending = tokens[:0] if pending is None else pending.reshape(-1).to(tokens.device)
+    before, n = pending.numel(), tree.num_nodes
     prefix_len = cached + before  # every token before the root
-    n = tree.num_nodes
-    ids = torch.cat([torch.tensor([root], device=tokens.device), tokens])
-    if before:
-        ids = torch.cat([pending.reshape(-1).to(tokens.device), ids])
-    if tree.is_chain:  # prefix, root and a chain: the model's own causal mask (and positions)
-        positions = None
-        if position_offset:  # the mask follows the cache; only the positions move
-            positions = torch.arange(cached, prefix_len + n + 1) + position_offset  # host: moved by forward
-        return forward(target, cache, ids, positions, logits_to_keep=n + 1).float()
-    visible = prefix_tree_mask(rooted_ancestor_mask(tree.ancestors), prefix_len)[0, 0]  # [N + 1, prefix_len + N + 1]
-    positions = prefix_len + torch.tensor((0,) + tree.depths, dtype=torch.long)  # host: moved by forward
-    if before:
-        causal = torch.ones(before, prefix_len, dtype=torch.bool).tril(diagonal=cached)  # host: moved by forward
-        visible = torch.cat([torch.cat([causal, torch.zeros(before, n + 1, dtype=torch.bool)], 1), visible])  # host
-        positions = torch.cat([torch.arange(cached, prefix_len), positions])  # host: moved by forward
+    ids = torch.cat([pending, torch.tensor([root], device=tokens.device), tokens])
+    # the pending tokens at their own indices, then the root and each node at prefix_len + depth
+    positions = torch.cat([torch.arange(cached, prefix_len), prefix_len + torch.tensor((0, *tree.depths))])  # host
+    visible = None  # a chain: the model's own causal mask
+    if not tree.is_chain:  # causal over the pending tokens, each node sees its ancestors: [P + N + 1, L + P + N + 1]
+        visible = causal_visible(before + n + 1, cached)  # host: moved by forward
+        visible[before:, prefix_len:] = rooted_ancestor_mask(tree.ancestors)
     return forward(target, cache, ids, positions + position_offset, visible, logits_to_keep=n + 1).float()
 
 

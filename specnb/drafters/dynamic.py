@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.acceptance import Acceptance
 from ..core.drafting import Draft, ModelDrafter
 from ..core.forward import forward
 from ..core.masks import paths_visible
@@ -79,10 +78,6 @@ class DynamicTreeDrafter(ModelDrafter):
             cut = scored.tree.truncated(tree.depth)
             return Draft(scored.tokens[: cut.num_nodes], None, cut)
         return Draft(scored.tokens, None, scored.tree)
-
-    def observe(self, draft: Draft, acceptance: Acceptance) -> None:
-        # the fed nodes are named by their paths (the top-n tree's indices change every step)
-        self._accepted = (tuple(draft.tree.paths[i] for i in acceptance.path), acceptance.tokens)
 
     @torch.inference_mode()
     def expand(self, tokens: torch.Tensor, max_depth: int, n: int | None = None) -> ScoredTree:

@@ -109,7 +109,7 @@ class EarlyExitDrafter(ModelDrafter):
             return super().draft(tokens, tree, sampling, generator)
         finally:
             restore_layers(self._target_cache, saved)
-            self._cache = None
+            self._cache, self._fed = None, []  # nothing of the tree is kept
 
     def _advance(self, seq: list[int], k: int = 0) -> torch.Tensor:
         if self._target_cache is None:
