@@ -335,9 +335,6 @@ def _run_books(
     outputs: Path,
     plan: Any = None,
 ) -> int:
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
     from .estimate import Progress
 
     failures = []
@@ -350,45 +347,15 @@ def _run_books(
         folder, resumed = run_folder_for(outputs, nb.stem, run_id(profile, params))
         folder.mkdir(parents=True, exist_ok=True)
         print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
-        record = {
-            "notebook": nb.stem,
-            "profile": profile,
-            "parameters": params,
-            "environment": environment(),
-            "runner": asdict(settings) | {"env": dict(settings.env), "notebooks": list(settings.notebooks)},
-            "status": "running",
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
-        write_json(folder / "params.json", record)
-        executed = folder / f"{nb.stem}.ipynb"
-        start = time.perf_counter()
-        try:
-            papermill.execute_notebook(
-                str(nb),
-                str(executed),
-                parameters={**params, "run_dir": str(folder.resolve())},
-                cwd=str(nb.parent),
-                progress_bar=False,
-                log_output=True,
-                kernel_name="python3",
-                execution_timeout=cell_timeout(),
-            )
-            record["status"] = "finished"
-        except (PapermillExecutionError, TimeoutError) as e:
-            record["status"] = "failed"
-            record["error"] = (
-                f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
-                if isinstance(e, PapermillExecutionError)
-                else f"a cell ran past SPECNB_CELL_TIMEOUT={cell_timeout()} s ({e}); rerun to resume"
-            )
+        record = _execute(nb, profile, params, settings, folder)
+        if record["status"] == "failed":
             failures.append(f"{nb.stem}: {record['error']}")
             print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
-        record["duration_s"] = round(time.perf_counter() - start, 1)
         if plan is not None:
             record["timing"] = plan.record(nb.stem) | {"actual_s": record["duration_s"]}
         record = _notebook_records(folder) | record  # what the notebook recorded (`session.record`) is kept
-        if executed.exists():
-            export(executed, record)
+        if (folder / f"{nb.stem}.ipynb").exists():
+            export(folder / f"{nb.stem}.ipynb", record)
         write_json(folder / "params.json", record)
         print(f"== {nb.stem}: {record['status']} in {record['duration_s']} s", flush=True)
         print(progress.finished(nb.stem, record["duration_s"]), flush=True)
@@ -409,6 +376,45 @@ def _run_books(
         print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _execute(nb: Path, profile: str, params: dict[str, Any], settings: RunnerSettings, folder: Path) -> dict:
+    """One notebook through papermill into `folder`: its params.json record, status and duration."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    record = {
+        "notebook": nb.stem,
+        "profile": profile,
+        "parameters": params,
+        "environment": environment(),
+        "runner": asdict(settings) | {"env": dict(settings.env), "notebooks": list(settings.notebooks)},
+        "status": "running",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    write_json(folder / "params.json", record)
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(nb),
+            str(folder / f"{nb.stem}.ipynb"),
+            parameters={**params, "run_dir": str(folder.resolve())},
+            cwd=str(nb.parent),
+            progress_bar=False,
+            log_output=True,
+            kernel_name="python3",
+            execution_timeout=cell_timeout(),
+        )
+        record["status"] = "finished"
+    except (PapermillExecutionError, TimeoutError) as e:
+        record["status"] = "failed"
+        record["error"] = (
+            f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
+            if isinstance(e, PapermillExecutionError)
+            else f"a cell ran past SPECNB_CELL_TIMEOUT={cell_timeout()} s ({e}); rerun to resume"
+        )
+    record["duration_s"] = round(time.perf_counter() - start, 1)
+    return record
 
 
 def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
