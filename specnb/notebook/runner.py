@@ -423,7 +423,7 @@ def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
 
     only = list(runner_settings(profile, books_folder / "profiles").notebooks) or None
     resolved = resolve(profile, {}, [], notebooks(books_folder, only), books_folder / "profiles")
-    return sorted({s for s in _strings(resolved) if s in EMBEDDED_MODELS})
+    return sorted({s for s in strings_in(resolved) if s in EMBEDDED_MODELS})
 
 
 def check_custom_trees(resolved: dict[str, dict[str, Any]]) -> None:
@@ -459,7 +459,7 @@ def hub_models(resolved: dict[str, dict[str, Any]]) -> list[str]:
     from ..io.model_configs import known_models
 
     known = set(known_models())
-    return sorted({s for s in _strings(resolved) if s in known})
+    return sorted({s for s in strings_in(resolved) if s in known})
 
 
 def published_heads(resolved: dict[str, dict[str, Any]]) -> list[str]:
@@ -467,20 +467,20 @@ def published_heads(resolved: dict[str, dict[str, Any]]) -> list[str]:
     that resolved parameters name."""
     from ..io.checkpoints import published_checkpoints
 
-    named = set(_strings(resolved))
+    named = set(strings_in(resolved))
     return [repo for repo in published_checkpoints() if repo in named]
 
 
-def _strings(value: Any) -> Iterator[str]:
+def strings_in(value: Any) -> Iterator[str]:
     """Every string inside nested dicts, lists and tuples."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _strings(v)
+            yield from strings_in(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _strings(v)
+            yield from strings_in(v)
 
 
 def _check_known(values: dict, declared: dict[str, dict], source: str) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
@@ -41,7 +42,7 @@ from ..core.tree_spec import parse_custom_trees
 from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
-from .runner import NOTEBOOKS, declared_parameters, default_outputs, resolve
+from .runner import NOTEBOOKS, declared_parameters, default_outputs, resolve, strings_in
 
 SKIP = {"In", "Out", "exit", "quit", "get_ipython"}
 
@@ -92,6 +93,9 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
         if report["kept"]:
             lines.append("  your edits kept (the profile would change them): " + ", ".join(report["kept"]))
         print("\n".join(lines))
+        if resolved == "cpu" and "google.colab" in sys.modules:
+            print(NO_GPU_ON_COLAB)
+    install_embedded(namespace)
     whole_tables()
     if "seed" in namespace:
         torch.manual_seed(int(namespace["seed"]))
@@ -116,6 +120,27 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
     )
     namespace["run_dir"] = str(folder)
     return folder
+
+
+NO_GPU_ON_COLAB = (
+    "No GPU is attached to this Colab runtime, so the cpu profile's values are used (the embedded "
+    "Qwen2.5-Coder-0.5B -> 1.5B pair, small sizes). For the course's Llama pairs on a T4: Runtime > "
+    "Change runtime type > T4 GPU, then run all again (docs/colab.md)."
+)
+
+
+def install_embedded(namespace: MutableMapping[str, Any]) -> list[str]:
+    """The embedded models the notebook's parameters name and this machine lacks, installed now (pip,
+    then the one-time de-quantization), as `run_notebooks.sh`'s set-up does: a fresh Colab runtime
+    or Jupyter kernel is not stopped by a model it can fetch itself. Returns the names installed."""
+    from ..io.embedded import EMBEDDED_MODELS, install, missing_parts
+
+    named = sorted({s for s in strings_in(parameters_of(namespace)) if s in EMBEDDED_MODELS})
+    missing = [name for name in named if missing_parts(EMBEDDED_MODELS[name])]  # its packages: no hashing
+    if missing:
+        print(f"[specnb] installing the embedded models this notebook uses: {', '.join(missing)}", flush=True)
+        install(missing)
+    return missing
 
 
 def whole_tables() -> None:
