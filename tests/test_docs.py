@@ -74,7 +74,7 @@ def test_nothing_points_at_a_folder_a_clone_lacks():
         if not path.is_file():
             continue
         text = path.read_bytes().decode("utf-8", errors="ignore")
-        for needle in ("../shared", "shared/docs"):
+        for needle in ("../" + "shared", "shared/" + "docs"):  # written apart: the project-wide scan skips this file
             if needle in text:
                 found.append(f"{name}: {needle}")
     assert not found, f"references to a folder a user's clone lacks: {found}"

@@ -57,7 +57,11 @@ def test_syncs_per_step_do_not_grow_with_the_tree(monkeypatch, tiny_target, noth
         )
         run()  # warm: the first call of a tree makes its index tensors
         per_step[tree.num_nodes] = count_conversions(monkeypatch, run) / len(results[-1].steps)
-    assert len(set(per_step.values())) == 1, per_step
+    # Sampling accepts a draft token now and then (min(1, p/q) > 0 even for this draft), so runs differ by
+    # a step or two and the one-off conversions' share per step moves a little; a conversion per tree node
+    # would add tens per step on the 84-node tree. Greedy runs have the same steps: equal counts.
+    spread = max(per_step.values()) - min(per_step.values())
+    assert spread <= (0.5 if temperature else 0.0), per_step
 
 
 def test_syncs_do_not_grow_with_ngram_or_dynamic_trees(monkeypatch, tiny_target, nothing_draft):
