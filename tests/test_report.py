@@ -256,7 +256,7 @@ def test_course_profile_installs_only_the_models_of_01_to_03(monkeypatch):
     course = set(runner.profile_models("course"))
     everything = set(runner.profile_models("cpu"))
     books = runner.notebooks(only=["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"])
-    wanted = set(runner._strings(runner.resolve("cpu", {}, [], books)))
+    wanted = set(runner.strings_in(runner.resolve("cpu", {}, [], books)))
     assert course == {m for m in everything if m in wanted}
 
 
