@@ -105,6 +105,23 @@ def no_logged_deprecations():
     assert not handler.seen, f"transformers logged a deprecation for specnb's call: {handler.seen[0][:300]}"
 
 
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+REQUIRE_CHROMIUM = "SPECNB_REQUIRE_CHROMIUM"  # set by .ci/run, which installs Debian's chromium
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium's executable for the render tests. Without one they skip, except where
+    SPECNB_REQUIRE_CHROMIUM=1 (CI): there a missing browser fails them, so a render test never
+    silently stops running."""
+    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if browser is None and os.environ.get(REQUIRE_CHROMIUM) == "1":
+        pytest.fail(f"{REQUIRE_CHROMIUM}=1 but no Chromium on PATH ({', '.join(BROWSERS)}): .ci/run installs it")
+    if browser is None:
+        pytest.skip(f"no headless Chromium here (none of {', '.join(BROWSERS)} on PATH)")
+    return browser
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> torch.nn.Module:
     return tiny_model(0, scale=30.0)

@@ -4,14 +4,12 @@ the course profile; the time estimate scaled by a given decode step and recorded
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from specnb.notebook import estimate, runner
 from specnb.notebook.report import latest_run, pivot, write_report
@@ -225,18 +223,17 @@ def test_pivot_keeps_every_row_and_intervals():
     assert p.iloc[0].tolist() == ["b", "1.50 [1.40, 1.60]", "1.70 [1.60, 1.80]"] and p.iloc[1, 1] == "1.20"
 
 
-def test_report_renders_in_headless_chromium(tmp_path):
-    browser = next(
-        (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None
-    )
-    if browser is None:
-        pytest.skip("no headless Chromium here (none of chromium, chromium-browser, google-chrome on PATH)")
+def test_report_renders_in_headless_chromium(chromium, tmp_path):
     from test_notebooks import render
 
     fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
     _, page = write_report(tmp_path)
-    seen = render(page, browser, tmp_path / "report.png")
+    seen = render(page, chromium, tmp_path / "report.png")
     assert seen["images"] >= 2 and seen["broken"] == [] and seen["text"] > 2000, seen
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(tmp_path / "report.png").convert("L"))
+    assert (pixels < 200).mean() > 0.02, "the report's screenshot is blank"
 
 
 def test_course_profile_runs_01_to_03_with_cpu_values_here(monkeypatch):
