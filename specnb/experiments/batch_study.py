@@ -42,6 +42,7 @@ from ..drafters.methods import parse_method
 from ..io.models import prompt_ids
 from ..io.prompts import load_prompts
 from ..io.storage import Sweep
+from ..kernels.cpu_linear import linear_path
 from .checks import ParameterError
 from .collect import collect
 from .sweeps import WARMUP_TOKENS
@@ -103,6 +104,7 @@ def measure_curves(
         & (curve["prefix"] == prefix)
         & curve["batch"].isin(batches)
         & (curve["device"] == env["device"])
+        & (curve["linear"] == linear_path(target))  # stock and oneDNN rows of one machine never mix
     )
     return curve[mine]
 

@@ -200,6 +200,7 @@ class Earlier:
     trees: dict[tuple[str, int], Tree]  # `TreeResults.best_trees`; empty with the default
     results: TreeResults | None  # None: the default was used
     note: str  # one line saying where the acceptance came from
+    folder: Path | None = None  # 01's run folder (its verify_curve.csv: `experiments.earlier.pair_verdict`); None: none
 
     def heldout_tau(self) -> dict[tuple[str, int], float]:
         """(name, budget) -> held-out tau measured in 01 (in-sample where nothing was held out)."""
@@ -234,12 +235,14 @@ def acceptance_from(source: str, pair: str, outputs: str | Path, default: Sequen
                 "'latest' or 'default'"
             )
     results = read(path)
+    folder = Path(path).parent if Path(path).is_file() else Path(path)
     other = "" if results.pair == pair else f" (a run of {results.pair}, not of this pair {pair})"
     shown = ", ".join(f"{a:.3f}" for a in results.acceptance[:6])
     return Earlier(
         results.acceptance,
         results.best_trees(),
         results,
-        f"acceptance: measured by notebook 01 in {Path(path).parent if Path(path).is_file() else path}{other}: "
+        f"acceptance: measured by notebook 01 in {folder}{other}: "
         f"[{shown}{', ...' if len(results.acceptance) > 6 else ''}]; {len(results.best_trees())} trees from it",
+        folder,
     )

@@ -323,11 +323,11 @@ def recommendation(cost: pd.DataFrame, source: str = "") -> str:
     best = cost.loc[cost["tokens_per_s"].idxmax()]
     per_shape = cost.loc[cost.groupby("shape")["tokens_per_s"].idxmax()]
     others = ", ".join(f"{r.shape} {int(r.nodes)} ({r.speedup:.2f}x)" for r in per_shape.itertuples())
-    verdict = "pays off" if best["speedup"] > 1 else "does not pay off: the target alone is faster"
     return (
         f"Best on this device: **{best['shape']} with {int(best['nodes'])} draft tokens**, expected tau "
         f"{best['expected_tau']:.2f} (bonus included), {best['tokens_per_s']:.2f} tokens/s = "
-        f"{best['speedup']:.2f}x the target alone; speculation {verdict}. Best budget per shape: {others}."
+        f"{best['speedup']:.2f}x the target alone (a point estimate without an interval: no verdict; the pair's "
+        f"verdict is notebook 01's, `experiments.earlier.pair_verdict`). Best budget per shape: {others}."
         + (f" Inputs: {source}." if source else "")
     )
 
