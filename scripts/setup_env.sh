@@ -62,7 +62,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       pip_install torch
     else
       echo "[setup] no GPU: installing the CPU build torch==2.13.0"
-      pip_install torch==2.13.0
+      pip_install --no-compile torch==2.13.0  # no bytecode for its thousands of files: Python writes what it imports
     fi
   fi
   if [ -n "$uv" ] && [ ! -x "$uv" ]; then
