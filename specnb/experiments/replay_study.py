@@ -1,7 +1,8 @@
 """Collect once, replay many (notebook 01; `analysis.replay`): one collection of a pair on its
 prompts (`collect_pair`), the cost curves of the cost model (`cost_curves`), every shape x budget
 and the data-driven trees replayed from it (`replay_table`, `designed_trees`, `replay_depths`,
-`replayed_steps_frame`), the data-fitted trees scored on prompts they were not fitted to
+`replayed_steps_frame`; `tree_choices`: the (shape, budget) pairs a tree viewer can
+offer), the data-fitted trees scored on prompts they were not fitted to
 (`heldout_scores`) and what 01 passes on (`tree_results`), and real runs checked against the
 replay step by step (`replay_agreement`). A cross-tokenizer collection is re-drafted instead (`redraft_study`)."""
 
@@ -232,6 +233,14 @@ def replay_table(
         subset = collection.super_tree_prompts()
         parts.append(rows(subset, lambda m: replay.replay_dynamic(subset, dynamic_budgets, mode=m)))
     return pd.concat(parts, ignore_index=True), every
+
+
+def tree_choices(trees: Mapping[tuple[str, int], Tree]) -> list[tuple[str, tuple[str, int]]]:
+    """(label, (shape, budget)) for every tree `replay_table` returned, by shape then budget: what a
+    tree viewer offers (ipywidgets takes such pairs as a dropdown's options). Only pairs that exist:
+    a custom tree has one budget (its node count), the designs only the swept budgets, so a shape x
+    budget grid would offer trees that were never built."""
+    return [(f"{shape}, {budget} draft tokens", (shape, budget)) for shape, budget in sorted(trees)]
 
 
 def replay_agreement(
