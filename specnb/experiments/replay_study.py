@@ -174,8 +174,9 @@ def cost_curves(
 def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple[str, int], Tree]:
     """The data-driven static trees of a collection (`analysis.heldout.DESIGNERS`), fitted on every
     prompt, per budget: "sequoia" (Sequoia's DP under the measured acceptance vector), "medusa"
-    (Medusa's search under the per-depth acceptance) and "hindsight" (the best static tree on this
-    very data: in-sample, the ceiling of static trees; `heldout_scores` scores them held out)."""
+    (Medusa's search under the per-depth acceptance) and "hindsight" (the static tree with the most
+    accepted tokens over every position of this very data: in-sample, the ceiling of static trees'
+    tau_all, not of their run-trajectory tau; `heldout_scores` scores them held out)."""
     return {(name, n): t for name, design in heldout.DESIGNERS.items() for n, t in design(collection, budgets).items()}
 
 
@@ -194,9 +195,10 @@ def replay_table(
 
     Rows: trajectory-mode metrics (the positions a real run visits: what it would measure) with
     95% intervals of tau and acceptance rate across prompts (`analysis.spread`), the number of
-    prompts, plus tau_all over every position, and tau_all as a fraction of the hindsight ceiling
-    and of the oracle of the same budget (both defined on all positions, on the same prompts as the
-    row: dynamic rows on a super-tree subset are compared on that subset).
+    prompts, plus tau_all over every position, and tau_all as a fraction of the hindsight tree's
+    tau_all (the best static tree's on every position, in-sample) and of the oracle of the same
+    budget (both defined on all positions, on the same prompts as the row: dynamic rows on a
+    super-tree subset are compared on that subset).
 
     A cross-tokenizer collection (`redraft_with`: `redrafter(...)` of the pair) is re-drafted
     instead (`analysis.redraft`): every shape x budget drafted in draft tokens and "dynamic", on the
