@@ -10,8 +10,10 @@ What it holds (pure functions: no model, no disk; the data come from `analysis.r
     expected_accepted  that objective for any tree: sum over nodes of prod a_{rank} along the path
                        (= `cost_model.expected_tau` - 1; bonus token excluded)
     hindsight_trees    for every budget n, the static tree that would have accepted the most
-                       draft tokens on collected data (the "ceiling" of static trees): the top-n
-                       rank-path prefixes by how often the target's continuation started with them
+                       draft tokens summed over EVERY collected position (the ceiling of static
+                       trees' tau_all, in-sample; not of the run-trajectory tau, whose positions
+                       depend on the tree): the top-n rank-path prefixes by how often the target's
+                       continuation started with them
     accepted_lengths   a static tree's accepted draft tokens at each position, from the positions'
                        continuation rank paths (what greedy replay computes at every position)
     recommend_budget   with replayed tau per tree and the step-time model of `cost_model` (verify-cost

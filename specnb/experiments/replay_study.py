@@ -1,7 +1,8 @@
 """Collect once, replay many (notebook 01; `analysis.replay`): one collection of a pair on its
 prompts (`collect_pair`), the cost curves of the cost model (`cost_curves`), every shape x budget
 and the data-driven trees replayed from it (`replay_table`, `designed_trees`, `replay_depths`,
-`replayed_steps_frame`), the data-fitted trees scored on prompts they were not fitted to
+`replayed_steps_frame`; `tree_choices`: the (shape, budget) pairs a tree viewer can
+offer), the data-fitted trees scored on prompts they were not fitted to
 (`heldout_scores`) and what 01 passes on (`tree_results`), and real runs checked against the
 replay step by step (`replay_agreement`). A cross-tokenizer collection is re-drafted instead (`redraft_study`)."""
 
@@ -173,8 +174,9 @@ def cost_curves(
 def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple[str, int], Tree]:
     """The data-driven static trees of a collection (`analysis.heldout.DESIGNERS`), fitted on every
     prompt, per budget: "sequoia" (Sequoia's DP under the measured acceptance vector), "medusa"
-    (Medusa's search under the per-depth acceptance) and "hindsight" (the best static tree on this
-    very data: in-sample, the ceiling of static trees; `heldout_scores` scores them held out)."""
+    (Medusa's search under the per-depth acceptance) and "hindsight" (the static tree with the most
+    accepted tokens over every position of this very data: in-sample, the ceiling of static trees'
+    tau_all, not of their run-trajectory tau; `heldout_scores` scores them held out)."""
     return {(name, n): t for name, design in heldout.DESIGNERS.items() for n, t in design(collection, budgets).items()}
 
 
@@ -193,9 +195,10 @@ def replay_table(
 
     Rows: trajectory-mode metrics (the positions a real run visits: what it would measure) with
     95% intervals of tau and acceptance rate across prompts (`analysis.spread`), the number of
-    prompts, plus tau_all over every position, and tau_all as a fraction of the hindsight ceiling
-    and of the oracle of the same budget (both defined on all positions, on the same prompts as the
-    row: dynamic rows on a super-tree subset are compared on that subset).
+    prompts, plus tau_all over every position, and tau_all as a fraction of the hindsight tree's
+    tau_all (the best static tree's on every position, in-sample) and of the oracle of the same
+    budget (both defined on all positions, on the same prompts as the row: dynamic rows on a
+    super-tree subset are compared on that subset).
 
     A cross-tokenizer collection (`redraft_with`: `redrafter(...)` of the pair) is re-drafted
     instead (`analysis.redraft`): every shape x budget drafted in draft tokens and "dynamic", on the
@@ -232,6 +235,14 @@ def replay_table(
         subset = collection.super_tree_prompts()
         parts.append(rows(subset, lambda m: replay.replay_dynamic(subset, dynamic_budgets, mode=m)))
     return pd.concat(parts, ignore_index=True), every
+
+
+def tree_choices(trees: Mapping[tuple[str, int], Tree]) -> list[tuple[str, tuple[str, int]]]:
+    """(label, (shape, budget)) for every tree `replay_table` returned, by shape then budget: what a
+    tree viewer offers (ipywidgets takes such pairs as a dropdown's options). Only pairs that exist:
+    a custom tree has one budget (its node count), the designs only the swept budgets, so a shape x
+    budget grid would offer trees that were never built."""
+    return [(f"{shape}, {budget} draft tokens", (shape, budget)) for shape, budget in sorted(trees)]
 
 
 def replay_agreement(

@@ -2,13 +2,20 @@
 configs (`io.model_configs`) and the arithmetic of `analysis.memory`, for the pairs and sizes the
 profile's notebooks use.
 
-    python -m specnb.notebook.profile_memory [PROFILE] [--prompt TOKENS] [--usable-gb GB]
+    python -m specnb.notebook.profile_memory [PROFILE] [-f FILE ...] [--prompt TOKENS] [--usable-gb GB]
+
+-f: parameter files layered on the profile as `run_notebooks.sh -f` layers them (e.g. your
+`custom_trees`, notebooks/my_trees.example.yaml): the user's trees are sized where the notebooks
+measure them (every notebook that takes trees verifies or times a custom tree at its node count).
 
 What it holds:
     LONGEST_PROMPT, T4_USABLE   the assumptions: the longest prompt (tokens) and the bytes a T4 offers
+    resolved                    the profile's parameters per notebook, with -f files layered on
     profile_pairs               every distinct draft -> target pair the profile's notebooks load
                                 (02's pairs, 01's pair, 03's verify-cost pair), and the refused ones
-    profile_budget              the longest sequence: prompt + the largest max_new_tokens + the largest tree
+    profile_budget              the longest sequence: prompt + the largest max_new_tokens + the largest
+                                tree (the user's custom trees included)
+    custom_trees_of             a notebook's custom trees (its own and its pairs')
     profile_memory              one `PairMemory` per pair that shares a vocabulary
     grid_bytes                  notebook 03's largest attention-grid point (no model loaded then)
     memory_markdown             docs/t4.md's memory table
@@ -28,7 +35,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ..analysis.memory import (
     DTYPE_BYTES,
@@ -43,6 +53,8 @@ from ..analysis.memory import (
     parameter_count,
 )
 from ..bench.attention_grid import head_shape
+from ..core.tree_spec import TreeSpecError, parse_custom_trees
+from ..core.trees import Tree
 from ..drafters.methods import parse_method
 from ..experiments.long_generation import TARGET_ALONE
 from ..io.checkpoints import published_checkpoints
@@ -64,9 +76,21 @@ class PlannedPair:
     shares_vocabulary: bool  # the tokenizer families agree (`io.models.check_pair` refuses the others)
 
 
-def profile_pairs(profile: str) -> list[PlannedPair]:
+def resolved(profile: str, files: Sequence[str | Path] = ()) -> dict[str, dict[str, Any]]:
+    """The profile's parameters per notebook, with parameter files (`run_notebooks.sh -f`) layered on."""
+    return resolve(profile, {}, [Path(f) for f in files], notebooks())
+
+
+def custom_trees_of(params: dict[str, Any]) -> dict[str, Tree]:
+    """One notebook's custom trees by name (`custom_trees`, and 02's pairs' own): each is verified,
+    timed or costed at its node count where the notebook takes trees."""
+    specs = [params.get("custom_trees")] + [p.get("custom_trees") for p in params.get("pairs", []) or []]
+    return {n: t for s in specs for n, t in parse_custom_trees(s).items()}
+
+
+def profile_pairs(profile: str, files: Sequence[str | Path] = ()) -> list[PlannedPair]:
     """Every distinct pair the profile loads, in notebook order (02's list first)."""
-    params = resolve(profile, {}, [], notebooks())
+    params = resolved(profile, files)
     found: list[tuple] = []
     for p in params.get("02_model_pairs", {}).get("pairs", []):
         found.append((p["target"], p.get("target_quantization"), p["draft"], p.get("draft_quantization")))
@@ -81,25 +105,31 @@ def profile_pairs(profile: str) -> list[PlannedPair]:
     return out
 
 
-def profile_budget(profile: str, longest_prompt: int = LONGEST_PROMPT) -> TokenBudget:
+def profile_budget(profile: str, longest_prompt: int = LONGEST_PROMPT, files: Sequence[str | Path] = ()) -> TokenBudget:
     """The assumed longest prompt, the largest max_new_tokens and the largest tree of any notebook
-    (01's budgets and dynamic budgets, 02's method budgets, the verify-cost curves' tree sizes)."""
-    params = resolve(profile, {}, [], notebooks())
+    (01's budgets and dynamic budgets, 02's method budgets, the verify-cost curves' tree sizes, and
+    every custom tree: 01 checks each end to end and on its verify curve, 02 runs it, 03 times it,
+    05 and 06 replay or run it at its node count)."""
+    params = resolved(profile, files)
     new_tokens = max(p.get("max_new_tokens", 0) for p in params.values())
     trees = []
     for p in params.values():
         trees += list(p.get("budgets", [])) + list(p.get("dynamic_budgets", [])) + list(p.get("verify_nodes", []))
+        custom = custom_trees_of(p)
+        trees += [t.num_nodes for t in custom.values()]
         methods = list(p.get("methods", []) or []) + [
             m for pair in p.get("pairs", []) for m in pair.get("methods") or []
         ]
-        trees += [parse_method(m).budget for m in methods if m != TARGET_ALONE]  # 04 runs the target alone too
+        trees += [parse_method(m, custom).budget for m in methods if m != TARGET_ALONE]  # 04 runs the target alone too
     return TokenBudget(longest_prompt, new_tokens, max(trees))
 
 
-def profile_memory(profile: str, longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> list[PairMemory]:
+def profile_memory(
+    profile: str, longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE, files: Sequence[str | Path] = ()
+) -> list[PairMemory]:
     """One estimate per pair of the profile (hub models with committed configs), pairs across
-    tokenizers included (they run the cross-tokenizer methods)."""
-    budget = profile_budget(profile, longest_prompt)
+    tokenizers included (they run the cross-tokenizer methods); files: parameter files on top."""
+    budget = profile_budget(profile, longest_prompt, files)
     return [
         pair_memory(
             p.target,
@@ -111,17 +141,22 @@ def profile_memory(profile: str, longest_prompt: int = LONGEST_PROMPT, usable: i
             p.target_quantization,
             p.draft_quantization,
         )
-        for p in profile_pairs(profile)
+        for p in profile_pairs(profile, files)
     ]
 
 
-def grid_bytes(profile: str) -> int:
+def grid_bytes(profile: str, files: Sequence[str | Path] = ()) -> int:
     """Notebook 03's largest grid point: q and the output [B, H, M, D], k and v [B, Hkv, P + M, D] in
-    the grid's dtype, and the eager reference's float32 scores [B, H, M, P + M] (the largest tensor)."""
-    p = resolve(profile, {}, [], notebooks())["03_tree_attention_timing"]
+    the grid's dtype, and the eager reference's float32 scores [B, H, M, P + M] (the largest tensor);
+    M the largest of its node counts and its custom trees' (timed at every batch and prefix)."""
+    p = resolved(profile, files)["03_tree_attention_timing"]
     heads = head_shape(p["attention_shape"] or p["target"])  # the target's config unless given
     size = 2 if p["dtype"] in ("float16", "bfloat16") else 4
-    b, prefix, m = max(p["batches"]), max(p["prefixes"]), max(p["nodes"])
+    b, prefix, m = (
+        max(p["batches"]),
+        max(p["prefixes"]),
+        max([*p["nodes"], *(t.num_nodes for t in custom_trees_of(p).values())]),
+    )
     qo = 2 * b * heads.heads * m * heads.head_dim * size
     kv = 2 * b * heads.kv_heads * (prefix + m) * heads.head_dim * size
     return qo + kv + b * heads.heads * m * (prefix + m) * 4
@@ -216,10 +251,12 @@ def drive_warning(profile: str, environ: dict[str, str]) -> str | None:
     )
 
 
-def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE) -> str:
+def memory_markdown(
+    profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE, files: Sequence[str | Path] = ()
+) -> str:
     """docs/t4.md's memory table: one row per pair, then the assumptions and the refused pairs."""
-    budget = profile_budget(profile, longest_prompt)
-    table = memory_table(profile_memory(profile, longest_prompt, usable))
+    budget = profile_budget(profile, longest_prompt, files)
+    table = memory_table(profile_memory(profile, longest_prompt, usable, files))
     lines = [
         "| pair | target weights | draft weights (fp16) | KV cache, target + draft | logits | total | fits in "
         f"{usable / GB:g} GB |",
@@ -232,18 +269,19 @@ def memory_markdown(profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, u
             f"{r.target_kv_gb:.3f} + {r.draft_kv_gb:.3f} | {r.logits_gb:.3f} | **{r.total_gb:.2f}** | "
             f"{'yes' if r.fits else 'NO'} |"
         )
-    across = [p for p in profile_pairs(profile) if not p.shares_vocabulary]
+    across = [p for p in profile_pairs(profile, files) if not p.shares_vocabulary]
     lines += [
         "",
         f"GB = 10^9 bytes. Tokens per sequence: {budget.total} = the longest prompt, assumed "
         f"{budget.prompt} + max_new_tokens {budget.new_tokens} + the root + the largest tree, "
-        f"{budget.tree} nodes (the largest of any notebook of profile `{profile}`), in both caches. Logits: "
+        f"{budget.tree} nodes (the largest of any notebook of profile `{profile}`, custom trees included), in both "
+        "caches. Logits: "
         f"one forward over prompt + generated tokens in float16 (perplexity scoring).",
     ]
-    if "03_tree_attention_timing" in resolve(profile, {}, [], notebooks()):
+    if "03_tree_attention_timing" in resolved(profile, files):
         lines.append(
             f"Notebook 03's largest attention-grid point, run before its models load: "
-            f"{grid_bytes(profile) / GB:.2f} GB."
+            f"{grid_bytes(profile, files) / GB:.2f} GB."
         )
     if across:
         lines.append(
@@ -263,13 +301,14 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("profile", nargs="?", default="t4")
+    ap.add_argument("-f", dest="files", action="append", default=[], help="a parameter file on top (custom_trees)")
     ap.add_argument("--prompt", type=int, default=LONGEST_PROMPT, help="the longest prompt, tokens")
     ap.add_argument("--usable-gb", type=float, default=T4_USABLE / GB, help="GB the device offers")
     args = ap.parse_args(argv)
     try:
-        print(memory_markdown(args.profile, args.prompt, int(args.usable_gb * GB)))
+        print(memory_markdown(args.profile, args.prompt, int(args.usable_gb * GB), args.files))
         print("\nDownloads:\n\n" + download_markdown(args.profile))
-    except (RunnerError, KeyError) as e:
+    except (RunnerError, KeyError, TreeSpecError) as e:
         print(f"profile_memory: {e}", file=sys.stderr)
         return 2
     return 0

@@ -6,8 +6,11 @@ runs). Conventions: tau = tokens per target call, bonus INCLUDED; acceptance len
 acceptance rate = accepted / drafted.
 
     replay_reading     notebook 01: best preset and designed trees per budget (held out and
-                       in-sample), fraction of the hindsight ceiling, designs that do not beat the
+                       in-sample), the hindsight tree's tau_all (the ceiling of static trees'
+                       tau_all, every position) and each shape's fraction of it, designs that do not beat the
                        presets held out, replay against real runs, the verdict, the deploy lines
+    hindsight_reading  notebook 01, one budget: what the hindsight tree is a ceiling of (tau_all) and
+                       of what not (the run-trajectory tau), with the trees that beat it there
     verdict_reading    the tree to deploy, its intervals and verdict, the measured run (01)
     pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality;
                        per target, the fastest pair and method (does a draft of another
@@ -62,8 +65,10 @@ def replay_reading(
     folds: pd.DataFrame | None = None,
 ) -> str:
     """Markdown reading of notebook 01, computed from its tables (no fixed conclusions): per budget
-    the best preset and the designs (held-out tau, in-sample in brackets; the hindsight tree's
-    in-sample tau is the ceiling), the designs that do not beat the best preset held out, the replay
+    the best preset and the designs (held-out tau, in-sample in brackets), the hindsight tree's
+    tau_all (every position, in-sample: the ceiling of static trees' tau_all, never called a ceiling
+    of the run-trajectory tau, which another tree may beat: `hindsight_reading`), the designs that do
+    not beat the best preset held out, the replay
     against real runs, the verdict (`verdict_reading`), and last the chosen tree's deploy lines.
     held: `heldout.HeldOut.table`; folds: `heldout.selection`."""
     lines = ["tau = tokens per target call, bonus included; run-trajectory positions unless noted."]
@@ -80,8 +85,9 @@ def replay_reading(
                 r = fitted.loc[(shape, budget)]
                 name = "hindsight as a design" if shape == "hindsight" else shape
                 parts.append(f"{name} {r['tau_heldout']:.2f} held out ({r['tau_in_sample']:.2f} in-sample)")
-        if ("hindsight", budget) in fitted.index:
-            parts.append(f"in-sample ceiling (hindsight) {fitted.loc[('hindsight', budget), 'tau_in_sample']:.2f}")
+        ceiling = hindsight_reading(b)
+        if ceiling:
+            parts.append(ceiling)
         for shape in ("dynamic", "oracle"):
             row = b[b["shape"] == shape]
             if len(row):
@@ -91,8 +97,8 @@ def replay_reading(
         frac = presets.groupby("shape")["tau_all_over_hindsight"].mean().sort_values(ascending=False)
         if frac.notna().any():
             lines.append(
-                "- mean fraction of the hindsight (best static, in-sample) tree's tau over the budgets (all "
-                "positions): " + ", ".join(f"{k} {v:.2f}" for k, v in frac.items())
+                "- mean over the budgets of tau_all (every position) as a fraction of the hindsight tree's, the "
+                "best static tau_all in-sample: " + ", ".join(f"{k} {v:.2f}" for k, v in frac.items())
             )
     lines.append("- " + heldout_note(held))
     same, compared = int(agreement["identical_steps"].sum()), int(agreement["steps_compared"].sum())
@@ -134,6 +140,24 @@ def earlier_batch_reading(earlier: Earlier, rows: pd.DataFrame, best: pd.DataFra
             f"- batch {b}: 01's best {r['shape']}:{int(r['budget'])} {r['speedup']:.2f}x the target alone{other}"
         )
     return "\n".join(lines)
+
+
+def hindsight_reading(rows: pd.DataFrame) -> str:
+    """What the hindsight tree of one budget bounds, from `replay_table`'s rows of that budget: its
+    tau_all (every position, in-sample) is the ceiling of static trees' tau_all; its run-trajectory tau
+    is not a ceiling (the positions a run visits depend on the tree), and the static trees whose
+    trajectory tau beats it are named. "" without a hindsight row or tau_all (a cross-tokenizer pair)."""
+    own = rows[rows["shape"] == "hindsight"]
+    if own.empty or own["tau_all"].isna().all():
+        return ""
+    h = own.iloc[0]
+    text = f"ceiling of static trees' tau_all (every position, in-sample): hindsight {h['tau_all']:.2f}"
+    static = rows[~rows["shape"].isin(("hindsight", "dynamic", "oracle"))]
+    above = static[static["tau"] > h["tau"] + 1e-9].sort_values("tau", ascending=False)
+    if len(above):
+        beat = ", ".join(f"{r.shape} {r.tau:.2f}" for r in above.itertuples())
+        text += f" (its run-trajectory tau {h['tau']:.2f} is no ceiling: {beat})"
+    return text
 
 
 def heldout_note(held: pd.DataFrame) -> str:

@@ -2,7 +2,12 @@
 profile's own sizes, not a measurement. docs/t4.md's figure is this module's output (a test checks
 that they agree).
 
-    python -m specnb.notebook.t4_estimate [PROFILE]      the table by notebook and part, and the total
+    python -m specnb.notebook.t4_estimate [PROFILE] [-f FILE ...]   the table by notebook and part, and the total
+
+-f: parameter files layered on the profile as `run_notebooks.sh -f` layers them: the user's
+`custom_trees` are counted where the notebooks run them (01: checked end to end and on the verify
+curve; 02: run as methods; 03: timed in the grid and on the curve; 06: on the batched curves and runs;
+05 replays them, which costs no model time).
 
 Inputs, `T4Figures` (each with its source or marked as an assumption), and how they combine:
     decode step      a 4-bit target's single-row step: bitsandbytes' published T4 step for Qwen2.5-3B
@@ -29,20 +34,23 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 from transformers import Qwen2Config
 
 from ..analysis.memory import FLOAT16_BYTES, download_bytes, weight_bytes
 from ..bench.attention_grid import head_shape
+from ..core.tree_spec import TreeSpecError
 from ..core.trees import Tree
-from ..drafters.methods import parse_method
+from ..drafters.methods import budget_axis, parse_method, with_custom_trees
 from ..experiments.long_generation import TARGET_ALONE
 from ..io.checkpoints import published_checkpoints
 from ..io.model_configs import config_of, hub_model
-from .profile_memory import LONGEST_PROMPT, profile_downloads, published_download
-from .runner import RunnerError, notebooks, resolve
+from .profile_memory import LONGEST_PROMPT, custom_trees_of, profile_downloads, published_download, resolved
+from .runner import RunnerError
 
 
 @dataclass(frozen=True)
@@ -128,9 +136,10 @@ def _row(notebook: str, part: str, count: float, each: float) -> dict:
     return {"notebook": notebook, "part": part, "count": count, "each_s": each, "seconds": count * each}
 
 
-def estimate(profile: str = "t4", figures: T4Figures = T4Figures()) -> pd.DataFrame:
-    """One row per (notebook, part): how many of it, seconds each, seconds in all (an estimate)."""
-    p = resolve(profile, {}, [], notebooks())
+def estimate(profile: str = "t4", figures: T4Figures = T4Figures(), files: Sequence[str | Path] = ()) -> pd.DataFrame:
+    """One row per (notebook, part): how many of it, seconds each, seconds in all (an estimate);
+    files: parameter files on top of the profile (the user's custom trees)."""
+    p = resolved(profile, files)
     c, f = Costs(figures), figures
     rows = [
         _row("set-up", "pip install (assumption)", 1, f.setup_s),
@@ -152,6 +161,10 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
     rows: list[dict] = []
     t, tq, d = a["target"], a["target_quantization"], a["draft"]
     n, prompts = a["max_new_tokens"], a["max_prompts"]
+    custom = custom_trees_of(a)
+    named = {parse_method(m, custom).shape for m in a["check_methods"]}
+    extra = [tree for name, tree in custom.items() if name not in named]  # with_custom_trees: each checked
+    verify_nodes = budget_axis(a["verify_nodes"], custom)  # the curve at the custom trees' sizes too
     rows += [
         _row("01", "load target and draft", 1, c.load(t) + c.load(d)),
         _row(
@@ -177,9 +190,18 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
             "01",
             "verify-cost curve",
             (a["verify_repeats"] + 1),
-            sum(c.verify(t, tq, k + 1) for k in a["verify_nodes"]) + len(a["verify_nodes"]) * c.draft(d),
+            sum(c.verify(t, tq, k + 1) for k in verify_nodes) + len(verify_nodes) * c.draft(d),
         ),
     ]
+    if extra:
+        rows.append(
+            _row(
+                "01",
+                f"check runs: {len(extra)} custom trees",
+                a["check_prompts"],
+                sum(c.generation(t, tq, d, tree, n, prompt) for tree in extra),
+            )
+        )
     return rows
 
 
@@ -190,9 +212,11 @@ def _pairs_rows(b: dict, c: Costs) -> list[dict]:
     n2, prompts2, rounds2 = b["max_new_tokens"], b["max_prompts"], b["rounds"]  # every timed run, rounds times
     targets_seen: set[str] = set()
     loaded: set[str] = set()  # run_pairs keeps a model loaded while a later pair still uses it
+    custom = custom_trees_of(b)
+    everyone = with_custom_trees(b["methods"], custom)  # the notebook adds each custom tree no method names
     for i, pair in enumerate(b["pairs"]):
         t, tq, d = pair["target"], pair.get("target_quantization"), pair["draft"]
-        methods = [parse_method(m) for m in (pair.get("methods") or b["methods"])]
+        methods = [parse_method(m, custom) for m in (pair.get("methods") or everyone)]
         shared = hub_model(t).tokenizer.family == hub_model(d).tokenizer.family
         label = f"{d} -> {t}"
         loaded &= {x for later in b["pairs"][i:] for x in (later["target"], later["draft"])}
@@ -235,12 +259,16 @@ def _attention_rows(g: dict, c: Costs) -> list[dict]:
     rows: list[dict] = []
     heads = head_shape(g["attention_shape"] or g["target"])  # the target's config unless given
     calls = 0.0
+    custom = list(custom_trees_of(g).values())  # timed at every batch and prefix, at their node count
+    verify_nodes = budget_axis(g["verify_nodes"], custom_trees_of(g))
+    trees = [Tree.sparse(n) for n in g["nodes"]] + custom
     for batch in g["batches"]:
         for prefix in g["prefixes"]:
-            for nodes in g["nodes"]:
+            for tree in trees:
+                nodes = tree.num_nodes
                 kv = 2 * batch * heads.kv_heads * (prefix + nodes) * heads.head_dim * FLOAT16_BYTES
                 one = max(f.attention_call_floor_s, kv / f.bandwidth_bytes_per_s)
-                leaves = len(Tree.sparse(nodes).leaves)
+                leaves = len(tree.leaves)
                 per_impl = {"per_sequence": leaves * one, "eager": 3 * one}
                 calls += sum(per_impl.get(i, one) for i in g["impls"]) * (g["warmup"] + g["repeats"])
     t, tq, d = g["target"], g["target_quantization"], g["draft"]
@@ -252,7 +280,7 @@ def _attention_rows(g: dict, c: Costs) -> list[dict]:
             "03",
             "verify-cost curve",
             g["verify_repeats"] + 1,
-            sum(c.verify(t, tq, k + 1) for k in g["verify_nodes"]) + len(g["verify_nodes"]) * c.draft(d),
+            sum(c.verify(t, tq, k + 1) for k in verify_nodes) + len(verify_nodes) * c.draft(d),
         ),
     ]
     return rows
@@ -339,7 +367,10 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
     rows: list[dict] = []
     t, tq, d, n6 = z["target"], z["target_quantization"], z["draft"], z["max_new_tokens"]
     chain = Tree.chain(z["k"])
-    widest = max(Tree.preset(s, b).num_nodes for s in z["shapes"] for b in z["budgets"])
+    custom = custom_trees_of(z)  # replayed and costed beside the shapes, the shapes also at their node count
+    budgets = budget_axis(z["budgets"], custom)
+    sizes = {Tree.preset(s, x).num_nodes for s in z["shapes"] for x in budgets} | {t.num_nodes for t in custom.values()}
+    widest = max(sizes)
     rows += [
         _row("06", "load target and draft", 1, c.load(t) + c.load(d)),
         _row(
@@ -356,7 +387,7 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
         ),
     ]
     for b in z["batches"]:
-        nodes = sorted({0, *(Tree.preset(s, x).num_nodes for s in z["shapes"] for x in z["budgets"])})
+        nodes = sorted({0, *sizes})
         rows.append(
             _row(
                 "06",
@@ -381,9 +412,9 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
     return rows
 
 
-def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures()) -> str:
+def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures(), files: Sequence[str | Path] = ()) -> str:
     """docs/t4.md's summary: minutes per notebook and in all, with the inputs named."""
-    table = estimate(profile, figures)
+    table = estimate(profile, figures, files)
     by = table.groupby("notebook", sort=False)["seconds"].sum() / 60
     parts = ", ".join(f"{name} {minutes:.0f} min" for name, minutes in by.items())
     return (
@@ -399,16 +430,17 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("profile", nargs="?", default="t4")
+    ap.add_argument("-f", dest="files", action="append", default=[], help="a parameter file on top (custom_trees)")
     args = ap.parse_args(argv)
     try:
-        table = estimate(args.profile)
-    except (RunnerError, KeyError) as e:
+        table = estimate(args.profile, files=args.files)
+    except (RunnerError, KeyError, TreeSpecError) as e:
         print(f"t4_estimate: {e}", file=sys.stderr)
         return 2
     with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.max_rows", 200):
         print(table.round(2).to_string(index=False))
     print(f"\ninputs: {T4Figures()}\nlongest prompt assumed by the memory table: {LONGEST_PROMPT} tokens")
-    print(estimate_markdown(args.profile))
+    print(estimate_markdown(args.profile, files=args.files))
     return 0
 
 

@@ -1,0 +1,31 @@
+"""The memory table and the T4 time estimate count the user's custom trees where the notebooks run
+them: a tree larger than every budget of the profile (given as a parameter file, as
+`run_notebooks.sh -f` takes it) lengthens both caches and notebook 03's largest grid point, adds
+runs and curve points to 01, 03 and 06, and joins 02's methods (replayed there under t4: no run)."""
+
+from __future__ import annotations
+
+from specnb.notebook import t4_estimate as est
+from specnb.notebook.profile_memory import grid_bytes, memory_markdown, profile_budget, profile_memory
+
+BIG = 12 + 12 * 12  # {"branching": [12, 12]}: more nodes than any tree of the t4 profile (128)
+
+
+def test_a_custom_tree_larger_than_every_budget_costs_memory_and_time(tmp_path):
+    mine = tmp_path / "big.yaml"
+    mine.write_text("all:\n  custom_trees: {big: {branching: [12, 12]}}\n")
+    plain, big = profile_budget("t4"), profile_budget("t4", files=[mine])
+    assert plain.tree == 128 < BIG == big.tree and big.total - plain.total == BIG - 128
+    for before, after in zip(profile_memory("t4"), profile_memory("t4", files=[mine])):
+        assert after.pair == before.pair and after.target_kv > before.target_kv and after.draft_kv > before.draft_kv
+    assert grid_bytes("t4", [mine]) > grid_bytes("t4")
+    assert f"{big.tree} nodes" in memory_markdown("t4", files=[mine])
+
+    table, more = est.estimate("t4"), est.estimate("t4", files=[mine])
+    by, more_by = table.groupby("notebook")["seconds"].sum(), more.groupby("notebook")["seconds"].sum()
+    for notebook in ("01", "03", "06"):
+        assert more_by[notebook] > by[notebook], notebook
+    assert more_by["04"] == by["04"]  # 04 takes no trees of the user's
+    assert ((more["notebook"] == "01") & (more["part"] == "check runs: 1 custom trees")).any()
+    replayed = lambda t: t.loc[t["part"].str.contains("replayed trees"), "part"].tolist()  # noqa: E731
+    assert replayed(more) == [p.replace("for 5 replayed", "for 6 replayed") for p in replayed(table)] != []
