@@ -30,6 +30,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import multiprocessing
 import os
 import shlex
 import shutil
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -311,12 +313,33 @@ def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -
         print(f"[specnb] installing the packages of {said}", flush=True)
         subprocess.run([*installer(), *(["-q"] if quiet else []), "--no-deps", *wanted], check=True)
         importlib.invalidate_caches()
-    paths = []
-    for model in models:
-        paths.append(gguf_path(model))
-        if float_copy:
-            float_folder(model)
+    paths = [gguf_path(model) for model in models]
+    if float_copy:
+        float_folders([model.name for model in models])
     return paths
+
+
+def float_folders(names: Sequence[str]) -> None:
+    """`float_folder` of each named model, side by side in processes where the machine has the cores
+    and the memory (each de-quantization is mostly single-threaded GGUF parsing), the largest first."""
+    todo = sorted(
+        (model for model in map(embedded_model, names) if not _float_folder_built(model, _float_dest(model))),
+        key=lambda model: -gguf_path(model).stat().st_size,
+    )
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    workers = min(len(todo), os.cpu_count() or 1, 2 if memory >= 16 * 2**30 else 1)
+    if workers <= 1:
+        for model in todo:
+            float_folder(model)
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state forked
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=torch.set_num_threads, initargs=(threads,)) as pool:
+        list(pool.map(float_folder, todo))
+
+
+def _float_dest(model: EmbeddedModel) -> Path:
+    return cache_dir() / f"{model.name}-float32"
 
 
 def installer() -> list[str]:
@@ -361,7 +384,7 @@ def float_folder(model: EmbeddedModel) -> Path:
     complete; GGUF-loaded models refuse `save_pretrained` and their config names the GGUF
     quantizer, so the weights are moved into a plain model built from the config without it.
     """
-    dest = cache_dir() / f"{model.name}-float32"
+    dest = _float_dest(model)
     if _float_folder_built(model, dest):
         return dest
     gguf = gguf_path(model)
@@ -400,7 +423,7 @@ def model_config(model: EmbeddedModel) -> PretrainedConfig:
     """The transformers config of `model`, no weights loaded: its float32 folder's config.json where
     that is built (`float_folder`), else read from the GGUF's metadata (seconds: the file is parsed).
     ModelNotInstalledError (with the install command) where its packages are missing."""
-    dest = cache_dir() / f"{model.name}-float32"
+    dest = _float_dest(model)
     if _float_folder_built(model, dest):
         return AutoConfig.from_pretrained(dest)
     gguf = gguf_path(model)
