@@ -28,19 +28,11 @@ from .trees import Tree
 
 PRESET = re.compile(r"^(chain|wide|sparse|kary\d+|beams\d+)$")
 NAME = re.compile(r"^[a-z_]+\d*$")  # the shape part of a method spec (`drafters.methods`)
-# names tables and method specs give other rows: dynamic trees, the designed trees, the oracle, the
-# target alone, transformers' methods and the drafters of `drafters.methods`
-RESERVED = (
-    "dynamic",
-    "oracle",
-    "sequoia",
-    "sequoia_per_depth",
-    "hindsight",
-    "medusa",
-    "autoregressive",
-    "hf_assisted",
-    "hf_uag",
-    "hf_prompt_lookup",
+# The method names of `drafters.methods` (written here: core comes before drafters), then the names
+# tables give other rows: dynamic trees, the designed trees, the oracle, the target alone. A custom
+# tree may take none of them.
+HF_METHODS = ("hf_assisted", "hf_uag", "hf_prompt_lookup")  # transformers' own decoders
+DRAFTERS = (
     "draft",
     "ngram",
     "early_exit",
@@ -48,7 +40,10 @@ RESERVED = (
     "adaptive",
     "confidence",
     "xtok",
+    "medusa",
+    "medusa_typical_lossy",
 )
+RESERVED = (*HF_METHODS, *DRAFTERS, "dynamic", "oracle", "sequoia", "sequoia_per_depth", "hindsight", "autoregressive")
 
 
 class TreeSpecError(ValueError):

@@ -47,7 +47,7 @@ import torch
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.sampling import TypicalAcceptance
 from ..core.streaming import StreamingCache
-from ..core.tree_spec import PRESET
+from ..core.tree_spec import DRAFTERS, HF_METHODS, PRESET
 from ..core.trees import Tree
 from .cross_tokenizer import CrossTokenizerDrafter
 from .draft_length import AdaptiveLength
@@ -57,18 +57,6 @@ from .merging import MergedDrafter
 from .ngram import NgramDrafter
 from .self_draft import EarlyExitDrafter
 
-HF_METHODS = ("hf_assisted", "hf_uag", "hf_prompt_lookup")
-DRAFTERS = (
-    "draft",
-    "ngram",
-    "early_exit",
-    "merged",
-    "adaptive",
-    "confidence",
-    "xtok",
-    "medusa",
-    "medusa_typical_lossy",
-)
 CROSS = "xtok"
 MEDUSA = ("medusa", "medusa_typical_lossy")
 DYNAMIC = "dynamic"
