@@ -49,16 +49,17 @@ CPU_NOTEBOOKS = ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
 REFERENCES: dict[str, Reference] = {
     "cpu": Reference(
         {
-            "01_tree_shapes": 190,
-            "02_model_pairs": 294,
-            "03_tree_attention_timing": 58,
-            "04_long_generation": 133,
-            "05_learned_drafters": 353,
-            "06_batch_size": 158,
+            "01_tree_shapes": 656.5,
+            "02_model_pairs": 753.6,
+            "03_tree_attention_timing": 156.2,
+            "04_long_generation": 339.2,
+            "05_learned_drafters": 789.7,
+            "06_batch_size": 425.0,
         },
-        156.0,
-        "the cpu profile's run from a fresh clone, 2 cores, commit c9e5b19, 2026-11-25 22:01 UTC; that "
-        "machine decoded Qwen2.5-Coder-1.5B (oneDNN, 256-token cache) in 152-161 ms",
+        415.0,
+        "the cpu profile's run from a fresh clone with empty pip, uv and model caches, the 2-core machine "
+        "alone, commit a655980, 2026-11-26 16:41-17:33 UTC; that machine decoded Qwen2.5-Coder-1.5B "
+        "(oneDNN, 256-token cache) in 415 ms",
     ),
     "smoke": Reference(
         {"01_tree_shapes": 23, "02_model_pairs": 26, "03_tree_attention_timing": 10},

@@ -354,7 +354,8 @@ def pivot(frame: Any, metric: str, index: str = "shape", columns: str = "budget"
     table's order; every row kept."""
     import pandas as pd
 
-    cells = frame.assign(_cell=[with_interval(r, metric, digits) for _, r in frame.iterrows()])
+    cells = frame.copy()  # one block: the caller's frame may have been built column by column
+    cells["_cell"] = [with_interval(r, metric, digits) for _, r in frame.iterrows()]
     table = cells.pivot_table(index=index, columns=columns, values="_cell", aggfunc="first")
     order = [k for k in pd.unique(frame[index]) if k in table.index]
     table = table.reindex(order).fillna("")
