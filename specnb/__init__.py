@@ -40,21 +40,35 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .analysis.metrics import Summary, rank_acceptance, steps_table, summarize, summary_table
-from .core.acceptance import Acceptance, greedy_accept, speculative_accept
-from .core.drafting import Draft, Drafter, ModelDrafter
-from .core.generation import GenerationResult, Step, autoregressive_generate, speculative_generate
-from .core.sampling import SamplingConfig
-from .core.trees import TokenTrie, Tree
-from .drafters.cross_tokenizer import CrossTokenizerDrafter
-from .drafters.draft_length import AdaptiveLength
-from .drafters.dynamic import DynamicTreeDrafter
-from .drafters.merging import MergedDrafter
-from .drafters.ngram import NgramDrafter
-from .drafters.self_draft import EarlyExitDrafter, early_exit_model, quantized_self_draft
-
-# functions users reach for from the top level, loaded with their module on first access
+# the names users reach for from the top level, each loaded with its module on first access, so
+# that importing one module of the package (the runner, say) does not import all of them
 LAZY = {
+    "Summary": "analysis.metrics",
+    "rank_acceptance": "analysis.metrics",
+    "steps_table": "analysis.metrics",
+    "summarize": "analysis.metrics",
+    "summary_table": "analysis.metrics",
+    "Acceptance": "core.acceptance",
+    "greedy_accept": "core.acceptance",
+    "speculative_accept": "core.acceptance",
+    "Draft": "core.drafting",
+    "Drafter": "core.drafting",
+    "ModelDrafter": "core.drafting",
+    "GenerationResult": "core.generation",
+    "Step": "core.generation",
+    "autoregressive_generate": "core.generation",
+    "speculative_generate": "core.generation",
+    "SamplingConfig": "core.sampling",
+    "TokenTrie": "core.trees",
+    "Tree": "core.trees",
+    "CrossTokenizerDrafter": "drafters.cross_tokenizer",
+    "AdaptiveLength": "drafters.draft_length",
+    "DynamicTreeDrafter": "drafters.dynamic",
+    "MergedDrafter": "drafters.merging",
+    "NgramDrafter": "drafters.ngram",
+    "EarlyExitDrafter": "drafters.self_draft",
+    "early_exit_model": "drafters.self_draft",
+    "quantized_self_draft": "drafters.self_draft",
     "load_model": "io.models",
     "load_pair": "io.models",
     "load_tokenizer": "io.models",
@@ -71,32 +85,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'specnb' has no attribute {name!r}")
 
 
-__all__ = [
-    "Acceptance",
-    "AdaptiveLength",
-    "CrossTokenizerDrafter",
-    "Draft",
-    "Drafter",
-    "DynamicTreeDrafter",
-    "EarlyExitDrafter",
-    "GenerationResult",
-    "MergedDrafter",
-    "ModelDrafter",
-    "NgramDrafter",
-    "SamplingConfig",
-    "Step",
-    "Summary",
-    "TokenTrie",
-    "Tree",
-    "autoregressive_generate",
-    "early_exit_model",
-    "greedy_accept",
-    "quantized_self_draft",
-    "rank_acceptance",
-    "speculative_accept",
-    "speculative_generate",
-    "steps_table",
-    "summarize",
-    "summary_table",
-    *LAZY,
-]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *LAZY])
+
+
+__all__ = sorted(LAZY)

@@ -120,7 +120,7 @@ NOTEBOOKS = ["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing", "05
 @pytest.mark.parametrize("stem", NOTEBOOKS)
 def test_a_bad_spec_is_refused_in_the_set_up_cell_before_any_model_loads(stem, tmp_path, monkeypatch):
     """The notebook's own parameters and set-up cells, run with a tree whose sibling ranks have a gap:
-    TreeSpecError with what to change, and nothing loaded or looked up first."""
+    TreeSpecError with what to change, and nothing installed, loaded or looked up first."""
 
     def loaded(*args, **kwargs):
         raise AssertionError("a model or tokenizer was loaded before custom_trees was checked")
@@ -131,6 +131,7 @@ def test_a_bad_spec_is_refused_in_the_set_up_cell_before_any_model_loads(stem, t
         (specnb.io.models, "load_tokenizer"),
         (specnb.io.sources, "check_sources"),
         (learned_study, "check_models"),
+        (specnb.io.embedded, "install"),
     ]:
         monkeypatch.setattr(module, name, loaded)
     code = [

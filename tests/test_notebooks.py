@@ -135,12 +135,14 @@ def test_appendices_come_in_two_forms_and_the_index_shows_the_headlines(smoke):
 PROBE = """<script>window.addEventListener("load", () => { const images = [...document.images];
 document.body.setAttribute("data-specnb-probe", JSON.stringify({images: images.length,
   broken: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute("src").slice(0, 80)),
-  text: document.body.innerText.trim().length})); });</script>"""
+  text: document.body.innerText.trim().length,
+  overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth})); });</script>"""
 
 
-def render(page: Path, browser: str, shot: Path) -> dict:
-    """Load `page` in headless Chromium: what a probe script saw once the page loaded (images, those
-    that failed to load, characters of text), and a screenshot."""
+def render(page: Path, browser: str, shot: Path, width: int = 1200) -> dict:
+    """Load `page` in headless Chromium, `width` pixels wide: what a probe script saw once the page
+    loaded (images, those that failed to load, characters of text, pixels the page runs past the
+    window's width), and a screenshot."""
     import html as html_module
 
     probe = page.with_name(page.name + ".probe.html")
@@ -150,11 +152,10 @@ def render(page: Path, browser: str, shot: Path) -> dict:
     # no network here or on a laptop offline: Chromium's own background connections stay off
     args += ["--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic"]
     args += [f"--user-data-dir={page.parent / '.chromium-profile'}"]
+    args += [f"--window-size={width},1600"]
     dom = subprocess.run(args + ["--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180).stdout
     probe.unlink()
-    subprocess.run(
-        args + ["--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180
-    )
+    subprocess.run(args + [f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180)
     found = re.search(r'data-specnb-probe="([^"]*)"', dom)
     assert found, f"the page never finished loading in {browser}"
     return json.loads(html_module.unescape(found.group(1)))
@@ -170,6 +171,7 @@ def test_an_appendix_and_the_index_render_in_headless_chromium(smoke, chromium, 
         seen = render(page, browser, tmp_path / f"{page.name}.png")
         assert seen["images"] >= 4 and seen["broken"] == [], (page.name, seen)
         assert seen["text"] > 500, f"{page.name}: the page is nearly empty ({seen['text']} characters)"
+        assert seen["overflow"] <= 0, f"{page.name}: runs {seen['overflow']} px past a 1200 px window"
         pixels = np.asarray(Image.open(tmp_path / f"{page.name}.png").convert("L"))
         assert (pixels < 200).mean() > 0.02, f"{page.name}: the screenshot is blank"
 

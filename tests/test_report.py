@@ -228,8 +228,9 @@ def test_report_renders_in_headless_chromium(chromium, tmp_path):
 
     fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
     _, page = write_report(tmp_path)
-    seen = render(page, chromium, tmp_path / "report.png")
+    seen = render(page, chromium, tmp_path / "report.png", width=900)
     assert seen["images"] >= 2 and seen["broken"] == [] and seen["text"] > 2000, seen
+    assert seen["overflow"] <= 0, f"the report runs {seen['overflow']} px past a 900 px window: {seen}"
     from PIL import Image
 
     pixels = np.asarray(Image.open(tmp_path / "report.png").convert("L"))

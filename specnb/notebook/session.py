@@ -95,6 +95,7 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
         print("\n".join(lines))
         if resolved == "cpu" and "google.colab" in sys.modules:
             print(NO_GPU_ON_COLAB)
+    parse_custom_trees(namespace.get("custom_trees"))  # a bad tree of yours: refused before any install
     install_embedded(namespace)
     whole_tables()
     if "seed" in namespace:
