@@ -10,8 +10,5 @@ profile=cpu
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then profile=$1; shift; fi
 scripts/setup_env.sh || { echo "run_notebooks.sh: set-up failed" >&2; exit 2; }
 py=$(scripts/setup_env.sh --python)
-models=$("$py" -m specnb.notebook.runner models "$profile") || exit 2
-if [ -n "$models" ]; then
-  scripts/setup_env.sh $models || { echo "run_notebooks.sh: installing models failed" >&2; exit 2; }
-fi
+# the runner installs the embedded models the notebooks name, times one, prints its estimate, then runs
 exec "$py" -m specnb.notebook.runner run "$profile" "$@"

