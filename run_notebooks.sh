@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: every numbered notebook in notebooks/ through papermill, results in outputs/.
 #   ./run_notebooks.sh [PROFILE] [-p NAME VALUE]... [-f FILE.yaml]... [--notebook NAME]...
-# PROFILE: cpu (default), smoke, t4 (notebooks/profiles/*.yaml). Sets up .venv from nothing if needed,
+# PROFILE: cpu (default), course (01-03), smoke, t4, t4-dryrun (notebooks/profiles/*.yaml). Sets up .venv from nothing if needed,
 # installs the embedded models the profile uses, then runs. Exit status non-zero if a notebook failed.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -188,7 +188,7 @@ def build_methods(target, draft, target_tokenizer, draft_tokenizer, args: argpar
             f"hf_uag {k}",
             "model_draft",
             lambda ids, n: hf_uag_generate(
-                target, draft, ids, target_tokenizer, draft_tokenizer, num_assistant_tokens=k, max_new_tokens=n
+                target, draft, ids, (target_tokenizer, draft_tokenizer), num_assistant_tokens=k, max_new_tokens=n
             ),
             k,
             k,

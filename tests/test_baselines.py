@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import random_prompt, tiny_model
 
-from specnb import Tree, autoregressive_generate, speculative_generate, summarize
+from specnb import SamplingConfig, Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.quality import greedy_equal, perplexity
 from specnb.bench.baselines import hf_assisted_generate, hf_generate, hf_prompt_lookup_generate
 from specnb.drafters.methods import method_trees
@@ -206,11 +206,23 @@ def test_sampling_is_seeded_and_leaves_the_global_generator_alone(tiny_target, n
     torch.manual_seed(123)
     state = torch.get_rng_state()
     a = hf_assisted_generate(
-        tiny_target, near_target, ids, 3, max_new_tokens=20, temperature=1.0, seed=7, eos_token_id=()
+        tiny_target,
+        near_target,
+        ids,
+        3,
+        max_new_tokens=20,
+        sampling=SamplingConfig(temperature=1.0, seed=7),
+        eos_token_id=(),
     )
     assert torch.equal(torch.get_rng_state(), state)
     b = hf_assisted_generate(
-        tiny_target, near_target, ids, 3, max_new_tokens=20, temperature=1.0, seed=7, eos_token_id=()
+        tiny_target,
+        near_target,
+        ids,
+        3,
+        max_new_tokens=20,
+        sampling=SamplingConfig(temperature=1.0, seed=7),
+        eos_token_id=(),
     )
     assert a.tokens.tolist() == b.tokens.tolist() and sum(s.num_tokens for s in a.steps) == 20
 

@@ -382,7 +382,7 @@ def test_universal_assisted_generation_equals_the_target(vocabs, kind):
         assert target.config.vocab_size != draft.config.vocab_size
     ids = torch.tensor([ids_of(t, " hello the")])
     reference = autoregressive_generate(target, ids, max_new_tokens=MAX_NEW, eos_token_id=())
-    r = hf_uag_generate(target, draft, ids, t, d, num_assistant_tokens=4, max_new_tokens=MAX_NEW, eos_token_id=())
+    r = hf_uag_generate(target, draft, ids, (t, d), num_assistant_tokens=4, max_new_tokens=MAX_NEW, eos_token_id=())
     assert r.tokens.tolist() == reference.tokens.tolist()
     assert sum(s.num_tokens for s in r.steps) == MAX_NEW and r.method == "hf_uag"
     assert all(s.draft_tokens == 4 for s in r.steps)  # draft tokens, fixed; candidates vary
@@ -394,7 +394,7 @@ def test_universal_assisted_generation_equals_the_target(vocabs, kind):
 def test_universal_assisted_generation_refuses_equal_vocabulary_sizes(tiny_target, tiny_draft, vocabs):
     t, d, _, _ = vocabs
     with pytest.raises(ValueError, match="same vocabulary size"):
-        hf_uag_generate(tiny_target, tiny_draft, torch.tensor([[3, 4]]), t, d)
+        hf_uag_generate(tiny_target, tiny_draft, torch.tensor([[3, 4]]), (t, d))
 
 
 # ---- method specs, refusals, sweeps ------------------------------------------------------------

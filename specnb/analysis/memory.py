@@ -37,6 +37,8 @@ import pandas as pd
 import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
+from ..io.eagle_checkpoint import PublishedEagle
+
 GB = 1e9
 FLOAT16_BYTES = 2
 ABSMAX_BYTES = 4  # one float32 absmax per block
@@ -116,27 +118,18 @@ def medusa_heads_bytes(
     return heads * (layers * (hidden_size * hidden_size + hidden_size) + vocab_size * hidden_size) * dtype_bytes
 
 
-def eagle_head_bytes(
-    hidden_size: int,
-    intermediate_size: int,
-    heads: int,
-    kv_heads: int,
-    vocab_size: int,
-    dtype_bytes: int = FLOAT16_BYTES,
-    bias: bool = True,
-    embedding: bool = False,
-    head_dim: int | None = None,
-) -> int:
+def eagle_head_bytes(head: PublishedEagle, dtype_bytes: int = FLOAT16_BYTES) -> int:
     """An EAGLE-1 checkpoint (`io.eagle_checkpoint`): fc 2H -> H (+ its bias), one Llama-style
     decoder layer without an input norm (q and o H x heads*d, k and v H x kv_heads*d, gate and up
     H x I, down I x H, the post-attention norm H), and the target's embedding V x H where the file
     holds it."""
-    d = head_dim or hidden_size // heads
-    fc = 2 * hidden_size * hidden_size + (hidden_size if bias else 0)
+    h = head.hidden_size
+    d = h // head.num_attention_heads
+    fc = 2 * h * h + (h if head.bias else 0)
     layer = (
-        2 * hidden_size * heads * d + 2 * hidden_size * kv_heads * d + 3 * hidden_size * intermediate_size + hidden_size
+        2 * h * head.num_attention_heads * d + 2 * h * head.num_key_value_heads * d + 3 * h * head.intermediate_size + h
     )
-    return (fc + layer + (vocab_size * hidden_size if embedding else 0)) * dtype_bytes
+    return (fc + layer + (head.vocab_size * h if head.holds_embedding else 0)) * dtype_bytes
 
 
 def kv_cache_bytes(config: PretrainedConfig, tokens: int, dtype_bytes: int = FLOAT16_BYTES) -> int:

@@ -70,6 +70,7 @@ from transformers import GenerationConfig
 from ..core.batch import BatchResult, check_prompts
 from ..core.generation import GenerationResult, Step
 from ..core.runtime import Clock, check_input, cut_at_eos, eos_ids, peak_memory, reset_peak_memory
+from ..core.sampling import GREEDY, SamplingConfig
 
 # generation-config fields that add logits processors specnb does not apply; a target whose
 # generation config sets any of them is refused rather than compared unfairly
@@ -90,19 +91,16 @@ def hf_generate(
     target: torch.nn.Module,
     input_ids: torch.Tensor,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> GenerationResult:
     """`target.generate` without an assistant: transformers' own decoding loop, one Step per token
     (times from a streamer, so the first step includes the prompt)."""
     ids = check_input(input_ids, max_new_tokens).to(target.device)
-    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    kwargs = _generate_kwargs(target, max_new_tokens, sampling, eos_token_id)
     streamer = _TokenClock(target.device)
     reset_peak_memory(target.device)
-    with _seeded(seed, target.device):
+    with _seeded(sampling.seed, target.device):
         start = streamer.now()
         out = target.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs)
         total = streamer.now() - start
@@ -193,10 +191,7 @@ def hf_assisted_generate(
     input_ids: torch.Tensor,
     num_assistant_tokens: int = 4,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> GenerationResult:
     """transformers assisted generation with `draft` proposing a chain of `num_assistant_tokens`
@@ -208,7 +203,7 @@ def hf_assisted_generate(
     if num_assistant_tokens < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
     ids = check_input(input_ids, max_new_tokens).to(target.device)
-    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    kwargs = _generate_kwargs(target, max_new_tokens, sampling, eos_token_id)
     # the assistant's own generate fills an unset eos from its model's config: give it the target's
     # stop tokens (none for eos_token_id=())
     fixed = _constant_chain(num_assistant_tokens, eos_token_id=kwargs["eos_token_id"])
@@ -218,7 +213,7 @@ def hf_assisted_generate(
             ids,
             {**kwargs, "assistant_model": draft},
             "hf_assisted",
-            seed,
+            sampling.seed,
             {"num_assistant_tokens": num_assistant_tokens},
         )
 
@@ -227,21 +222,18 @@ def hf_uag_generate(
     target: torch.nn.Module,
     draft: torch.nn.Module,
     input_ids: torch.Tensor,
-    target_tokenizer: Any,
-    draft_tokenizer: Any,
+    tokenizers: tuple[Any, Any],
     num_assistant_tokens: int = 4,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> GenerationResult:
     """transformers' universal assisted generation: `draft`, whose tokenizer differs from the
     target's, drafts `num_assistant_tokens` of its own tokens per step (schedule "constant",
     confidence threshold 0); the text is re-encoded in the target's tokens and verified.
 
-    input_ids: long [1, T], target tokens. Greedy output equals the target's greedy output."""
+    input_ids: long [1, T], target tokens; tokenizers: (the target's, the draft's). Greedy output equals
+    the target's greedy output."""
     if num_assistant_tokens < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
     if target.config.get_text_config().vocab_size == draft.config.get_text_config().vocab_size:
@@ -250,11 +242,13 @@ def hf_uag_generate(
             "vocabulary size; use hf_assisted (a shared vocabulary) or specnb's xtok drafter"
         )
     ids = check_input(input_ids, max_new_tokens).to(target.device)
-    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    kwargs = _generate_kwargs(target, max_new_tokens, sampling, eos_token_id)
     fixed = _constant_chain(num_assistant_tokens, eos_token_id=kwargs["eos_token_id"])
-    kwargs.update(assistant_model=draft, tokenizer=target_tokenizer, assistant_tokenizer=draft_tokenizer)
+    kwargs.update(assistant_model=draft, tokenizer=tokenizers[0], assistant_tokenizer=tokenizers[1])
     with _generation_config_set(draft, fixed):
-        return _recorded_generate(target, ids, kwargs, "hf_uag", seed, {"num_assistant_tokens": num_assistant_tokens})
+        return _recorded_generate(
+            target, ids, kwargs, "hf_uag", sampling.seed, {"num_assistant_tokens": num_assistant_tokens}
+        )
 
 
 def hf_prompt_lookup_generate(
@@ -263,10 +257,7 @@ def hf_prompt_lookup_generate(
     prompt_lookup_num_tokens: int = 10,
     max_matching_ngram_size: int = 2,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> GenerationResult:
     """transformers prompt lookup decoding: each step drafts up to `prompt_lookup_num_tokens`
@@ -280,10 +271,10 @@ def hf_prompt_lookup_generate(
     step's worth).
     """
     ids = check_input(input_ids, max_new_tokens).to(target.device)
-    kwargs = _generate_kwargs(target, max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    kwargs = _generate_kwargs(target, max_new_tokens, sampling, eos_token_id)
     kwargs.update(prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_matching_ngram_size=max_matching_ngram_size)
     meta = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens, "max_matching_ngram_size": max_matching_ngram_size}
-    return _recorded_generate(target, ids, kwargs, "hf_prompt_lookup", seed, meta)
+    return _recorded_generate(target, ids, kwargs, "hf_prompt_lookup", sampling.seed, meta)
 
 
 # ---- recording ------------------------------------------------------------------------------
@@ -429,12 +420,7 @@ def _step(sequence: list[int], prompt_length: int, record: _StepRecord) -> Step:
 
 
 def _generate_kwargs(
-    target: torch.nn.Module,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    eos_token_id: int | Sequence[int] | None,
+    target: torch.nn.Module, max_new_tokens: int, sampling: SamplingConfig, eos_token_id: int | Sequence[int] | None
 ) -> dict[str, Any]:
     """`generate` keyword arguments with specnb's semantics: batch 1, no beams, no logits processors
     but the sampling transforms specnb applies, the same stop tokens.
@@ -443,6 +429,8 @@ def _generate_kwargs(
     model's generation config, so `eos_token_id=None` there would still stop at the model's EOS;
     a keyword None is kept.
     """
+    if sampling.typical is not None:
+        raise ValueError("transformers' decoders have no typical acceptance: pass a SamplingConfig without `typical`")
     base = getattr(target, "generation_config", None) or GenerationConfig()
     for name in _UNSUPPORTED_PROCESSORS:
         if getattr(base, name, None) is not None:
@@ -455,16 +443,21 @@ def _generate_kwargs(
         min_new_tokens=None,
         min_length=0,
         num_beams=1,
-        do_sample=temperature > 0,
+        do_sample=not sampling.greedy,
         repetition_penalty=1.0,
         no_repeat_ngram_size=0,
         use_cache=True,
         return_dict_in_generate=False,
         eos_token_id=sorted(eos_ids(target, eos_token_id)) or None,  # () = no stop token: None for transformers
     )
-    if temperature > 0:  # greedy ignores the warpers (and transformers warns when they are set)
+    if not sampling.greedy:  # greedy ignores the warpers (and transformers warns when they are set)
         kwargs.update(
-            temperature=temperature, top_k=top_k, top_p=top_p, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
         )
     return kwargs
 

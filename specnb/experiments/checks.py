@@ -39,18 +39,10 @@ def per_category_figure(summary: PromptSummary, minimum: int = MIN_PROMPTS) -> N
 
 
 def medusa_split(
-    train: Sequence,
-    test: Sequence,
-    train_prompts: int,
-    test_prompts: int,
-    training: bool,
-    loaded: bool,
-    max_prompt_tokens: int,
-    eligible: int,
-    source: str,
+    train: Sequence, test: Sequence, train_prompts: int, test_prompts: int, training: bool, loaded: bool, pool: str
 ) -> None:
-    """Refuse splits that cannot hold what 05 asks for: `eligible` prompts of at most
-    `max_prompt_tokens` tokens were split into `train` and `test` (before the counts were cut);
+    """Refuse splits that cannot hold what 05 asks for: the prompts `pool` describes (how many, from
+    where, how long at most) were split into `train` and `test` (before the counts were cut);
     `training`: some heads train on the training split; `loaded`: some heads come from elsewhere,
     and their trees are designed on half the test prompts."""
     problems = []
@@ -66,8 +58,7 @@ def medusa_split(
     if not problems:
         return
     raise ParameterError(
-        "; ".join(problems) + f": {eligible} prompts of {source!r} have at most max_prompt_tokens={max_prompt_tokens} "
-        f"tokens, split into {len(train)} training and {len(test)} test prompts "
+        "; ".join(problems) + f": {pool}, split into {len(train)} training and {len(test)} test prompts "
         "(each category's 1st, 5th, 9th, ... prompt held out for testing). "
         "Lower train_prompts or test_prompts, raise max_prompt_tokens, or use a larger prompt source "
         "(prompts='spec_bench': 480 prompts)"

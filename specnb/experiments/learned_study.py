@@ -107,9 +107,7 @@ def study_prompts(
         test_prompts,
         training,
         not training if loaded is None else loaded,
-        max_prompt_tokens,
-        len(eligible),
-        source,
+        f"{len(eligible)} prompts of {source!r} have at most max_prompt_tokens={max_prompt_tokens} tokens",
     )
     return (train[:train_prompts] if training else []), test[:test_prompts], prompt_format(target, tokenizer)
 

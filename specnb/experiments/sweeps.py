@@ -139,8 +139,7 @@ class _Units:
                 target,
                 draft,
                 ids,
-                self.pair.tokenizer,
-                self.pair.draft_tokenizer,
+                (self.pair.tokenizer, self.pair.draft_tokenizer),
                 num_assistant_tokens=method.budget,
                 max_new_tokens=max_new_tokens,
             )

@@ -184,16 +184,7 @@ def published_download(repo_id: str) -> Download:
         base = config_of(h.base_model)
         size = medusa_heads_bytes(base.hidden_size, base.vocab_size, h.num_heads, h.num_layers, size_of)
         return Download(repo_id, "Medusa heads", h.dtype, size // size_of, size)
-    size = eagle_head_bytes(
-        h.hidden_size,
-        h.intermediate_size,
-        h.num_attention_heads,
-        h.num_key_value_heads,
-        h.vocab_size,
-        size_of,
-        h.bias,
-        h.holds_embedding,
-    )
+    size = eagle_head_bytes(h, size_of)
     return Download(repo_id, "EAGLE head", h.dtype, size // size_of, size)
 
 

