@@ -5,9 +5,10 @@
 #   scripts/setup_env.sh --python        print the python that the set-up installs into
 #   scripts/setup_env.sh --plan          print what the set-up would install, and install nothing
 #
-# - torch: on a machine without an NVIDIA GPU, the CPU build (torch==2.13.0) is installed first (pip:
-#   it takes the file on disk where there is one), so that pyproject.toml's `torch>=...` does not pull a
-#   CUDA build of several GB. Where `nvidia-smi` sees a GPU, pip's default torch is installed instead.
+# - torch: on a machine without an NVIDIA GPU, the CPU build is installed first, by pip (it takes a wheel on
+#   disk where pip's configuration names one): on Linux torch==2.13.0+cpu from PyTorch's CPU index
+#   ($SPECNB_TORCH_CPU_INDEX), since PyPI's Linux torch is the CUDA build with GBs of nvidia packages;
+#   elsewhere torch==2.13.0. Where `nvidia-smi` sees a GPU, pip's default torch is installed instead.
 # - specnb, editable, with pyproject.toml's dependencies and its extra [dev] (the notebook runner, Ray,
 #   Jupyter, pytest, ruff), by uv (installed into .venv first: parallel downloads, a cold set-up in
 #   minutes; SPECNB_UV=0, or no uv to be had, falls back to pip); on Colab, into Colab's Python with pip,
@@ -54,6 +55,7 @@ install() {
 }
 
 stamp=$state/.specnb-requirements
+torch_cpu_index=${SPECNB_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 want=$(cat "$root/pyproject.toml" "$root/scripts/setup_env.sh" "$root/scripts/install_runtime.py" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if ! "$py" -c "import torch" 2>/dev/null; then
@@ -61,8 +63,16 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       echo "[setup] GPU found: installing pip's default torch build"
       pip_install torch
     else
-      echo "[setup] no GPU: installing the CPU build torch==2.13.0"
-      pip_install --no-compile torch==2.13.0  # no bytecode for its thousands of files: Python writes what it imports
+      echo "[setup] no GPU: installing the CPU build of torch 2.13.0"
+      # no bytecode for its thousands of files (Python writes what it imports). On Linux PyPI's torch is the
+      # CUDA build, with some twenty nvidia packages (GBs): the CPU build is torch==2.13.0+cpu, on PyTorch's
+      # index (or in a local wheel folder that pip's configuration names)
+      if [ "$(uname -s)" != Linux ]; then
+        pip_install --no-compile torch==2.13.0
+      elif ! pip_install --no-compile --retries 1 torch==2.13.0+cpu --extra-index-url "$torch_cpu_index"; then
+        echo "[setup] torch==2.13.0+cpu not found (is $torch_cpu_index reachable?): installing PyPI's torch==2.13.0"
+        pip_install --no-compile torch==2.13.0
+      fi
     fi
   fi
   if [ -n "$uv" ] && [ ! -x "$uv" ]; then
