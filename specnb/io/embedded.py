@@ -524,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except subprocess.CalledProcessError as err:
         print(f"[specnb] pip failed with exit code {err.returncode}", file=sys.stderr)
         return 1
-    except (ModelNotInstalledError, ChecksumError) as err:
+    except (ModelNotInstalledError, ChecksumError, NotEnoughDiskError) as err:
         print(f"[specnb] {err}", file=sys.stderr)
         return 1
     for name, path in zip(args.names, paths):
