@@ -66,9 +66,10 @@ def bare(tmp_path_factory):
 def first_cells(name: str) -> nbformat.NotebookNode:
     """The notebook's parameters cell, the smoke profile's values for it (the models the test set-up
     installs: the set-up cell reads the target's tokenizer to say how prompts are encoded), the
-    set-up cell, and a cell that reports where specnb came from."""
+    Colab cell (finds or clones the project, installs its runtime), the set-up cell, and a cell that
+    reports where specnb came from."""
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"][:2]
+    code = [c for c in nb.cells if c.cell_type == "code"][:3]
     smoke = yaml.safe_load((ROOT / "notebooks" / "profiles" / "smoke.yaml").read_text())[name]
     code.insert(1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in smoke.items())))
     code.append(
