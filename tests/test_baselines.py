@@ -205,25 +205,10 @@ def test_sampling_is_seeded_and_leaves_the_global_generator_alone(tiny_target, n
     ids = random_prompt(2)
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    a = hf_assisted_generate(
-        tiny_target,
-        near_target,
-        ids,
-        3,
-        max_new_tokens=20,
-        sampling=SamplingConfig(temperature=1.0, seed=7),
-        eos_token_id=(),
-    )
+    sampled = SamplingConfig(temperature=1.0, seed=7)
+    a = hf_assisted_generate(tiny_target, near_target, ids, 3, max_new_tokens=20, sampling=sampled, eos_token_id=())
     assert torch.equal(torch.get_rng_state(), state)
-    b = hf_assisted_generate(
-        tiny_target,
-        near_target,
-        ids,
-        3,
-        max_new_tokens=20,
-        sampling=SamplingConfig(temperature=1.0, seed=7),
-        eos_token_id=(),
-    )
+    b = hf_assisted_generate(tiny_target, near_target, ids, 3, max_new_tokens=20, sampling=sampled, eos_token_id=())
     assert a.tokens.tolist() == b.tokens.tolist() and sum(s.num_tokens for s in a.steps) == 20
 
 
