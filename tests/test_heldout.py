@@ -178,3 +178,13 @@ def test_notebook_03_prices_01s_trees_and_the_readings_end_with_deploy_lines(tmp
     assert "cannot tell" in text and "chosen on the other folds" in text
     assert "do **not** beat" in readings.heldout_note(held.table) or "every design" in readings.heldout_note(held.table)
     assert "speculative_token_tree" in readings.deploy_reading(choice).splitlines()[-3]
+
+
+def test_a_measured_speed_outside_the_expected_interval_is_said():
+    from specnb.notebook import readings
+
+    assert readings.against_expected(1.10, 1.04, 1.27) == ""
+    assert readings.against_expected(0.95, float("nan"), float("nan")) == ""
+    below = readings.against_expected(0.95, 1.04, 1.27)
+    assert below.startswith(", below the expected interval [1.04, 1.27]") and "disagree" in below
+    assert readings.against_expected(1.40, 1.04, 1.27).startswith(", above the expected interval")

@@ -200,12 +200,24 @@ def verdict_reading(
         r = measured.iloc[0]
         out += (
             f"; run end to end on {int(r['prompts'])} prompts: {r['speedup']:.2f}x the target alone"
-            f"{_interval(r, 'speedup')}"
+            f"{_interval(r, 'speedup')}{against_expected(r['speedup'], choice.speedup_low, choice.speedup_high)}"
         )
     if folds is not None and not folds.empty:
         picks = ", ".join(f"{r.shape}:{r.budget}" for r in folds.itertuples())
         out += f"; chosen on the other folds and scored on each, the choice picks {picks}"
     return out
+
+
+def against_expected(measured: float, low: float, high: float) -> str:
+    """Where a measured speed-up falls against the expected interval [low, high]: said when it falls
+    outside (prediction and measurement disagree on this run), nothing when inside or without one."""
+    if not (low == low and high == high) or low <= measured <= high:
+        return ""
+    side = "below" if measured < low else "above"
+    return (
+        f", {side} the expected interval [{low:.2f}, {high:.2f}]: the cost model's prediction and this "
+        "measurement disagree on this run"
+    )
 
 
 def _bracket(low: float, high: float) -> str:

@@ -585,6 +585,7 @@ def _best_tree(doc: _Doc, folder: Path) -> None:
     import pandas as pd
 
     from ..io.tree_results import DEPLOY_FILE, RESULTS_FILE, read
+    from . import readings
 
     if not (folder / RESULTS_FILE).exists():
         doc.text(f"01's run wrote no {RESULTS_FILE} (a run from before it did).")
@@ -596,6 +597,7 @@ def _best_tree(doc: _Doc, folder: Path) -> None:
     else:
         measured = (
             f"; run end to end on {rec.measured_prompts} prompts: {rec.measured_speedup:.2f}x"
+            + readings.against_expected(rec.measured_speedup, rec.speedup_low, rec.speedup_high)
             if rec.measured_speedup is not None
             else ""
         )
