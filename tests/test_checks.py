@@ -109,8 +109,9 @@ def test_record_adds_to_params_json(tmp_path, capsys):
     ],
 )
 def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(tmp_path, notebook, args, message):
-    """The smoke profile with one parameter made impossible: the run fails in the set-up cell (cell 2,
-    the one after the parameters) with the message, before the cell that loads models."""
+    """The smoke profile with one parameter made impossible: the run fails in the set-up cell (cell 3:
+    after the title, the parameters and the Colab cell) with the message, before the cell that loads
+    models."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf-home")}  # no hub here
     proc = subprocess.run(
         [
@@ -135,4 +136,4 @@ def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(tmp_pat
     params = json.loads(next((tmp_path / "outputs" / notebook).iterdir()).joinpath("params.json").read_text())
     assert params["status"] == "failed" and message in params["error"], params.get("error")
     injected = 1  # papermill inserts the injected-parameters cell after the parameters cell
-    assert params["error"].startswith(f"cell {2 + injected} "), params["error"]
+    assert params["error"].startswith(f"cell {3 + injected} "), params["error"]

@@ -134,7 +134,7 @@ def hf_generate_batch(
     sequences = check_prompts(prompts, max_new_tokens)
     ids, mask = _left_padded(sequences, pad_token_id)
     width = ids.shape[1]
-    kwargs = _generate_kwargs(target, max_new_tokens, 0.0, 0, 1.0, eos_token_id)
+    kwargs = _generate_kwargs(target, max_new_tokens, GREEDY, eos_token_id)
     eos = eos_ids(target, eos_token_id)
     clock = Clock(target.device)
     start = clock.now()
@@ -170,7 +170,7 @@ def hf_assisted_refusal(
     """What transformers says when asked for assisted generation on more than one row at once (its
     issues #32165, #29769): the error message, or None if it ran."""
     ids, mask = _left_padded(check_prompts(prompts, 1), pad_token_id)
-    kwargs = _generate_kwargs(target, 2, 0.0, 0, 1.0, None)
+    kwargs = _generate_kwargs(target, 2, GREEDY, None)
     try:
         with _generation_config_set(draft, _constant_chain(num_assistant_tokens)), _without(INTERNAL_WARNINGS):
             target.generate(
