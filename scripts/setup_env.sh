@@ -45,8 +45,9 @@ if [ ! -x "$py" ]; then
   echo "[setup] creating $venv"
   python3 -m venv "$venv"
 fi
-# pip's own errors stop the set-up; only its noise about this machine's index locations is hidden
-pip_install() { "$py" -m pip install -q "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+# pip's own errors stop the set-up; only its noise about index locations and retries is hidden (an index it
+# cannot reach: the CPU torch index falls back with a message of its own)
+pip_install() { "$py" -m pip install -q "$@" 2> >(grep -v "^WARNING: Location\|^WARNING: Retrying" >&2); }
 # uv beside the environment's python (specnb.io.embedded installs the models' packages with it too)
 uv=$(dirname "$py")/uv
 if [ -n "${COLAB_RELEASE_TAG:-}" ] || [ "${SPECNB_SYSTEM_PYTHON:-0}" = 1 ] || [ "${SPECNB_UV:-1}" = 0 ]; then uv=""; fi
