@@ -84,10 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         store = Sweep(Path(tmp) / "curves.jsonl", key=BATCH_CURVE_KEY)
         curve = bs.measure_curves(
             store,
-            target,
-            draft,
-            args.target,
-            args.draft,
+            (target, draft),
+            (args.target, args.draft),
             args.curve_prefix,
             args.batches,
             list(trees.values()),
@@ -111,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         .to_string(index=False)
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    methods = bs.BatchMethods(target, draft, pad, args.k)
     measured = bs.measure_batches(
-        target, draft, rows, args.batches, bs.best_specs(best, args.k), args.max_new_tokens, pad, args.k, args.rounds
+        methods, rows, args.batches, bs.best_specs(best, args.k), args.max_new_tokens, args.rounds
     )
     versus = bs.predicted_vs_measured(cost, measured)
     print(

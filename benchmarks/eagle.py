@@ -171,7 +171,12 @@ def main() -> None:
     heads_config = CollectConfig(max_new, top_k=HEADLINE, eos_token_id=())
     collections = {
         EAGLE: collect_eagle(
-            target, eagle.head, test, heads_config, depth=EAGLE_DEPTH, progress=False, dynamic=(HEADLINE, TOP_K)
+            target,
+            eagle.head,
+            test,
+            replace(heads_config, super_k=TOP_K, super_size=HEADLINE),  # EAGLE-2's trees re-drafted
+            depth=EAGLE_DEPTH,
+            progress=False,
         ),
         MEDUSA: collect_heads(target, medusa.heads, test, heads_config, progress=False),
     }

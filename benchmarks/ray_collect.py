@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                     ids,
                     config,
                     describe=describe,
-                    executor=RayExecutor(workers=n),
-                    retries=0,
+                    executor=RayExecutor(workers=n, retries=0),
                     progress=False,
                 ).check()
                 o = report.outcome

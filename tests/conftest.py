@@ -335,3 +335,41 @@ def user_clone(dest: Path) -> Path:
             cwd=dest,
         )
     return dest
+
+
+# ---- a notebook's first cells in this process ----------------------------------------------------
+
+
+def run_set_up_cells(stem: str, params: dict, monkeypatch, forbidden: tuple[str, ...] = ("load_model", "load_pair")):
+    """Notebook `stem`'s parameters cell, `params` laid over it (as papermill injects them), its Colab
+    cell and its set-up cell, executed in this process with every `forbidden` call made to fail (names
+    in `specnb.io.models`, `specnb.io.sources`, `specnb.io.embedded` or `learned_study`; default: the
+    model loads): what a notebook checks before it loads anything, without a kernel's start-up.
+    Returns the cells' namespace; an error of the set-up cell propagates."""
+    import nbformat
+
+    import specnb.experiments.learned_study
+    import specnb.io.embedded
+    import specnb.io.models
+    import specnb.io.sources
+
+    def called(*args, **kwargs):
+        raise AssertionError(f"called before the set-up cell's checks: one of {forbidden}")
+
+    modules = (specnb.io.models, specnb.io.sources, specnb.io.embedded, specnb.experiments.learned_study)
+    for name in forbidden:
+        owners = [m for m in modules if hasattr(m, name)]
+        assert owners, f"nothing named {name}"
+        for module in owners:
+            monkeypatch.setattr(module, name, called)
+    code = [
+        c.source
+        for c in nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
+        if c.cell_type == "code"
+    ]
+    namespace: dict = {}
+    exec(code[0], namespace)
+    namespace.update(params)
+    exec(code[1], namespace)  # the Colab cell: nothing to do where specnb is installed
+    exec(code[2], namespace)
+    return namespace

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_set_up_cells
 
 from specnb.experiments import checks
 from specnb.io.prompts import describe, load_prompts
@@ -70,62 +71,50 @@ def test_record_adds_to_params_json(tmp_path, capsys):
     }
 
 
-@pytest.mark.parametrize(
-    "notebook, args, message",
-    [
-        (
-            "02_model_pairs",
-            ["-p", "per_category", "1", "-p", "max_prompts", "2"],
-            "the per-category figure needs at least 3",
-        ),
-        (
-            "02_model_pairs",
-            ["-p", "max_prompts", "9"],
-            "max_prompts=9, but prompts 'spec_bench' with categories=['coding', 'writing']",
-        ),
-        (
-            "05_learned_drafters",
-            ["-p", "prompts", "builtin"],
-            "train_prompts=16 (heads='train') but the training split holds",
-        ),
-        ("05_learned_drafters", ["-p", "speed_budget", "16"], "speed_budget=16 is not one of budgets=[4, 8]"),
-        # every model a run names is resolved in its set-up cell: 03's target (once checked only after its
-        # attention grid) and 05's heads repository (once resolved only after the 7B target had loaded)
-        (
-            "03_tree_attention_timing",
-            ["-p", "target", "nobody/no-such-target"],
-            "model 'nobody/no-such-target' cannot be loaded",
-        ),
-        (
-            "05_learned_drafters",
-            ["-p", "heads", "nobody/no-such-heads"],
-            "model 'nobody/no-such-heads' cannot be loaded",
-        ),
-        (
-            "05_learned_drafters",
-            ["-p", "eagle_heads", "nobody/no-such-eagle"],
-            "model 'nobody/no-such-eagle' cannot be loaded",
-        ),
-    ],
-)
-def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(tmp_path, notebook, args, message):
-    """The smoke profile with one parameter made impossible: the run fails in the set-up cell (cell 3:
-    after the title, the parameters and the Colab cell) with the message, before the cell that loads
-    models."""
+IMPOSSIBLE = [
+    ("02_model_pairs", {"per_category": 1, "max_prompts": 2}, "the per-category figure needs at least 3"),
+    (
+        "02_model_pairs",
+        {"max_prompts": 9},
+        "max_prompts=9, but prompts 'spec_bench' with categories=['coding', 'writing']",
+    ),
+    ("05_learned_drafters", {"prompts": "builtin"}, "train_prompts=16 (heads='train') but the training split holds"),
+    ("05_learned_drafters", {"speed_budget": 16}, "speed_budget=16 is not one of budgets=[4, 8]"),
+    # every model a run names is resolved in its set-up cell: 03's target (once checked only after its
+    # attention grid) and 05's heads repository (once resolved only after the 7B target had loaded)
+    ("03_tree_attention_timing", {"target": "nobody/no-such-target"}, "model 'nobody/no-such-target' cannot be loaded"),
+    ("05_learned_drafters", {"heads": "nobody/no-such-heads"}, "model 'nobody/no-such-heads' cannot be loaded"),
+    ("05_learned_drafters", {"eagle_heads": "nobody/no-such-eagle"}, "model 'nobody/no-such-eagle' cannot be loaded"),
+]
+
+
+@pytest.mark.parametrize("notebook, overrides, message", IMPOSSIBLE)
+def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(
+    tmp_path, monkeypatch, notebook, overrides, message
+):
+    """The smoke profile with one parameter made impossible, through the notebook's own first cells
+    (`conftest.run_set_up_cells`, in this process: no kernel to start): its set-up cell raises the
+    message, with no model loaded. Offline, as a user's first run (no hub here)."""
+    from specnb.notebook import runner
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    params = runner.resolve("smoke", overrides, [], [ROOT / "notebooks" / f"{notebook}.ipynb"])[notebook]
+    with pytest.raises(Exception) as refused:
+        run_set_up_cells(notebook, {**params, "run_dir": str(tmp_path / "run")}, monkeypatch)
+    assert message in str(refused.value), f"{type(refused.value).__name__}: {refused.value}"
+
+
+def test_a_refusal_fails_the_run_in_its_set_up_cell(tmp_path):
+    """End to end, once (the cases above run the same cells in this process): the runner's papermill
+    run of a notebook whose set-up cell refuses a parameter fails in that cell (cell 3: after the
+    title, the parameters and the Colab cell; papermill's injected parameters come after the
+    parameters cell), the message in params.json."""
+    notebook, overrides, message = IMPOSSIBLE[4]  # 03: its set-up cell is the quickest to reach
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf-home")}  # no hub here
+    args = [a for name, value in overrides.items() for a in ("-p", name, str(value))]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "specnb.notebook.runner",
-            "run",
-            "smoke",
-            "--notebook",
-            notebook,
-            *args,
-            "--outputs",
-            str(tmp_path / "outputs"),
-        ],
+        [sys.executable, "-m", "specnb.notebook.runner", "run", "smoke", "--notebook", notebook, *args]
+        + ["--outputs", str(tmp_path / "outputs")],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -135,5 +124,5 @@ def test_a_notebook_refuses_impossible_parameters_before_loading_a_model(tmp_pat
     assert proc.returncode == 1
     params = json.loads(next((tmp_path / "outputs" / notebook).iterdir()).joinpath("params.json").read_text())
     assert params["status"] == "failed" and message in params["error"], params.get("error")
-    injected = 1  # papermill inserts the injected-parameters cell after the parameters cell
+    injected = 1
     assert params["error"].startswith(f"cell {3 + injected} "), params["error"]

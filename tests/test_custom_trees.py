@@ -9,11 +9,9 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-from conftest import random_prompt, tiny_model
+from conftest import random_prompt, run_set_up_cells, tiny_model
 
 import specnb.experiments.learned_study as learned_study
-import specnb.io.models
-import specnb.io.sources
 from specnb import Tree
 from specnb.analysis.collection import CollectConfig
 from specnb.analysis.cost_model import cost_table, expected_tau
@@ -121,40 +119,23 @@ NOTEBOOKS = ["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing", "05
 def test_a_bad_spec_is_refused_in_the_set_up_cell_before_any_model_loads(stem, tmp_path, monkeypatch):
     """The notebook's own parameters and set-up cells, run with a tree whose sibling ranks have a gap:
     TreeSpecError with what to change, and nothing installed, loaded or looked up first."""
-
-    def loaded(*args, **kwargs):
-        raise AssertionError("a model or tokenizer was loaded before custom_trees was checked")
-
-    for module, name in [
-        (specnb.io.models, "load_model"),
-        (specnb.io.models, "load_pair"),
-        (specnb.io.models, "load_tokenizer"),
-        (specnb.io.sources, "check_sources"),
-        (learned_study, "check_models"),
-        (specnb.io.embedded, "install"),
-    ]:
-        monkeypatch.setattr(module, name, loaded)
-    code = [
-        c.source
-        for c in nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
-        if c.cell_type == "code"
-    ]
+    cells = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
     namespace: dict = {}
-    exec(code[0], namespace)
+    exec(next(c.source for c in cells if c.cell_type == "code"), namespace)  # the parameters cell
     assert namespace["custom_trees"] == {}, "the default: no trees of one's own"
-    namespace.update(profile="", run_dir=str(tmp_path), custom_trees={"gap": [[0], [2]]})
-    exec(code[1], namespace)  # the Colab cell: nothing to do where specnb is installed
+    before = ("load_model", "load_pair", "load_tokenizer", "check_sources", "check_models", "install")
     with pytest.raises(TreeSpecError, match="no sibling of rank 1: sibling ranks must run 0, 1, 2"):
-        exec(code[2], namespace)
+        run_set_up_cells(
+            stem, {"profile": "", "run_dir": str(tmp_path), "custom_trees": {"gap": [[0], [2]]}}, monkeypatch, before
+        )
 
 
 def test_the_batch_study_measures_a_custom_tree_and_compares_it_with_the_cost_model(tiny_target, tiny_draft):
     from specnb.experiments import batch_study as bs
 
     prompts = [random_prompt(i)[0] for i in range(2)]
-    measured = bs.measure_batches(
-        tiny_target, tiny_draft, prompts, [1, 2], {1: ["mine"], 2: ["mine"]}, 6, 0, 2, 1, CUSTOM
-    )
+    methods = bs.BatchMethods(tiny_target, tiny_draft, pad_token_id=0, k=2, custom=CUSTOM)
+    measured = bs.measure_batches(methods, prompts, [1, 2], {1: ["mine"], 2: ["mine"]}, 6, rounds=1)
     mine = measured[measured["method"] == "mine"]
     assert len(mine) == 2 and (mine["status"] == "measured").all() and (mine["greedy_equal"] == mine["rows"]).all()
     cost = pd.DataFrame({"batch": [1, 2], "shape": "mine", "budget": 4, "tokens_per_s": 10.0, "tau": 1.5})

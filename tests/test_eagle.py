@@ -504,9 +504,8 @@ def eagle_collection(tiny_target, trained):
         tiny_target,
         trained.head,
         PROMPTS,
-        CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
+        CollectConfig(MAX_NEW, top_k=8, run_tree="sparse:6", eos_token_id=()),
         depth=4,
-        tree=Tree.sparse(6),
         progress=False,
     )
 
@@ -564,11 +563,9 @@ def eagle_dynamic_collection(tiny_target, trained):
         tiny_target,
         trained.head,
         PROMPTS,
-        CollectConfig(MAX_NEW, top_k=8, eos_token_id=()),
+        CollectConfig(MAX_NEW, top_k=8, run_tree="sparse:6", eos_token_id=(), super_k=3, super_size=12),
         depth=4,
-        tree=Tree.sparse(6),
         progress=False,
-        dynamic=(12, 3),
     )
 
 

@@ -48,7 +48,7 @@ def test_a_failed_unit_is_retried_then_reported_by_name_without_stopping_the_oth
         return models + unit.name
 
     units = [Item(n) for n in ("a", "bad", "flaky", "b")]
-    out = LocalExecutor().map(lambda: "m:", work, units, retries=2, on_progress=seen.append)
+    out = LocalExecutor(retries=2).map(lambda: "m:", work, units, on_progress=seen.append)
     assert out.results == {"a": "m:a", "flaky": "m:flaky", "b": "m:b"}
     assert [(f.unit, f.attempts, f.error) for f in out.failures] == [("bad", 3, "RuntimeError: bad broke")]
     assert isinstance(out.failures[0].exception, RuntimeError)
@@ -185,8 +185,7 @@ def test_ray_collection_writes_the_same_files_as_local(tmp_path, ray_local, pair
         prompts,
         CONFIG,
         describe=DESCRIBE,
-        executor=RayExecutor(workers=2),
-        retries=1,
+        executor=RayExecutor(workers=2, retries=1),
         progress=seen.append,
     )
     assert report.failed == ["bad"] and report.outcome.failures[0].attempts == 2
@@ -210,7 +209,7 @@ def test_killing_a_ray_worker_loses_no_unit_and_duplicates_none(tmp_path, ray_lo
             killed.update(pid=victim, done=p.done)
 
     report = collect_units(
-        folder, pair, PROMPTS, CONFIG, describe=DESCRIBE, executor=RayExecutor(workers=2), retries=2, progress=kill_one
+        folder, pair, PROMPTS, CONFIG, describe=DESCRIBE, executor=RayExecutor(workers=2, retries=2), progress=kill_one
     )
     print(
         f"killed worker {killed['pid']} after {killed['done']} of {len(PROMPTS)} units; "

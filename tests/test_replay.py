@@ -358,7 +358,7 @@ def test_super_trees_on_a_subset_replay_dynamic_trees_on_that_subset(tmp_path, t
     dynamic rows and steps come from the subset alone, static rows from every prompt; another
     subset on resume is refused."""
     config = super_collection.config
-    c = collect(tmp_path / "c", tiny_target, drafts["early"], PROMPTS, config, super_prompts=["p0", "p2"])
+    c = collect(tmp_path / "c", tiny_target, drafts["early"], PROMPTS, config, describe={"super_prompts": ["p0", "p2"]})
     assert [p.super_size is not None for p in c.prompts] == [True, False, True]
     sub = c.super_tree_prompts()
     assert [p.prompt_id for p in sub.prompts] == ["p0", "p2"]
@@ -371,9 +371,9 @@ def test_super_trees_on_a_subset_replay_dynamic_trees_on_that_subset(tmp_path, t
     assert set(replay_steps(c, 4)) == {"p0", "p2"}
     assert replay(c, {("chain", 3): Tree.chain(3)}).iloc[0]["prompts"] == 3
     with pytest.raises(ValueError, match="other parameters"):
-        collect(tmp_path / "c", tiny_target, drafts["early"], PROMPTS, config, super_prompts=["p0"])
+        collect(tmp_path / "c", tiny_target, drafts["early"], PROMPTS, config, describe={"super_prompts": ["p0"]})
     with pytest.raises(ValueError, match="not collected"):
-        collect(tmp_path / "d", tiny_target, drafts["early"], PROMPTS, config, super_prompts=["p9"])
+        collect(tmp_path / "d", tiny_target, drafts["early"], PROMPTS, config, describe={"super_prompts": ["p9"]})
 
 
 def test_pooled_rows_carry_intervals_across_prompts(collections):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -75,10 +76,8 @@ def batch_prompts(
 
 def measure_curves(
     store: Sweep,
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    target_label: str,
-    draft_label: str,
+    models: tuple[torch.nn.Module, torch.nn.Module],
+    labels: tuple[str, str],
     prefix: int,
     batches: Sequence[int],
     trees: Sequence[Tree],
@@ -86,7 +85,9 @@ def measure_curves(
 ) -> pd.DataFrame:
     """The batched cost curves this machine lacks, then all of them for the pair and prefix: the
     target's verify of every tree size (and 0) and the draft's forward of every width a step uses
-    (its levels, and the up to depth + 1 tokens it feeds first), at every batch size."""
+    (its levels, and the up to depth + 1 tokens it feeds first), at every batch size. models:
+    (target, draft); labels: how the curves name them."""
+    (target, draft), (target_label, draft_label) = models, labels
     nodes = sorted({0, *(t.num_nodes for t in trees)})
     widths = sorted(
         {
@@ -136,36 +137,71 @@ def replayed_runs(
     return table, runs
 
 
+@dataclass(frozen=True)
+class BatchMethods:
+    """How `measure_batches` runs each method on a batch of prompts (`run`)."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    pad_token_id: int  # transformers' batched generate pads with it (left padding)
+    k: int = 4  # draft tokens per step of transformers' assisted generation
+    custom: Mapping[str, Tree] | None = None  # the user's trees by name, which specs may name (`core.tree_spec`)
+
+    def run(self, name: str, prompts: Sequence[torch.Tensor], max_new_tokens: int) -> BatchResult | str:
+        """Method `name` on `prompts` (one row each), EOS ignored; a string: the method refused the batch."""
+        target, draft = self.target, self.draft
+        if name == TARGET_ALONE:
+            return autoregressive_generate_batch(target, prompts, max_new_tokens, eos_token_id=())
+        if name == HF_BATCH:
+            return hf_generate_batch(target, prompts, self.pad_token_id, max_new_tokens, eos_token_id=())
+        if name.startswith(HF_ASSISTED):
+            if len(prompts) > 1:
+                return hf_assisted_refusal(target, draft, prompts, self.pad_token_id, self.k) or "ran (no refusal)"
+            r = hf_assisted_generate(
+                target,
+                draft,
+                prompts[0][None],
+                num_assistant_tokens=self.k,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=(),
+            )
+            return BatchResult((r,), r.total_time, r.prefill_time)
+        method = parse_method(name, self.custom)
+        if method.drafter != "draft":
+            raise ValueError(f"{name!r}: notebook 06 batches the draft model's trees (e.g. chain:4, sparse:8)")
+        return speculative_generate_batch(
+            target, draft, prompts, tree=method.tree, max_new_tokens=max_new_tokens, eos_token_id=()
+        )
+
+
 def measure_batches(
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
+    methods: BatchMethods,
     prompts: Sequence[torch.Tensor],
     batches: Sequence[int],
     specs: dict[int, list[str]],
     max_new_tokens: int,
-    pad_token_id: int,
-    k: int = 4,
     rounds: int = 1,
-    custom: Mapping[str, Tree] | None = None,
 ) -> pd.DataFrame:
     """One row per (batch, method) on the first B prompts (module docstring), every row generating
     `max_new_tokens` (EOS ignored: batches compare like with like, and the replayed steps match).
     specs[B]: the specnb method specs measured at B besides the target alone (e.g. chain:4 and the
-    best tree there); custom: the user's trees by name, which specs may name (`core.tree_spec`)."""
+    best tree there, which may name `methods.custom` trees); transformers' assisted generation runs
+    `methods.k` draft tokens."""
+    target = methods.target
     references = [
         autoregressive_generate(target, p[None], max_new_tokens=max_new_tokens, eos_token_id=()).tokens.tolist()
         for p in prompts
     ]
     for name in [TARGET_ALONE, HF_BATCH] + sorted({s for v in specs.values() for s in v}):  # warm-up, untimed
-        _run(name, target, draft, prompts[:1], WARMUP_TOKENS, pad_token_id, k, custom)
+        methods.run(name, prompts[:1], WARMUP_TOKENS)
     rows = []
     for b in batches:
-        names = [TARGET_ALONE, HF_BATCH, *specs[b], f"{HF_ASSISTED}:{k}"]
+        names = [TARGET_ALONE, HF_BATCH, *specs[b], f"{HF_ASSISTED}:{methods.k}"]
         order = names[b % len(names) :] + names[: b % len(names)]
         best: dict[str, BatchResult | str] = {}
         for _ in range(rounds):
             for name in order:
-                result = _run(name, target, draft, prompts[:b], max_new_tokens, pad_token_id, k, custom)
+                result = methods.run(name, prompts[:b], max_new_tokens)
                 if isinstance(result, str) or name not in best or result.total_time < best[name].total_time:
                     best[name] = result
         for name in names:
@@ -174,35 +210,6 @@ def measure_batches(
     alone = out[out["method"] == TARGET_ALONE].set_index("batch")["tokens_per_s"]
     out["speedup"] = out["tokens_per_s"] / out["batch"].map(alone)
     return out
-
-
-def _run(
-    name: str,
-    target,
-    draft,
-    prompts,
-    max_new_tokens: int,
-    pad_token_id: int,
-    k: int,
-    custom: Mapping[str, Tree] | None = None,
-) -> BatchResult | str:
-    if name == TARGET_ALONE:
-        return autoregressive_generate_batch(target, prompts, max_new_tokens, eos_token_id=())
-    if name == HF_BATCH:
-        return hf_generate_batch(target, prompts, pad_token_id, max_new_tokens, eos_token_id=())
-    if name.startswith(HF_ASSISTED):
-        if len(prompts) > 1:
-            return hf_assisted_refusal(target, draft, prompts, pad_token_id, k) or "ran (no refusal)"
-        r = hf_assisted_generate(
-            target, draft, prompts[0][None], num_assistant_tokens=k, max_new_tokens=max_new_tokens, eos_token_id=()
-        )
-        return BatchResult((r,), r.total_time, r.prefill_time)
-    method = parse_method(name, custom)
-    if method.drafter != "draft":
-        raise ValueError(f"{name!r}: notebook 06 batches the draft model's trees (e.g. chain:4, sparse:8)")
-    return speculative_generate_batch(
-        target, draft, prompts, tree=method.tree, max_new_tokens=max_new_tokens, eos_token_id=()
-    )
 
 
 def _row(batch: int, name: str, result: BatchResult | str, target, prompts, references) -> dict:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path as FilePath
@@ -72,33 +72,23 @@ def collect(
     categories: Mapping[str, str] | None = None,
     describe: Mapping[str, Any] | None = None,
     progress: bool = False,
-    super_prompts: Iterable[str] | None = None,
-    drafter: Drafter | None = None,
 ) -> Collection:
     """Collect every prompt not yet in `folder`, in this process, and return the collection of `prompts`.
 
     prompts: prompt id -> input ids long [1, P]. describe: what made it (pair names, prompt
-    source...), stored with the config; resuming with another config or description raises. A
-    prompt that fails raises its error (after the other prompts are collected). super_prompts:
-    `collect_units`. drafter: the continuation run's drafter; default `ModelDrafter(draft)`; a
-    cross-tokenizer collection needs its `CrossTokenizerDrafter`."""
-    if config.cross_tokenizer and drafter is None:
-        raise ValueError("a cross-tokenizer collection needs its drafter (CrossTokenizerDrafter of the pair)")
-    return (
-        collect_units(
-            folder,
-            (target, draft, drafter or ModelDrafter(draft)),
-            prompts,
-            config,
-            categories,
-            describe,
-            retries=0,
-            progress=progress,
-            super_prompts=super_prompts,
+    source...; "super_prompts": see `collect_units`), stored with the config; resuming with another
+    config or description raises. A prompt that fails raises its error (after the other prompts are
+    collected). The continuation's run drafts with `ModelDrafter(draft)`; a cross-tokenizer
+    collection needs its own drafter: `collect_units(folder, (target, draft, drafter), ...)`."""
+    if config.cross_tokenizer:
+        raise ValueError(
+            "a cross-tokenizer collection needs its drafter: collect_units(folder, (target, draft, "
+            "CrossTokenizerDrafter(...)), prompts, config)"
         )
-        .check()
-        .collection
+    report = collect_units(
+        folder, (target, draft), prompts, config, categories, describe, LocalExecutor(retries=0), progress
     )
+    return report.check().collection
 
 
 @dataclass(frozen=True)
@@ -153,27 +143,26 @@ def collect_units(
     categories: Mapping[str, str] | None = None,
     describe: Mapping[str, Any] | None = None,
     executor: Executor = LocalExecutor(),
-    retries: int = 2,
     progress: bool | Callable[[Progress], None] = True,
-    super_prompts: Iterable[str] | None = None,
 ) -> CollectReport:
-    """Collect every unit (prompt) not yet in `folder` with `executor`, retrying a failed unit up to
-    `retries` more times, then reporting it (`CollectReport`) without stopping the others.
+    """Collect every unit (prompt) not yet in `folder` with `executor`, which retries a failed unit
+    up to its `retries` more times, then reports it (`CollectReport`) without stopping the others.
 
     models: a `ModelPair` (names: each worker loads it once, `load_models`) or loaded (target,
     draft) or (target, draft, drafter) for this process; a cross-tokenizer collection runs in this
     process, with its drafter. folder: a path, or for workers on other machines a shared folder or an
     fsspec URL they can all write. describe: what made the collection; if it names "draft_dtype",
-    a worker whose draft loads in another dtype refuses to start. progress: a bar over units done /
-    total with failures (True), or a callback taking each `Progress`. super_prompts: the prompts
-    that get super-trees when config.super_k > 0 (they cost draft forwards; default every prompt);
-    the subset is part of the description, so resuming with another subset raises too."""
-    if super_prompts is not None and config.super_k:
-        wanted = sorted(str(p) for p in super_prompts)
-        unknown = sorted(set(wanted) - {str(p) for p in prompts})
+    a worker whose draft loads in another dtype refuses to start; if it names "super_prompts" (prompt
+    ids), only those get super-trees when config.super_k > 0 (they cost draft forwards; default
+    every prompt), and resuming with another subset raises too. progress: a bar over units done /
+    total with failures (True), or a callback taking each `Progress`."""
+    describe = dict(describe or {})
+    subset = describe.pop("super_prompts", None)
+    if subset is not None and config.super_k:
+        describe["super_prompts"] = sorted(str(p) for p in subset)
+        unknown = sorted(set(describe["super_prompts"]) - {str(p) for p in prompts})
         if unknown:
             raise ValueError(f"super_prompts names prompts that are not collected: {unknown}")
-        describe = {**(describe or {}), "super_prompts": wanted}
     if config.cross_tokenizer and (isinstance(models, ModelPair) or len(models) != 3):
         raise ValueError(
             "a cross-tokenizer collection runs in this process with its drafter: "
@@ -187,7 +176,7 @@ def collect_units(
     else:
         load = partial(_loaded, *models)
     with _ProgressBar(len(units), len(units) - len(todo), progress) as report:
-        outcome = executor.map(load, partial(collect_unit, folder=store, config=config), todo, retries, report)
+        outcome = executor.map(load, partial(collect_unit, folder=store, config=config), todo, report)
     failed = {f.unit for f in outcome.failures}
     absent = [u.name for u in units if u.name not in failed and not store.exists(u.name)]
     if absent:

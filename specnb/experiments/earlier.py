@@ -48,18 +48,16 @@ def add_cost_rows(cost: pd.DataFrame, earlier: Earlier, curve: pd.DataFrame, tar
 def batch_rows(
     earlier: Earlier,
     folder: Path,
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
+    models: tuple[torch.nn.Module, torch.nn.Module],
+    labels: tuple[str, str],
     prompts: Sequence[tuple[str, str, torch.Tensor]],
     curve: pd.DataFrame,
     batches: Sequence[int],
     max_new_tokens: int,
-    target_label: str,
-    draft_label: str,
 ) -> pd.DataFrame:
     """`cost_model.batch_cost_table` rows of 01's trees, replayed on these prompts from the collection
     in `folder` (`batch_study.replayed_runs`, resumed when the notebook made it with the same
-    settings); empty without trees from 01."""
+    settings); empty without trees from 01. models: (target, draft); labels: the curve's names for them."""
     if not earlier.trees:
         return pd.DataFrame()
     trees = {(PREFIX + name, budget): tree for (name, budget), tree in earlier.trees.items()}
@@ -67,8 +65,8 @@ def batch_rows(
         max(max(t.ranks, default=0) for t in trees.values()) >= DEFAULT_TOP_K
     ):  # the notebook's collection keeps fewer ranks
         folder = Path(folder).with_name(Path(folder).name + "_01")
-    _, runs = replayed_runs(folder, target, draft, prompts, trees, max_new_tokens)
-    return batch_cost_table(curve, trees, runs, batches, target_label, draft_label)
+    _, runs = replayed_runs(folder, *models, prompts, trees, max_new_tokens)
+    return batch_cost_table(curve, trees, runs, batches, *labels)
 
 
 def curve_01(earlier: Earlier) -> pd.DataFrame | None:

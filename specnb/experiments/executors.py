@@ -8,7 +8,7 @@
     executor_for    the notebooks' parameters ("local" / "ray", the Ray address) -> an executor
     Progress, Failure, WorkerInfo, Outcome
 
-Both executors retry a unit that fails (it raised, or its worker died) up to `retries` more times,
+Both executors retry a unit that fails (it raised, or its worker died) up to their `retries` more times,
 at the back of the queue, then report it by name (`Failure`) without stopping the other units. A
 unit may therefore run more than once (its worker died after writing, or two collections share a
 folder), so `work` must be idempotent: the collection's units skip themselves when their file
@@ -76,16 +76,17 @@ class Outcome:
 
 
 class Executor(Protocol):
+    retries: int  # a unit that fails is tried this many more times, then reported
+
     def map(
         self,
         load: Callable[[], Any],
         work: Callable[[Any, Any], Any],
         units: Sequence[Any],
-        retries: int = 2,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome:
         """Run `work(load(), unit)` for every unit (each with a unique `name`); `load` runs once per
-        worker. A unit that fails is retried up to `retries` more times, then reported."""
+        worker. A unit that fails is retried up to the executor's `retries` more times, then reported."""
         ...
 
 
@@ -140,16 +141,17 @@ def _one_line(e: BaseException) -> str:
 class LocalExecutor:
     """The units one after another in this process, with the models `load()` gives (the default)."""
 
+    retries: int = 2  # a unit that fails is tried this many more times, then reported by name
+
     def map(
         self,
         load: Callable[[], Any],
         work: Callable[[Any, Any], Any],
         units: Sequence[Any],
-        retries: int = 2,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome:
         started = time.perf_counter()
-        ledger = _Ledger(len(units), retries, on_progress)
+        ledger = _Ledger(len(units), self.retries, on_progress)
         if not units:
             return ledger.outcome((), 0, started, None)
         models = load()
@@ -220,6 +222,7 @@ class RayExecutor:
     num_cpus: float = 1  # CPUs per actor
     threads: int = 0  # torch threads per actor; 0: num_cpus (rounded, at least 1)
     replacements: int = 4  # actors started in place of ones that died or could not start, in all
+    retries: int = 2  # a unit that fails (or whose actor died) is tried this many more times, then reported
     ship_code: bool = True  # when this executor starts or joins Ray: send this specnb to the actors (runtime_env
     #                         py_modules), so they run the driver's code; a Ray the caller started keeps its own
     #                         runtime_env
@@ -229,11 +232,10 @@ class RayExecutor:
         load: Callable[[], Any],
         work: Callable[[Any, Any], Any],
         units: Sequence[Any],
-        retries: int = 2,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome:
         started = time.perf_counter()
-        ledger = _Ledger(len(units), retries, on_progress)
+        ledger = _Ledger(len(units), self.retries, on_progress)
         if not units:
             return ledger.outcome((), 0, started, None)
         ray = import_ray()
@@ -335,12 +337,13 @@ class RayExecutor:
         return max(1, min(wanted, units)), {"num_cpus": self.num_cpus, "num_gpus": gpus_each, "max_restarts": 0}
 
 
-def executor_for(name: str, address: str = "", workers: int = 0) -> Executor:
+def executor_for(name: str, address: str = "", workers: int = 0, retries: int = 2) -> Executor:
     """The executor a notebook's parameters name: "local", or "ray" (at `address`, with `workers`
-    actors; `RayExecutor`). Naming Ray checks that it is installed, before anything runs."""
+    actors; `RayExecutor`), each retrying a failed unit `retries` more times. Naming Ray checks that
+    it is installed, before anything runs."""
     if name == "local":
-        return LocalExecutor()
+        return LocalExecutor(retries)
     if name == "ray":
         import_ray()
-        return RayExecutor(address=address, workers=workers)
+        return RayExecutor(address=address, workers=workers, retries=retries)
     raise ValueError(f"unknown executor {name!r}: 'local' or 'ray'")

@@ -323,30 +323,37 @@ def short_name(drafter: str) -> str:
     return {EAGLE: "eagle", MEDUSA: "medusa"}.get(drafter, "draft")
 
 
+@dataclass(frozen=True)
+class DynamicTrees:
+    """The dynamic trees the speed comparison times: `n` nodes, `top_k` children per node, at most
+    `depth` deep; EAGLE-2's tree from the head always, the draft models' with `draft_models`."""
+
+    n: int
+    top_k: int
+    depth: int
+    draft_models: bool = False
+
+
 def speed_drafters(
     target: torch.nn.Module,
     head: EagleHead,
     medusa: MedusaHeads,
-    draft: torch.nn.Module | None,
-    draft_label: str | None,
-    budget: int,
-    top_k: int,
-    depth: int,
-    draft_dynamic: bool,
+    drafts: Mapping[str, torch.nn.Module],
+    dynamic: DynamicTrees,
 ) -> tuple[dict[str, Drafter], dict[str, dict[int, Drafter]]]:
     """The drafters `speed_plan` times: (static, by drafter label: the EAGLE head's and Medusa's
-    heads' tree drafters and the draft model's; dynamic, by label and budget: EAGLE-2's tree from
-    the head at `budget`, and the draft model's with `draft_dynamic`), each dynamic one `top_k`
-    children per node, at most `depth` deep."""
+    heads' tree drafters and each draft model's (`drafts`, by label); dynamic, by label and budget
+    `dynamic.n`: EAGLE-2's tree from the head, and the draft models' where `dynamic.draft_models`)."""
+    n, top_k, depth = dynamic.n, dynamic.top_k, dynamic.depth
     static: dict[str, Drafter] = {EAGLE: EagleDrafter(target, head), MEDUSA: MedusaDrafter(target, medusa)}
-    dynamic: dict[str, dict[int, Drafter]] = {
-        EAGLE: {budget: EagleDynamicDrafter(target, head, n=budget, top_k=top_k, max_depth=depth)}
+    trees: dict[str, dict[int, Drafter]] = {
+        EAGLE: {n: EagleDynamicDrafter(target, head, n=n, top_k=top_k, max_depth=depth)}
     }
-    if draft is not None:
-        static[draft_label] = ModelDrafter(draft)
-        if draft_dynamic:
-            dynamic[draft_label] = {budget: DynamicTreeDrafter(draft, n=budget, top_k=top_k, max_depth=depth)}
-    return static, dynamic
+    for label, draft in drafts.items():
+        static[label] = ModelDrafter(draft)
+        if dynamic.draft_models:
+            trees[label] = {n: DynamicTreeDrafter(draft, n=n, top_k=top_k, max_depth=depth)}
+    return static, trees
 
 
 def eagle_config(medusa: TrainConfig, epochs: float, batch_rows: int, lr: float, ce_rows: int) -> EagleConfig:

@@ -48,7 +48,6 @@ class PairCollectConfig:
     dynamic_budgets: tuple[int, ...] = ()  # budgets of the dynamic trees: the super-trees are as large as the largest
     top_k: int = 16  # ranks kept per position (at least the widest rank any tree uses; the oracle's limit K)
     super_prompts: int | None = None  # super-trees on the first prompts only; None: every prompt
-    retries: int = 2  # a unit that fails is tried this many more times, then listed by name
     dtype: str | None = None  # the dtype a worker loads the pair in (`io.models.model_dtype`)
 
 
@@ -84,15 +83,8 @@ def collect_pair(
             raise ValueError("a cross-tokenizer collection runs in this process: pass the loaded target and draft")
         cross = CollectConfig(max_new_tokens=config.max_new_tokens, run_tree="chain:4", cross_tokenizer=True)
         drafter = CrossTokenizerDrafter(draft, models.draft_tokenizer, tokenizer)
-        return collect_units(
-            folder,
-            (target, draft, drafter),
-            ids,
-            cross,
-            categories=categories,
-            describe=describe,
-            retries=config.retries,
-        )
+        here = LocalExecutor(executor.retries)  # in this process, whatever executor was given
+        return collect_units(folder, (target, draft, drafter), ids, cross, categories, describe, here)
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     collect = CollectConfig(
         max_new_tokens=config.max_new_tokens,
@@ -101,16 +93,10 @@ def collect_pair(
         super_depth=config.super_depth,
         super_size=max(config.dynamic_budgets, default=1),
     )
+    if config.super_prompts is not None:
+        describe["super_prompts"] = [p.id for p in prompts[: config.super_prompts]]
     return collect_units(
-        folder,
-        _collecting_models(models, pair, executor, config.dtype),
-        ids,
-        collect,
-        categories=categories,
-        describe=describe,
-        executor=executor,
-        retries=config.retries,
-        super_prompts=None if config.super_prompts is None else [p.id for p in prompts[: config.super_prompts]],
+        folder, _collecting_models(models, pair, executor, config.dtype), ids, collect, categories, describe, executor
     )
 
 

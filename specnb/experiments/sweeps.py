@@ -56,6 +56,7 @@ from ..io.models import check_pair, describe_model, load_model, load_tokenizer, 
 from ..io.prompts import Prompt
 from ..io.sources import check_sources
 from ..io.storage import Sweep
+from .executors import LocalExecutor
 from .pairs import Pair, PairModels, pair_keys
 from .replay_study import PairCollectConfig, collect_pair
 from .tables import BASELINE, shape_table, unit_table
@@ -405,12 +406,13 @@ def replay_units(
         super_k=DYNAMIC_TOP_K if dynamic else 0,
         super_depth=DYNAMIC_MAX_DEPTH,
         dynamic_budgets=tuple(dynamic),
-        retries=0,
     )
     models = replace(
         pair, draft_tokenizer=None
     )  # never a cross-tokenizer collection: replayed methods share a vocabulary
-    collection = collect_pair(folder, models, prompts, static, settings).check().collection
+    collection = (
+        collect_pair(folder, models, prompts, static, settings, executor=LocalExecutor(retries=0)).check().collection
+    )
     data = {p.prompt_id: p for p in collection.prompts}
     for (label, budget), tree in trees.items():
         steps = replay.replay_steps(collection, budget if label == DYNAMIC else tree)

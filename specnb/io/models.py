@@ -151,11 +151,11 @@ def _load_causal_lm(
     name_or_path: str,
     source: Source,
     quantization: str | None,
-    dtype: torch.dtype | str | None,
-    device: str | torch.device | None,
-    attn_implementation: str,
-    layers: int | None,
-    cpu_linear: str,
+    layers: int | None = None,
+    dtype: torch.dtype | str | None = None,
+    device: str | torch.device | None = None,
+    attn_implementation: str = "sdpa",
+    cpu_linear: str = "stock",
 ) -> PreTrainedModel:
     """The weights of `name_or_path` on `device`, in eval mode, cut to `layers` and packed for
     `cpu_linear` (the arguments of `load_model`)."""
@@ -211,7 +211,7 @@ def load_model(
     check_linear_path(cpu_linear)
     source = resolve_source(name_or_path)
     tokenizer = load_tokenizer(name_or_path, source)
-    model = _load_causal_lm(name_or_path, source, quantization, dtype, device, attn_implementation, layers, cpu_linear)
+    model = _load_causal_lm(name_or_path, source, quantization, layers, dtype, device, attn_implementation, cpu_linear)
     return model, tokenizer
 
 
@@ -276,39 +276,41 @@ def check_pair(
     )
 
 
+# what `load_pair` passes on to `load_model` for both models
+PAIR_OPTIONS = ("dtype", "device", "attn_implementation", "cpu_linear")
+
+
 def load_pair(
     target: str,
     draft: str,
     target_quantization: str | None = None,
     draft_quantization: str | None = None,
     *,
-    dtype: torch.dtype | str | None = None,
-    device: str | torch.device | None = None,
-    attn_implementation: str = "sdpa",
     draft_layers: int | None = None,
     cross_tokenizer: bool = False,
-    cpu_linear: str = "stock",
+    **options: Any,
 ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
     """(target model, draft model, the target's tokenizer). The vocabularies are checked before any
     weights load: a pair that does not share one is refused, unless cross_tokenizer=True (for the
     cross-tokenizer drafter, which needs the draft's tokenizer too: `load_tokenizer(draft)`).
 
-    Names, quantization, dtype, device, attn_implementation and cpu_linear mean what they mean in
-    `load_model`; the last four apply to both models. draft_layers keeps only the draft's first layers.
+    Names and quantizations mean what they mean in `load_model`; draft_layers keeps only the draft's
+    first layers. options: `load_model`'s dtype, device, attn_implementation and cpu_linear, for both.
     """
+    unknown = sorted(set(options) - set(PAIR_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"load_pair() got unknown options {unknown}; it takes {', '.join(PAIR_OPTIONS)} (for both models)"
+        )
     _check_quantization(target_quantization)
     _check_quantization(draft_quantization)
-    check_linear_path(cpu_linear)
+    check_linear_path(options.get("cpu_linear", "stock"))
     sources = check_sources([target, draft])
     tokenizer = load_tokenizer(target, sources[target])
     if not cross_tokenizer:
         check_pair(tokenizer, load_tokenizer(draft, sources[draft]), target, draft)
-    target_model = _load_causal_lm(
-        target, sources[target], target_quantization, dtype, device, attn_implementation, None, cpu_linear
-    )
-    draft_model = _load_causal_lm(
-        draft, sources[draft], draft_quantization, dtype, device, attn_implementation, draft_layers, cpu_linear
-    )
+    target_model = _load_causal_lm(target, sources[target], target_quantization, None, **options)
+    draft_model = _load_causal_lm(draft, sources[draft], draft_quantization, draft_layers, **options)
     return target_model, draft_model, tokenizer
 
 

@@ -52,7 +52,6 @@ from ..analysis.head_collection import collect_heads, super_tree_arrays
 from ..core.cache import new_cache
 from ..core.masks import causal_visible
 from ..core.sampling import top_tokens
-from ..core.trees import Tree
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
 from ..drafters.hidden_rows import last_hidden
 from ..io.embedded import cache_dir
@@ -308,30 +307,27 @@ def collect_eagle(
     prompts: Sequence[tuple[str, str, torch.Tensor]],
     config: CollectConfig,
     depth: int = 6,
-    tree: Tree | None = None,
     describe: dict | None = None,
     progress: bool = True,
-    dynamic: tuple[int, int] | None = None,
 ) -> Collection:
     """`head_collection.collect_heads` for an EAGLE head: per prompt (id, category, ids [T]) the
-    target's greedy continuation by an exact run with `EagleDrafter` (`tree`, default
-    `config.run_tree`), then the head's rank at every depth <= `depth` of every step
-    (`eagle_ranks`): every static tree of depth <= `depth` then replays exactly. dynamic: (n,
-    top_k): also EAGLE-2's top-n tree (`EagleDynamicDrafter`, depth `depth`) re-drafted at every
-    step position, so `replay.replay_dynamic` answers every budget <= n (the collection's
-    super_k, super_depth and super_size say so)."""
-    run_tree = tree if tree is not None else config.run
+    target's greedy continuation by an exact run with `EagleDrafter` (`config.run_tree`), then the
+    head's rank at every depth <= `depth` of every step (`eagle_ranks`): every static tree of depth
+    <= `depth` then replays exactly. config.super_k > 0: also EAGLE-2's tree of `config.super_size`
+    nodes, `super_k` children per node (`EagleDynamicDrafter`, depth `depth`: the config's
+    super_depth is set to it) re-drafted at every step position, so `replay.replay_dynamic`
+    answers every budget <= super_size."""
     drafter = None
-    if dynamic is not None:
-        drafter = EagleDynamicDrafter(target, head, n=dynamic[0], top_k=dynamic[1], max_depth=depth)
-        config = replace(config, super_k=dynamic[1], super_depth=depth, super_size=dynamic[0])
+    if config.super_k:
+        config = replace(config, super_depth=depth)
+        drafter = EagleDynamicDrafter(target, head, n=config.super_size, top_k=config.super_k, max_depth=depth)
     return collect_heads(
         target,
         EagleDrafter(target, head),
         eagle_ranks(target, head, depth, drafter),
         prompts,
         config,
-        run_tree,
+        config.run,
         dict(describe or {}, drafter="eagle", depth=depth),
         progress,
     )
