@@ -612,10 +612,15 @@ def test_run_pairs_skips_a_mismatched_pair_and_measures_a_valid_one(
 
     store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
     pairs = [Pair(str(tiny_dir), str(tiny_dir_other_vocab)), Pair(str(tiny_dir), str(tiny_dir_same_vocab))]
-    config = ex.SweepConfig(6, progress=False)
+    config = ex.SweepConfig(6, rounds=2, progress=False)
     status = ex.run_pairs(store, pairs, [Prompt("p", "test", PROMPT)], method_trees(["chain:2"]), config)
     assert status["status"].tolist() == ["skipped", "measured"]
     assert str(len(WORDS_A) + 3) in status["reason"][0] and str(len(WORDS_B) + 3) in status["reason"][0]
     assert status["target_loaded"].tolist() == ["", "LlamaForCausalLM, 2 layers, float32"]
     units = tables.unit_table(store)
     assert set(units["pair"]) == {pairs[1].label} and units["greedy_equal"].all()
+    measured = units[units["source"] == "measured"]  # every round timed and recorded, the fastest kept
+    assert len(measured) and (measured["rounds"] == 2).all()
+    for row in measured.itertuples():
+        times = [float(t) for t in str(row.round_times).split()]
+        assert len(times) == 2 and row.total_time == pytest.approx(min(times), abs=1e-4)

@@ -58,7 +58,6 @@ import yaml
 
 from ..io.embedded import NotEnoughDiskError
 from ..io.storage import environment, write_json
-from .report import export, write_index, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -341,6 +340,7 @@ def _run_books(
     plan: Any = None,
 ) -> int:
     from .estimate import Progress
+    from .report import export, write_index, write_report  # here: a notebook kernel imports this module, not nbformat
 
     failures = []
     progress = Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
