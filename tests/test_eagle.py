@@ -274,10 +274,11 @@ def defined(module) -> set[str]:
 
 
 def test_both_trainers_use_the_one_distillation_module():
-    assert medusa_training.distill_cached is distillation.distill_cached is eagle_training.distill_cached
+    assert medusa_training.training_split is distillation.training_split is eagle_training.training_split
+    assert medusa_training.training_log is distillation.training_log is eagle_training.training_log
     assert medusa_training.heldout_prompts is distillation.heldout_prompts is eagle_training.heldout_prompts
     shared = defined(distillation)
-    assert {"distill", "continuations", "sequence_rows", "distill_cached", "DistillData"} <= shared
+    assert {"distill", "continuations", "sequence_rows", "distill_cached", "training_split", "DistillData"} <= shared
     assert not shared & defined(medusa_training) and not shared & defined(eagle_training), "written twice"
 
 

@@ -16,6 +16,8 @@ heads, `training.eagle`).
     distill_cached   `distill`, kept on disk by (model, prompts, DistillConfig); Medusa's and EAGLE's
                      trainers on the same prompts and parameters share one distillation
     heldout_prompts  the prompts held out of training (evenly spaced through the list)
+    training_split   a trainer's data: the distillation, its training rows and held-out rows, the
+                     target frozen; `training_log` the log both trainers store beside their weights
     fast_bfloat16    whether bfloat16 matmuls are native on a device
 
 Labels: head d at row t gets token t+1+d when it lies in the continuation (Medusa-1 masks
@@ -33,8 +35,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -520,3 +524,38 @@ def heldout_prompts(n: int, share: float) -> tuple[int, ...]:
         return ()
     k = min(n, max(1, int(round(share * n))))
     return tuple(sorted({int(i) for i in np.linspace(0, n - 1, k).round()}))
+
+
+def training_split(
+    target: torch.nn.Module,
+    model_name: str,
+    prompts: Sequence[torch.Tensor],
+    config: DistillConfig,
+    held: Sequence[int],
+    progress: bool = True,
+) -> tuple[DistillData, torch.Tensor, torch.Tensor, float]:
+    """(data, training rows, held-out rows, seconds to distill) for a head trained on the frozen
+    `target` (its parameters stop taking gradients): `distill_cached`, split by prompt; the held-out
+    rows are the held-out prompts' greedy rows, the accuracy greedy verification meets."""
+    start = time.perf_counter()
+    data = distill_cached(target, model_name, prompts, config, progress)
+    seconds = time.perf_counter() - start
+    is_held = torch.isin(data.prompt, torch.tensor(held, dtype=torch.long))  # host
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return data, torch.nonzero(~is_held)[:, 0], torch.nonzero(is_held & data.greedy_rows())[:, 0], seconds
+
+
+def training_log(
+    log: dict[str, Any], seconds: float, data: DistillData, held_rows: torch.Tensor, config: Any, model_name: str
+) -> dict[str, Any]:
+    """A trainer's `log` with what made it: distillation seconds, rows, held-out rows, its config, the model."""
+    return {
+        **log,
+        "distill_seconds": seconds,
+        "rows": int(data.hidden.shape[0]),
+        "heldout_rows": len(held_rows),
+        "config": asdict(config),
+        "model": model_name,
+        "cached": False,
+    }

@@ -55,7 +55,7 @@ from ..core.sampling import top_tokens
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
 from ..drafters.hidden_rows import last_hidden
 from ..io.embedded import cache_dir
-from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
+from .distillation import DistillConfig, DistillData, fast_bfloat16, heldout_prompts, training_log, training_split
 
 SHOWN_K = (1, 3, 5, 10)  # the top-k columns shown in tables
 RANKS = 16  # ranks per depth in train_or_load's held-out accuracy table (acc[d][r] for Sequoia's tree)
@@ -426,14 +426,7 @@ def train_or_load(
         saved = json.loads((folder / LOG).read_text())
         head = EagleHead.load(folder, target, torch.float32)  # as trained (from_target's float32)
         return TrainedEagle(head, pd.DataFrame(saved["accuracy"]), {**saved["log"], "cached": True}, held, folder)
-    t0 = time.perf_counter()
-    data = distill_cached(target, model_name, prompts, config.data, progress)
-    distill_s = time.perf_counter() - t0
-    is_held = torch.isin(data.prompt, torch.tensor(held, dtype=torch.long))  # host
-    train_rows = torch.nonzero(~is_held)[:, 0]
-    held_rows = torch.nonzero(is_held & data.greedy_rows())[:, 0]  # the accuracy greedy verification meets
-    for p in target.parameters():  # the target is frozen
-        p.requires_grad_(False)
+    data, train_rows, held_rows, distill_s = training_split(target, model_name, prompts, config.data, held, progress)
     head = EagleHead.from_target(target, seed=config.seed)
     ks = tuple(range(1, RANKS + 1))
     before = (
@@ -442,15 +435,7 @@ def train_or_load(
     log = train_head(head, data, train_rows, config, progress)
     after = head_accuracy(head, data, held_rows, depth, ks).assign(split="after") if len(held_rows) else pd.DataFrame()
     accuracy = pd.concat([before, after], ignore_index=True)
-    log = {
-        **log,
-        "distill_seconds": distill_s,
-        "rows": int(data.hidden.shape[0]),
-        "heldout_rows": len(held_rows),
-        "config": asdict(config),
-        "model": model_name,
-        "cached": False,
-    }
+    log = training_log(log, distill_s, data, held_rows, config, model_name)
     head.save(folder, model_name)
     (folder / LOG).write_text(json.dumps({"log": log, "accuracy": accuracy.to_dict("records")}, indent=1))
     return TrainedEagle(head, accuracy, log, held, folder)

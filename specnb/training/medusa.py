@@ -61,7 +61,7 @@ from ..drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks
 from ..io.embedded import cache_dir
 from ..io.medusa_checkpoint import WEIGHTS, load_checkpoint, save_checkpoint
 from ..io.prompts import interleave
-from .distillation import DistillConfig, DistillData, distill_cached, fast_bfloat16, heldout_prompts
+from .distillation import DistillConfig, DistillData, fast_bfloat16, heldout_prompts, training_log, training_split
 
 RANKS = 64  # ranks per head in the held-out accuracy table and Medusa's tree search (Medusa's code: 10;
 # a 64-node tree can reach rank 63)
@@ -340,29 +340,16 @@ def train_or_load(
         train = saved["specnb_training"]
         return TrainedHeads(heads, pd.DataFrame(train["accuracy"]), {**train["log"], "cached": True}, held, folder)
     torch.manual_seed(config.seed)
-    t0 = time.perf_counter()
-    data = distill_cached(target, model_name, prompts, config.distill_config(), progress)
-    distill_s = time.perf_counter() - t0
-    is_held = torch.isin(data.prompt, torch.tensor(held, dtype=torch.long))  # host
-    train_rows = torch.nonzero(~is_held)[:, 0]
-    held_rows = torch.nonzero(is_held & data.greedy_rows())[:, 0]  # the accuracy greedy verification meets
-    for p in target.parameters():  # the backbone is frozen (Medusa-1)
-        p.requires_grad_(False)
+    data, train_rows, held_rows, distill_s = training_split(  # the backbone frozen (Medusa-1)
+        target, model_name, prompts, config.distill_config(), held, progress
+    )
     heads = MedusaHeads.from_target(target, config.num_heads, config.num_layers, share_lm_head=config.share_lm_head)
     ks = tuple(range(1, RANKS + 1))
     before = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows], ks).assign(split="before")
     log = train_heads(heads, data, train_rows, config, progress, lm_head=target.get_output_embeddings().weight)
     after = head_accuracy(heads, data.hidden[held_rows], data.labels[held_rows], ks).assign(split="after")
     accuracy = pd.concat([before, after], ignore_index=True)
-    log = {
-        **log,
-        "distill_seconds": distill_s,
-        "rows": int(data.hidden.shape[0]),
-        "heldout_rows": len(held_rows),
-        "config": asdict(config),
-        "model": model_name,
-        "cached": False,
-    }
+    log = training_log(log, distill_s, data, held_rows, config, model_name)
     save_checkpoint(
         folder,
         heads.published_state_dict(),
