@@ -64,9 +64,20 @@ def nf4_linear_bytes(out_features: int, in_features: int, blocksize: int = 64) -
 
 
 def weight_bytes(config: PretrainedConfig, quantization: str | None = None) -> WeightBytes:
-    """The weight bytes of a causal LM built from `config` (tied weights counted once)."""
+    """The weight bytes of a causal LM built from `config` (tied weights counted once); counted once
+    per (config, quantization) in a process (building the skeleton takes a fraction of a second)."""
     if quantization not in (None, "4bit"):
         raise ValueError(f"quantization must be None or '4bit', got {quantization!r}")
+    key = (type(config).__name__, config.to_json_string(use_diff=False), quantization)
+    if key not in _WEIGHT_BYTES:
+        _WEIGHT_BYTES[key] = _count_weight_bytes(config, quantization)
+    return _WEIGHT_BYTES[key]
+
+
+_WEIGHT_BYTES: dict[tuple[str, str, str | None], WeightBytes] = {}
+
+
+def _count_weight_bytes(config: PretrainedConfig, quantization: str | None) -> WeightBytes:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
     if quantization is None:
