@@ -9,8 +9,11 @@ Parts, in this order; each has a time budget, is guarded (a part that fails is r
 error and the others still run) and writes its file as soon as it ends:
     exactness   greedy speculative output against the target's plain greedy output, float16, on the
                 dry run's stand-in pairs (`notebook.dryrun`: Llama-160M -> Llama-2-7B and Llama-3.2-1B
-                -> Llama-3.2-3B at stand-in size, seeded weights), random prompts, three trees;
-                every divergence classified exact / tie / mismatch (`analysis.quality`)
+                -> Llama-3.2-3B at stand-in size, seeded weights) and on Llama-2-7B at its real shape
+                (seeded random weights) drafted by an identical copy of itself, so that drafts are
+                accepted and the one-row (decode) and many-row (verify) kernels of a 7B-sized model
+                meet at every step; random prompts, three trees; every divergence classified exact /
+                tie / mismatch (`analysis.quality`)
     sampling    lossless sampling: the first two tokens of N sampled speculative runs of a tiny model
                 (vocabulary 7) against the target's exact distribution, chi-square p-value
     attention   notebook 03's grid at the t4 profile's sizes: Llama-2-7B's 32 heads x 128, float16,
@@ -21,9 +24,12 @@ error and the others still run) and writes its file as soon as it ends:
     curves      the verify-cost curve of random-weight float16 models with the real configs of
                 Llama-2-7B and Llama-3.2-3B (targets: verify and plain forward) and Llama-160M and
                 Llama-3.2-1B (drafts: one forward per level width), 0 to 64 nodes, caches of 256 and
-                1024 tokens, batch 1 (`bench.verify_curve`) and 4 (`bench.batch_curve`). Timing does
-                not depend on the weights' values, only on shapes and dtype
-    cost        the cost model's best budget per shape (`analysis.cost_model`) from those curves and
+                1024 tokens, batch 1 (`bench.verify_curve`) and 4 (`bench.batch_curve`); then the
+                targets again with their decoder's linear layers in bitsandbytes nf4 (the t4 profile's
+                4-bit weights; model names end in "-nf4"), where bitsandbytes is installed. Timing
+                does not depend on the weights' values, only on shapes and dtype
+    cost        the cost model's best budget per shape (`analysis.cost_model`) from those curves (float16
+                targets and, where measured, nf4 ones; drafts in float16) and
                 the acceptance vectors in benchmarks/gpu_acceptance.json: measured by notebook 01 on
                 a CPU for another pair, so labelled as borrowed in every row
 
@@ -72,6 +78,8 @@ ACCEPTANCE_FILE = HERE / "gpu_acceptance.json"
 TARGETS = {"llama-2-7b": "meta-llama/Llama-2-7b-hf", "llama-3.2-3b": "meta-llama/Llama-3.2-3B"}
 DRAFTS = {"llama-160m": "JackFram/llama-160m", "llama-3.2-1b": "meta-llama/Llama-3.2-1B"}
 PAIRS = (("llama-160m", "llama-2-7b"), ("llama-3.2-1b", "llama-3.2-3b"))  # (draft, target), one vocabulary each
+SELF_DRAFTED = "llama-2-7b"  # exactness at a real shape: this target drafted by an identical copy of itself
+NF4 = "-nf4"  # suffix of a target's name in curves.csv when its linear layers are nf4
 COST_SHAPES = ("chain", "kary2", "sparse")
 
 
@@ -117,8 +125,8 @@ FULL = Sizes(
     curve_prefixes=(256, 1024),
     curve_nodes=(0, 1, 2, 4, 8, 16, 32, 64),
     curve_batches=(1, 4),
-    curve_repeats=5,
-    budgets_s={"exactness": 90, "sampling": 45, "attention": 120, "curves": 90, "cost": 10},
+    curve_repeats=20,
+    budgets_s={"exactness": 150, "sampling": 45, "attention": 120, "curves": 240, "cost": 10},
 )
 DRY = replace(
     FULL,
@@ -216,12 +224,33 @@ def standin_model(hub_id: str, sizes: Sizes) -> torch.nn.Module:
     return model.to(sizes.device, sizes.dtype).eval()
 
 
+def exact_pairs(sizes: Sizes) -> list[tuple[str, Callable[[], tuple[torch.nn.Module, torch.nn.Module]]]]:
+    """(label, build) per pair the exactness part runs; build gives (target, draft) on the device."""
+    pairs = [
+        (
+            f"{d} -> {t} (stand-ins)",
+            lambda d=d, t=t: (standin_model(TARGETS[t], sizes), standin_model(DRAFTS[d], sizes)),
+        )
+        for d, t in PAIRS
+    ]
+    shape = "real shape" if sizes.real_shapes else "stand-in shape"
+    hub_id = TARGETS[SELF_DRAFTED]
+    pairs.append(
+        (
+            f"{SELF_DRAFTED} -> itself ({shape}, random weights)",
+            lambda: (random_model(hub_id, sizes), random_model(hub_id, sizes)),  # same seed: identical copies
+        )
+    )
+    return pairs
+
+
 def exactness(sizes: Sizes, out: Path, deadline: float) -> tuple[dict, str]:
     rows = []
     start = time.perf_counter()
-    for i, (draft_name, target_name) in enumerate(PAIRS):
-        share = start + (deadline - start) * (i + 1) / len(PAIRS)  # each pair its share of the budget
-        target, draft = standin_model(TARGETS[target_name], sizes), standin_model(DRAFTS[draft_name], sizes)
+    pairs = exact_pairs(sizes)
+    for i, (label, build) in enumerate(pairs):
+        share = start + (deadline - start) * (i + 1) / len(pairs)  # each pair its share of the budget
+        target, draft = build()
         g = torch.Generator().manual_seed(0)
         for p in range(sizes.exact_prompts):
             if time.perf_counter() > share:
@@ -237,7 +266,7 @@ def exactness(sizes: Sizes, out: Path, deadline: float) -> tuple[dict, str]:
                 eq = quality.compare_greedy(r.tokens.cpu(), plain, margins, sizes.dtype, gap)
                 rows.append(
                     {
-                        "pair": f"{draft_name} -> {target_name} (stand-ins)",
+                        "pair": label,
                         "prompt": p,
                         "prompt_tokens": length,
                         "tree": spec,
@@ -250,6 +279,8 @@ def exactness(sizes: Sizes, out: Path, deadline: float) -> tuple[dict, str]:
                     }
                 )
         del target, draft
+        if sizes.device == "cuda":
+            torch.cuda.empty_cache()
     frame = pd.DataFrame(rows)
     frame.to_csv(out / "exactness.csv", index=False)
     counts = frame.groupby(["pair", "tree"])["verdict"].value_counts().unstack(fill_value=0).reset_index()
@@ -449,8 +480,43 @@ def random_model(hub_id: str, sizes: Sizes) -> torch.nn.Module:
     return model.eval()
 
 
+def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each decoder Linear replaced, in place, by bitsandbytes' nf4 `Linear4bit` computing in
+    the weights' dtype, the layers `load_model(..., "4bit")` gives; the LM head stays as it is (as
+    transformers leaves it)."""
+    import bitsandbytes as bnb
+
+    head = model.get_output_embeddings()
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear or child is head:
+                continue
+            w = child.weight
+            layer = bnb.nn.Linear4bit(
+                child.in_features,
+                child.out_features,
+                bias=False,
+                compute_dtype=w.dtype,
+                quant_type="nf4",
+                device="meta",
+            )
+            layer.weight = bnb.nn.Params4bit(w.data, requires_grad=False, quant_type="nf4").to(w.device)
+            if child.bias is not None:
+                layer.bias = child.bias
+            setattr(parent, child_name, layer)
+    return model
+
+
+def have_bitsandbytes() -> bool:
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def curves(sizes: Sizes, out: Path, deadline: float) -> tuple[dict, str]:
-    frames = []
+    nf4 = have_bitsandbytes()
     with tempfile.TemporaryDirectory() as tmp:
         one = Sweep(Path(tmp) / "curve.jsonl", verify_curve.CURVE_KEY)
         many = Sweep(Path(tmp) / "batch.jsonl", batch_curve.BATCH_CURVE_KEY)
@@ -460,11 +526,9 @@ def curves(sizes: Sizes, out: Path, deadline: float) -> tuple[dict, str]:
             role = "target" if name in TARGETS else "draft"
             model = random_model(hub_id, sizes)
             nodes = sizes.curve_nodes if role == "target" else [max(n, 1) for n in sizes.curve_nodes]
-            config = verify_curve.CurveConfig(warmup=2, repeats=sizes.curve_repeats, progress=False)
-            for prefix in sizes.curve_prefixes:
-                verify_curve.verify_curve(one, model, name, prefix, sorted(set(nodes)), role, config)
-                batches = [b for b in sizes.curve_batches if b > 1]
-                batch_curve.batch_curve(many, model, name, role, prefix, batches, sorted(set(nodes)), config)
+            measure_curves(sizes, (one, many), model, name, role, sorted(set(nodes)))
+            if role == "target" and nf4 and time.perf_counter() < deadline:
+                measure_curves(sizes, (one, many), quantize_nf4(model), name + NF4, role, sorted(set(nodes)))
             del model
             if sizes.device == "cuda":
                 torch.cuda.empty_cache()
@@ -472,7 +536,19 @@ def curves(sizes: Sizes, out: Path, deadline: float) -> tuple[dict, str]:
     table = pd.concat(frames, ignore_index=True)
     table.loc[table["kind"].isna(), "kind"] = table["role"].map({"target": "verify", "draft": "plain"})
     table.to_csv(out / "curves.csv", index=False)
-    return curve_headline(table, sizes)
+    headline, markdown_table = curve_headline(table, sizes)
+    headline["nf4"] = "measured" if nf4 else "not measured: bitsandbytes is not installed"
+    return headline, markdown_table
+
+
+def measure_curves(sizes: Sizes, stores: tuple[Sweep, Sweep], model, name: str, role: str, nodes: list[int]) -> None:
+    """`model`'s curve at each cache size: batch 1 into the first store, larger batches into the second."""
+    one, many = stores
+    config = verify_curve.CurveConfig(warmup=2, repeats=sizes.curve_repeats, progress=False)
+    batches = [b for b in sizes.curve_batches if b > 1]
+    for prefix in sizes.curve_prefixes:
+        verify_curve.verify_curve(one, model, name, prefix, nodes, role, config)
+        batch_curve.batch_curve(many, model, name, role, prefix, batches, nodes, config)
 
 
 def curve_headline(table: pd.DataFrame, sizes: Sizes) -> tuple[dict, str]:
@@ -490,8 +566,10 @@ def cost(sizes: Sizes, out: Path, deadline: float) -> tuple[dict, str]:
     curve = curve[curve["batch"] == 1]
     borrowed = json.loads(sizes.acceptance_file.read_text())
     rows = []
+    measured = set(curve["model"])
+    pairs = list(PAIRS) + [(d, t + NF4) for d, t in PAIRS if t + NF4 in measured]
     for vector in borrowed["vectors"]:
-        for draft, target in PAIRS:
+        for draft, target in pairs:
             for prefix in sizes.curve_prefixes:
                 at = curve[curve["prefix"] == prefix]
                 table = cost_model.cost_table(at, COST_SHAPES, vector["acceptance"], target, draft)

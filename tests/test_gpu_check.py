@@ -51,8 +51,10 @@ def test_every_part_runs_on_the_cpu(dry, gpu):
 def test_exactness_is_exact_in_float32(dry):
     _, out, summary = dry
     rows = pd.read_csv(out / "exactness.csv")
-    assert len(rows) == 2 * 2 * 3  # pairs x prompts x trees
+    assert len(rows) == 3 * 2 * 3  # pairs (two stand-in pairs, one self-drafted) x prompts x trees
     assert set(rows["verdict"]) == {"exact"}
+    itself = rows[rows["pair"].str.contains("itself")]
+    assert len(itself) == 2 * 3 and (itself["tau"] > 2).all()  # an identical draft is accepted
     assert summary["parts"]["exactness"]["mismatch"] == 0
     assert (rows["tau"] >= 1).all()
 
@@ -76,7 +78,8 @@ def test_attention_grid_and_checks(dry):
 def test_curves_cover_every_model_batch_and_cache(dry, gpu):
     _, out, _ = dry
     curves = pd.read_csv(out / "curves.csv")
-    assert set(curves["model"]) == set(gpu.TARGETS) | set(gpu.DRAFTS)
+    nf4 = {t + gpu.NF4 for t in gpu.TARGETS}  # bitsandbytes is a dependency: its CPU kernels run the rehearsal
+    assert set(curves["model"]) == set(gpu.TARGETS) | set(gpu.DRAFTS) | nf4
     assert set(curves["batch"]) == {1, 2}
     target = curves[(curves["role"] == "target") & (curves["kind"] == "verify")]
     assert set(target["nodes"]) == {0, 2, 4}
@@ -90,7 +93,8 @@ def test_cost_rows_name_their_borrowed_acceptance(dry, gpu):
     assert set(cost["acceptance"]) == {v["label"] for v in borrowed["vectors"]}
     assert set(cost["shape"]) == set(gpu.COST_SHAPES)
     assert (cost["acceptance_note"] == borrowed["note"]).all()
-    assert len(cost) == len(borrowed["vectors"]) * len(gpu.PAIRS) * len(gpu.COST_SHAPES)
+    assert len(cost) == len(borrowed["vectors"]) * 2 * len(gpu.PAIRS) * len(gpu.COST_SHAPES)  # float16 and nf4
+    assert {t + gpu.NF4 for _, t in gpu.PAIRS} <= set(cost["target"])
 
 
 def test_a_failing_part_is_recorded_and_the_rest_run(gpu, tmp_path):
