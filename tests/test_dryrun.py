@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import papermill
 import pytest
 import torch
 
@@ -341,35 +340,68 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
 
 
-def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun, monkeypatch):
+# Each notebook's code cells executed again in one process (the parameters cell, then the run's
+# parameters laid over it as papermill injects them, then every other cell): what a Colab "rerun"
+# executes, without a kernel's start and its imports per notebook
+RERUN = """
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import nbformat
+for path, params in json.loads(sys.argv[1]):
+    code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    namespace = {}
+    exec(code[0], namespace)
+    namespace.update(params)
+    for source in code[1:]:
+        exec(source, namespace)
+    plt.close("all")
+    print("rerun", path, flush=True)
+"""
+
+
+def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun):
     """Colab's "rerun to resume": each t4-dryrun notebook executed again into its finished run folder
     (as an interactive rerun with that run_dir does) recomputes nothing and duplicates nothing:
     every table keeps its rows and every resumable store its lines. Then notebook 05's published
     heads came from their stand-in checkpoint (5 heads, float16, the published layout)."""
     outputs, _, _, cache = t4_dryrun
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(cache / "hf-standins"))
-    monkeypatch.setenv("SPECNB_CACHE", str(cache))
-    monkeypatch.setenv("SPECNB_HEADLESS", "1")
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(cache / "hf-standins"),
+        "SPECNB_CACHE": str(cache),
+        "SPECNB_HEADLESS": "1",
+    }
+    runs, before = [], {}
     for nb in NOTEBOOKS:
         folder = next((outputs / nb.stem).iterdir())
         params = json.loads((folder / "params.json").read_text())["parameters"]
-        tables = {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")}
-        stores = {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")}
-        papermill.execute_notebook(
-            str(nb),
-            str(folder / "rerun.ipynb"),
-            parameters={**params, "run_dir": str(folder)},
-            cwd=str(nb.parent),
-            progress_bar=False,
-            kernel_name="python3",
-            execution_timeout=600,
-        )
-        assert {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")} == tables, nb.stem
-        assert {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")} == stores, nb.stem
+        runs.append((str(nb), {**params, "run_dir": str(folder)}))
+        before[nb.stem] = snapshot(folder)
+    proc = subprocess.run(
+        [sys.executable, "-c", RERUN, json.dumps(runs)],
+        cwd=ROOT / "notebooks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("rerun ") == len(NOTEBOOKS)
+    for nb in NOTEBOOKS:
+        assert snapshot(next((outputs / nb.stem).iterdir())) == before[nb.stem], nb.stem
     medusa = next((outputs / "05_learned_drafters").iterdir())
     accuracy = pd.read_csv(medusa / "depth_accuracy.csv")
     assert set(accuracy.loc[accuracy["drafter"] == "Medusa heads", "depth"]) == {1, 2, 3, 4, 5}  # the published 5 heads
     assert set(accuracy.loc[accuracy["drafter"] == "EAGLE head", "depth"]) == set(range(1, 7))  # its stand-in, depth 6
     said = json.loads((medusa / "params.json").read_text())["test_prompts"]
     assert said["source"] == "spec_bench" and "lmsys/vicuna-7b-v1.3's conversation format" in said["prompt_format"]
+
+
+def snapshot(folder: Path) -> tuple[dict, dict]:
+    """Rows per table and lines per resumable store in a run folder."""
+    tables = {p.name: len(pd.read_csv(p)) for p in folder.glob("*.csv")}
+    stores = {p.name: len(p.read_text().splitlines()) for p in folder.rglob("*.jsonl")}
+    return tables, stores

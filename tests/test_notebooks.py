@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import papermill
 import pytest
-from conftest import machine_lock
+from conftest import smoke_ray_error
 from papermill.translators import PythonTranslator
 
 from specnb.analysis.collection import Collection
@@ -403,18 +403,17 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
 
 
-def test_tree_shapes_collects_on_ray(tmp_path, tmp_path_factory):
-    """Notebook 01 through the runner with `-p executor ray`: it starts a local Ray instance, whose
-    actors load the pair by name and write the collection; the replay of what they wrote equals the
-    real runs in the notebook's own process step by step. Skipped where Ray is missing or cannot start."""
+def test_tree_shapes_collects_on_ray(smoke):
+    """The smoke run's notebook 01 ran with `-p executor ray` (conftest.py `smoke`): it started a local
+    Ray instance, whose actors loaded the pair by name and wrote the collection; the replay of what
+    they wrote equals the real runs in the notebook's own process step by step. Skipped where Ray is
+    missing or could not start (then 01 ran on the local executor)."""
     pytest.importorskip("ray", reason='Ray is not installed (pip install "specnb[ray]")')
-    with machine_lock(tmp_path_factory, "ray"):  # one local Ray instance at a time on this machine
-        proc = run_cli("run", "smoke", "--notebook", "01_tree_shapes", "-p", "executor", "ray", outputs=tmp_path)
-    folder = next((tmp_path / "01_tree_shapes").iterdir())
+    outputs, _ = smoke
+    if error := smoke_ray_error(outputs):
+        pytest.skip(error)
+    folder = next((outputs / "01_tree_shapes").iterdir())
     params = json.loads((folder / "params.json").read_text())
-    if proc.returncode and "Ray could not start" in params.get("error", ""):
-        pytest.skip(params["error"])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert params["parameters"]["executor"] == "ray" and params["status"] == "finished"
     units = pd.read_csv(folder / "collection_units.csv")
     assert list(units["status"]) == ["written", "written"]

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 
+import pandas as pd
 import pytest
 from conftest import user_clone
 
@@ -55,3 +56,11 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
         "per_category": {"writing": 1, "roleplay": 1},
         "prompt_format": "the tokenizer's chat template",
     }
+    # the local executor's collection (the suite's smoke run collects 01 on Ray): written in the
+    # notebook's process, its replay equal to the real runs step by step, greedy output the target's
+    assert record["parameters"]["executor"] == "local"
+    assert list(pd.read_csv(folder / "collection_units.csv")["status"]) == ["written", "written"]
+    agreement = pd.read_csv(folder / "replay_agreement.csv")
+    assert (agreement["steps_compared"] > 0).all()
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
+    assert pd.read_csv(folder / "units.csv")["greedy_equal"].all()
