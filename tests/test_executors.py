@@ -70,6 +70,35 @@ def test_without_ray_naming_it_says_how_to_install_it(monkeypatch):
         executor_for("dask")
 
 
+class FlakyRay:
+    """Ray's module as RayExecutor sees it, whose local start fails as a loaded machine's can."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.inits, self.shutdowns = failures, 0, 0
+
+    def init(self, **kwargs) -> None:
+        self.inits += 1
+        if self.inits <= self.failures:
+            raise Exception("The current node timed out during startup. This could happen because ...")
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_a_local_ray_start_that_times_out_is_tried_once_more():
+    ray = FlakyRay(failures=1)
+    RayExecutor()._init(ray)
+    assert ray.inits == 2 and ray.shutdowns == 1
+    ray = FlakyRay(failures=2)
+    with pytest.raises(RuntimeError, match="Ray could not start on this machine: .*timed out during startup"):
+        RayExecutor()._init(ray)
+    assert ray.inits == 2
+    ray = FlakyRay(failures=1)  # a cluster's address: its own start is not ours to retry
+    with pytest.raises(RuntimeError, match="at address 'ray://head:10001'"):
+        RayExecutor(address="ray://head:10001")._init(ray)
+    assert ray.inits == 1
+
+
 def save_tiny_pair(folder: Path) -> ModelPair:
     """The seeded tiny target saved with `save_pretrained` and a word-level tokenizer; the draft is its
     first layer (the pair as the smoke profile makes it, by name)."""

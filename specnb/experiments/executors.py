@@ -252,18 +252,25 @@ class RayExecutor:
                 ray.shutdown()
 
     def _init(self, ray: Any) -> None:
+        """Connect to `address`, or start a local instance. A local start that times out waiting for its
+        raylet (Ray waits a fixed 30 s, which a machine busy on every core can exceed) is tried once more."""
         job: dict[str, Any] = {"log_to_driver": False}
         if self.ship_code:
             job["runtime_env"] = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
-        try:
-            if self.address:
-                ray.init(address=self.address, **job)
-            else:  # a local instance sized for the actors asked for; units never pass through its object store
-                cpus = int(self.workers * self.num_cpus) if self.workers else None
-                ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=256 * 2**20, **job)
-        except Exception as e:
-            where = f"at address {self.address!r}" if self.address else "on this machine"
-            raise RuntimeError(f"Ray could not start {where}: {_one_line(e)}") from e
+        where = f"at address {self.address!r}" if self.address else "on this machine"
+        for attempt in (1, 2):
+            try:
+                if self.address:
+                    ray.init(address=self.address, **job)
+                else:  # a local instance sized for the actors asked for; units never pass through its object store
+                    cpus = int(self.workers * self.num_cpus) if self.workers else None
+                    ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=256 * 2**20, **job)
+                return
+            except Exception as e:
+                if attempt == 1 and not self.address and "timed out during startup" in str(e):
+                    ray.shutdown()  # what the failed start left running
+                    continue
+                raise RuntimeError(f"Ray could not start {where}: {_one_line(e)}") from e
 
     def _drive(
         self, ray: Any, load: Callable, work: Callable, units: list, ledger: _Ledger, actors: list, started: float
