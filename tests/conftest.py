@@ -309,8 +309,8 @@ def smoke(tmp_path_factory):
     with_ray = ["-p", "executor", "ray"] if importlib.util.find_spec("ray") else []
     with machine_lock(tmp_path_factory, "ray"):  # one local Ray instance at a time on this machine
         proc = run("--notebook", SMOKE_RAY_NOTEBOOK, *with_ray)
-    if proc.returncode and with_ray and "Ray could not start" in smoke_ray_error(outputs):
-        (outputs / "smoke-ray-error.txt").write_text(smoke_ray_error(outputs))
+    if proc.returncode and with_ray and "Ray could not start" in (error := smoke_ray_error(outputs)):
+        (outputs / "smoke-ray-error.txt").write_text(error)
         shutil.rmtree(outputs / SMOKE_RAY_NOTEBOOK)
         proc = run("--notebook", SMOKE_RAY_NOTEBOOK)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -371,8 +371,6 @@ def run_set_up_cells(stem: str, params: dict, monkeypatch, forbidden: tuple[str,
     in `specnb.io.models`, `specnb.io.sources`, `specnb.io.embedded` or `learned_study`; default: the
     model loads): what a notebook checks before it loads anything, without a kernel's start-up.
     Returns the cells' namespace; an error of the set-up cell propagates."""
-    import nbformat
-
     import specnb.experiments.learned_study
     import specnb.io.embedded
     import specnb.io.models
@@ -387,14 +385,18 @@ def run_set_up_cells(stem: str, params: dict, monkeypatch, forbidden: tuple[str,
         assert owners, f"nothing named {name}"
         for module in owners:
             monkeypatch.setattr(module, name, called)
-    code = [
-        c.source
-        for c in nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
-        if c.cell_type == "code"
-    ]
+    return exec_notebook(ROOT / "notebooks" / f"{stem}.ipynb", params, cells=3)  # the Colab cell does nothing here
+
+
+def exec_notebook(path: Path, params: dict, cells: int | None = None) -> dict:
+    """The notebook's first `cells` code cells (default all) executed in this process: the parameters
+    cell, `params` laid over it (as papermill injects them), then the others. Returns their namespace."""
+    import nbformat
+
+    code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     namespace: dict = {}
     exec(code[0], namespace)
     namespace.update(params)
-    exec(code[1], namespace)  # the Colab cell: nothing to do where specnb is installed
-    exec(code[2], namespace)
+    for source in code[1:cells]:
+        exec(source, namespace)
     return namespace

@@ -340,22 +340,18 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     assert set(grid["dtype"]) == {"float16"} and set(grid["heads"]) == {32} and set(grid["head_dim"]) == {128}
 
 
-# Each notebook's code cells executed again in one process (the parameters cell, then the run's
-# parameters laid over it as papermill injects them, then every other cell): what a Colab "rerun"
-# executes, without a kernel's start and its imports per notebook
+# Each notebook's code cells executed again in one process (conftest.exec_notebook: the run's
+# parameters laid over the parameters cell as papermill injects them): what a Colab "rerun" executes,
+# without a kernel's start and its imports per notebook
 RERUN = """
 import json, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import nbformat
+sys.path.insert(0, sys.argv[2])
+from conftest import exec_notebook
 for path, params in json.loads(sys.argv[1]):
-    code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-    namespace = {}
-    exec(code[0], namespace)
-    namespace.update(params)
-    for source in code[1:]:
-        exec(source, namespace)
+    exec_notebook(path, params)
     plt.close("all")
     print("rerun", path, flush=True)
 """
@@ -381,7 +377,7 @@ def test_t4_dryrun_notebooks_resume_in_their_own_folder(t4_dryrun):
         runs.append((str(nb), {**params, "run_dir": str(folder)}))
         before[nb.stem] = snapshot(folder)
     proc = subprocess.run(
-        [sys.executable, "-c", RERUN, json.dumps(runs)],
+        [sys.executable, "-c", RERUN, json.dumps(runs), str(ROOT / "tests")],
         cwd=ROOT / "notebooks",
         env=env,
         capture_output=True,
