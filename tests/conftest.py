@@ -280,7 +280,7 @@ def smoke(tmp_path_factory):
     (tests/test_notebooks.py; tests/test_user_clone.py relies on it for the notebooks its clone does
     not run). As a user's first run: offline with an empty Hugging Face home, and a specnb cache with
     the embedded models installed (linked: set-up's work, which the clone test does from nothing) and
-    nothing else. Notebook 01 runs with `-p executor ray` where Ray is installed (its own runner call,
+    nothing else. Notebook 01 runs with `-p executor ray` (one actor) where Ray is installed (its own runner call,
     holding the machine's Ray lock): the local executor's run of 01 is the user's-clone test's, so the
     suite runs 01 twice, not three times. Where Ray cannot start, 01 runs again on the local executor
     and the Ray test skips with the error (`smoke_ray_error`). Returns the outputs folder and the
@@ -306,7 +306,9 @@ def smoke(tmp_path_factory):
     others = [a for nb in runner.notebooks() if nb.stem != SMOKE_RAY_NOTEBOOK for a in ("--notebook", nb.stem)]
     proc = run(*others)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with_ray = ["-p", "executor", "ray"] if importlib.util.find_spec("ray") else []
+    # one actor: it loads the pair once and collects both prompts (two would each load it, on a
+    # machine whose two cores the other test worker shares); many actors: tests/test_executors.py
+    with_ray = ["-p", "executor", "ray", "-p", "ray_workers", "1"] if importlib.util.find_spec("ray") else []
     with machine_lock(tmp_path_factory, "ray"):  # one local Ray instance at a time on this machine
         proc = run("--notebook", SMOKE_RAY_NOTEBOOK, *with_ray)
     if proc.returncode and with_ray and "Ray could not start" in (error := smoke_ray_error(outputs)):

@@ -108,8 +108,19 @@ def test_a_refusal_fails_the_run_in_its_set_up_cell(tmp_path):
     """End to end, once (the cases above run the same cells in this process): the runner's papermill
     run of a notebook whose set-up cell refuses a parameter fails in that cell (cell 3: after the
     title, the parameters and the Colab cell; papermill's injected parameters come after the
-    parameters cell), the message in params.json."""
+    parameters cell), the message in params.json. The outputs already hold a finished run of the
+    same id (profile and parameters, `runner.run_id`; made here: the runner reads only its status):
+    that run is kept as it was and the new one gets the folder beside it, `-2`, as any run again of
+    a finished run does."""
+    from specnb.notebook import runner
+
     notebook, overrides, message = IMPOSSIBLE[4]  # 03: its set-up cell is the quickest to reach
+    params = runner.resolve("smoke", overrides, [], [ROOT / "notebooks" / f"{notebook}.ipynb"])[notebook]
+    finished = tmp_path / "outputs" / notebook / runner.run_id("smoke", params)
+    finished.mkdir(parents=True)
+    (finished / "params.json").write_text(json.dumps({"status": "finished", "parameters": params}))
+    (finished / "table.csv").write_text("a\n1\n")
+    before = {p.name: p.read_bytes() for p in finished.iterdir()}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf-home")}  # no hub here
     args = [a for name, value in overrides.items() for a in ("-p", name, str(value))]
     proc = subprocess.run(
@@ -122,7 +133,9 @@ def test_a_refusal_fails_the_run_in_its_set_up_cell(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 1
-    params = json.loads(next((tmp_path / "outputs" / notebook).iterdir()).joinpath("params.json").read_text())
+    assert sorted(p.name for p in finished.parent.iterdir()) == [finished.name, finished.name + "-2"]
+    assert {p.name: p.read_bytes() for p in finished.iterdir()} == before, "the finished run kept as it was"
+    params = json.loads((finished.parent / f"{finished.name}-2" / "params.json").read_text())
     assert params["status"] == "failed" and message in params["error"], params.get("error")
     injected = 1
     assert params["error"].startswith(f"cell {3 + injected} "), params["error"]

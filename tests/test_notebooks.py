@@ -1,17 +1,15 @@
 """The notebooks and the papermill runner: committed notebooks are clean, every notebook runs
 under the smoke profile and writes sane tables and legible figures, both appendix forms and the index
-(rendered in headless Chromium where it is installed), reruns never overwrite a finished run, bad
-requests run nothing, a failing notebook names its cell, a killed run resumes exactly."""
+(rendered in headless Chromium where it is installed), bad requests run nothing, a failing notebook
+names its cell. A rerun beside a finished run: tests/test_checks.py; a killed run's resume:
+tests/test_user_clone.py."""
 
 import json
 import math
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -23,7 +21,6 @@ import pytest
 from conftest import smoke_ray_error
 from papermill.translators import PythonTranslator
 
-from specnb.analysis.collection import Collection
 from specnb.notebook import runner
 from specnb.notebook.legibility import saved_problems
 
@@ -274,24 +271,6 @@ def test_the_smoke_profiles_own_tree_is_measured_in_every_notebook_that_takes_tr
     }
 
 
-def test_rerun_keeps_the_finished_run(smoke, tmp_path):
-    """A finished run of the smoke run (copied: the shared outputs stay as the run left them) and the
-    same notebook run again into the same outputs: a second folder beside the first. Notebook 03, the
-    quickest of the smoke run: which notebook it is does not matter to the runner's naming."""
-    outputs, _ = smoke
-    stem = "03_tree_attention_timing"
-    (finished,) = (outputs / stem).iterdir()
-    shutil.copytree(finished, tmp_path / stem / finished.name)
-    assert json.loads((finished / "params.json").read_text())["status"] == "finished"
-    proc = run_cli("run", "smoke", "--notebook", stem, outputs=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    runs = sorted(p.name for p in (tmp_path / stem).iterdir())
-    assert len(runs) == 2 and runs[1] == runs[0] + "-2"
-    assert runs[0] == finished.name and sorted(p.name for p in (tmp_path / stem / runs[0]).iterdir()) == sorted(
-        p.name for p in finished.iterdir()
-    ), "the finished run kept as it was"
-
-
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -357,50 +336,6 @@ def test_failing_notebook_names_its_cell(tmp_path):
     assert code == 1
     record = json.loads(next((tmp_path / "outputs" / "01_broken").iterdir()).joinpath("params.json").read_text())
     assert record["status"] == "failed" and "ValueError: boom" in record["error"] and "cell" in record["error"]
-
-
-def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
-    outputs = tmp_path / "outputs"
-    cmd = [
-        sys.executable,
-        "-m",
-        "specnb.notebook.runner",
-        "run",
-        "smoke",
-        "--notebook",
-        "01_tree_shapes",
-        "-p",
-        "max_prompts",
-        "3",
-        "--outputs",
-        str(outputs),
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    collected = None
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        found = list(outputs.glob("01_tree_shapes/*/collection/*.npz"))  # a unit's file is its record
-        if found:
-            collected = found[0].parent
-            break
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert collected is not None, "the collection never started"
-    before = len(list(collected.glob("*.npz")))
-    assert before < 3, "killed too late to test a resume"
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "resuming" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
-    files = sorted(p.name for p in collected.glob("*.npz"))
-    assert len(files) == 3 and len({p.prompt_id for p in Collection.load(collected).prompts}) == 3
-    table = pd.read_csv(collected.parent / "collection_units.csv")
-    assert sorted(table["unit"]) == files and (table["status"] == "present").sum() == before
-    units = pd.read_csv(collected.parent / "units.csv")
-    # the first check_prompts (2) of the 3 prompts run end to end: the target alone, 3 methods and smoke's own tree
-    assert len(units) == 2 * (1 + 3 + 1) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
-    assert units["greedy_equal"].all()
-    agreement = pd.read_csv(collected.parent / "replay_agreement.csv")
-    assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
 
 
 def test_tree_shapes_collects_on_ray(smoke):

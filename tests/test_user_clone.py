@@ -8,15 +8,23 @@ The main command runs notebook 01 here (`--notebook 01_tree_shapes`): what is pa
 is the set-up and the first load from the empty cache, the same for every notebook. The others run
 in the suite's shared smoke run (conftest.py `smoke`, tests/test_notebooks.py) as they would here:
 offline with an empty Hugging Face home, nothing in specnb's cache but the installed models (no
-trained heads, no distilled data), the prompts from the package (Spec-Bench ships in specnb)."""
+trained heads, no distilled data), the prompts from the package (Spec-Bench ships in specnb).
+
+The first run of the main command is killed (its whole process group, as a closed terminal does) as
+soon as its collection has written one unit, and the command is run again: it resumes that run,
+keeps the unit and writes the rest, with nothing lost and nothing duplicated."""
 
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pandas as pd
 import pytest
 from conftest import user_clone
+
+from specnb.analysis.collection import Collection
 
 
 @pytest.mark.slow
@@ -30,19 +38,22 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
     env.update(
         SPECNB_CACHE=str(cache), HF_HOME=str(tmp_path / "empty-hf-home"), HF_HUB_OFFLINE="1", SPECNB_CELL_TIMEOUT="900"
     )
-    proc = subprocess.run(
-        ["./run_notebooks.sh", "smoke", "--notebook", "01_tree_shapes"],
-        cwd=clone,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
+    cmd = ["./run_notebooks.sh", "smoke", "--notebook", "01_tree_shapes"]
+    with open(tmp_path / "first-run.log", "w") as log:  # a file: a pipe nobody reads would fill and stall it
+        first = subprocess.Popen(cmd, cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        collected, deadline = [], time.time() + 1800
+        while not collected and first.poll() is None and time.time() < deadline:
+            collected = list(clone.glob("outputs/01_tree_shapes/*/collection/*.npz"))  # a unit's file is its record
+            time.sleep(0.2)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert collected, "the collection never started: " + (tmp_path / "first-run.log").read_text()[-4000:]
+    kept = sorted(p.name for p in collected[0].parent.glob("*.npz"))
+    assert len(kept) == 1, "killed too late to test a resume"
+    proc = subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=2400)
     log = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, log
-    assert (clone / ".venv" / "bin" / "python").exists(), "the clone set up its own .venv"
-    assert any(cache.glob("smollm2-135m-float32/*.safetensors")), "the model was de-quantized into the empty cache"
-
+    assert "== 01_tree_shapes: resuming" in proc.stdout, log
     ran = sorted(p.name for p in (clone / "outputs").iterdir() if p.is_dir() and not p.name.startswith("_"))
     assert ran == ["01_tree_shapes"]  # (_shared: the runner's own folder)
     (folder,) = (clone / "outputs" / "01_tree_shapes").iterdir()
@@ -56,11 +67,19 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
         "per_category": {"writing": 1, "roleplay": 1},
         "prompt_format": "the tokenizer's chat template",
     }
-    # the local executor's collection (the suite's smoke run collects 01 on Ray): written in the
-    # notebook's process, its replay equal to the real runs step by step, greedy output the target's
+    # the local executor's collection (the suite's smoke run collects 01 on Ray), written in the
+    # notebook's process: the killed run's unit kept, the other written on resuming, none twice
     assert record["parameters"]["executor"] == "local"
-    assert list(pd.read_csv(folder / "collection_units.csv")["status"]) == ["written", "written"]
+    table = pd.read_csv(folder / "collection_units.csv")
+    files = sorted(p.name for p in (folder / "collection").glob("*.npz"))
+    assert sorted(table["unit"]) == files and len(files) == 2
+    assert table.set_index("unit")["status"].to_dict() == {u: "present" if u in kept else "written" for u in files}
+    assert len({p.prompt_id for p in Collection.load(folder / "collection").prompts}) == 2
+    # its replay equal to the real runs step by step; the first check_prompts (2) prompts run end to
+    # end, each once: the target alone, 3 methods and smoke's own tree; greedy output the target's
     agreement = pd.read_csv(folder / "replay_agreement.csv")
     assert (agreement["steps_compared"] > 0).all()
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
-    assert pd.read_csv(folder / "units.csv")["greedy_equal"].all()
+    units = pd.read_csv(folder / "units.csv")
+    assert len(units) == 2 * (1 + 3 + 1) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    assert units["greedy_equal"].all()
