@@ -17,6 +17,8 @@ def test_paths_choices_and_branching_give_the_same_tree():
     assert parse_tree("mine", {"branching": [3, 2]}) == by_paths == Tree.from_branching([3, 2])
     assert Tree.from_branching([3, 2, 1]).num_nodes == 3 + 6 + 6
     assert Tree.from_branching([1, 1, 1]) == Tree.chain(3)
+    assert parse_tree("mine", [[0], [1.0], ["0", "0"]]) == Tree.from_paths([(0,), (1,), (0, 0)])  # whole numbers
+    assert parse_tree("mine", [[r] for r in range(1024)]).num_nodes == 1024  # the limit itself is allowed
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,14 @@ def test_paths_choices_and_branching_give_the_same_tree():
         ({"branching": [2, 0]}, ">= 1"),
         ({"paths": [[0]], "branching": [1]}, "one key"),
         ([["a"]], "rank paths"),
+        ("abc", "is not a list of rank paths"),  # not Python: `-p custom_trees "{mine: abc}"`
+        ("[[0], [1]", "is not a list of rank paths"),
+        ([[0], [1.9]], "whole numbers"),  # not read as [1]
+        ([[0], [True]], "whole numbers"),
+        ({"branching": [2.5]}, "whole numbers"),
+        ({"branching": [100, 99]}, "10,000 nodes, above the limit of 1024"),  # refused before it is built
+        ({"branching": [10**6, 10**6]}, "above the limit of 1024"),
+        ([[r] for r in range(1025)], "1,025 nodes, above the limit"),
     ],
 )
 def test_bad_specs_are_refused_with_what_to_change(spec, message):

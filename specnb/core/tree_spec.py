@@ -8,7 +8,7 @@ and is refused, with what to change, if it has a duplicate path, a path without 
 empty tree, gaps in sibling ranks (a rank-r child without a rank r - 1 sibling: a draft's rank r is
 its r-th choice, so a gap wastes a slot and breaks lossless sampling), or a name that is a preset's,
 that tables use for other rows (`RESERVED`), or that a method spec cannot hold (`NAME`: methods name a
-custom tree as `[drafter/]name`, its budget its node count).
+custom tree as `[drafter/]name`, its budget its node count), or more than `MAX_NODES` nodes.
 
 Exports (`deploy_lines`): vLLM's `speculative_config` takes `speculative_token_tree`, the string of
 the tree's rank-path tuples in (depth, path) order, with `num_speculative_tokens` = its node count;
@@ -20,12 +20,14 @@ children, num-draft-tokens = nodes + 1 (SGLang counts the root).
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from .trees import Tree
 
+MAX_NODES = 1024  # the most draft tokens per step a tree, budget or curve point may have (Sequoia's largest: 768)
 PRESET = re.compile(r"^(chain|wide|sparse|kary\d+|beams\d+)$")
 NAME = re.compile(r"^[a-z_]+\d*$")  # the shape part of a method spec (`drafters.methods`)
 # The method names of `drafters.methods` (written here: core comes before drafters), then the names
@@ -70,8 +72,16 @@ def parse_tree(name: str, spec: Any) -> Tree:
     if isinstance(spec, Mapping):
         if set(spec) == {"branching"}:
             try:
-                return Tree.from_branching(list(spec["branching"]))
-            except (TypeError, ValueError) as e:
+                widths = [_rank(w) for w in spec["branching"]]
+            except (TypeError, ValueError):
+                raise TreeSpecError(
+                    f"custom tree {name!r}: branching takes whole numbers >= 1 per depth, e.g. [2, 1], "
+                    f"got {spec['branching']!r}"
+                ) from None
+            _check_size(name, sum(math.prod(widths[: d + 1]) for d in range(len(widths))))
+            try:
+                return Tree.from_branching(widths)
+            except ValueError as e:
                 raise TreeSpecError(f"custom tree {name!r}: {e}") from None
         if set(spec) != {"paths"}:
             raise TreeSpecError(
@@ -79,15 +89,23 @@ def parse_tree(name: str, spec: Any) -> Tree:
             )
         spec = spec["paths"]
     if isinstance(spec, str):
-        spec = ast.literal_eval(spec)
+        try:
+            spec = ast.literal_eval(spec)
+        except (ValueError, SyntaxError):
+            raise TreeSpecError(
+                f"custom tree {name!r}: {spec!r} is not a list of rank paths; write one like [[0], [1], [0, 0]] "
+                "or {'branching': [2, 1]}"
+            ) from None
     try:
-        paths = [tuple(int(r) for r in p) for p in spec]
+        paths = [tuple(_rank(r) for r in p) for p in spec]
     except (TypeError, ValueError):
         raise TreeSpecError(
-            f"custom tree {name!r}: expected a list of rank paths like [[0], [1], [0, 0]], got {spec!r}"
+            f"custom tree {name!r}: expected a list of rank paths of whole numbers like [[0], [1], [0, 0]], "
+            f"got {spec!r}"
         ) from None
     if not paths:
         raise TreeSpecError(f"custom tree {name!r} is empty: give at least one path, e.g. [[0]]")
+    _check_size(name, len(paths))
     try:
         tree = Tree.from_paths(paths)
     except ValueError as e:
@@ -99,6 +117,25 @@ def parse_tree(name: str, spec: Any) -> Tree:
             "sibling ranks must run 0, 1, 2, ... under each node"
         )
     return tree
+
+
+def _check_size(name: str, nodes: int) -> None:
+    if nodes > MAX_NODES:
+        raise TreeSpecError(
+            f"custom tree {name!r} has {nodes:,} nodes, above the limit of {MAX_NODES} draft tokens per step "
+            "(its verify forward and replay arrays grow with the node count); give it fewer branches or levels"
+        )
+
+
+def _rank(value: Any) -> int:
+    """A rank as written: a whole number (an int, or a float or string that is one); ValueError for
+    1.9 or "one", TypeError for a bool (True is not rank 1)."""
+    if isinstance(value, bool):
+        raise TypeError(value)
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(value)
+    return int(number)
 
 
 def parse_custom_trees(specs: Mapping[str, Any] | None) -> dict[str, Tree]:
