@@ -332,6 +332,49 @@ def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
 
 
+def tiny_notebook(path: Path, parameters: str, *cells: str) -> Path:
+    """A notebook of code cells for the runner's own tests: `parameters` (the tagged cell, e.g.
+    'mode: str = "ok"  # help'), then `cells`; Python 3's kernelspec."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    tagged = nbformat.v4.new_code_cell(parameters)
+    tagged.metadata["tags"] = ["parameters"]
+    nb.cells = [tagged, *(nbformat.v4.new_code_cell(c) for c in cells)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return Path(path)
+
+
+def processes_under(folder: Path) -> list[int]:
+    """Ids of the processes whose working directory or executable lies under `folder` (a clone's
+    runner and its papermill kernels, which start in its notebooks/ with its .venv's python)."""
+    root, found = Path(folder).resolve(), []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        for link in ("cwd", "exe"):
+            try:
+                if Path(os.readlink(proc / link)).is_relative_to(root):
+                    found.append(int(proc.name))
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def wait_for_no_process_under(folder: Path, seconds: float) -> bool:
+    """True once no process runs under `folder` (`processes_under`), False after `seconds`."""
+    deadline = time.time() + seconds
+    while processes_under(folder):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def user_clone(dest: Path) -> Path:
     """`git clone` of this checkout into `dest`, with the working tree's uncommitted changes laid
     over it (modified, new and deleted files) and committed there, so that the clone is what

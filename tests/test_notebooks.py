@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import papermill
 import pytest
-from conftest import smoke_ray_error
+from conftest import smoke_ray_error, tiny_notebook
 from papermill.translators import PythonTranslator
 
 from specnb.notebook import runner
@@ -326,12 +326,8 @@ def test_failing_notebook_names_its_cell(tmp_path):
     books = tmp_path / "notebooks"
     (books / "profiles").mkdir(parents=True)
     (books / "profiles" / "smoke.yaml").write_text("all:\n")
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('profile: str = "x"  # profile\nrun_dir: str = ""  # folder')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("raise ValueError('boom')")]
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-    nbformat.write(nb, books / "01_broken.ipynb")
+    parameters = 'profile: str = "x"  # profile\nrun_dir: str = ""  # folder'
+    tiny_notebook(books / "01_broken.ipynb", parameters, "x = 1", "raise ValueError('boom')")
     code = runner.run("smoke", {}, [], None, tmp_path / "outputs", books_folder=books)
     assert code == 1
     record = json.loads(next((tmp_path / "outputs" / "01_broken").iterdir()).joinpath("params.json").read_text())

@@ -164,7 +164,8 @@ def _index_html_row(
         f"<tr><td><b>{html.escape(stem)}</b><br>{html.escape(rel.name)}"
         f"<br>profile {html.escape(str(info.get('profile')))}"
         f"<br>{html.escape(str(info.get('status')))}, {info.get('duration_s', '')} s"
-        f"<br>{html.escape(str(info.get('started')))}"
+        + (f"<br><i>{html.escape(str(info['error']))}</i>" if info.get("error") else "")
+        + f"<br>{html.escape(str(info.get('started')))}"
         f"<br>commit {html.escape(commit)}</td><td>{image}</td>"
         f"<td>{'<br>'.join(link(f, label) for label, f in forms)}</td>"
         f"<td style='font-size:small'>{' '.join(link(f) for f in others)}</td></tr>"

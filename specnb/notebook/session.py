@@ -42,6 +42,8 @@ from ..core.tree_spec import parse_custom_trees
 from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
+from .parameters import check_parameters
+from .run_memory import check_run_memory
 from .runner import NOTEBOOKS, declared_parameters, default_outputs, resolve, strings_in
 
 SKIP = {"In", "Out", "exit", "quit", "get_ipython"}
@@ -95,8 +97,14 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
         print("\n".join(lines))
         if resolved == "cpu" and "google.colab" in sys.modules:
             print(NO_GPU_ON_COLAB)
+    path = NOTEBOOKS / f"{notebook}.ipynb"
+    declared = {k: namespace[k] for k in declared_parameters(path) if k in namespace} if path.exists() else {}
+    if declared:  # a parameter out of its type or range: refused before any install
+        check_parameters(path, declared)
     parse_custom_trees(namespace.get("custom_trees"))  # a bad tree of yours: refused before any install
     install_embedded(namespace)
+    if declared:
+        check_run_memory({notebook: declared})  # more than this machine has: refused before any load
     whole_tables()
     if "seed" in namespace:
         torch.manual_seed(int(namespace["seed"]))
@@ -106,8 +114,7 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     outputs = Path(outputs) if outputs is not None else default_outputs()
-    folder = outputs / notebook / time.strftime("interactive-%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _new_folder(outputs / notebook / time.strftime("interactive-%Y%m%d-%H%M%S"))
     write_json(
         folder / "params.json",
         {
@@ -121,6 +128,20 @@ def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str |
     )
     namespace["run_dir"] = str(folder)
     return folder
+
+
+def _new_folder(base: Path) -> Path:
+    """`base`, or `base-2`, `base-3`, ... : a folder no other run has (two kernels started in the same
+    second each get their own)."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            n += 1
 
 
 NO_GPU_ON_COLAB = (

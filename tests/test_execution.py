@@ -1,0 +1,176 @@
+"""What ends a notebook run other than its last cell, through the runner's own command on a tiny
+notebook (no model): each ends in one line and a record, never a traceback, and takes its kernel
+with it (`specnb.notebook.execution`).
+
+    a dead kernel            failed, "the kernel died (killed by SIGKILL), most likely out of memory"
+    Ctrl-C, SIGTERM, SIGHUP  interrupted, rerun resumes the same folder
+    the runner SIGKILLed     its kernel ends by itself within seconds (ipykernel's parent poller)
+    a second run             refused while a live run holds the folder, naming it
+    unwritable outputs       refused before anything runs
+And the README's parameters that cannot work, refused by the runner before any model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import processes_under, tiny_notebook, wait_for_no_process_under
+
+from specnb.notebook import runner
+
+TINY = """import os, signal, time
+from pathlib import Path
+folder = Path(run_dir)
+(folder / "kernel.pid").write_text(str(os.getpid()))
+if mode == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "sleep" and not (folder / "slept").exists():  # once: the resumed run goes on
+    (folder / "slept").write_text("")
+    time.sleep(300)
+print("done")"""
+
+
+@pytest.fixture
+def books(tmp_path: Path) -> Path:
+    folder = tmp_path / "books"
+    (folder / "profiles").mkdir(parents=True)
+    (folder / "profiles" / "cpu.yaml").write_text("# the tiny notebook's own values\n")
+    tiny_notebook(
+        folder / "01_tiny.ipynb", 'mode: str = "ok"  # ok, sleep, kill\nrun_dir: str = ""  # set by the runner', TINY
+    )
+    return folder
+
+
+def start(books: Path, outputs: Path, mode: str, log: Path) -> subprocess.Popen:
+    """The runner's command on the tiny notebook, in a session of its own (as a terminal's job)."""
+    cmd = [sys.executable, "-m", "specnb.notebook.runner", "run", "cpu", "--notebooks-folder", str(books)]
+    cmd += ["--outputs", str(outputs), "-p", "mode", mode]
+    env = os.environ | {"SPECNB_DECODE_MS": "skip", "SPECNB_CELL_TIMEOUT": "600"}
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(path_glob: str, root: Path, seconds: float = 120) -> Path:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        found = list(root.glob(path_glob))
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no {path_glob} under {root} after {seconds} s")
+
+
+def record_of(outputs: Path) -> dict:
+    (folder,) = (outputs / "01_tiny").iterdir()
+    return json.loads((folder / "params.json").read_text())
+
+
+def test_a_dead_kernel_is_a_failed_record_with_its_cause(tmp_path, books):
+    outputs, log = tmp_path / "out", tmp_path / "run.log"
+    proc = start(books, outputs, "kill", log)
+    assert proc.wait(180) == 1, log.read_text()
+    text = log.read_text()
+    assert "!! 01_tiny FAILED: the kernel died (killed by SIGKILL)" in text and "out of memory" in text, text
+    assert "Traceback" not in text, text
+    record = record_of(outputs)
+    assert record["status"] == "failed" and record["error"].startswith("the kernel died (killed by SIGKILL)")
+    assert "| failed |" in (outputs / "index.md").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_run_takes_its_kernel_and_is_recorded_interrupted(tmp_path, books, sig):
+    outputs, log = tmp_path / "out", tmp_path / "run.log"
+    proc = start(books, outputs, "sleep", log)
+    folder = wait_for("01_tiny/*/slept", outputs).parent
+    kernel = int((folder / "kernel.pid").read_text())
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # Ctrl-C: the terminal's process group (the kernel has its own session)
+    else:
+        proc.send_signal(sig)
+    assert proc.wait(60) == 130, log.read_text()
+    assert not Path(f"/proc/{kernel}").exists(), "the kernel outlived the runner"
+    text = log.read_text()
+    assert "Traceback" not in text and f"!! 01_tiny INTERRUPTED: stopped by {sig.name}" in text, text
+    record = record_of(outputs)
+    assert record["status"] == "interrupted" and sig.name in record["error"]
+    assert "| interrupted |" in (outputs / "index.md").read_text()
+    rerun = start(books, outputs, "sleep", tmp_path / "rerun.log")  # resumes in the same folder, finishes
+    assert rerun.wait(180) == 0, (tmp_path / "rerun.log").read_text()
+    assert f"== 01_tiny: resuming {folder}" in (tmp_path / "rerun.log").read_text()
+    assert record_of(outputs)["status"] == "finished"
+
+
+def test_a_killed_runner_leaves_no_kernel_behind(tmp_path, books):
+    outputs = tmp_path / "out"
+    proc = start(books, outputs, "sleep", tmp_path / "run.log")
+    wait_for("01_tiny/*/slept", outputs)
+    assert processes_under(books), "the kernel runs in the notebooks' folder"
+    proc.kill()
+    proc.wait()
+    assert wait_for_no_process_under(books, 15), "the kernel outlived its runner by 15 s"
+
+
+def test_a_second_run_on_a_live_folder_is_refused_naming_it(tmp_path, books):
+    outputs = tmp_path / "out"
+    first = start(books, outputs, "sleep", tmp_path / "first.log")
+    folder = wait_for("01_tiny/*/slept", outputs).parent
+    before = (folder / "params.json").read_text()
+    second = start(books, outputs, "sleep", tmp_path / "second.log")
+    assert second.wait(60) == 2
+    text = (tmp_path / "second.log").read_text()
+    assert f"{folder} is being written by a live run (pid {first.pid} on" in text and "nothing was run" in text, text
+    assert (folder / "params.json").read_text() == before and len(list((outputs / "01_tiny").iterdir())) == 1
+    first.terminate()
+    assert first.wait(60) == 130
+
+
+def test_runs_finish_and_leave_no_kernel(tmp_path, books):
+    outputs = tmp_path / "out"
+    proc = start(books, outputs, "ok", tmp_path / "run.log")
+    assert proc.wait(180) == 0, (tmp_path / "run.log").read_text()
+    assert record_of(outputs)["status"] == "finished"
+    assert wait_for_no_process_under(books, 5)
+
+
+def test_an_outputs_folder_that_cannot_be_written_is_refused_first(tmp_path, books, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rc = runner.main(["run", "cpu", "--notebooks-folder", str(books), "--outputs", str(blocker / "outputs")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"runs cannot be written to {blocker / 'outputs'}" in err and "nothing was run" in err, err
+
+
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        ("budgets", "[0]", "budgets"),
+        ("budgets", "[-4, 8]", "budgets"),
+        ("budgets", "[100000]", "budgets"),
+        ("max_new_tokens", "0", "max_new_tokens"),
+        ("max_new_tokens", "abc", "max_new_tokens"),
+        ("top_k", "1", "top_k"),
+        ("target_quantization", "3bit", "target_quantization"),
+        ("custom_trees", "{mine2: abc}", "mine2"),
+        ("custom_trees", "{mine: [[0], [1.9]]}", "whole numbers"),
+        ("custom_trees", "{mine: {branching: [100, 99]}}", "10,000 nodes"),
+    ],
+)
+def test_parameters_that_cannot_work_are_refused_before_anything_runs(tmp_path, capsys, monkeypatch, name, value, says):
+    monkeypatch.setattr(runner, "install_models", lambda resolved: pytest.fail("a model was installed"))
+    argv = ["run", "smoke", "--notebook", "01_tree_shapes", "--outputs", str(tmp_path / "out"), "-p", name, value]
+    rc = runner.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "nothing was run" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "01_tree_shapes").exists()
+
+
+def test_a_number_in_exponent_form_is_a_number():
+    """YAML 1.1 reads `-p lr 1e-3` as a string; the runner reads it as the number it is."""
+    assert runner.parse_value("1e-3") == 0.001 and runner.parse_value("3E5") == 300000.0
+    assert runner.parse_value("abc") == "abc" and runner.parse_value("[0, 1]") == [0, 1]
