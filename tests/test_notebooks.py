@@ -466,6 +466,23 @@ def test_extends_takes_the_parent_and_changes_only_what_it_lists(tmp_path):
         runner.resolve("child", {}, [extra], [books / "01_x.ipynb"], books / "profiles")
 
 
+def test_a_flat_parameter_file_is_read_as_all(tmp_path):
+    """papermill's own -f file (parameters at the top, no sections) applies to every notebook that
+    declares them; a name no notebook declares is refused as in `all:`."""
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    one_notebook(books, "a: int = 0  # a\nb: list = [0]  # b")
+    one_notebook(books, "a: int = 0  # a", name="02_y")
+    (books / "profiles" / "base.yaml").write_text("all:\n  a: 1\n")
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("a: 7\nb: [1, 2]\n")
+    resolved = runner.resolve("base", {}, [flat], runner.notebooks(books), books / "profiles")
+    assert resolved["01_x"]["a"] == resolved["02_y"]["a"] == 7 and resolved["01_x"]["b"] == [1, 2]
+    flat.write_text("no_such: 1\n")
+    with pytest.raises(runner.RunnerError, match="unknown parameter"):
+        runner.resolve("base", {}, [flat], runner.notebooks(books), books / "profiles")
+
+
 def test_t4_dryrun_is_t4_with_smaller_sizes():
     """Every t4 value reaches t4-dryrun except the sizes it lists; those are sizes, not code paths."""
     t4 = runner.resolve("t4", {}, [], NOTEBOOKS)

@@ -72,6 +72,7 @@ PROFILES = NOTEBOOKS / "profiles"
 RESERVED = ("run_dir",)  # set by the runner, never by a profile
 PROFILE_KEYS = ("extends", "runner")  # keys of a profile that are not parameter sections
 RUNNER_KEYS = ("env", "standins", "notebooks")
+SECTION = re.compile(r"^\d\d_\w+$")  # a notebook's section in a parameter file: 01_tree_shapes
 AUTO = "auto"  # `extends: auto`: t4 where CUDA is present, else cpu
 SUMMARY_FILE = "run_summary.json"  # the last run's plan: estimates, actual times, decode step
 
@@ -566,13 +567,16 @@ def _check_known(values: dict, declared: dict[str, dict], source: str) -> None:
 
 
 def _read_yaml(path: Path, profile: bool = False) -> dict[str, Any]:
-    """A parameter file's sections; a profile may also hold `extends: NAME` and `runner:`."""
+    """A parameter file's sections; a profile may also hold `extends: NAME` and `runner:`. A parameter
+    file with no section at all (papermill's `-f` file: `custom_trees: {...}` at the top) is `all:`."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise RunnerError(f"cannot read {path}: {e}") from e
     if not isinstance(data, dict):
         raise RunnerError(f"{path}: expected sections ('all:' or a notebook name) holding name: value pairs")
+    if not profile and data and not any(k == "all" or k in PROFILE_KEYS or SECTION.match(str(k)) for k in data):
+        data = {"all": data}  # papermill's own -f file: parameters at the top, for every notebook
     extra = [k for k in PROFILE_KEYS if k in data]
     if extra and not profile:
         raise RunnerError(f"{path}: {extra} belong in a profile (notebooks/profiles/*.yaml), not a parameter file")
