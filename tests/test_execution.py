@@ -174,3 +174,17 @@ def test_a_number_in_exponent_form_is_a_number():
     """YAML 1.1 reads `-p lr 1e-3` as a string; the runner reads it as the number it is."""
     assert runner.parse_value("1e-3") == 0.001 and runner.parse_value("3E5") == 300000.0
     assert runner.parse_value("abc") == "abc" and runner.parse_value("[0, 1]") == [0, 1]
+
+
+def test_an_outputs_folder_that_fails_mid_run_ends_in_one_line(tmp_path, books, capsys, monkeypatch):
+    """A disk that fills while a run writes: one line, the file and the fix; no traceback."""
+    import errno
+
+    def full(nb, profile, params, settings, folder):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "params.json"))
+
+    monkeypatch.setattr(runner, "_execute", full)
+    monkeypatch.setenv("SPECNB_DECODE_MS", "skip")
+    rc = runner.main(["run", "cpu", "--notebooks-folder", str(books), "--outputs", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot write " in err and "No space left on device" in err and "resume" in err, err

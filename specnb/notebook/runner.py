@@ -651,6 +651,14 @@ def main(argv: list[str] | None = None) -> int:
     except (NotEnoughDiskError, subprocess.CalledProcessError) as e:
         print(f"run_notebooks: installing the embedded models failed: {e}\nnothing was run.", file=sys.stderr)
         return 2
+    except OSError as e:  # the outputs folder went away or filled up while the run was writing it
+        where = f" {e.filename}" if e.filename else ""
+        print(
+            f"run_notebooks: cannot write{where}: {e.strerror or e}; free the disk or fix the folder, then rerun "
+            "the same command to resume.",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":
