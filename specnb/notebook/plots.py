@@ -8,6 +8,8 @@ does not; acceptance rate = accepted / drafted).
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -131,6 +133,97 @@ def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Fi
     ax.set_ylabel("depth")
     ax.set_xticks([])
     ax.set_title(title or f"tree of {tree.num_nodes} draft tokens", fontsize=10)
+    return save(fig, path)
+
+
+def tree_gallery(trees: Mapping[str, Sequence[Tree]], path=None) -> plt.Figure:
+    """Trees side by side: one row per shape name, one panel per tree (e.g. one shape at budgets 4, 8,
+    16), each a node-link diagram with the root at the top and depth increasing downward (the y axis),
+    each node labelled with its sibling rank, the panel titled "<name>, N nodes, depth D".
+
+    As in `draw_tree`, leaves are spread evenly in depth-first rank order and a parent is centred
+    over its children, so nodes of one depth are at least one leaf slot apart and their labels never
+    overlap; a column is as wide as its widest tree or title needs (`leaf` inches per leaf slot), a
+    row as tall as its deepest tree (`depth_in` inches per level), and the panels of a row share the
+    depth axis."""
+    rows = [(str(name), list(row)) for name, row in trees.items()]
+    if not rows or any(not row for _, row in rows):
+        raise ValueError(f"tree_gallery needs at least one tree per name, got {[(n, len(r)) for n, r in rows]}")
+    leaf, depth_in, title_char = 0.2, 0.3, 0.064  # inches per leaf slot, per depth level, per title character
+
+    def layout(tree: Tree) -> tuple[dict[int, float], int]:
+        """x of each row of `tree.children` (0 = the root, i + 1 = node i) and the number of leaf slots."""
+        x: dict[int, float] = {}
+        slots = 0
+
+        def place(row: int) -> float:
+            nonlocal slots
+            kids = tree.children[row]
+            if kids:
+                x[row] = sum(place(k + 1) for k in kids) / len(kids)
+            else:
+                x[row], slots = float(slots), slots + 1
+            return x[row]
+
+        place(0)
+        return x, slots
+
+    layouts = [[layout(t) for t in row] for _, row in rows]
+    titles = [
+        [f"{name}, {t.num_nodes} node{'' if t.num_nodes == 1 else 's'}, depth {t.depth}" for t in row]
+        for name, row in rows
+    ]
+    columns = max(len(row) for _, row in rows)
+    col_in = [
+        max(
+            max(len(titles[r][c]) * title_char + 0.3, layouts[r][c][1] * leaf + 0.3)
+            for r in range(len(rows))
+            if c < len(rows[r][1])
+        )
+        for c in range(columns)
+    ]
+    row_depth = [max(t.depth for t in row) for _, row in rows]
+    row_in = [max(1.4, 0.5 + depth_in * (d + 1)) for d in row_depth]
+    heading = "node labels: sibling rank (0 = the draft's top choice, shaded)"
+    width = max(sum(col_in) + 0.75 * columns, len(heading) * 0.075 + 0.4)
+    height = sum(row_in) + 0.45 * len(rows)
+    fig = plt.figure(figsize=(width, height))
+    grid = fig.add_gridspec(len(rows), columns, width_ratios=col_in, height_ratios=row_in)
+    for r, (_, row) in enumerate(rows):
+        first: plt.Axes | None = None
+        for c, tree in enumerate(row):
+            ax = fig.add_subplot(grid[r, c], sharey=first)
+            first = first or ax
+            x, slots = layouts[r][c]
+            # a node's diameter in points: below the gap between leaf slots and between levels
+            gap = 72 * min(col_in[c] / (slots + 0.2), row_in[r] / (row_depth[r] + 0.8))
+            size = min(14.0, 0.8 * gap)
+            for i, parent in enumerate(tree.parents):
+                ax.plot([x[parent + 1], x[i + 1]], [1 - tree.depths[i], -tree.depths[i]], color="0.6", lw=0.8, zorder=1)
+            ax.scatter([x[0]], [0], s=size**2 * 0.6, color="black", zorder=2)
+            ax.scatter(
+                [x[i + 1] for i in range(tree.num_nodes)],
+                [-d for d in tree.depths],
+                s=size**2,
+                c=["#c6dbef" if rank == 0 else "white" for rank in tree.ranks],
+                edgecolors="0.3",
+                linewidths=0.6,
+                zorder=3,
+            )
+            font = 7 if size >= 11 else 6 if size >= 8 else 5
+            for i, rank in enumerate(tree.ranks):
+                ax.text(x[i + 1], -tree.depths[i], str(rank), ha="center", va="center", fontsize=font, zorder=4)
+            ax.set_xlim(-0.6, slots - 0.4)
+            ax.set_xticks([])
+            ax.set_title(titles[r][c], fontsize=8)
+            ax.tick_params(axis="y", labelsize=7)
+            if c == 0:
+                step = math.ceil((row_depth[r] + 1) / 12)
+                depths = range(0, row_depth[r] + 1, step)
+                ax.set_yticks([-d for d in depths], ["root" if d == 0 else str(d) for d in depths])
+                ax.set_ylim(-row_depth[r] - 0.4, 0.4)
+                ax.set_ylabel("depth", fontsize=8)
+    fig.suptitle(heading, fontsize=9, y=1 - 0.06 / height)  # at the top: tight_layout reserves only its height
     return save(fig, path)
 
 
