@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from specnb import Tree
-from specnb.drafters.methods import method_trees, parse_method
+from specnb.core.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
+from specnb.drafters.methods import budget_axis, method_trees, parse_method, trees_for, with_custom_trees
 from specnb.experiments import sweeps as ex
 from specnb.experiments import tables
 from specnb.experiments.pairs import PairModels
@@ -59,3 +60,27 @@ def test_every_method_runs_in_a_sweep_and_equals_greedy(tmp_path, tiny_target, t
     assert len(units) == len(prompts) * (len(specs) + 1)
     assert units["greedy_equal"].all(), units[~units["greedy_equal"]][["shape", "budget", "prompt_id"]]
     assert set(units["shape"]) == {tables.BASELINE} | {s.split(":")[0] for s in specs}
+
+
+def test_a_shape_rule_fills_every_budget_as_a_preset_does():
+    """A shape rule of the user's ({widths: [...]}) is a shape beside the presets: every budget of the
+    axis, its trees its fills; a fixed tree keeps its one budget; a check names a rule at the
+    largest budget the methods use; a rule without a budget is refused saying so."""
+    specs = {"mine": [[0], [1], [0, 0], [0, 0, 0]], "grow": {"widths": [2, 1]}}
+    custom = {**parse_custom_trees(specs), **parse_custom_shapes(specs)}
+    assert budget_axis([2, 8], custom) == [2, 4, 8]  # mine's 4 nodes join the axis, the rule adds none
+    trees = trees_for(["chain"], [2, 8], custom)
+    assert sorted(trees) == [
+        ("chain", 2),
+        ("chain", 4),
+        ("chain", 8),
+        ("grow", 2),
+        ("grow", 4),
+        ("grow", 8),
+        ("mine", 4),
+    ]
+    assert all(trees[("grow", n)] == ShapeRule((2, 1)).fill(n) for n in (2, 4, 8))
+    assert with_custom_trees(["chain:2", "kary2:8"], custom) == ["chain:2", "kary2:8", "mine", "grow:8"]
+    assert parse_method("ngram/grow:3", custom).tree == ShapeRule((2, 1)).fill(3)
+    with pytest.raises(ValueError, match="shape rule .* give it a budget, e.g. grow:8"):
+        parse_method("grow", custom)

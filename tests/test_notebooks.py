@@ -21,6 +21,7 @@ import pytest
 from conftest import smoke_ray_error, tiny_notebook
 from papermill.translators import PythonTranslator
 
+from specnb.core.tree_spec import ShapeRule
 from specnb.notebook import runner
 from specnb.notebook.legibility import saved_problems
 
@@ -266,9 +267,20 @@ def test_the_smoke_profiles_own_tree_is_measured_in_every_notebook_that_takes_tr
         mine = table[table["method" if "method" in table else "shape"].astype(str).str.startswith("mine")]
         assert len(mine), f"{stem}/{name}: no row of the custom tree"
         assert "depth" not in mine or (mine["depth"] == 3).all(), f"{stem}/{name}: the custom tree's depth is 3"
-    assert json.loads((folder["01_tree_shapes"] / "params.json").read_text())["custom_trees"] == {
-        "mine": [[0], [1], [0, 0], [0, 0, 0]]
-    }
+    record = json.loads((folder["01_tree_shapes"] / "params.json").read_text())
+    assert record["custom_trees"] == {"mine": [[0], [1], [0, 0], [0, 0, 0]]}
+    # 01's shape rule (smoke.yaml: grow, widths [2, 1]) filled to every budget as the presets are, its
+    # trees those of the filling rule, drawn before the models loaded, and run end to end
+    assert record["custom_shapes"] == {"grow": [2, 1]}
+    replay = pd.read_csv(folder["01_tree_shapes"] / "replay.csv")
+    grow = replay[replay["shape"] == "grow"].set_index("budget")
+    chain = replay[replay["shape"] == "chain"]
+    assert sorted(grow.index) == sorted(chain["budget"]) == [2, 4]  # smoke's budgets, mine's 4 among them
+    rule = ShapeRule((2, 1))
+    assert grow.loc[2, "depth"] == rule.fill(2).depth == 1 and grow.loc[4, "depth"] == rule.fill(4).depth == 2
+    agreement = pd.read_csv(folder["01_tree_shapes"] / "replay_agreement.csv")
+    assert "grow:4" in set(agreement["method"]), agreement["method"].tolist()
+    assert (folder["01_tree_shapes"] / "trees.png").exists()
 
 
 @pytest.mark.parametrize(

@@ -92,12 +92,13 @@ def killed_and_resumed(clone: Path, env: dict[str, str], logs: Path) -> None:
     assert table.set_index("unit")["status"].to_dict() == {u: "present" if u in kept else "written" for u in files}
     assert len({p.prompt_id for p in Collection.load(folder / "collection").prompts}) == 2
     # its replay equal to the real runs step by step; the first check_prompts (2) prompts run end to
-    # end, each once: the target alone, 3 methods and smoke's own tree; greedy output the target's
+    # end, each once: the target alone, 3 methods, smoke's own tree and its shape rule (at 4 nodes);
+    # greedy output the target's
     agreement = pd.read_csv(folder / "replay_agreement.csv")
     assert (agreement["steps_compared"] > 0).all()
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all()
     units = pd.read_csv(folder / "units.csv")
-    assert len(units) == 2 * (1 + 3 + 1) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    assert len(units) == 2 * (1 + 3 + 2) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
     assert units["greedy_equal"].all()
 
 

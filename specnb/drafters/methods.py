@@ -26,7 +26,9 @@ A method spec is `[drafter/]shape:budget`:
 
 A tree the user writes (`core.tree_spec`: `custom_trees`, name -> spec) is a shape like a preset's,
 given to the parser as `custom` (name -> `Tree`): "mine", "ngram/mine", "xtok/mine" fill it; its
-budget is its node count, so the budget may be left out ("mine" = "mine:6" for a 6-node tree).
+budget is its node count, so the budget may be left out ("mine" = "mine:6" for a 6-node tree). A
+shape rule of the user's (`core.tree_spec.ShapeRule`, `{widths: [...]}`) is given the same way
+(name -> `ShapeRule`) and behaves as a preset: "grow:8" is its fill of 8 nodes.
 
 Methods that put the draft model's token ids in the target's tree need the two to share a
 vocabulary (`Method.shared_vocabulary`); xtok and hf_uag pair any two causal LMs.
@@ -47,7 +49,7 @@ import torch
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.sampling import TypicalAcceptance
 from ..core.streaming import StreamingCache
-from ..core.tree_spec import DRAFTERS, HF_METHODS, PRESET
+from ..core.tree_spec import DRAFTERS, HF_METHODS, PRESET, ShapeRule
 from ..core.trees import Tree
 from .cross_tokenizer import CrossTokenizerDrafter
 from .draft_length import AdaptiveLength
@@ -131,9 +133,13 @@ class Method:
 _SPEC = re.compile(r"^(?:(?P<drafter>[a-z_]+?)(?P<arg>\d+(?:\.\d+)?)?/)?(?P<shape>[a-z_]+\d*)(?::(?P<budget>\d+))?$")
 
 
-def parse_method(spec: str, custom: Mapping[str, Tree] | None = None) -> Method:
+Custom = Mapping[str, "Tree | ShapeRule"]  # the user's trees and shape rules by name
+
+
+def parse_method(spec: str, custom: Custom | None = None) -> Method:
     """A `Method` from its spec (module docstring); a ValueError names the accepted forms.
-    custom: the user's trees by name (`core.tree_spec.parse_custom_trees`), shapes beside the presets."""
+    custom: the user's trees and shape rules by name (`core.tree_spec.parse_custom_trees`,
+    `parse_custom_shapes`), shapes beside the presets."""
     m = _SPEC.match(spec.strip())
     if not m:
         raise ValueError(
@@ -141,6 +147,12 @@ def parse_method(spec: str, custom: Mapping[str, Tree] | None = None) -> Method:
         )
     drafter, arg, shape = m["drafter"] or "draft", m["arg"], m["shape"]
     tree = None if PRESET.match(shape) or shape in (DYNAMIC, *HF_METHODS) else (custom or {}).get(shape)
+    if isinstance(tree, ShapeRule):  # a rule fills the budget, as a preset does
+        if m["budget"] is None:
+            raise ValueError(
+                f"method {spec!r}: {shape!r} is a shape rule ({tree.describe()}); give it a budget, e.g. {spec}:8"
+            )
+        tree = tree.fill(int(m["budget"]))
     if tree is not None and m["budget"] is not None and int(m["budget"]) != tree.num_nodes:
         raise ValueError(
             f"method {spec!r}: custom tree {shape!r} has {tree.num_nodes} nodes, its budget: write "
@@ -178,7 +190,7 @@ def parse_method(spec: str, custom: Mapping[str, Tree] | None = None) -> Method:
     return method
 
 
-def method_trees(specs: Iterable[str], custom: Mapping[str, Tree] | None = None) -> dict[tuple[str, int], Tree]:
+def method_trees(specs: Iterable[str], custom: Custom | None = None) -> dict[tuple[str, int], Tree]:
     """Method specs keyed (shape, budget) as tables name them (`Method.label`, `Method.budget`),
     with the tree each requests per step; a bad spec raises before anything runs. custom: the
     user's trees by name, which specs may name (`parse_method`)."""
@@ -186,10 +198,16 @@ def method_trees(specs: Iterable[str], custom: Mapping[str, Tree] | None = None)
     return {(m.label, m.budget): m.tree for m in methods}
 
 
-def with_custom_trees(specs: Sequence[str], custom: Mapping[str, Tree] | None = None) -> list[str]:
-    """`specs` and, for each custom tree that none of them names, the draft model filling it (its name)."""
-    named = {parse_method(spec, custom).shape for spec in specs}
-    return list(specs) + [name for name in custom or {} if name not in named]
+def with_custom_trees(specs: Sequence[str], custom: Custom | None = None) -> list[str]:
+    """`specs` and, for each custom tree or shape rule that none of them names, the draft model filling
+    it: a tree by its name, a rule at the largest budget the specs use (4 where they use none)."""
+    methods = [parse_method(spec, custom) for spec in specs]
+    named, largest = {m.shape for m in methods}, max((m.budget for m in methods), default=4)
+    return list(specs) + [
+        name if isinstance(item, Tree) else f"{name}:{largest}"
+        for name, item in (custom or {}).items()
+        if name not in named
+    ]
 
 
 def method_of(key: tuple[str, int], tree: Tree) -> Method:
@@ -199,19 +217,22 @@ def method_of(key: tuple[str, int], tree: Tree) -> Method:
     return parse_method(f"{label}:{budget}", {label.rsplit("/", 1)[-1]: tree})
 
 
-def budget_axis(budgets: Iterable[int], custom: Mapping[str, Tree] | None = None) -> list[int]:
-    """The budgets, with each custom tree's node count (its budget) added, sorted."""
-    return sorted({int(b) for b in budgets} | {t.num_nodes for t in (custom or {}).values()})
+def budget_axis(budgets: Iterable[int], custom: Custom | None = None) -> list[int]:
+    """The budgets, with each custom tree's node count (its budget) added, sorted (a shape rule adds
+    none: it fills every budget)."""
+    return sorted({int(b) for b in budgets} | {t.num_nodes for t in (custom or {}).values() if isinstance(t, Tree)})
 
 
 def trees_for(
-    shapes: Sequence[str], budgets: Iterable[int], custom: Mapping[str, Tree] | None = None
+    shapes: Sequence[str], budgets: Iterable[int], custom: Custom | None = None
 ) -> dict[tuple[str, int], Tree]:
-    """The named trees a sweep runs, filled by the draft model: every preset shape at every budget of
-    `budget_axis` (so the presets are also measured at each custom tree's size), and each custom
-    tree keyed (name, its node count)."""
+    """The named trees a sweep runs, filled by the draft model: every preset shape and every shape
+    rule at every budget of `budget_axis` (so they are also measured at each custom tree's size), and
+    each custom tree keyed (name, its node count)."""
     axis = budget_axis(budgets, custom)
-    return method_trees([f"{s}:{b}" for s in shapes for b in axis] + list(custom or {}), custom)
+    rules = [name for name, item in (custom or {}).items() if isinstance(item, ShapeRule)]
+    fixed = [name for name, item in (custom or {}).items() if isinstance(item, Tree)]
+    return method_trees([f"{s}:{b}" for s in [*shapes, *rules] for b in axis] + fixed, custom)
 
 
 def build_drafter(

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from ..bench.attention import CAUSAL, IMPLEMENTATIONS
 from ..bench.attention_grid import EXPLICIT_SHAPE, head_shape
 from ..core.streaming import POSITIONS
-from ..core.tree_spec import MAX_NODES, PRESET, parse_custom_trees
+from ..core.tree_spec import MAX_NODES, PRESET, ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..core.trees import Tree
 from ..drafters.methods import parse_method
 from ..experiments.checks import ParameterError
@@ -76,7 +76,7 @@ class Context:
     they do not parse: `core.tree_spec` reports that, and method specs are then checked as strings)."""
 
     notebook: str
-    custom: Mapping[str, Tree] | None
+    custom: Mapping[str, Tree | ShapeRule] | None
 
 
 class Rule:
@@ -642,10 +642,10 @@ def _check(where: Where, rule: Rule, value: Any, ctx: Context) -> list[str]:
     return []
 
 
-def _custom_trees(specs: Any) -> Mapping[str, Tree] | None:
-    """The custom trees by name; None where they do not parse (their own check says why)."""
+def _custom_trees(specs: Any) -> Mapping[str, Tree | ShapeRule] | None:
+    """The custom trees and shape rules by name; None where they do not parse (their own check says why)."""
     try:
-        return parse_custom_trees(specs)
+        return {**parse_custom_trees(specs), **parse_custom_shapes(specs)}
     except (ValueError, TypeError, SyntaxError):
         return None
 

@@ -227,6 +227,17 @@ def tree_gallery(trees: Mapping[str, Sequence[Tree]], path=None) -> plt.Figure:
     return save(fig, path)
 
 
+def shapes_gallery(trees: Mapping[tuple[str, int], Tree], path=None, budgets: int = 3, largest: int = 16) -> plt.Figure:
+    """`tree_gallery` of a sweep's trees keyed (shape, budget): each shape at up to `budgets` of its
+    budgets no larger than `largest` nodes (the largest such; its smallest where it has none), so
+    that every shape the sweep measures is seen before it is measured."""
+    by_shape: dict[str, list[tuple[int, Tree]]] = {}
+    for (shape, budget), tree in sorted(trees.items()):
+        by_shape.setdefault(shape, []).append((budget, tree))
+    shown = {shape: [t for b, t in rows if b <= largest][-budgets:] or [rows[0][1]] for shape, rows in by_shape.items()}
+    return tree_gallery(shown, path)
+
+
 def speed_bars(table: pd.DataFrame, path=None) -> plt.Figure:
     """Speedup over the target alone (same run) per pair and method, as horizontal bars (method
     names never collide); replayed methods (no wall clock) are left out."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..core.tree_spec import parse_custom_trees
+from ..core.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
@@ -188,18 +188,26 @@ def show_prompts(run: str | Path, summary: PromptSummary, key: str = "prompts") 
     record(run, key, summary.record())
 
 
-def show_trees(run: str | Path, specs: Any) -> dict[str, Tree]:
+def show_trees(run: str | Path, specs: Any, rules: bool = False) -> dict[str, Tree | ShapeRule]:
     """The notebook's `custom_trees` (name -> spec) as trees, refused with what to change if a spec
     is not one (`core.tree_spec.TreeSpecError`); each printed with its size and rank paths and
-    recorded in params.json under "custom_trees"."""
-    trees = parse_custom_trees(specs)
+    recorded in params.json under "custom_trees". `rules`: the notebook fills shape rules
+    (`{widths: [...]}`, `core.tree_spec.ShapeRule`) to every budget, and they are returned beside the
+    trees (recorded under "custom_shapes"); elsewhere a rule is named as not measured here."""
+    trees, shapes = parse_custom_trees(specs), parse_custom_shapes(specs)
     if trees:
         print(
             "your trees: "
             + "; ".join(f"{n} ({t.num_nodes} nodes, depth {t.depth}): {t.to_choices()}" for n, t in trees.items())
         )
         record(run, "custom_trees", {n: t.to_choices() for n, t in trees.items()})
-    return trees
+    if shapes and rules:
+        print("your shapes, filled to every budget: " + "; ".join(f"{n}: {r.describe()}" for n, r in shapes.items()))
+        record(run, "custom_shapes", {n: list(r.widths) for n, r in shapes.items()})
+        return {**trees, **shapes}
+    if shapes:
+        print(f"your shape rules ({', '.join(shapes)}) are filled to every budget in notebook 01; not measured here")
+    return dict(trees)
 
 
 def interact(**options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
