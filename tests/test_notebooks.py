@@ -192,7 +192,17 @@ def test_tree_shapes_tables(smoke):
     outputs, _ = smoke
     folder = next((outputs / "01_tree_shapes").iterdir())
     table = pd.read_csv(folder / "replay.csv")
-    assert set(table["shape"]) == {"chain", "kary2", "mine", "sequoia", "medusa", "hindsight", "dynamic", "oracle"}
+    assert set(table["shape"]) == {
+        "chain",
+        "kary2",
+        "mine",
+        "grow",
+        "sequoia",
+        "medusa",
+        "hindsight",
+        "dynamic",
+        "oracle",
+    }
     assert set(table["budget"]) == {2, 4}
     assert table["acceptance_rate"].between(0, 1).all() and (table["tau"] >= 1).all()
     assert (table["tau"] <= table["depth"] + 1).all()
@@ -369,6 +379,7 @@ def test_tree_shapes_collects_on_ray(smoke):
         "chain",
         "kary2",
         "mine",
+        "grow",
         "sequoia",
         "medusa",
         "hindsight",

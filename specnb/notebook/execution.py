@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 LOCK_FILE = ".lock"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # ended as Ctrl-C (SIGINT) is
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 
 
 class Interrupted(KeyboardInterrupt):
@@ -94,8 +94,9 @@ class RunLock:
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise `Interrupted` in the main thread, as SIGINT raises KeyboardInterrupt;
-    the previous handlers come back afterwards."""
+    """SIGINT, SIGTERM and SIGHUP raise `Interrupted` in the main thread (SIGINT too: a process
+    started with SIGINT ignored, as a test runner's worker or a shell's background job starts its
+    children, would not stop on Ctrl-C); the previous handlers come back afterwards."""
 
     def stop(signum: int, frame: Any) -> None:
         raise Interrupted(signal.Signals(signum).name)
@@ -118,7 +119,7 @@ def signals_ignored() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *STOP_SIGNALS)}
+    before = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -625,7 +625,7 @@ def _check(where: Where, rule: Rule, value: Any, ctx: Context) -> list[str]:
             )
         except (ValueError, SyntaxError):
             return []
-    if not annotation_fits(where.annotation, value):
+    if where.annotation and not annotation_fits(where.annotation, value):  # no annotation: the rule alone
         return [_message(where, rule, value, _type_fault(value))]
     if value is None:
         return []

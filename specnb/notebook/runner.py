@@ -52,6 +52,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -441,16 +442,19 @@ def claim_folders(
 
 
 def check_outputs(outputs: Path) -> None:
-    """RunnerError, before anything runs, when runs cannot be written under `outputs`."""
-    probe = Path(outputs) / f".specnb-write-check-{os.getpid()}"
+    """RunnerError, before anything runs, when runs cannot be written under `outputs`: a file is
+    written and removed in it, or, where it does not exist yet, a folder is made and removed in the
+    nearest folder above it (nothing is left behind)."""
+    outputs = Path(outputs).absolute()
+    existing = next((p for p in (outputs, *outputs.parents) if p.exists()), Path("/"))
     try:
-        Path(outputs).mkdir(parents=True, exist_ok=True)
-        probe.write_text("")
-        probe.unlink()
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(existing))
+        os.rmdir(tempfile.mkdtemp(prefix=".specnb-write-check-", dir=existing))
     except OSError as e:
         raise RunnerError(
-            f"runs cannot be written to {outputs} ({e.strerror or e}): set SPECNB_OUTPUTS (or --outputs) to a "
-            "folder you can write"
+            f"runs cannot be written to {outputs} ({e.strerror or e}{f': {e.filename}' if e.filename else ''}): "
+            "set SPECNB_OUTPUTS (or --outputs) to a folder you can write"
         ) from None
 
 
