@@ -14,6 +14,7 @@ import pytest
 from specnb import Tree
 from specnb.analysis import heldout, replay
 from specnb.analysis.collection import CollectConfig, Collection, PromptData
+from specnb.core.engines import ENGINES, level_widths
 from specnb.experiments import replay_study
 from specnb.io import tree_results
 
@@ -134,8 +135,10 @@ def test_results_round_trip_and_latest_run_by_pair(tmp_path):
     back = tree_results.read(newer)
     assert back == replace(results, written="2025-02-01T00:00:00")
     assert json.loads((newer / tree_results.RESULTS_FILE).read_text())["deploy"] == results.deploy
-    assert "speculative_token_tree" in (newer / tree_results.DEPLOY_FILE).read_text()
-    assert "APPROXIMATE" in (newer / tree_results.DEPLOY_FILE).read_text()
+    deploy = (newer / tree_results.DEPLOY_FILE).read_text()  # kary2:4 is no product tree: no vLLM line
+    assert "# vLLM: vLLM's EAGLE proposer drafts the same number" in deploy and "speculative_token_tree" not in deploy
+    assert "EagleDecodingConfig(eagle_choices=[[0], [1], [0, 0], [0, 1]])" in deploy
+    assert "# SGLang: a budget, not this shape" in deploy
     assert tree_results.latest(tmp_path, "d -> t") == newer / tree_results.RESULTS_FILE
     assert tree_results.latest(tmp_path, "nobody") is None
 
@@ -177,7 +180,13 @@ def test_notebook_03_prices_01s_trees_and_the_readings_end_with_deploy_lines(tmp
     text = readings.verdict_reading(choice, None, heldout.selection(held, curve(), "t", "d"))
     assert "cannot tell" in text and "chosen on the other folds" in text
     assert "do **not** beat" in readings.heldout_note(held.table) or "every design" in readings.heldout_note(held.table)
-    assert "speculative_token_tree" in readings.deploy_reading(choice).splitlines()[-3]
+    deploy = readings.deploy_reading(choice).splitlines()
+    vllm = next(line for line in deploy if line.startswith("- vLLM:"))
+    if level_widths(choice.tree) is None:
+        assert "not accepted" in vllm
+    else:
+        assert "speculative_token_tree" in vllm
+    assert len(deploy) == 2 + len(ENGINES) and deploy[-1].startswith("- llama.cpp server:")  # "", heading, engines
 
 
 def test_a_measured_speed_outside_the_expected_interval_is_said():

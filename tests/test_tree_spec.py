@@ -1,10 +1,8 @@
 """Trees a user writes (paths, `choices` lists, branching widths) and the lines engines read."""
 
-import ast
-
 import pytest
 
-from specnb.core.tree_spec import TreeSpecError, deploy_lines, parse_custom_trees, parse_tree, sglang_flags, vllm_config
+from specnb.core.tree_spec import TreeSpecError, parse_custom_trees, parse_tree
 from specnb.core.trees import Tree
 
 PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]]
@@ -52,29 +50,9 @@ def test_a_name_that_is_a_presets_is_refused(name):
         parse_custom_trees({name: [[0]]})
 
 
-def test_vllm_string_round_trips_in_vllms_order():
-    tree = Tree.from_paths([(1, 0), (0,), (1,), (0, 0), (0, 1)])
-    config = vllm_config(tree)
-    parsed = ast.literal_eval(config["speculative_token_tree"])
-    assert sorted(parsed, key=lambda p: (len(p), p)) == parsed == list(tree.paths)
-    assert config["num_speculative_tokens"] == len(parsed) == tree.num_nodes
-
-
 def test_choices_load_as_medusas_trees_do():
     # a published Medusa tree's first entries, in Medusa's own list-of-lists form
     medusa = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3]]
     tree = Tree.from_paths(medusa)
     assert tree.to_choices() == sorted(medusa, key=lambda x: (len(x), x))  # Medusa sorts them so
     assert Tree.from_paths(tree.to_choices()) == tree
-
-
-def test_sglang_flags_are_labelled_approximate():
-    tree = Tree.from_branching([3, 2])
-    assert sglang_flags(tree) == {
-        "speculative_num_steps": 2,
-        "speculative_eagle_topk": 3,
-        "speculative_num_draft_tokens": 10,
-    }
-    lines = deploy_lines(tree)
-    assert "approximate" in lines["sglang_approximate"] and "--speculative-eagle-topk 3" in lines["sglang_approximate"]
-    assert "'num_speculative_tokens': 9" in lines["vllm"] and lines["medusa_eagle_choices"].startswith("[[0], [1], [2]")

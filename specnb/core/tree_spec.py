@@ -1,4 +1,4 @@
-"""Trees as users write them and as serving engines read them.
+"""Trees as users write them (what serving engines take of a tree: `core.engines`).
 
 A user names trees of their own (`custom_trees`: name -> spec) beside the presets. A spec is one of
     a list of rank paths (Medusa's and EAGLE-1's `choices`): [[0], [1], [0, 0]]
@@ -13,12 +13,6 @@ custom tree as `[drafter/]name`, its budget its node count), or more than `MAX_N
 A widths spec is a rule, not one tree: `parse_custom_shapes` reads the rules, `ShapeRule.fill(n)` gives
 the tree of n nodes (the filling rule is stated once, in `ShapeRule`'s docstring), and
 `parse_custom_trees` checks widths entries but returns only the fixed trees.
-
-Exports (`deploy_lines`): vLLM's `speculative_config` takes `speculative_token_tree`, the string of
-the tree's rank-path tuples in (depth, path) order, with `num_speculative_tokens` = its node count;
-Medusa and EAGLE-1 take the `choices` list; SGLang builds its own tree every step (EAGLE-2 style),
-so only its nearest flags are given, labelled approximate: steps = depth, topk = the widest node's
-children, num-draft-tokens = nodes + 1 (SGLang counts the root).
 """
 
 from __future__ import annotations
@@ -284,29 +278,3 @@ def _parse_rule(name: str, spec: Mapping[str, Any]) -> ShapeRule:
         return ShapeRule(tuple(widths))
     except TreeSpecError as e:
         raise TreeSpecError(f"custom tree {name!r}: {e}") from None
-
-
-def vllm_config(tree: Tree) -> dict[str, Any]:
-    """The `speculative_config` fields vLLM reads for a static tree (add "method" and "model")."""
-    return {"num_speculative_tokens": tree.num_nodes, "speculative_token_tree": str([tuple(p) for p in tree.paths])}
-
-
-def sglang_flags(tree: Tree) -> dict[str, int]:
-    """SGLang's nearest flags (APPROXIMATE: SGLang grows its own tree each step; only the depth, the
-    widest branching and the budget carry over, not this shape)."""
-    width = max((len(kids) for kids in tree.children), default=0)
-    return {
-        "speculative_num_steps": tree.depth,
-        "speculative_eagle_topk": width,
-        "speculative_num_draft_tokens": tree.num_nodes + 1,
-    }
-
-
-def deploy_lines(tree: Tree) -> dict[str, str]:
-    """One line to paste per engine: vLLM, Medusa / EAGLE-1 choices, SGLang (approximate)."""
-    sglang = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in sglang_flags(tree).items())
-    return {
-        "vllm": f"speculative_config={vllm_config(tree)!r}",
-        "medusa_eagle_choices": repr(tree.to_choices()),
-        "sglang_approximate": f"{sglang}  # approximate: SGLang builds its own tree each step",
-    }

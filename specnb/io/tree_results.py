@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.tree_spec import deploy_lines
+from ..core.engines import ENGINE_NAMES, deploy_lines
 from ..core.trees import Tree
 from .storage import write_json
 
@@ -79,8 +79,11 @@ class TreeResults:
 
     @property
     def deploy(self) -> dict[str, str]:
-        """The recommended tree's lines per engine (`core.tree_spec.deploy_lines`); empty without one."""
-        return deploy_lines(self.recommendation.tree.tree) if self.recommendation else {}
+        """The recommended tree's line per engine, or "not accepted: why" (`core.engines.deploy_lines`);
+        empty without one."""
+        if not self.recommendation:
+            return {}
+        return {name: line.text() for name, line in deploy_lines(self.recommendation.tree.tree).items()}
 
     def best_trees(self) -> dict[tuple[str, int], Tree]:
         """(name, budget) -> tree: the recommended one, and per budget the one of highest held-out
@@ -147,27 +150,20 @@ def deploy_text(results: TreeResults) -> str:
     rec = results.recommendation
     if rec is None:
         return f"# {results.pair}: no tree recommended (nothing scored)\n"
-    lines = deploy_lines(rec.tree.tree)
-    return "\n".join(
-        [
-            f"# {results.pair}: {rec.tree.name} with {rec.tree.budget} draft tokens, "
-            f"held-out tau {rec.tree.tau_heldout:.2f} [{rec.tau_low:.2f}, {rec.tau_high:.2f}], expected "
-            f"{rec.speedup:.2f}x [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}] the target alone (95% intervals; "
-            f"nan: too few prompts for one): {rec.verdict}",
-            f"# rank paths: {[list(p) for p in rec.tree.paths]}",
-            "",
-            "# vLLM: speculative_config (add your drafter's method and model)",
-            lines["vllm"],
-            "",
-            "# Medusa / EAGLE-1: the tree as a choices list",
-            lines["medusa_eagle_choices"],
-            "",
-            "# SGLang (APPROXIMATE): SGLang grows its own tree every step; only the depth, the widest",
-            "# branching and the budget carry over, not this shape",
-            lines["sglang_approximate"],
-            "",
-        ]
-    )
+    head = [
+        f"# {results.pair}: {rec.tree.name} with {rec.tree.budget} draft tokens, "
+        f"held-out tau {rec.tree.tau_heldout:.2f} [{rec.tau_low:.2f}, {rec.tau_high:.2f}], expected "
+        f"{rec.speedup:.2f}x [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}] the target alone (95% intervals; "
+        f"nan: too few prompts for one): {rec.verdict}",
+        f"# rank paths: {[list(p) for p in rec.tree.paths]}",
+        "# each engine's line, or why it cannot take this tree as verified (specnb/core/engines.py)",
+        "",
+    ]
+    blocks = [
+        f"# {ENGINE_NAMES[name]}: {line.note}\n{line.line if line.line is not None else '# not accepted'}\n"
+        for name, line in deploy_lines(rec.tree.tree).items()
+    ]
+    return "\n".join(head + blocks)
 
 
 def read(path: str | Path) -> TreeResults:

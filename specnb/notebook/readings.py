@@ -30,7 +30,7 @@ import pandas as pd
 from ..analysis.heldout import Choice, preset_gaps
 from ..analysis.spread import MIN_PROMPTS
 from ..bench.verify_curve import curve_shape
-from ..core.tree_spec import deploy_lines
+from ..core.engines import ENGINE_NAMES, deploy_lines
 from ..io.tree_results import Earlier
 
 if TYPE_CHECKING:
@@ -228,17 +228,14 @@ def _bracket(low: float, high: float) -> str:
 
 
 def deploy_reading(choice: Choice) -> str:
-    """The chosen tree's lines for serving engines (`core.tree_spec.deploy_lines`), as markdown."""
-    lines = deploy_lines(choice.tree)
-    return "\n".join(
-        [
-            f"\nDeploy {choice.shape} with {choice.budget} draft tokens (also in deploy.txt):",
-            f"- vLLM: `{lines['vllm']}`",
-            f"- Medusa / EAGLE-1 choices: `{lines['medusa_eagle_choices']}`",
-            f"- SGLang (approximate: it grows its own tree each step; depth, widest branching and budget carry "
-            f"over, not the shape): `{lines['sglang_approximate'].split('  #')[0]}`",
-        ]
-    )
+    """The chosen tree's line for each serving engine, or why it cannot take it (`core.engines`), as markdown."""
+    lines = [
+        f"- {ENGINE_NAMES[name]}: `{line.line}` ({line.note})"
+        if line.line is not None
+        else f"- {ENGINE_NAMES[name]}: not accepted: {line.note}"
+        for name, line in deploy_lines(choice.tree).items()
+    ]
+    return "\n".join([f"\nDeploy {choice.shape} with {choice.budget} draft tokens (also in deploy.txt):", *lines])
 
 
 def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:

@@ -1,0 +1,171 @@
+"""What each serving engine accepts of a draft tree, as rules read from the engine's own source, and
+the line to paste where it does (`deploy_lines`). A line an engine would refuse, or would draft as
+another tree than the one verified, is never given: the entry says why and what to use instead.
+
+    vLLM          `speculative_config={"num_speculative_tokens": N, "speculative_token_tree": "[(0,), ...]"}`
+                  for its EAGLE proposer (methods eagle, eagle3, mtp) with the TREE_ATTN backend. The
+                  proposer drafts level by level, `child_drafts_per_level[d]` = the level's node count //
+                  the previous level's, the top-k children of EVERY node of the previous level
+                  (vllm/v1/spec_decode/eagle.py, EagleProposer.__init__ and propose_tree, commit 008603a;
+                  the rank values in the paths are not read), while its tree-attention mask is built from
+                  the paths themselves (vllm/v1/attention/backends/tree_attn.py, _prepare_tree_attn_bias,
+                  commit 00c457b). So a tree is drafted as verified only if it is a product tree: every
+                  node of depth d - 1 has the same k_d children, of ranks 0..k_d - 1
+                  (`Tree.from_branching`). vLLM's main branch removed `speculative_token_tree` and tree
+                  attention on 2026-05-08 (PR #42121); the line is for the releases that carry it.
+    TensorRT-LLM  `EagleDecodingConfig(eagle_choices=[[0], [1], [0, 0]])` (tensorrt_llm/llmapi/llm_args.py,
+                  check_eagle_choices, commit 0004396: sorted, prefix-closed; max_total_draft_tokens =
+                  len(choices)); its static-tree drafter gives each node as many top children as it has
+                  children (_torch/speculative/spec_tree_manager.py, commit 040bc9a), so any branching
+                  without rank gaps is drafted as given. `MedusaDecodingConfig(medusa_choices=...)`
+                  (TRT engine flow only): depth at most the number of Medusa heads.
+    Medusa, EAGLE-1  the `choices` list (Medusa medusa/model/utils.py, commit e2a5d20; EAGLE v1 branch
+                  eagle/model/utils.py, commit 4a9cf3a): sorted by (length, path) internally,
+                  prefix-closed, every rank below TOPK = 10 (each head's or node's top 10 is drafted),
+                  depth at most the number of Medusa heads.
+    SGLang        takes no tree: it grows one each step from three flags (python/sglang/srt/speculative/
+                  spec_utils.py and eagle_utils.py, commits 00731f0 and 003ddbc): the root's top-k, then
+                  for steps - 1 more levels every frontier node's top-k of which the k best by cumulative
+                  probability stay; the num-draft-tokens - 1 best of those k + (steps - 1) k^2 nodes are
+                  verified (the count includes the root). `sglang_flags` gives the flags of this tree's
+                  depth, widest branching and node count within that pool: a budget, not this shape.
+    llama.cpp     its server drafts and verifies chains only (common/speculative.cpp, commit 001d906;
+                  `--draft-p-split` is the standalone example's, not the server's): `--draft-max N` for a
+                  chain of N; a tree is not accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .trees import Tree
+
+CHOICES_TOPK = 10  # Medusa's and EAGLE-1's TOPK: each head's (node's) top 10 is drafted, ranks 0..9
+
+
+@dataclass(frozen=True)
+class EngineLine:
+    """One engine's answer for a tree: the line to paste, or None and why not (with what to use)."""
+
+    engine: str  # as `ENGINES` names it
+    line: str | None  # what to paste; None where the engine cannot take this tree as verified
+    note: str  # why not and what instead, or what the line means (a budget, not this shape)
+
+    def text(self) -> str:
+        """The line, or "not accepted: <why>" (what tables and deploy.txt show)."""
+        return self.line if self.line is not None else f"not accepted: {self.note}"
+
+
+def level_widths(tree: Tree) -> tuple[int, ...] | None:
+    """The widths k_1, k_2, ... if `tree` is a product tree (every node of a depth has the same
+    children, ranks 0..k - 1: `Tree.from_branching`), else None."""
+    counts = [0] * tree.depth
+    for path in tree.paths:
+        counts[len(path) - 1] += 1
+    widths, above = [], 1
+    for count in counts:
+        if count % above:
+            return None
+        widths.append(count // above)
+        above = count
+    return tuple(widths) if Tree.from_branching(widths) == tree else None
+
+
+def vllm_line(tree: Tree) -> EngineLine:
+    """vLLM's speculative_config for a product tree (module docstring); else what it would draft."""
+    widths = level_widths(tree)
+    if widths is None:
+        return EngineLine(
+            "vllm",
+            None,
+            "vLLM's EAGLE proposer drafts the same number of top children under every node of a level, so only a "
+            "tree {branching: [k1, k2, ...]} is drafted as it is verified; this one is not (take the best product "
+            "tree of the budget instead)",
+        )
+    config = {"num_speculative_tokens": tree.num_nodes, "speculative_token_tree": str([tuple(p) for p in tree.paths])}
+    return EngineLine(
+        "vllm",
+        f"speculative_config={config!r}",
+        f"branching {list(widths)}; EAGLE methods (eagle, eagle3, mtp) with the TREE_ATTN attention backend, in vLLM "
+        "releases that carry speculative_token_tree (removed from vLLM's main branch on 2026-05-08, PR #42121)",
+    )
+
+
+def choices_line(tree: Tree, heads: int | None = None) -> EngineLine:
+    """Medusa's and EAGLE-1's `choices` (and TensorRT-LLM's medusa_choices): ranks below CHOICES_TOPK,
+    depth at most `heads` where the heads are known."""
+    widest = max((path[-1] for path in tree.paths), default=0)
+    if widest >= CHOICES_TOPK:
+        return EngineLine(
+            "medusa_eagle1", None, f"a rank of {widest}: Medusa and EAGLE-1 draft each node's top {CHOICES_TOPK} only"
+        )
+    if heads is not None and tree.depth > heads:
+        return EngineLine("medusa_eagle1", None, f"depth {tree.depth} above the {heads} Medusa heads")
+    return EngineLine("medusa_eagle1", repr(tree.to_choices()), "any order; Medusa's depth at most its heads")
+
+
+def trtllm_line(tree: Tree) -> EngineLine:
+    """TensorRT-LLM's EAGLE static tree (any gap-free branching)."""
+    if tree.has_rank_gaps:
+        return EngineLine(
+            "tensorrt_llm", None, "a node's children must have ranks 0..c - 1 (it drafts each node's top c)"
+        )
+    return EngineLine(
+        "tensorrt_llm",
+        f"EagleDecodingConfig(eagle_choices={tree.to_choices()!r})",
+        "max_total_draft_tokens becomes the node count, max_draft_len the depth; deprecated in TensorRT-LLM ("
+        "static trees to be removed in release 1.4)",
+    )
+
+
+def sglang_flags(tree: Tree) -> dict[str, int]:
+    """SGLang's three flags from the tree's depth (steps), widest branching (topk) and node count
+    (num-draft-tokens, the root counted), the count kept within what those steps and topk can grow
+    (k + (steps - 1) k^2 nodes); topk 1 means a chain of steps nodes (SGLang sets num-draft-tokens to
+    steps + 1 then)."""
+    steps = tree.depth
+    topk = max((len(kids) for kids in tree.children), default=1)
+    pool = topk + (steps - 1) * topk * topk
+    tokens = steps + 1 if topk == 1 else min(tree.num_nodes, pool) + 1
+    return {"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": tokens}
+
+
+def sglang_line(tree: Tree) -> EngineLine:
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in sglang_flags(tree).items())
+    return EngineLine(
+        "sglang",
+        flags,
+        "a budget, not this shape: SGLang grows its own tree every step from these three flags (EAGLE-2 style)",
+    )
+
+
+def llama_cpp_line(tree: Tree) -> EngineLine:
+    """llama.cpp's server: a chain only."""
+    if tree != Tree.chain(tree.num_nodes):
+        return EngineLine(
+            "llama_cpp", None, f"its server drafts chains only; a chain of {tree.depth} is --draft-max {tree.depth}"
+        )
+    return EngineLine("llama_cpp", f"--draft-max {tree.num_nodes}", "the server's greedy chain draft")
+
+
+ENGINES = {
+    "vllm": vllm_line,
+    "tensorrt_llm": trtllm_line,
+    "medusa_eagle1": choices_line,
+    "sglang": sglang_line,
+    "llama_cpp": llama_cpp_line,
+}
+
+
+ENGINE_NAMES = {
+    "vllm": "vLLM",
+    "tensorrt_llm": "TensorRT-LLM (EAGLE static tree)",
+    "medusa_eagle1": "Medusa / EAGLE-1 choices",
+    "sglang": "SGLang",
+    "llama_cpp": "llama.cpp server",
+}
+
+
+def deploy_lines(tree: Tree) -> dict[str, EngineLine]:
+    """Every engine's answer for `tree` (`ENGINES`), in that order."""
+    return {name: line(tree) for name, line in ENGINES.items()}
