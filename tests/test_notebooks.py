@@ -219,7 +219,8 @@ def test_tree_shapes_tables(smoke):
     assert depths["acceptance"].between(0, 1).all()
     assert len(pd.read_csv(folder / "recommendation.csv")) == len(table[~table["shape"].isin(["dynamic", "oracle"])])
     units = pd.read_csv(folder / "units.csv")
-    assert len(units) == 2 * (1 + 3 + 1) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
+    # 2 check prompts x (the target alone, 3 check methods, smoke's tree and its shape rule at 4)
+    assert len(units) == 2 * (1 + 3 + 2) and not units.duplicated(["shape", "budget", "prompt_id"]).any()
 
 
 def test_model_pairs_tables(smoke):
