@@ -26,6 +26,8 @@ from specnb.notebook import runner
 from specnb.notebook.legibility import saved_problems
 
 ROOT = Path(__file__).resolve().parents[1]
+# the shapes smoke's 01 replays: its presets, its tree and shape rule, the designs, dynamic, the oracle
+SMOKE_01_SHAPES = {"chain", "kary2", "mine", "grow", "sequoia", "medusa", "hindsight", "dynamic", "oracle"}
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -192,17 +194,7 @@ def test_tree_shapes_tables(smoke):
     outputs, _ = smoke
     folder = next((outputs / "01_tree_shapes").iterdir())
     table = pd.read_csv(folder / "replay.csv")
-    assert set(table["shape"]) == {
-        "chain",
-        "kary2",
-        "mine",
-        "grow",
-        "sequoia",
-        "medusa",
-        "hindsight",
-        "dynamic",
-        "oracle",
-    }
+    assert set(table["shape"]) == SMOKE_01_SHAPES
     assert set(table["budget"]) == {2, 4}
     assert table["acceptance_rate"].between(0, 1).all() and (table["tau"] >= 1).all()
     assert (table["tau"] <= table["depth"] + 1).all()
@@ -376,17 +368,7 @@ def test_tree_shapes_collects_on_ray(smoke):
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (
         agreement["steps_compared"] > 0
     ).all()
-    assert set(pd.read_csv(folder / "replay.csv")["shape"]) == {
-        "chain",
-        "kary2",
-        "mine",
-        "grow",
-        "sequoia",
-        "medusa",
-        "hindsight",
-        "dynamic",
-        "oracle",
-    }
+    assert set(pd.read_csv(folder / "replay.csv")["shape"]) == SMOKE_01_SHAPES
 
 
 def test_auto_profile_keeps_the_users_edits(tmp_path, capsys):
