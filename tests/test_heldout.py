@@ -197,3 +197,31 @@ def test_a_measured_speed_outside_the_expected_interval_is_said():
     below = readings.against_expected(0.95, 1.04, 1.27)
     assert below.startswith(", below the expected interval [1.04, 1.27]") and "disagree" in below
     assert readings.against_expected(1.40, 1.04, 1.27).startswith(", above the expected interval")
+
+
+def test_each_engine_gets_the_fastest_tree_it_drafts_as_verified():
+    """`heldout.per_engine`: per engine that takes a static tree, the fastest row whose tree it drafts
+    as verified (`core.engines`), and what that gives up against the fastest row of all."""
+    trees = {**PRESETS, ("wide", 4): Tree.wide(4), ("two_two", 4): Tree.from_branching([2, 1])}
+    c = collection(odd=2, same=4)
+    held = heldout.score(c, trees, [4], k=3, seed=0)
+    speed, _ = heldout.choose(held.table, held.trees, curve(), "t", "d")
+    table = heldout.per_engine(speed, held.trees).set_index("engine")
+    assert list(table.index) == list(heldout.STATIC_ENGINES)
+    ranked = speed.sort_values("tokens_per_s", ascending=False)
+    for engine, row in table.iterrows():
+        takes = [
+            ENGINES[engine](held.trees[(s, int(b))]).line is not None for s, b in zip(ranked["shape"], ranked["budget"])
+        ]
+        first = ranked[takes].iloc[0]
+        assert (row["shape"], row["budget"]) == (first["shape"], first["budget"])
+        assert row["speedup_given_up"] == pytest.approx(ranked.iloc[0]["speedup"] - first["speedup"])
+        assert row["speedup_given_up"] >= 0
+        assert row["line"] == ENGINES[engine](held.trees[(row["shape"], int(row["budget"]))]).line
+    assert level_widths(held.trees[(table.loc["vllm", "shape"], int(table.loc["vllm", "budget"]))]) is not None
+    assert table.loc["llama_cpp", "shape"] == "chain"  # its server drafts chains only
+    assert "kary2" not in set(table.loc[["vllm", "llama_cpp"], "shape"])  # kary2:4 is no product tree
+    from specnb.notebook import readings
+
+    reading = readings.engine_reading(heldout.per_engine(speed, held.trees))
+    assert "vLLM:" in reading and "llama.cpp server: chain with 4 draft tokens" in reading and "SGLang grows" in reading

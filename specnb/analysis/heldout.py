@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from ..core.engines import ENGINES
 from ..core.trees import Tree
 from . import replay, spread, tree_design
 from .collection import Collection
@@ -360,3 +361,42 @@ def selection_speedup(folds_table: pd.DataFrame, curve: pd.DataFrame, target: st
 
 def _fitted(held: HeldOut) -> set[tuple[str, int]]:
     return {(r.shape, int(r.budget)) for r in held.table.itertuples() if r.fitted}
+
+
+STATIC_ENGINES = (
+    "vllm",
+    "tensorrt_llm",
+    "medusa_eagle1",
+    "llama_cpp",
+)  # they take a static tree (SGLang grows its own)
+
+
+def per_engine(speed: pd.DataFrame, trees: Mapping[tuple[str, int], Tree]) -> pd.DataFrame:
+    """For each engine that takes a static tree (`core.engines`), the fastest row of `speed` (`choose`:
+    expected tokens/s with held-out tau) whose tree the engine drafts as verified, its line, and what
+    it gives up against the fastest row of all (speed-up and expected tau); a row with no shape where
+    the engine takes none of the trees."""
+    ranked = speed.sort_values("tokens_per_s", ascending=False) if len(speed) else speed
+    rows = []
+    for engine in STATIC_ENGINES:
+        row: dict = {"engine": engine}
+        for r in ranked.itertuples():
+            line = ENGINES[engine](trees[(r.shape, int(r.budget))])
+            if line.line is None:
+                continue
+            best = ranked.iloc[0]
+            row |= {
+                "shape": r.shape,
+                "budget": int(r.budget),
+                "expected_tau": float(r.expected_tau),
+                "speedup": float(r.speedup),
+                "speedup_ci_low": float(r.speedup_ci_low),
+                "speedup_ci_high": float(r.speedup_ci_high),
+                "verdict": r.verdict,
+                "speedup_given_up": float(best["speedup"]) - float(r.speedup),
+                "tau_given_up": float(best["expected_tau"]) - float(r.expected_tau),
+                "line": line.line,
+            }
+            break
+        rows.append(row)
+    return pd.DataFrame(rows)

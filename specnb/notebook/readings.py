@@ -238,6 +238,28 @@ def deploy_reading(choice: Choice) -> str:
     return "\n".join([f"\nDeploy {choice.shape} with {choice.budget} draft tokens (also in deploy.txt):", *lines])
 
 
+def engine_reading(table: pd.DataFrame) -> str:
+    """`heldout.per_engine` as sentences: per engine the fastest tree it drafts as verified, and what it
+    gives up against the fastest tree of all."""
+    lines = ["The fastest tree each engine drafts as it is verified (`specnb/core/engines.py`):"]
+    for r in table.itertuples():
+        name = ENGINE_NAMES[r.engine]
+        if not isinstance(getattr(r, "shape", None), str):
+            lines.append(f"- {name}: none of the trees scored")
+            continue
+        given = (
+            "the fastest of all"
+            if r.speedup_given_up <= 0
+            else f"{r.speedup_given_up:.2f}x below the fastest (expected tau {r.tau_given_up:.2f} lower)"
+        )
+        lines.append(
+            f"- {name}: {r.shape} with {r.budget} draft tokens, expected {r.speedup:.2f}x "
+            f"[{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}] ({r.verdict}), {given}: `{r.line}`"
+        )
+    lines.append("- SGLang grows its own tree every step from three flags: no static tree to choose")
+    return "\n".join(lines)
+
+
 def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:
     """Which categories of a per-category table (column `prompts`) are plotted, and which are only
     pooled into the overall tables because they have fewer than `min_prompts` prompts."""

@@ -614,6 +614,9 @@ def _best_tree(doc: _Doc, folder: Path) -> None:
         trees = trees.drop(columns="paths")  # the recommended tree's paths are in its deploy lines below
         trees = trees.assign(**{c: trees[c].map(_number) for c in ("tau_in_sample", "tau_heldout")})
         doc.table(pd.DataFrame(trees), "01: every tree scored, per budget (tau in-sample and on held-out prompts)")
+    engines = _csv(folder, "engine_choice.csv")
+    if engines is not None and len(engines):
+        doc.table(engines, "01: the fastest tree each serving engine drafts as verified, and what it gives up")
     if (folder / DEPLOY_FILE).exists():
         doc.text(f"Deploy lines ({DEPLOY_FILE} in 01's run folder):")
         doc.code((folder / DEPLOY_FILE).read_text())
