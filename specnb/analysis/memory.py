@@ -151,6 +151,21 @@ def kv_cache_bytes(config: PretrainedConfig, tokens: int, dtype_bytes: int = FLO
     return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * dtype_bytes
 
 
+LONGEST_PROMPT = 1024  # tokens, an assumption: above the longest Spec-Bench prompt t4's 01 and 02 select (~940
+# Llama-2 tokens, estimated); 05 keeps prompts of <= 512 tokens
+
+
+def attention_grid_bytes(
+    batch: int, heads: int, kv_heads: int, head_dim: int, prefix: int, nodes: int, dtype_bytes: int
+) -> int:
+    """One point of the tree-attention grid (notebook 03): q and the output [B, H, M, D], k and v
+    [B, Hkv, P + M, D] in the grid's dtype, and the eager reference's float32 scores [B, H, M, P + M]
+    (the largest tensor)."""
+    qo = 2 * batch * heads * nodes * head_dim * dtype_bytes
+    kv = 2 * batch * kv_heads * (prefix + nodes) * head_dim * dtype_bytes
+    return qo + kv + batch * heads * nodes * (prefix + nodes) * 4
+
+
 @dataclass(frozen=True)
 class TokenBudget:
     """The longest sequence one generation holds in its caches."""

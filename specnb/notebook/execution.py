@@ -141,8 +141,10 @@ def oom_kills() -> int | None:
 def death(exit_code: int | None, oom_before: int | None, oom_after: int | None) -> str:
     """One line on how a kernel died, from its exit code and the out-of-memory killer's count."""
     if exit_code is not None and exit_code < 0:
-        name = signal.Signals(-exit_code).name if -exit_code in signal.Signals._value2member_map_ else -exit_code
-        how = f"killed by {name}"
+        try:
+            how = f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            how = f"killed by signal {-exit_code}"
     else:
         how = f"exited with code {exit_code}" if exit_code is not None else "stopped answering"
     oom = oom_before is not None and oom_after is not None and oom_after > oom_before

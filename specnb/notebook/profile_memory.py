@@ -43,8 +43,10 @@ from typing import Any
 from ..analysis.memory import (
     DTYPE_BYTES,
     GB,
+    LONGEST_PROMPT,
     PairMemory,
     TokenBudget,
+    attention_grid_bytes,
     download_bytes,
     eagle_head_bytes,
     medusa_heads_bytes,
@@ -62,8 +64,6 @@ from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
 from .runner import RunnerError, hub_models, notebooks, published_heads, resolve
 
-LONGEST_PROMPT = 1024  # tokens, an assumption: above the longest Spec-Bench prompt t4's 01 and 02 select (~940
-# Llama-2 tokens, estimated); 05 keeps prompts of <= 512 tokens
 T4_USABLE = int(14 * GB)  # of the T4's 15 GB, what the models, caches and activations may take
 
 
@@ -157,9 +157,7 @@ def grid_bytes(profile: str, files: Sequence[str | Path] = ()) -> int:
         max(p["prefixes"]),
         max([*p["nodes"], *(t.num_nodes for t in custom_trees_of(p).values())]),
     )
-    qo = 2 * b * heads.heads * m * heads.head_dim * size
-    kv = 2 * b * heads.kv_heads * (prefix + m) * heads.head_dim * size
-    return qo + kv + b * heads.heads * m * (prefix + m) * 4
+    return attention_grid_bytes(b, heads.heads, heads.kv_heads, heads.head_dim, prefix, m, size)
 
 
 FREE_DRIVE = int(15 * GB)  # a free Google Drive (shared with Gmail and Photos)

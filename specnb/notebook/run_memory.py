@@ -36,7 +36,7 @@ How the parts are sized (GB = 10^9 bytes; `analysis.memory` does the weight and 
                       replay's child table [N + 1, K + 1] and per-position arrays [positions, N]
                       (`analysis.replay`), Sequoia's tables [K + 1, N + 1] (`analysis.tree_design`).
     grid              03's largest attention-grid point (before its models load): q and the output, k
-                      and v, the eager reference's float32 scores (`profile_memory.grid_bytes`' rule).
+                      and v, the eager reference's float32 scores (`analysis.memory.attention_grid_bytes`).
     training          05: heads trained in float32 with Adam, their loss logits, the distilled rows.
     runtime           the interpreter, torch and transformers (CPU), or the CUDA context (GPU).
 
@@ -62,7 +62,16 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from ..analysis.memory import DTYPE_BYTES, GB, eagle_head_bytes, kv_cache_bytes, medusa_heads_bytes, weight_bytes
+from ..analysis.memory import (
+    DTYPE_BYTES,
+    GB,
+    LONGEST_PROMPT,
+    attention_grid_bytes,
+    eagle_head_bytes,
+    kv_cache_bytes,
+    medusa_heads_bytes,
+    weight_bytes,
+)
 from ..core.tree_spec import TreeSpecError, parse_custom_trees
 from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, parse_method
@@ -73,7 +82,6 @@ from ..io.eagle_checkpoint import PublishedEagle
 from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, known_models
 
-LONGEST_PROMPT = 1024  # tokens, an assumption: above the longest Spec-Bench prompt (~940 Llama-2 tokens, estimated)
 RUNTIME = {"cpu": int(1.0 * GB), "cuda": int(0.5 * GB)}  # interpreter + torch + transformers; the CUDA context
 SUPER_CHUNK = 8  # positions whose super-tree nodes share one draft forward (`CollectConfig.super_chunk`)
 SOFTMAX_COPIES = 1  # float32 [rows, V] (log-)softmaxes taken of a forward's logits at once
@@ -406,9 +414,7 @@ def _grid_bytes(p: Mapping[str, Any], target: _Model, custom: Mapping[str, Tree]
     size = 2 if p.get("dtype") in ("float16", "bfloat16") else FLOAT32
     b, prefix = max(_ints(p, "batches"), default=0), max(_ints(p, "prefixes"), default=0)
     m = max(_ints(p, "nodes") + [t.num_nodes for t in custom.values()], default=0)
-    qo = 2 * b * heads * m * head_dim * size
-    kv = 2 * b * kv_heads * (prefix + m) * head_dim * size
-    return qo + kv + b * heads * m * (prefix + m) * FLOAT32
+    return attention_grid_bytes(b, heads, kv_heads, head_dim, prefix, m, size)
 
 
 @dataclass(frozen=True)

@@ -383,7 +383,8 @@ def _write_record(nb: Path, folder: Path, record: dict[str, Any], plan: Any) -> 
 
     if plan is not None:
         record["timing"] = plan.record(nb.stem) | {"actual_s": record["duration_s"]}
-    record |= _notebook_records(folder) | record
+    for key, value in _notebook_records(folder).items():  # what the notebook recorded, under the runner's keys
+        record.setdefault(key, value)
     try:
         if (folder / f"{nb.stem}.ipynb").exists():
             export(folder / f"{nb.stem}.ipynb", record)
