@@ -288,7 +288,7 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     outputs, seconds, log, _ = t4_dryrun
     print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (docs/performance-cpu.md: the figure)
     assert (
-        "stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
+        "stand-ins of 5 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
         "yuhuili/EAGLE-Vicuna-7B-v1.3;"
     ) in log
     folders = {}
@@ -298,30 +298,53 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
         assert params["status"] == "finished" and params["profile"] == "t4-dryrun", params.get("error")
         assert params["parameters"]["model_dtype"] == "float16" and params["runner"]["standins"]
 
-    # notebook 02: the t4 pairs measured; across tokenizers, the shared-vocabulary method refused for
-    # that reason and the cross-tokenizer methods run
+    # notebook 02: the brief's three pairs measured; across tokenizers, the shared-vocabulary method
+    # refused for that reason and the cross-tokenizer methods run
     t4_pairs = [Pair.from_dict(p) for p in runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["pairs"]]
     valid = [p for p in t4_pairs if hub_model(p.target).tokenizer.family == hub_model(p.draft).tokenizer.family]
     status = pd.read_csv(folders["02_model_pairs"] / "pairs.csv", keep_default_na=False)
-    assert list(status["pair"]) == [p.label for p in t4_pairs] and len(valid) == 3
-    assert list(status["vocabulary"]) == ["shared"] * 3 + ["different"] * 2
+    assert (
+        list(status["pair"])
+        == [p.label for p in t4_pairs]
+        == [
+            "JackFram/llama-160m -> meta-llama/Llama-2-7b-hf[4bit]",
+            "meta-llama/Llama-3.2-1B -> meta-llama/Llama-3.2-3B[4bit]",
+            "JackFram/llama-160m -> meta-llama/Llama-3.2-3B[4bit]",
+        ]
+    )
+    assert list(status["vocabulary"]) == ["shared", "shared", "different"] and len(valid) == 2
     partial = status[status["status"] == "partial"]
-    assert list(partial["pair"]) == ["meta-llama/Llama-3.2-1B -> meta-llama/Llama-2-7b-hf[4bit]"]
+    assert list(partial["pair"]) == ["JackFram/llama-160m -> meta-llama/Llama-3.2-3B[4bit]"]
     reason = partial["reason"].iloc[0]
     assert reason.startswith("refused chain:4:") and "vocab size 32000" in reason and "vocab size 128256" in reason
     measured = status[status["status"] == "measured"]
-    assert list(measured["pair"]) == [p.label for p in valid] + [
-        "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B[4bit]"
-    ]
+    assert list(measured["pair"]) == [p.label for p in valid]
     for loaded in status["target_loaded"]:  # what was loaded, not what was asked
         assert "float16, nf4 4-bit" in loaded and "STAND-IN" in loaded
     assert all("float16" in d and "4-bit" not in d for d in status["draft_loaded"])
     table = pd.read_csv(folders["02_model_pairs"] / "pairs_methods.csv")
     t4_methods = runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]["methods"]
     across = [p for p in t4_pairs if p not in valid]
-    assert len(table) == 3 * len(t4_methods) + (len(across[0].methods) - 1) + len(across[1].methods)
+    assert len(table) == 2 * len(t4_methods) + (len(across[0].methods) - 1)
     assert set(table["pair"]) == set(status["pair"])
     assert (table["greedy_mismatches"] == 0).all(), "every greedy output equals the target's (or a numerical tie)"
+    # the brief's grid for the three pairs: every preset at every budget, with intervals (3 prompts);
+    # across tokenizers, re-drafted, and the rows it cannot have say why
+    grid = pd.read_csv(folders["02_model_pairs"] / "grid.csv", keep_default_na=False, na_values=[""])
+    t4_grid = runner.resolve("t4", {}, [], NOTEBOOKS)["02_model_pairs"]
+    dry_grid = runner.resolve("t4-dryrun", {}, [], NOTEBOOKS)["02_model_pairs"]
+    assert list(dict.fromkeys(grid["pair"])) == list(status["pair"])
+    assert grid.drop_duplicates("pair")["kind"].tolist() == ["same tokenizer", "same tokenizer", "other tokenizer"]
+    presets = grid[grid["shape"].isin(t4_grid["shapes"])]
+    assert set(presets["shape"]) == set(t4_grid["shapes"]) and set(presets["budget"]) == set(dry_grid["budgets"])
+    assert len(presets) == 3 * len(t4_grid["shapes"]) * len(dry_grid["budgets"])
+    assert presets["tau"].notna().all() and (presets["tau_ci_low"] <= presets["tau_ci_high"]).all()
+    cross = grid[grid["kind"] == "other tokenizer"]
+    blank = cross[cross["tau"].isna()]
+    assert set(blank["shape"]) == {"sequoia", "medusa", "hindsight", "oracle"}
+    assert blank["note"].str.contains("across tokenizers").all()
+    best = pd.read_csv(folders["02_model_pairs"] / "grid_best.csv")
+    assert len(best) == 3 * len(set(dry_grid["budgets"]) | set(dry_grid["dynamic_budgets"]))  # dynamic trees beyond
 
     # notebook 01: the 4-bit Llama-2-7B pair, the replay equal to the real runs step by step
     agreement = pd.read_csv(folders["01_tree_shapes"] / "replay_agreement.csv")

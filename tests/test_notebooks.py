@@ -22,6 +22,7 @@ from conftest import smoke_ray_error, tiny_notebook
 from papermill.translators import PythonTranslator
 
 from specnb.core.tree_spec import ShapeRule
+from specnb.experiments.grid import COLUMNS as GRID_COLUMNS
 from specnb.notebook import runner
 from specnb.notebook.legibility import saved_problems
 
@@ -224,6 +225,7 @@ def test_model_pairs_tables(smoke):
         "chain",
         "kary2",
         "mine",
+        "grow",
         "dynamic",
         "ngram/kary2",
         "early_exit24/chain",
@@ -232,7 +234,12 @@ def test_model_pairs_tables(smoke):
         "hf_assisted",
         "hf_prompt_lookup",
     }
-    assert set(table.loc[table["source"] == "replay", "shape"]) == {"kary2", "mine", "dynamic"}  # one collection
+    assert set(table.loc[table["source"] == "replay", "shape"]) == {
+        "kary2",
+        "mine",
+        "grow",
+        "dynamic",
+    }  # one collection
     assert (folder / "collections").is_dir()
     assert ((table["perplexity"] > 1) & table["perplexity"].map(math.isfinite)).all()
     versus = pd.read_csv(folder / "versus_transformers.csv")
@@ -250,6 +257,28 @@ def test_model_pairs_tables(smoke):
     assert (baseline["tokens_per_s"] > 0).all() and (baseline["ttft_s"] > 0).all() and (baseline["tpot_s"] > 0).all()
     assert set(pd.read_csv(folder / "pairs.csv")["status"]) == {"measured"}
     assert pd.read_csv(folder / "by_category.csv")["category"].nunique() == 2
+
+    # the brief's grid: every tree of the pair at every budget, the shape rule filled to each, equal to
+    # the methods run end to end (and replayed from the methods' own collection)
+    grid = pd.read_csv(folder / "grid.csv")
+    assert list(grid.columns) == GRID_COLUMNS and set(grid["pair"]) == set(table["pair"])
+    assert set(grid["kind"]) == {"self-draft"}  # SmolLM2-135M's first 24 layers
+    shapes = {s: set(b) for s, b in grid.groupby("shape")["budget"]}
+    assert shapes["chain"] == shapes["kary2"] == shapes["grow"] == {2, 4} and shapes["mine"] == {4}
+    assert {"sequoia", "medusa", "hindsight", "dynamic", "oracle"} <= set(shapes)
+    rule = ShapeRule((2, 1))
+    assert list(grid[grid["shape"] == "grow"].sort_values("budget")["depth"]) == [
+        rule.fill(2).depth,
+        rule.fill(4).depth,
+    ]
+    for row in table[table["shape"].isin(["chain", "kary2", "mine", "grow"])].itertuples():
+        mine = grid[(grid["shape"] == row.shape) & (grid["budget"] == row.budget)].iloc[0]
+        assert mine["tau"] == pytest.approx(row.tau) and mine["acceptance_rate"] == pytest.approx(row.acceptance_rate)
+    assert grid["tau"].notna().all() and (grid["tau"] >= 1).all()
+    best = pd.read_csv(folder / "grid_best.csv")
+    assert set(best["budget"]) == {2, 4} and not set(best["best_shape"]) & {"hindsight", "oracle"}
+    for name in ("grid_tau.png", "grid_rate.png", "grid_length.png", "grid_best.png"):
+        assert (folder / name).exists(), name
 
 
 def test_the_smoke_profiles_own_tree_is_measured_in_every_notebook_that_takes_trees(smoke):

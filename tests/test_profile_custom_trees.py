@@ -1,9 +1,12 @@
 """The memory table and the T4 time estimate count the user's custom trees where the notebooks run
 them: a tree larger than every budget of the profile (given as a parameter file, as
 `run_notebooks.sh -f` takes it) lengthens both caches and notebook 03's largest grid point, adds
-runs and curve points to 01, 03 and 06, and joins 02's methods (replayed there under t4: no run)."""
+runs and curve points to 01, 03 and 06, and joins 02's grid (re-drafted for the pair across
+tokenizers), the presets at its size too."""
 
 from __future__ import annotations
+
+import re
 
 from specnb.notebook import t4_estimate as est
 from specnb.notebook.profile_memory import grid_bytes, memory_markdown, profile_budget, profile_memory
@@ -27,5 +30,9 @@ def test_a_custom_tree_larger_than_every_budget_costs_memory_and_time(tmp_path):
         assert more_by[notebook] > by[notebook], notebook
     assert more_by["04"] == by["04"]  # 04 takes no trees of the user's
     assert ((more["notebook"] == "01") & (more["part"] == "check runs: 1 custom trees")).any()
-    replayed = lambda t: t.loc[t["part"].str.contains("replayed trees"), "part"].tolist()  # noqa: E731
-    assert replayed(more) == [p.replace("for 5 replayed", "for 6 replayed") for p in replayed(table)] != []
+    assert more_by["02"] > by["02"]  # 02's grid takes it, and the presets at its size: re-drafted across tokenizers
+    redrafted = lambda t: t.loc[t["part"].str.contains("re-drafted across tokenizers"), "part"].tolist()  # noqa: E731
+    before, after = redrafted(table), redrafted(more)
+    assert len(before) == len(after) == 1
+    trees = lambda part: int(re.search(r"\((\d+) trees", part).group(1))  # noqa: E731
+    assert trees(after[0]) == trees(before[0]) + 1 + len(est.resolved("t4", [])["02_model_pairs"]["shapes"])

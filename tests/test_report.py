@@ -131,6 +131,47 @@ def fake_02(outputs: Path) -> Path:
             },
         ]
     ).to_csv(folder / "pairs_methods.csv", index=False)
+    grid = pd.DataFrame(
+        [
+            {
+                "pair": pair,
+                "kind": kind,
+                "shape": shape,
+                "budget": b,
+                "nodes": b,
+                "depth": 2,
+                "fitted": False,
+                **{
+                    f"{m}{end}": v + b / 10
+                    for m, v in (("acceptance_rate", 0.1), ("acceptance_length", 1.0), ("tau", 2.0))
+                    for end, v in (("", v), ("_ci_low", v - 0.05), ("_ci_high", v + 0.05))
+                },
+                "prompts": 6,
+                "note": "",
+            }
+            for pair, kind in (("a -> b", "same tokenizer"), ("c -> b", "other tokenizer"))
+            for shape in ("chain", "kary2")
+            for b in (2, 4)
+        ]
+    )
+    grid["tau_heldout"], grid["tau_heldout_ci_low"], grid["tau_heldout_ci_high"] = (
+        grid["tau"],
+        grid["tau_ci_low"],
+        grid["tau_ci_high"],
+    )
+    missing = {
+        "pair": "c -> b",
+        "kind": "other tokenizer",
+        "shape": "sequoia",
+        "budget": 4,
+        "nodes": 4,
+        "fitted": True,
+        "note": "not measurable across tokenizers: because",
+    }
+    pd.concat([grid, pd.DataFrame([missing])], ignore_index=True).to_csv(folder / "grid.csv", index=False)
+    from specnb.experiments.grid import best_per_budget
+
+    best_per_budget(pd.read_csv(folder / "grid.csv")).to_csv(folder / "grid_best.csv", index=False)
     return folder
 
 
@@ -158,6 +199,23 @@ def fake_03(outputs: Path) -> Path:
     ]
     pd.DataFrame(rows).to_csv(folder / "attention_grid.csv", index=False)
     (folder / "time_vs_nodes.png").write_bytes(PNG)
+    pd.DataFrame(
+        [
+            {
+                "batch": b,
+                "prefix": p,
+                "nodes": n,
+                "shape": "sparse",
+                "leaves": n // 2,
+                "depth": 3,
+                "per_sequence_over_tree": n / 4 / b,
+                "mask_overhead": 1.0 + n / 100,
+            }
+            for b in (1, 4)
+            for p in (256, 1024)
+            for n in (8, 32)
+        ]
+    ).to_csv(folder / "speedup.csv", index=False)
     return folder
 
 
@@ -177,6 +235,16 @@ def test_report_from_fake_runs_has_the_four_sections_and_whole_tables(tmp_path):
         assert f"| {shape} | " + " | ".join(f"{tau(i, b):.2f} [1.90, 2.50]" for b in BUDGETS) + " |" in text
     assert "3.10 [2.80, 3.30]" in text and "a -> b" in text
     assert "| 4 | 1024 | 3.200 [0.090, 0.200] |" in text, "03's grid: batch x prefix x draft tokens"
+    # the brief's grid across pairs: per pair, shape x budget with intervals; a row without values says why
+    assert "02: a -> b (same tokenizer)" in text and "02: c -> b (other tokenizer)" in text
+    assert "| chain | 2.20 [2.15, 2.25] | 2.40 [2.35, 2.45] |" in text
+    assert "sequoia: not measurable across tokenizers: because." in text
+    assert "the best tree per budget, per pair" in text and "highest held-out tau 2.40 [2.35, 2.45]" in text
+    # tree attention as the brief frames it: one tree call against one call per sequence
+    assert "speed-up of one tree call over one call per sequence" in text
+    assert "| 1 | 256 | 2.0 | 8.0 |" in text and "| 4 | 1024 | 0.5 | 2.0 |" in text
+    assert "from 0.50x (batch 4" in text and "to 8.00x (batch 1" in text
+    assert "the speed-up grows with draft tokens" in text and "shrinks with batch size" in text
     assert "did not run" not in text
     assert "abcdef123456" in text and "400" in text, "commit and decode step in reproduce"
     assert "..." not in text.split("## 2 Results")[1].split("## 3 Analysis")[0], "nothing cut in the results"
@@ -193,7 +261,7 @@ def test_a_notebook_that_did_not_run_is_said_so(tmp_path):
     text = md.read_text()
     assert sections(text) == ["1 Method", "2 Results", "3 Analysis", "4 Reproduce"]
     assert (
-        text.count("**02 model pairs did not run**") == 2
+        text.count("**02 model pairs did not run**") == 3  # the grid, the methods, the analysis
         and text.count("**03 tree-attention timing did not run**") == 2
     )
     assert "| 02_model_pairs | did not run |" in text

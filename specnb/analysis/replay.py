@@ -373,12 +373,13 @@ def _rows(
 
 
 def _intervals(per: _PerPosition, keep: np.ndarray, positions: _Positions) -> dict[str, float]:
-    """tau and acceptance rate with their 95% bootstrap intervals over prompts (`analysis.spread`)."""
+    """tau, acceptance rate and acceptance length, with 95% bootstrap intervals over prompts (`analysis.spread`)."""
     sums = lambda v: np.bincount(positions.prompt[keep], weights=v[keep], minlength=len(positions.offsets) - 1)  # noqa: E731
     steps = np.bincount(positions.prompt[keep], minlength=len(positions.offsets) - 1).astype(float)
     return {
         **spread.interval_columns("tau", sums(per.tokens), steps),
         **spread.interval_columns("acceptance_rate", sums(per.accepted), sums(per.drafted)),
+        **spread.interval_columns("acceptance_length", sums(per.accepted), steps),
     }
 
 

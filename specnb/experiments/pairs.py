@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..core.tree_spec import parse_tree
+from ..core.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..core.trees import Tree
 from ..drafters.methods import method_trees
 from ..drafters.retokenize import TokenText
@@ -21,13 +21,15 @@ class Pair(ModelPair):
     """A draft -> target pair as named in parameter files (`ModelPair`), with its own methods."""
 
     methods: tuple[str, ...] | None = None  # this pair's method specs; None: the sweep's own
-    # the user's trees its methods may name ((name, Tree) pairs; given as a mapping of names to
-    # Trees or to specs, `core.tree_spec`)
-    custom_trees: tuple[tuple[str, Tree], ...] = ()
+    # the user's trees and shape rules its methods may name ((name, Tree or ShapeRule) pairs; given
+    # as a mapping of names to those or to specs, `core.tree_spec`)
+    custom_trees: tuple[tuple[str, Tree | ShapeRule], ...] = ()
 
     def __post_init__(self) -> None:
-        trees = dict(self.custom_trees)
-        trees = {str(n): t if isinstance(t, Tree) else parse_tree(str(n), t) for n, t in trees.items()}
+        given = dict(self.custom_trees)
+        specs = {str(n): t for n, t in given.items() if not isinstance(t, (Tree, ShapeRule))}
+        trees = {str(n): t for n, t in given.items() if isinstance(t, (Tree, ShapeRule))}
+        trees |= {**parse_custom_trees(specs), **parse_custom_shapes(specs)}
         object.__setattr__(self, "custom_trees", tuple(sorted(trees.items())))
         if self.methods is not None:
             object.__setattr__(self, "methods", tuple(self.methods))
@@ -48,12 +50,12 @@ class Pair(ModelPair):
         return f"{self.draft_label} -> {self.target_label}"
 
     @property
-    def trees(self) -> dict[str, Tree]:
-        """The custom trees by name."""
+    def trees(self) -> dict[str, Tree | ShapeRule]:
+        """The custom trees and shape rules by name."""
         return dict(self.custom_trees)
 
     @classmethod
-    def from_dict(cls, d: dict, custom_trees: Mapping[str, Tree] | None = None) -> Pair:
+    def from_dict(cls, d: dict, custom_trees: Mapping[str, Tree | ShapeRule] | None = None) -> Pair:
         """A pair from a parameter file's mapping; custom_trees: the notebook's, beside the pair's own."""
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:

@@ -3,7 +3,7 @@ pair whose vocabularies differ holds the target's continuation only, and each tr
 in the draft's own tokens along it. `redrafter` makes the drafter of a (shape, budget, tree): a
 preset, a custom tree (`core.tree_spec`) or "dynamic";
 `steps_of` gives a tree's steps from any collection (replayed, or re-drafted);
-`redraft_table` is the replay table of a cross-tokenizer collection."""
+`redraft_table` is the replay table of a cross-tokenizer collection, with the same intervals."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
-from ..analysis import replay
+from ..analysis import replay, spread
 from ..analysis.collection import Collection
 from ..analysis.metrics import summarize
 from ..analysis.redraft import Redrafted, redraft
@@ -89,13 +89,18 @@ def steps_of(
 def redraft_table(
     collection: Collection, trees: dict[tuple[str, int], Tree], dynamic_budgets: Sequence[int], redraft_with: Redrafter
 ) -> pd.DataFrame:
-    """Every shape x budget and "dynamic" re-drafted on the run trajectory, in the columns of
+    """Every shape x budget and "dynamic" re-drafted on the run trajectory (each distinct tree once:
+    the same tree under two names takes the same steps), in the columns of
     `replay_study.replay_table` (tau_all and its ratios NaN: they need the draft's ranks of the
-    target's tokens)."""
+    target's tokens), with the intervals `replay` gives."""
     rows = []
     keys = [(k, t) for k, t in trees.items()] + [((DYNAMIC, n), Tree.chain(DYNAMIC_MAX_DEPTH)) for n in dynamic_budgets]
+    done: dict[tuple, dict[str, Redrafted]] = {}  # one re-draft per distinct static tree (kary2:2 is wide:2)
     for (shape, budget), tree in keys:
-        runs = redrafts(collection, shape, tree, budget, redraft_with)
+        same = (DYNAMIC, budget) if shape == DYNAMIC else tuple(sorted(tree.paths))
+        if same not in done:
+            done[same] = redrafts(collection, shape, tree, budget, redraft_with)
+        runs = done[same]
         results = [
             GenerationResult(
                 torch.tensor([], dtype=torch.long), run.steps, 0, math.nan, math.nan, None, "redraft"
@@ -121,9 +126,22 @@ def redraft_table(
                     if k in ("acceptance_rate", "acceptance_length", "tau", "draft_tokens_per_accepted")
                     or k.startswith(("depth_", "rank_"))
                 },
+                **_intervals(runs.values()),
                 "tau_all": math.nan,
                 "tau_all_over_hindsight": math.nan,
                 "tau_all_over_oracle": math.nan,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _intervals(runs) -> dict[str, float]:
+    """tau, acceptance rate and acceptance length of re-drafted runs with their 95% bootstrap
+    intervals over prompts (`analysis.spread`), as `replay` gives them."""
+    sums = lambda field: [sum(getattr(s, field) for s in run.steps) for run in runs]  # noqa: E731
+    steps = [len(run.steps) for run in runs]
+    return {
+        **spread.interval_columns("tau", sums("num_tokens"), steps),
+        **spread.interval_columns("acceptance_rate", sums("num_accepted"), sums("num_drafted")),
+        **spread.interval_columns("acceptance_length", sums("num_accepted"), steps),
+    }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -98,6 +99,11 @@ def collect_pair(
     return collect_units(
         folder, _collecting_models(models, pair, executor, config.dtype), ids, collect, categories, describe, executor
     )
+
+
+def collection_folder(folder: str | Path, label: str) -> Path:
+    """A pair's collection folder under `folder`, named after its label (`Pair.label`)."""
+    return Path(folder) / re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
 
 
 def _collecting_models(

@@ -22,8 +22,7 @@ draft tokens per step, bonus EXCLUDED; tau = tokens per target call, bonus INCLU
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ from ..io.sources import check_sources
 from ..io.storage import Sweep
 from .executors import LocalExecutor
 from .pairs import Pair, PairModels, pair_keys
-from .replay_study import PairCollectConfig, collect_pair
+from .replay_study import PairCollectConfig, collect_pair, collection_folder
 from .tables import BASELINE, shape_table, unit_table
 
 WARMUP_TOKENS = 4  # tokens of each method's untimed warm-up run (`run_sweep`)
@@ -245,6 +244,7 @@ def run_pairs(
     config: SweepConfig,
     collections: Path | None = None,
     measure: Sequence[str] = (),
+    each_pair: Callable[[Pair, PairModels], None] | None = None,
 ) -> pd.DataFrame:
     """Sweep every pair, the models in `config.dtype` (`io.models.model_dtype`; None: the device's
     default), a CPU float32 model's linear layers on `config.cpu_linear` (`kernels.cpu_linear`),
@@ -261,10 +261,11 @@ def run_pairs(
     collections: a folder for one collection per pair; given, the methods a collection answers
     (`Method.replayable`: the draft model's static and dynamic trees) are replayed from it (exact
     acceptance, no wall clock: source "replay"), except those in `measure`, which run end to end
-    like every other method. Returns one row per pair: label, status ("measured", "partial": some
-    methods refused, "skipped": all refused), vocabulary ("shared" or "different"), reason, and for
-    a pair that ran, the target and draft as loaded (`io.models.describe_model`: dtype, 4-bit
-    layers, stand-in or not)."""
+    like every other method. each_pair(pair, models): called for every pair that runs, after its
+    methods, while its models are loaded (notebook 02's grid, `experiments.grid`). Returns one row
+    per pair: label, status ("measured", "partial": some methods refused, "skipped": all refused),
+    vocabulary ("shared" or "different"), reason, and for a pair that ran, the target and draft as
+    loaded (`io.models.describe_model`: dtype, 4-bit layers, stand-in or not)."""
     check_sources({name for pair in pairs for name in (pair.target, pair.draft)})
     plans = {pair: _plan_pair(pair, trees) for pair in pairs}
     measure = _specs(measure, {n: t for pair in pairs for n, t in pair.custom_trees})
@@ -289,8 +290,10 @@ def run_pairs(
             store, _Units(models, measured, config, methods=plan.methods), prompts, first_of_target[pair_keys(pair)[0]]
         )
         if replayed:
-            folder = Path(collections) / re.sub(r"[^A-Za-z0-9_.-]+", "_", pair.label)
+            folder = collection_folder(collections, pair.label)
             replay_units(store, models, folder, prompts, replayed, config.max_new_tokens)
+        if each_pair is not None:
+            each_pair(pair, models)
     return pd.DataFrame([plans[pair].status for pair in pairs])
 
 

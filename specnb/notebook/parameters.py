@@ -400,6 +400,7 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "measure": METHODS,
         "check_methods": METHODS,
         "replay": Flag(),
+        "grid": Flag(),
         "super_k": Whole(0, MAX_CHILDREN),
         "super_depth": Whole(1, MAX_DEPTH),
         "super_prompts": COUNT,

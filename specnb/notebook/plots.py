@@ -532,7 +532,81 @@ def replay_vs_budget(
     per-position oracle dashed; with `<metric>_ci_low` / `_ci_high` columns, their band (95%
     bootstrap interval over prompts)."""
     fig, ax = plt.subplots(figsize=(8.6, 4.6))
-    style = styles(sorted(table["shape"].unique(), key=lambda s: (s in DESIGNED, s)))
+    _budget_lines(ax, table, metric, _shape_styles(table))
+    ax.set_ylabel(label)
+    ax.set_title(title, fontsize=10)
+    legend_outside(ax, "shape", ncol=1 if table["shape"].nunique() <= 14 else 2)
+    return save(fig, path)
+
+
+def grid_vs_budget(
+    table: pd.DataFrame, metric: str = "tau", label: str = TAU, title: str = "", path=None
+) -> plt.Figure:
+    """`replay_vs_budget` for many pairs (`experiments.grid.grid_table`): one panel per pair, each
+    shape in the same style in every panel, a shared y axis; rows without the metric (a design
+    across tokenizers, whose note says why) are left out of the lines."""
+    data = table.dropna(subset=[metric])
+    pairs = list(dict.fromkeys(table["pair"]))
+    fig, axes = plt.subplots(1, len(pairs), figsize=(4.4 * len(pairs) + 1.8, 4.2), squeeze=False, sharey=True)
+    style = _shape_styles(data)
+    for ax, pair in zip(axes[0], pairs):
+        mine = data[data["pair"] == pair]
+        if len(mine):
+            _budget_lines(ax, mine, metric, style)
+        kind = table.loc[table["pair"] == pair, "kind"].iloc[0] if "kind" in table else ""
+        ax.set_title(f"{pair}\n({kind})" if kind else pair, fontsize=8.5)
+    axes[0][0].set_ylabel(label)
+    fig.suptitle(title, fontsize=10)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    axes[0][-1].legend(
+        handles, labels, title="shape", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8
+    )
+    return save(fig, path)
+
+
+def best_per_pair(best: pd.DataFrame, path=None) -> plt.Figure:
+    """The pairs compared (`experiments.grid.best_per_budget`): per pair (a colour), the held-out
+    tau of the best deployable tree at each budget with its 95% interval, each point's marker the
+    shape that won it; the oracle bound of the pair dotted where it exists."""
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(8.6, 4.6))
+    colour = {pair: sns.color_palette("tab10", 10)[i % 10] for i, pair in enumerate(dict.fromkeys(best["pair"]))}
+    marker = {shape: MARKERS[i % len(MARKERS)] for i, shape in enumerate(sorted(set(best["best_shape"])))}
+    for pair, b in best.groupby("pair", sort=False):
+        b = b.sort_values("budget")
+        ax.plot(b["budget"], b["tau_heldout"], lw=2, color=colour[pair])
+        ax.fill_between(
+            b["budget"], b["tau_heldout_ci_low"], b["tau_heldout_ci_high"], color=colour[pair], alpha=0.12, lw=0
+        )
+        if b["oracle_tau"].notna().any():
+            ax.plot(b["budget"], b["oracle_tau"], color=colour[pair], lw=1, linestyle=":", alpha=0.8)
+        for shape, points in b.groupby("best_shape"):
+            ax.scatter(
+                points["budget"], points["tau_heldout"], marker=marker[shape], s=46, color=colour[pair], zorder=3
+            )
+    handles = [Line2D([], [], color=c, lw=2, label=pair) for pair, c in colour.items()]
+    handles += [Line2D([], [], color="0.3", marker=m, lw=0, label=f"best: {shape}") for shape, m in marker.items()]
+    handles.append(Line2D([], [], color="0.3", lw=1, linestyle=":", label="oracle bound"))
+    _log2_ticks(ax, best["budget"])
+    ax.set_xlabel("draft tokens in the tree (N)")
+    ax.set_ylabel("held-out tau of the best tree\n(bonus included)")
+    ax.set_title("The best tree per budget, per pair", fontsize=10)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
+    return save(fig, path)
+
+
+def _shape_styles(table: pd.DataFrame) -> dict[str, dict]:
+    return styles(sorted(table["shape"].unique(), key=lambda s: (s in DESIGNED, s)))
+
+
+def _budget_lines(ax: plt.Axes, table: pd.DataFrame, metric: str, style: dict[str, dict]) -> None:
+    """One line per shape of `metric` against the budget, with its interval band where there is one."""
     for shape, t in table.groupby("shape", sort=False):
         t = t.sort_values("budget")
         bold = shape in DESIGNED
@@ -544,10 +618,6 @@ def replay_vs_budget(
             )
     _log2_ticks(ax, table["budget"])
     ax.set_xlabel("draft tokens in the tree (N)")
-    ax.set_ylabel(label)
-    ax.set_title(title, fontsize=10)
-    legend_outside(ax, "shape", ncol=1 if table["shape"].nunique() <= 14 else 2)
-    return save(fig, path)
 
 
 # ---- long generations (notebook 04): tables from `long_generation` --------------------------------

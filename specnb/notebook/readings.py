@@ -471,3 +471,83 @@ def collection_reading(report: CollectReport) -> str:
         failed = "; ".join(f"`{pid}` ({f.attempts} attempts; {f.error})" for pid, f in zip(report.failed, o.failures))
         text += f"\n\n**Failed units, left out of everything below:** {failed}. Rerun the notebook to try them again."
     return text
+
+
+def grid_reading(best: pd.DataFrame, saturation: float = 0.05) -> str:
+    """A markdown reading of the grid across pairs (`experiments.grid.best_per_budget`), computed
+    from it: per pair the best tree at each budget (held-out tau), the budget past which doubling
+    the tokens gains less than `saturation` of tau, and how close the best tree comes to the
+    oracle bound; then the pairs ranked at the largest budget they share."""
+    lines = []
+    for pair, b in best.groupby("pair", sort=False):
+        b = b.sort_values("budget")
+        top = b.loc[b["tau_heldout"].idxmax()]
+        winners = ", ".join(
+            f"{r.budget}: {r.best_shape}" + (" (tied)" if r.runner_up_tau >= r.tau_heldout - 1e-9 else "")
+            for r in b.itertuples()
+        )
+        line = (
+            f"- **{pair}** ({top['kind']}): highest held-out tau {top['tau_heldout']:.2f}"
+            f"{_bracket(top['tau_heldout_ci_low'], top['tau_heldout_ci_high'])} with {top['best_shape']} at "
+            f"{top['budget']} draft tokens. Best shape per budget: {winners}."
+        )
+        gains = b["tau_heldout"].to_numpy()
+        flat = next((i for i in range(1, len(gains)) if gains[i] < gains[i - 1] * (1 + saturation)), None)
+        if flat is not None:
+            line += (
+                f" Past {b['budget'].iloc[flat - 1]} tokens the next budget adds less than {saturation:.0%} "
+                f"({gains[flat - 1]:.2f} -> {gains[flat]:.2f}): the added nodes are branches rarely accepted."
+            )
+        bounded = b.dropna(subset=["oracle_tau"])
+        if len(bounded):
+            last = bounded.iloc[-1]
+            line += (
+                f" At {last['budget']} tokens it reaches {last['tau_heldout'] / last['oracle_tau']:.0%} of the "
+                f"oracle bound ({last['oracle_tau']:.2f})."
+            )
+        else:
+            line += " No oracle bound across tokenizers (the table's notes say why)."
+        lines.append(line)
+    shared = best.groupby("budget")["pair"].nunique()
+    common = shared[shared == best["pair"].nunique()]
+    if best["pair"].nunique() > 1 and len(common):
+        n = int(common.index.max())
+        at = best[best["budget"] == n].sort_values("tau_heldout", ascending=False)
+        lines.append(
+            f"- At {n} draft tokens the pairs rank: "
+            + "; ".join(f"{r.pair} {r.tau_heldout:.2f} ({r.best_shape})" for r in at.itertuples())
+            + ". tau counts target tokens per target call; what a step costs differs by pair (notebook 01 prices it)."
+        )
+    return "\n".join(lines)
+
+
+def attention_reading(speed: pd.DataFrame) -> str:
+    """A markdown reading of 03's speed-up table (`bench.attention_grid.speedup_table`), computed
+    from it: how much one tree call saves over one call per sequence and how that moves with draft
+    tokens, prefix length and batch size, and what the tree mask costs over causal attention."""
+    if "per_sequence_over_tree" not in speed or speed["per_sequence_over_tree"].dropna().empty:
+        return "- 03 measured no speed-up (the per-sequence or the tree implementation did not run)."
+    s = speed.dropna(subset=["per_sequence_over_tree"])
+    lines = []
+    low, high = s.loc[s["per_sequence_over_tree"].idxmin()], s.loc[s["per_sequence_over_tree"].idxmax()]
+    lines.append(
+        f"- One tree-masked call against one call per root-to-leaf sequence: from {low['per_sequence_over_tree']:.2f}x "
+        f"(batch {low['batch']}, prefix {low['prefix']}, {low['nodes']} draft tokens, {low['leaves']} sequences) to "
+        f"{high['per_sequence_over_tree']:.2f}x (batch {high['batch']}, prefix {high['prefix']}, {high['nodes']} "
+        f"draft tokens, {high['leaves']} sequences)."
+    )
+    for axis, label in (("nodes", "draft tokens"), ("prefix", "prefix length"), ("batch", "batch size")):
+        trend = s.groupby(axis)["per_sequence_over_tree"].median()
+        if len(trend) > 1:
+            word = "grows" if trend.iloc[-1] > trend.iloc[0] else "shrinks"
+            lines.append(
+                f"- Median over the other axes, the speed-up {word} with {label}: {trend.iloc[0]:.2f}x at "
+                f"{trend.index[0]} to {trend.iloc[-1]:.2f}x at {trend.index[-1]}."
+            )
+    if "mask_overhead" in speed and speed["mask_overhead"].notna().any():
+        m = speed.dropna(subset=["mask_overhead"])
+        lines.append(
+            f"- The tree mask over plain causal attention on the same tokens: {m['mask_overhead'].min():.2f}x to "
+            f"{m['mask_overhead'].max():.2f}x (median {m['mask_overhead'].median():.2f}x)."
+        )
+    return "\n".join(lines)

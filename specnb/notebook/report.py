@@ -422,6 +422,14 @@ def _method(doc: _Doc, runs: dict[str, Path | None]) -> None:
 
     doc.heading(2, "1 Method")
     doc.text(METHOD)
+    f = runs["01_tree_shapes"]
+    if f is not None:
+        doc.heading(3, "The trees measured")
+        doc.figure(
+            f / "trees.png",
+            "01: each shape at up to three budgets (a node's label: its rank among its siblings; its row: its depth); "
+            "your trees at their node count, your shape rules filled as the presets are",
+        )
     doc.heading(3, "Conventions")
     doc.text(CONVENTIONS)
     doc.heading(3, "Exactness checks in this run")
@@ -467,7 +475,16 @@ def _method(doc: _Doc, runs: dict[str, Path | None]) -> None:
 
 def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
     doc.heading(2, "2 Results")
-    doc.heading(3, "Acceptance by tree shape and budget (01, replayed)")
+    doc.heading(3, "The brief's grid: every pair x tree shape x budget (02, replayed)")
+    f = runs["02_model_pairs"]
+    grid = _csv(f, "grid.csv") if f is not None else None
+    if f is None:
+        _not_run(doc, "02_model_pairs", outputs)
+    elif grid is None or not len(grid):
+        doc.text("02's run wrote no grid (its parameter `grid` was off, or no pair ran).")
+    else:
+        _pairs_grid(doc, f, grid)
+    doc.heading(3, "Acceptance by tree shape and budget, one pair in depth (01, replayed)")
     f = runs["01_tree_shapes"]
     if f is None:
         _not_run(doc, "01_tree_shapes", outputs)
@@ -510,6 +527,10 @@ def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
     if f is None:
         _not_run(doc, "03_tree_attention_timing", outputs)
     else:
+        speed = _csv(f, "speedup.csv")
+        if speed is not None and len(speed):
+            _speedup_tables(doc, speed)
+        doc.figure(f / "tree_speedup.png", "03: one tree-masked call against one call per root-to-leaf sequence")
         grid = _csv(f, "attention_grid.csv")
         if grid is not None:
             _grid_tables(doc, grid)
@@ -521,6 +542,34 @@ def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
         _not_run(doc, "01_tree_shapes", outputs)
     else:
         _best_tree(doc, f)
+
+
+def _pairs_grid(doc: _Doc, folder: Path, grid: Any) -> None:
+    """02's grid: the best tree per budget per pair, then per pair each metric as shape x budget
+    (value [95% interval]), the notes of rows without values, and the figures."""
+    best = _csv(folder, "grid_best.csv")
+    doc.text(
+        f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each, replayed from one collection per "
+        "pair (re-drafted across tokenizers). Rows: tree shape, columns: draft tokens (budget); each cell "
+        "value [95% interval over prompts]. Designs (sequoia, medusa) are fitted to these prompts: their held-out "
+        "tau is in the best-tree table; hindsight is the in-sample ceiling, oracle a bound."
+    )
+    if best is not None and len(best):
+        shown = best.assign(tau_heldout=[with_interval(r, "tau_heldout") for _, r in best.iterrows()])
+        doc.table(
+            shown[["pair", "kind", "budget", "best_shape", "tau_heldout", "runner_up", "runner_up_tau", "oracle_tau"]],
+            "02: the best tree per budget, per pair (held-out tau, bonus included)",
+        )
+    doc.figure(folder / "grid_best.png", "02: the best tree per budget, the pairs compared")
+    for pair, t in grid.groupby("pair", sort=False):
+        doc.heading(4, f"02: {pair} ({t['kind'].iloc[0]})")
+        for metric, label in METRICS:
+            doc.table(pivot(t, metric), f"{label}; 02, {pair}")
+        notes = t[t["tau"].isna() & t["note"].notna()].drop_duplicates("shape")
+        for r in notes.itertuples():
+            doc.text(f"{r.shape}: {r.note}.")
+    doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
+    doc.figure(folder / "grid_rate.png", "02: acceptance rate by budget per shape, one panel per pair")
 
 
 def _pair_of(folder: Path) -> str:
@@ -575,6 +624,30 @@ def _grid_tables(doc: _Doc, grid: Any) -> None:
     notes = sorted({str(n) for n in g.loc[~ok, "note"] if n == n}) if "note" in g else []
     if notes:
         doc.text("Skipped points: " + "; ".join(notes))
+
+
+def _speedup_tables(doc: _Doc, speed: Any) -> None:
+    """The brief's question about tree attention: how much one tree-masked call saves over one call
+    per root-to-leaf sequence (per_sequence_over_tree), and what the tree mask costs over plain
+    causal attention on the same tokens (mask_overhead), by (batch, prefix) x draft tokens."""
+    doc.text(
+        "How much one tree-masked call (SDPA with the tree mask) saves over one call per root-to-leaf sequence "
+        "(what verifying each candidate continuation separately costs): per_sequence / tree time, above 1 the tree "
+        "call is faster; leaves: the sequences one tree call replaces. Then the tree mask's own cost: tree time over "
+        "plain causal attention on the same number of tokens (1 = free)."
+    )
+    index = ["shape", "batch", "prefix"] if speed["shape"].nunique() > 1 else ["batch", "prefix"]
+    for column, caption in (
+        ("per_sequence_over_tree", "03: speed-up of one tree call over one call per sequence (x), by draft tokens"),
+        ("mask_overhead", "03: tree mask over plain causal attention (x), by draft tokens"),
+    ):
+        if column in speed:
+            table = speed.pivot_table(index=index, columns="nodes", values=column, aggfunc="first").round(2)
+            table.columns = [str(c) for c in table.columns]
+            doc.table(table.reset_index(), caption)
+    if "leaves" in speed:
+        leaves = speed.drop_duplicates(["shape", "nodes"])[["shape", "nodes", "leaves", "depth"]]
+        doc.table(leaves, "03: the trees timed (leaves: sequences one tree call replaces)")
 
 
 def _ms_cell(row: Any) -> str:
@@ -642,6 +715,9 @@ def _analysis(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
     if f is None:
         _not_run(doc, "02_model_pairs", outputs)
     else:
+        best = _csv(f, "grid_best.csv")
+        if best is not None and len(best):
+            _reading(doc, "02's grid", lambda: readings.grid_reading(best))
         table, versus = _csv(f, "pairs_methods.csv"), _csv(f, "versus_transformers.csv")
         _reading(doc, "02's reading", lambda: readings.pairs_reading(table, versus))
         by_category = _csv(f, "by_category.csv")
@@ -662,6 +738,9 @@ def _analysis(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
                 else readings.RECOMMENDATION_03
             )
             _reading(doc, "03's recommendation", lambda: readings.recommendation(cost, source))
+        speed = _csv(f, "speedup.csv")
+        if speed is not None and len(speed):
+            _reading(doc, "03's tree attention", lambda: readings.attention_reading(speed))
         doc.figure(f / "verify_cost.png", "03: verify cost by tree size and the cost model")
 
 

@@ -466,8 +466,9 @@ def _tree_shapes(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
 
 
 def _model_pairs(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
-    """02: every pair in turn, with the models held for later pairs (`experiments.sweeps.run_pairs`);
-    the largest pair is the estimate (a note names it)."""
+    """02: every pair in turn, with the models held for later pairs (`experiments.sweeps.run_pairs`),
+    its methods and, with `grid`, its collection (super-trees) and every shape x budget replayed and
+    designed (`experiments.grid`); the largest pair is the estimate (a note names it)."""
     new = _int(p, "max_new_tokens")
     cache = LONGEST_PROMPT + new
     pairs = [q for q in p.get("pairs") or [] if isinstance(q, Mapping)]
@@ -486,15 +487,20 @@ def _model_pairs(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
         target, draft = models[target_key], models[draft_key]
         custom = _custom_trees(p.get("custom_trees"), q.get("custom_trees"), notes=s.notes)
         trees = _tree_sizes([], [], [*(q.get("methods") or p.get("methods") or []), *(p.get("measure") or [])], custom)
-        nodes = max((t.nodes for t in trees), default=0)
+        grid = _tree_sizes(p.get("shapes") or [], _ints(p, "budgets"), [], custom) if p.get("grid") else []
+        nodes = max((t.nodes for t in trees + grid), default=0)
         dynamic = max((t.nodes for t in trees if t.shape == DYNAMIC), default=0) if p.get("replay", True) else 0
-        top_k = max([t.widest + 1 for t in trees] + [COLLECTION_TOP_K])
+        dynamic = max([dynamic, *(_ints(p, "dynamic_budgets") if grid else [])])
+        k, depth = (_int(p, "super_k"), _int(p, "super_depth")) if grid else (DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH)
+        top_k = max([t.widest + 1 for t in trees + grid] + [COLLECTION_TOP_K, _int(p, "top_k") if grid else 0])
         parts = dict(
             weights=sum(models[key].weights(s.db) for key in held),
             kv_cache=target.kv(cache + 1 + nodes, s.db) + draft.kv(cache + 1 + nodes, s.db),
             verify=_verify(target.config, nodes, cache, new, s.db, LONGEST_PROMPT),
-            super_trees=_super_tree_bytes(draft, target, dynamic, DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH, cache, s.db),
-            arrays=_replay_bytes(_int(p, "max_prompts") * new, new, target.vocab or draft.vocab, nodes, top_k),
+            super_trees=_super_tree_bytes(draft, target, dynamic, max(k, DYNAMIC_TOP_K), depth, cache, s.db),
+            arrays=_replay_bytes(
+                _int(p, "max_prompts") * new, new, target.vocab or draft.vocab, nodes, top_k, sequoia=bool(grid)
+            ),
         )
         label = f"largest: pair {i + 1} of {len(pairs)}, {draft.name} -> {target.name}, {len(held)} models held"
         candidates.append((sum(parts.values()), label, parts))

@@ -206,7 +206,8 @@ def show_trees(run: str | Path, specs: Any, rules: bool = False) -> dict[str, Tr
         record(run, "custom_shapes", {n: list(r.widths) for n, r in shapes.items()})
         return {**trees, **shapes}
     if shapes:
-        print(f"your shape rules ({', '.join(shapes)}) are filled to every budget in notebook 01; not measured here")
+        names = ", ".join(shapes)
+        print(f"your shape rules ({names}) are filled to every budget in notebooks 01 and 02; not measured here")
     return dict(trees)
 
 

@@ -45,7 +45,7 @@ from ..analysis.memory import FLOAT16_BYTES, download_bytes, weight_bytes
 from ..bench.attention_grid import head_shape
 from ..core.tree_spec import TreeSpecError
 from ..core.trees import Tree
-from ..drafters.methods import budget_axis, parse_method, with_custom_trees
+from ..drafters.methods import budget_axis, parse_method, trees_for, with_custom_trees
 from ..experiments.long_generation import TARGET_ALONE
 from ..io.checkpoints import published_checkpoints
 from ..io.model_configs import config_of, hub_model
@@ -250,6 +250,47 @@ def _pairs_rows(b: dict, c: Costs) -> list[dict]:
                     c.generation(t, tq, d, Tree.chain(4), n2, prompt) + c.draft(d) * (1 + math.ceil(n2 / 8) * 6),
                 )
             )
+        if b.get("grid"):
+            rows += _grid_rows(b, c, label, (t, tq, d), shared, custom)
+    return rows
+
+
+def _grid_rows(b: dict, c: Costs, label: str, models: tuple, shared: bool, custom: dict) -> list[dict]:
+    """Notebook 02's grid of one pair: its collection (chain:4 run, teacher-forced draft pass,
+    super-trees on super_prompts); across tokenizers, the collection's xtok run and every distinct
+    tree re-drafted (about max_new_tokens / 2 steps a prompt, one draft forward per level)."""
+    t, tq, d = models
+    n, prompts = b["max_new_tokens"], b["max_prompts"]
+    rows = [
+        _row(
+            "02",
+            f"{label}: the grid's collection",
+            prompts,
+            c.generation(t, tq, d, Tree.chain(4), n, c.f.prompt_tokens) + (c.draft(d) if shared else 0.0),
+        )
+    ]
+    if shared:
+        if b["super_k"]:
+            rows.append(
+                _row(
+                    "02",
+                    f"{label}: the grid's super-trees (depth {b['super_depth']})",
+                    min(b["super_prompts"] or prompts, prompts),
+                    math.ceil(n / 8) * b["super_depth"] * c.draft(d),
+                )
+            )
+        return rows
+    trees = trees_for(b["shapes"], b["budgets"], custom)
+    distinct = {tuple(sorted(tree.paths)): tree for tree in trees.values()}
+    levels = sum(tree.depth for tree in distinct.values()) + len(b["dynamic_budgets"]) * b["super_depth"]
+    rows.append(
+        _row(
+            "02",
+            f"{label}: the grid re-drafted across tokenizers ({len(distinct)} trees, {levels} levels in all)",
+            prompts * math.ceil(n / 2),
+            levels * c.draft(d),
+        )
+    )
     return rows
 
 

@@ -1,0 +1,126 @@
+"""The brief's grid across pairs (`experiments.grid`, notebook 02): one collection per pair answers
+every shape x budget, and on every kind of pair (same tokenizer, another tokenizer, a self-draft)
+its rows equal real end-to-end runs of the same trees; a user's shape rule is filled to each budget."""
+
+from __future__ import annotations
+
+import pytest
+from vocabularies import D_VOCAB, T_VOCAB, TEXT, bigram_llama, draft_tokenizer, target_tokenizer
+
+from specnb.core.tree_spec import ShapeRule, parse_custom_shapes
+from specnb.drafters.methods import DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K
+from specnb.experiments import grid, tables
+from specnb.experiments import sweeps as ex
+from specnb.experiments.pairs import Pair
+from specnb.experiments.replay_study import PairCollectConfig
+from specnb.io.prompts import Prompt
+from specnb.io.storage import Sweep
+
+OTHER_TEXT = " the cat sat on the mat hello the"  # a second bigram text: a draft that disagrees at places
+PROMPTS = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on"), Prompt("r", "a", " the mat")]
+MAX_NEW = 14
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, str]:
+    t, d = target_tokenizer(), draft_tokenizer()
+    out = {}
+    for name, tokenizer, text, vocab in (
+        ("target", t, TEXT, T_VOCAB),
+        ("same", t, OTHER_TEXT, T_VOCAB),
+        ("other", d, TEXT, D_VOCAB),
+    ):
+        folder = tmp_path_factory.mktemp(name)
+        bigram_llama(tokenizer, text, vocab, hot=3.0, seed=1).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        out[name] = str(folder)
+    return out
+
+
+def test_the_grid_of_every_kind_of_pair_equals_real_runs(folders, tmp_path):
+    real = {  # the trees each pair also runs end to end
+        "same": ["kary2:4", "chain:3", "grow:4", "dynamic:4"],
+        "other": ["xtok/kary2:4", "xtok/chain:3", "xtok/grow:3", "xtok/dynamic:4"],
+        "target": ["chain:3"],
+    }
+    custom = parse_custom_shapes({"grow": {"widths": [2, 1]}})
+    pairs = [Pair(folders["target"], folders[name], methods=specs, custom_trees=custom) for name, specs in real.items()]
+    collect = PairCollectConfig(
+        MAX_NEW, super_k=DYNAMIC_TOP_K, super_depth=DYNAMIC_MAX_DEPTH, dynamic_budgets=(4,), top_k=8
+    )
+    config = grid.GridConfig(("chain", "kary2"), (3, 4), collect, heldout_folds=3)
+    parts: list[grid.PairGrid] = []
+    store = Sweep(tmp_path / "sweep.jsonl", key=ex.UNIT_KEY)
+    ex.run_pairs(
+        store,
+        pairs,
+        PROMPTS,
+        {},
+        ex.SweepConfig(MAX_NEW, progress=False),
+        each_pair=lambda pair, models: parts.append(
+            grid.pair_grid(models, pair, PROMPTS, custom, config, tmp_path / "grid")
+        ),
+    )
+    table = grid.grid_table(parts)
+    assert list(table.columns) == grid.COLUMNS
+    assert list(dict.fromkeys(table["pair"])) == [p.label for p in pairs]
+    kinds = dict(zip(table["pair"], table["kind"]))
+    assert [kinds[p.label] for p in pairs] == [grid.SAME_FAMILY, grid.OTHER_TOKENIZER, grid.SELF_DRAFT]
+
+    # every pair: each tree run end to end took the steps the grid replayed (or re-drafted)
+    measured = tables.shape_table(tables.unit_table(store))
+    measured = measured[measured["source"] == "measured"]
+    compared = 0
+    for row in measured.itertuples():
+        if row.shape == "autoregressive":
+            continue
+        mine = table[
+            (table["pair"] == row.pair)
+            & (table["shape"] == row.shape.removeprefix("xtok/"))
+            & (table["budget"] == row.budget)
+        ]
+        assert len(mine) == 1, (row.pair, row.shape, row.budget)
+        assert mine.iloc[0]["tau"] == pytest.approx(row.tau) and mine.iloc[0]["acceptance_rate"] == pytest.approx(
+            row.acceptance_rate
+        ), (row.pair, row.shape, row.budget)
+        compared += 1
+    assert compared == sum(len(v) for v in real.values())
+    assert measured["greedy_equal"].astype(bool).all()
+
+    # the user's shape rule, filled to every budget as the presets are
+    grow = table[table["shape"] == "grow"]
+    assert set(grow["budget"]) == {3, 4}
+    for n in (3, 4):
+        assert grow[grow["budget"] == n]["nodes"].eq(ShapeRule((2, 1)).fill(n).num_nodes).all()
+
+    # no silent blanks: a tree's metrics are there, or its row says why not
+    for pair in pairs:
+        mine = table[table["pair"] == pair.label]
+        missing = mine[mine["tau"].isna()]
+        assert (missing["note"].str.len() > 0).all()
+        assert mine[mine["shape"].isin(["chain", "kary2", "grow"])]["tau"].notna().all()
+    across = table[table["kind"] == grid.OTHER_TOKENIZER]
+    for shape in ("sequoia", "medusa", "hindsight", "oracle"):
+        assert across[across["shape"] == shape]["note"].str.contains("across tokenizers").all()
+        assert len(across[across["shape"] == shape]) > 0
+    same = table[table["kind"] == grid.SAME_FAMILY]
+    assert same[same["shape"] == "sequoia"]["tau_heldout"].notna().all()  # designs scored held out
+    assert same[same["shape"] == "oracle"]["tau"].notna().all()
+    # intervals: three prompts give every preset row one, around its value
+    presets = table[table["shape"].isin(["chain", "kary2"])]
+    for metric in grid.METRICS:
+        assert (presets[f"{metric}_ci_low"] <= presets[metric] + 1e-9).all()
+        assert (presets[metric] <= presets[f"{metric}_ci_high"] + 1e-9).all()
+    self_draft = table[(table["kind"] == grid.SELF_DRAFT) & table["shape"].isin(["chain", "kary2"])]
+    assert (self_draft["acceptance_rate"] > 0).all()
+
+    # the best tree per pair and budget: the highest held-out tau among deployable trees
+    best = grid.best_per_budget(table)
+    usable = table[~table["shape"].isin(["hindsight", "oracle"])]
+    scored = usable.groupby(["pair", "budget"])["tau_heldout"].max().dropna()
+    assert sorted(zip(best["pair"], best["budget"])) == sorted(scored.index)
+    for row in best.itertuples():
+        rows = table[(table["pair"] == row.pair) & (table["budget"] == row.budget)]
+        usable = rows[~rows["shape"].isin(["hindsight", "oracle"])]
+        assert row.tau_heldout == pytest.approx(usable["tau_heldout"].max())
+        assert row.best_shape not in ("hindsight", "oracle")
