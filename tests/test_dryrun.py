@@ -288,7 +288,7 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
     outputs, seconds, log, _ = t4_dryrun
     print(f"t4-dryrun: {seconds:.0f} s")  # information, not a timed assertion (docs/performance-cpu.md: the figure)
     assert (
-        "stand-ins of 5 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
+        "stand-ins of 6 hub models and of published heads: FasterDecoding/medusa-vicuna-7b-v1.3, "
         "yuhuili/EAGLE-Vicuna-7B-v1.3;"
     ) in log
     folders = {}
@@ -307,14 +307,14 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
         list(status["pair"])
         == [p.label for p in t4_pairs]
         == [
-            "JackFram/llama-160m -> meta-llama/Llama-2-7b-hf[4bit]",
+            "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-2-7b-hf[4bit]",
             "meta-llama/Llama-3.2-1B -> meta-llama/Llama-3.2-3B[4bit]",
-            "JackFram/llama-160m -> meta-llama/Llama-3.2-3B[4bit]",
+            "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B[4bit]",
         ]
     )
     assert list(status["vocabulary"]) == ["shared", "shared", "different"] and len(valid) == 2
     partial = status[status["status"] == "partial"]
-    assert list(partial["pair"]) == ["JackFram/llama-160m -> meta-llama/Llama-3.2-3B[4bit]"]
+    assert list(partial["pair"]) == ["Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B[4bit]"]
     reason = partial["reason"].iloc[0]
     assert reason.startswith("refused chain:4:") and "vocab size 32000" in reason and "vocab size 128256" in reason
     measured = status[status["status"] == "measured"]

@@ -15,6 +15,7 @@ from specnb.experiments.pairs import Pair
 from specnb.experiments.replay_study import PairCollectConfig
 from specnb.io.prompts import Prompt
 from specnb.io.storage import Sweep
+from specnb.notebook import readings
 
 OTHER_TEXT = " the cat sat on the mat hello the"  # a second bigram text: a draft that disagrees at places
 PROMPTS = [Prompt("p", "a", " hello the"), Prompt("q", "b", " the cat sat on"), Prompt("r", "a", " the mat")]
@@ -114,11 +115,23 @@ def test_the_grid_of_every_kind_of_pair_equals_real_runs(folders, tmp_path):
     self_draft = table[(table["kind"] == grid.SELF_DRAFT) & table["shape"].isin(["chain", "kary2"])]
     assert (self_draft["acceptance_rate"] > 0).all()
 
+    # acceptance by sibling rank, why a shape wins: a share per rank on a shared vocabulary, a note across
+    ranks = grid.rank_table(parts)
+    across = ranks[ranks["kind"] == grid.OTHER_TOKENIZER]
+    assert len(across) == 1 and across["share"].isna().all() and "across tokenizers" in across["note"].iloc[0]
+    shared = ranks[ranks["kind"] != grid.OTHER_TOKENIZER]
+    assert len(shared) == 2 * grid.RANKS and shared["share"].between(0, 1).all()
+    assert shared.groupby("pair")["share"].sum().le(1 + 1e-9).all()
+    self_ranks = shared[shared["kind"] == grid.SELF_DRAFT].set_index("rank")["share"]
+    assert self_ranks[0] == pytest.approx(1.0)  # the target drafting for itself: its top token is always next
+
     # the best tree per pair and budget: the highest held-out tau among deployable trees
     best = grid.best_per_budget(table)
     usable = table[~table["shape"].isin(["hindsight", "oracle"])]
     scored = usable.groupby(["pair", "budget"])["tau_heldout"].max().dropna()
     assert sorted(zip(best["pair"], best["budget"])) == sorted(scored.index)
+    reading = readings.grid_reading(best, ranks)
+    assert reading.count("**") == 2 * len(parts) and "going deeper pays first" in reading
     for row in best.itertuples():
         rows = table[(table["pair"] == row.pair) & (table["budget"] == row.budget)]
         usable = rows[~rows["shape"].isin(["hindsight", "oracle"])]

@@ -84,13 +84,13 @@ def test_pair_memory_adds_up():
 def test_every_t4_pair_fits_a_t4():
     pairs = profile_pairs("t4")
     across = [(p.draft, p.target) for p in pairs if not p.shares_vocabulary]
-    assert across == [("JackFram/llama-160m", "meta-llama/Llama-3.2-3B")]  # the brief's third pair
+    assert across == [("Felladrin/Llama-160M-Chat-v1", "meta-llama/Llama-3.2-3B")]  # the brief's third pair
     budget = profile_budget("t4")
     longest = max(p.get("max_new_tokens", 0) for p in resolve("t4", {}, [], notebooks()).values())
     assert budget.new_tokens == longest >= 64 and budget.tree == 128 and budget.prompt == 1024
     rows = profile_memory("t4")
     assert [(r.draft, r.target) for r in rows] == [(p.draft, p.target) for p in pairs]  # cross-tokenizer pairs load too
-    assert len(rows) == 3 and all(r.target_quantization == "4bit" for r in rows)
+    assert len(rows) == 4 and all(r.target_quantization == "4bit" for r in rows)
     for r in rows:
         assert r.fits and r.total <= 14e9 == T4_USABLE, f"{r.pair}: {r.total / 1e9:.2f} GB"
     # Llama-2-7B in nf4: 6.48e9 Linear values at 4.5 bits, embeddings and lm_head (2 x 32000 x 4096) in float16
@@ -99,7 +99,7 @@ def test_every_t4_pair_fits_a_t4():
     assert "fits in 14 GB" in memory_markdown("t4")
     assert "Across tokenizers" in memory_markdown(
         "t4"
-    ) and "JackFram/llama-160m -> meta-llama/Llama-3.2-3B" in memory_markdown("t4")
+    ) and "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B" in memory_markdown("t4")
 
 
 def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_colab_page_says_so():

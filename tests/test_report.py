@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from specnb.notebook import estimate, runner
-from specnb.notebook.report import latest_run, pivot, write_report
+from specnb.notebook.report import BIBTEX, LAST_WRITTEN, latest_run, pivot, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = bytes.fromhex(
@@ -21,6 +21,7 @@ PNG = bytes.fromhex(
 )
 SHAPES = [f"shape{i}" for i in range(14)]
 BUDGETS = [2, 4, 8, 16, 32]
+SECTIONS = ["1 Method", "2 Results", "3 Analysis", "4 Reproduce", "5 Limitations", "6 References", "7 Glossary"]
 
 
 def run_folder(outputs: Path, notebook: str, name: str = "cpu-0000", status: str = "finished") -> Path:
@@ -227,9 +228,23 @@ def test_report_from_fake_runs_has_the_four_sections_and_whole_tables(tmp_path):
     fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
     md, page = write_report(tmp_path)
     text, html = md.read_text(), page.read_text()
-    assert sections(text) == ["1 Method", "2 Results", "3 Analysis", "4 Reproduce"]
+    assert sections(text) == SECTIONS
     for needle in ("acceptance length", "bonus token **excluded**", "bonus token **included**", "9/9 steps identical"):
         assert needle in text
+    # references cited in the method and listed, with BibTeX beside the report; every table term defined
+    method = text.split("## 1 Method")[1].split("## 2 Results")[0]
+    listed = text.split("## 6 References")[1].split("## 7 Glossary")[0]
+    for label in ("Miao et al. 2024", "Leviathan et al. 2023", "Chen et al. 2024", "Li et al. 2024b"):
+        assert label in method and f"[{label}]" in listed, label
+    bib = (tmp_path / BIBTEX).read_text()
+    assert bib.count("@inproceedings{") + bib.count("@article{") == len(re.findall(r"^- \[", listed, flags=re.M)) >= 9
+    assert "doi.org/10.1145/3620666.3651335" in bib and "arxiv.org/abs/2211.17192" in bib
+    glossary = text.split("## 7 Glossary")[1]
+    for term in ("tau_all", "run trajectory", "super-tree", "hindsight", "oracle", "xtok", "hf_uag", "pays off"):
+        assert f"**{term}" in glossary or f", {term}" in glossary or f"{term}**" in glossary, term
+    assert "One verification of a tree" in method and "siblings share a position id" in method
+    limits = text.split("## 5 Limitations")[1].split("## 6 References")[0]
+    assert "cpu (2 cores)" in limits and "40 new tokens" not in limits  # the fakes name no prompts count
     assert "| shape | 2 | 4 | 8 | 16 | 32 |" in text
     for i, shape in enumerate(SHAPES):  # all 70 rows of the replay table: every shape, every budget, intervals
         assert f"| {shape} | " + " | ".join(f"{tau(i, b):.2f} [1.90, 2.50]" for b in BUDGETS) + " |" in text
@@ -259,7 +274,7 @@ def test_a_notebook_that_did_not_run_is_said_so(tmp_path):
     run_folder(tmp_path, "02_model_pairs", status="failed")  # a failed run is not a result
     md, _ = write_report(tmp_path)
     text = md.read_text()
-    assert sections(text) == ["1 Method", "2 Results", "3 Analysis", "4 Reproduce"]
+    assert sections(text) == SECTIONS
     assert (
         text.count("**02 model pairs did not run**") == 3  # the grid, the methods, the analysis
         and text.count("**03 tree-attention timing did not run**") == 2
@@ -274,6 +289,21 @@ def test_latest_finished_run_is_read(tmp_path):
     (new / "params.json").write_text(json.dumps(info | {"started": "2026-11-27 10:00:00"}))
     run_folder(tmp_path, "01_tree_shapes", "cpu-c", status="running")
     assert latest_run(tmp_path, "01_tree_shapes") == new != old
+
+
+def test_an_interactive_run_that_ran_to_the_end_is_read_and_labelled(tmp_path):
+    """A run made cell by cell in Jupyter or Colab (status "interactive") is read once it holds the
+    file its notebook writes last; one stopped halfway is not."""
+    finished = run_folder(tmp_path, "02_model_pairs", "cpu-a")
+    halfway = run_folder(tmp_path, "02_model_pairs", "interactive-b", status="interactive")
+    info = json.loads((halfway / "params.json").read_text()) | {"started": "2026-11-27 10:00:00"}
+    (halfway / "params.json").write_text(json.dumps(info))
+    assert latest_run(tmp_path, "02_model_pairs") == finished
+    (halfway / LAST_WRITTEN["02_model_pairs"]).write_text("category\n")
+    assert latest_run(tmp_path, "02_model_pairs") == halfway
+    fake_02(tmp_path / "other")
+    text = write_report(tmp_path)[0].read_text()
+    assert "02 model pairs (cpu, 2026-11-27 10:00:00, run interactively)" in text
 
 
 def test_pivot_keeps_every_row_and_intervals():
@@ -393,3 +423,16 @@ def test_notebooks_display_tables_whole():
         whole_tables()
         shown = pd.DataFrame({"shape": [f"s{i}" for i in range(70)], "tau": range(70)})._repr_html_()
     assert "s0<" in shown and "s35<" in shown and "s69<" in shown and "..." not in shown
+
+
+def test_the_example_copy_holds_the_report_and_every_figure_it_shows(tmp_path):
+    from specnb.notebook.report import copy_example
+
+    fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
+    write_report(tmp_path)
+    example = copy_example(tmp_path, tmp_path / "example")
+    text = example.read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert links and all((example.parent / link).is_file() for link in links)
+    assert (example.parent / BIBTEX).read_text() == (tmp_path / BIBTEX).read_text()
+    assert text == (tmp_path / "report.md").read_text()

@@ -7,7 +7,8 @@ hindsight; scored held out, `replay_study.heldout_scores`), dynamic trees and th
 pair of two tokenizers is re-drafted instead (exact too); the designs and the oracle need the
 draft's rank of every target token, which such a draft does not have, so their rows say so in
 `note` rather than being left out or empty. `pair_grid` measures one loaded pair, `grid_table`
-stacks the pairs, `best_per_budget` names the best tree of each budget per pair."""
+stacks the pairs, `best_per_budget` names the best tree of each budget per pair and `rank_table`
+gives each pair's acceptance by sibling rank (why the winners win)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis import heldout
+from ..analysis import heldout, replay
 from ..core.tree_spec import ShapeRule
 from ..core.trees import Tree
 from ..drafters.methods import budget_axis, trees_for
@@ -50,6 +51,7 @@ ACROSS_TOKENIZERS = (
     "not measurable across tokenizers: {what} needs the draft's rank of every target token, and this "
     "draft has another vocabulary (its trees are re-drafted on the target's continuation instead)"
 )
+RANKS = 4  # sibling ranks whose acceptance `rank_table` lists
 ORACLE_NOTE = "a bound, not a tree: per position the longest accepted prefix with draft ranks below top_k, capped at N"
 
 
@@ -72,6 +74,7 @@ class PairGrid:
     table: pd.DataFrame
     held: heldout.HeldOut
     report: CollectReport
+    ranks: tuple[float, ...] = ()  # share of positions whose next target token is the draft's rank-r token
 
 
 def pair_kind(pair: Pair, cross: bool) -> str:
@@ -108,7 +111,8 @@ def pair_grid(
         rows = pd.concat([rows, _missing(budgets, config.collect.dynamic_budgets)], ignore_index=True)
     rows.insert(0, "kind", pair_kind(pair, cross))
     rows.insert(0, "pair", models.label)
-    return PairGrid(rows.reindex(columns=COLUMNS), held, report)
+    ranks = () if cross else replay.acceptance_vector(collection, RANKS)
+    return PairGrid(rows.reindex(columns=COLUMNS), held, report, ranks)
 
 
 def _rows(table: pd.DataFrame, held: pd.DataFrame, fitted: set[str]) -> pd.DataFrame:
@@ -161,6 +165,19 @@ def grid_table(parts: Sequence[PairGrid]) -> pd.DataFrame:
         .reset_index(drop=True)
         .reindex(columns=COLUMNS)
     )
+
+
+def rank_table(parts: Sequence[PairGrid]) -> pd.DataFrame:
+    """Per pair and sibling rank r < RANKS: the share of positions whose next target token is the
+    draft's rank-r token (Sequoia's acceptance vector, every position): why a chain or a wide tree
+    wins. A pair across tokenizers has no draft rank of the target's tokens: one row saying so."""
+    rows = []
+    for part in parts:
+        pair, kind = part.table["pair"].iloc[0], part.table["kind"].iloc[0]
+        if not part.ranks:
+            rows.append({"pair": pair, "kind": kind, "note": ACROSS_TOKENIZERS.format(what="a rank's acceptance")})
+        rows += [{"pair": pair, "kind": kind, "rank": r, "share": a, "note": ""} for r, a in enumerate(part.ranks)]
+    return pd.DataFrame(rows, columns=["pair", "kind", "rank", "share", "note"])
 
 
 def best_per_budget(table: pd.DataFrame) -> pd.DataFrame:

@@ -227,6 +227,57 @@ def tree_gallery(trees: Mapping[str, Sequence[Tree]], path=None) -> plt.Figure:
     return save(fig, path)
 
 
+def tree_mask(tree: Tree, prefix: int = 3, path=None) -> plt.Figure:
+    """How one verification sees a tree (`core.masks`): left, the tree with each node's index and
+    sibling rank; right, the attention mask of the root and the nodes over the cached prefix, the
+    root and the nodes (filled: may attend), each row labelled with its position id (prefix + depth:
+    siblings share one)."""
+    from ..core.masks import prefix_tree_mask, rooted_ancestor_mask
+
+    mask = prefix_tree_mask(rooted_ancestor_mask(tree.ancestor_mask()), prefix)[0, 0].numpy()  # [N+1, prefix+N+1]
+    rows = ["root"] + [f"n{i}" for i in range(tree.num_nodes)]
+    positions = [prefix] + [prefix + d for d in tree.depths]
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(3.2 + 0.42 * mask.shape[1], 1.6 + 0.38 * mask.shape[0]), width_ratios=[1.0, 1.6]
+    )
+    x: dict[int, float] = {}
+    slots = 0
+
+    def place(row: int) -> float:
+        nonlocal slots
+        kids = tree.children[row]
+        x[row] = sum(place(k + 1) for k in kids) / len(kids) if kids else float(slots)
+        slots += 0 if kids else 1
+        return x[row]
+
+    place(0)
+    for i, parent in enumerate(tree.parents):
+        left.plot([x[parent + 1], x[i + 1]], [1 - tree.depths[i], -tree.depths[i]], color="0.6", lw=0.8, zorder=1)
+    left.scatter([x[0]], [0], s=220, color="black", zorder=2)
+    left.scatter(
+        [x[i + 1] for i in range(tree.num_nodes)],
+        [-d for d in tree.depths],
+        s=420,
+        color="#c6dbef",
+        edgecolors="0.3",
+        zorder=3,
+    )
+    for i, rank in enumerate(tree.ranks):
+        left.text(x[i + 1], -tree.depths[i], f"n{i}\nr{rank}", ha="center", va="center", fontsize=6.5, zorder=4)
+    left.set_xlim(-0.7, max(slots, 1) - 0.3)
+    left.set_ylim(-tree.depth - 0.5, 0.5)
+    left.set_xticks([])
+    left.set_yticks([-d for d in range(tree.depth + 1)], ["root"] + [str(d) for d in range(1, tree.depth + 1)])
+    left.set_ylabel("depth")
+    left.set_title("the tree: node n<i>, sibling rank r<k>", fontsize=9)
+    right.imshow(mask, cmap="Blues", vmin=0, vmax=1.4, aspect="equal")
+    right.set_xticks(range(mask.shape[1]), [f"p{j}" for j in range(prefix)] + rows, rotation=90, fontsize=7)
+    right.set_yticks(range(mask.shape[0]), [f"{r}  pos {p}" for r, p in zip(rows, positions)], fontsize=7)
+    right.set_xlabel("keys: the cached prefix p0.., the root, the nodes")
+    right.set_title("attention mask (filled: may attend)\nrows: queries with their position ids", fontsize=9)
+    return save(fig, path)
+
+
 def shapes_gallery(trees: Mapping[tuple[str, int], Tree], path=None, budgets: int = 3, largest: int = 16) -> plt.Figure:
     """`tree_gallery` of a sweep's trees keyed (shape, budget): each shape at up to `budgets` of its
     budgets no larger than `largest` nodes (the largest such; its smallest where it has none), so

@@ -473,11 +473,12 @@ def collection_reading(report: CollectReport) -> str:
     return text
 
 
-def grid_reading(best: pd.DataFrame, saturation: float = 0.05) -> str:
+def grid_reading(best: pd.DataFrame, ranks: pd.DataFrame | None = None, saturation: float = 0.05) -> str:
     """A markdown reading of the grid across pairs (`experiments.grid.best_per_budget`), computed
-    from it: per pair the best tree at each budget (held-out tau), the budget past which doubling
-    the tokens gains less than `saturation` of tau, and how close the best tree comes to the
-    oracle bound; then the pairs ranked at the largest budget they share."""
+    from it: per pair the best tree at each budget (held-out tau), why (with `ranks`,
+    `experiments.grid.rank_table`: how often the draft's rank-r token is the target's next), the
+    budget past which doubling the tokens gains less than `saturation` of tau, and how close the
+    best tree comes to the oracle bound; then the pairs ranked at the largest budget they share."""
     lines = []
     for pair, b in best.groupby("pair", sort=False):
         b = b.sort_values("budget")
@@ -491,6 +492,16 @@ def grid_reading(best: pd.DataFrame, saturation: float = 0.05) -> str:
             f"{_bracket(top['tau_heldout_ci_low'], top['tau_heldout_ci_high'])} with {top['best_shape']} at "
             f"{top['budget']} draft tokens. Best shape per budget: {winners}."
         )
+        mine = ranks[(ranks["pair"] == pair) & ranks["share"].notna()] if ranks is not None else pd.DataFrame()
+        if len(mine) >= 2:
+            a = mine.sort_values("rank")["share"].to_numpy()
+            line += (
+                f" The draft's top token is the target's next at {a[0]:.0%} of positions, its second at {a[1]:.0%}"
+                + (f", its third at {a[2]:.0%}" if len(a) > 2 else "")
+                + f". Under Sequoia's positional assumption a second node under the top token is accepted at about "
+                f"{a[0] ** 2:.0%} (its square), a second sibling at {a[1]:.0%}: "
+                + ("going deeper pays first." if a[0] ** 2 > a[1] else "going wider pays first.")
+            )
         gains = b["tau_heldout"].to_numpy()
         flat = next((i for i in range(1, len(gains)) if gains[i] < gains[i - 1] * (1 + saturation)), None)
         if flat is not None:

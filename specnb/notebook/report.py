@@ -40,6 +40,9 @@ from typing import Any
 
 import nbformat
 
+from . import glossary, references
+from .references import cite
+
 REPORT_SUFFIX = ".report.html"
 HIDDEN_CELL_TAGS = ("parameters", "injected-parameters")  # their values go into the parameters table
 
@@ -187,6 +190,8 @@ REPORT_NOTEBOOKS = {
 }
 REPORT_MD, REPORT_HTML = "report.md", "report.html"
 SUMMARY_FILE = "run_summary.json"  # written by the runner (`runner.SUMMARY_FILE`)
+BIBTEX = "references.bib"  # beside the report: the references for the student's own
+MASK_FIGURE = "report_tree_mask.png"  # the method's drawing of a tree and its mask, beside the report
 METRICS = (
     ("acceptance_rate", "acceptance rate (accepted / drafted)"),
     ("acceptance_length", "acceptance length (accepted tokens per target call, bonus token excluded)"),
@@ -201,7 +206,8 @@ CONVENTIONS = (
     "than 3 prompts"
 )
 METHOD = (
-    "specnb runs exact tree speculative decoding on stock Hugging Face transformers models. A draft proposes a "
+    "specnb runs exact tree speculative decoding on stock Hugging Face transformers models "
+    f"{cite('leviathan2023fast', 'chen2023accelerating', 'miao2024specinfer')}. A draft proposes a "
     "tree of N draft tokens below the last accepted token (the root). The target verifies the root and every "
     "node in **one forward pass** on top of its KV cache: each node sits at position prefix + depth and its "
     "attention mask is the whole prefix plus its own ancestors (a tree mask passed to the model's stock "
@@ -209,28 +215,42 @@ METHOD = (
     "accepted branch (greedy: the target's argmax; sampling: the lossless acceptance rule); the cache then keeps "
     "the prefix, the root and the accepted branch only, and the target's own next token (the bonus token) "
     "becomes the next root.\n\n"
-    "**Replay.** Notebook 01 collects, once per pair, the draft's top-k tokens at every position of the target's "
-    "own greedy output on each prompt. The acceptance of any tree (preset shapes, trees designed from the "
-    "data, dynamic trees) is then computed from that collection without running the models again. Because "
+    "**Replay.** Notebooks 01 and 02 collect, once per pair, the draft's top-k tokens at every position of the "
+    "target's own greedy output on each prompt. The acceptance of any tree (preset shapes, trees designed from the "
+    f"data: Sequoia's {cite('chen2024sequoia')} and Medusa-style {cite('cai2024medusa')}, dynamic trees "
+    f"{cite('li2024eagle2')}) is then computed from that collection without running the models again; a draft of "
+    f"another tokenizer {cite('timor2025heterogeneous')} is re-drafted along the target's output instead. Because "
     "replay is exact only if it agrees with real runs, 01 runs some methods end to end and compares them with "
     "their replay step by step. Trees fitted to the data (Sequoia's design, Medusa-style trees, the hindsight "
     "tree) are scored on held-out prompts: fitted on some folds of prompts, scored on the others.\n\n"
     "**Exactness.** Speculative decoding must not change the output. Every greedy output is compared with the "
     "target's own greedy output token for token. Where they differ, a numerical tie is named as one: the "
     "target's top two logits closer than the tie margin where the outputs first differ. Notebook 03 checks "
-    "every tree-attention implementation against a reference before timing it."
+    "every tree-attention implementation against a reference before timing it.\n\n"
+    f"**Prompts.** Spec-Bench's {cite('xia2024unlocking')} 13 categories, shipped with specnb."
 )
 
 
+LAST_WRITTEN = {  # the file each notebook writes last: an interactive run that has it ran to the end
+    "01_tree_shapes": "tree_results.json",
+    "02_model_pairs": "by_category.csv",
+    "03_tree_attention_timing": "cost_model.csv",
+}
+
+
 def latest_run(outputs: Path, notebook: str) -> Path | None:
-    """The newest finished run folder of `notebook` under `outputs` (by its start time, then name)."""
+    """The newest run folder of `notebook` under `outputs` (by its start time, then name) that
+    finished: under the runner (status "finished"), or interactively, cell by cell in Jupyter or
+    Colab (status "interactive"), when it holds the file the notebook writes last."""
     found = []
     for params in Path(outputs).glob(f"{notebook}/*/params.json"):
         try:
             info = json.loads(params.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if info.get("status") == "finished":
+        last = LAST_WRITTEN.get(notebook)
+        done = info.get("status") == "interactive" and last is not None and (params.parent / last).exists()
+        if info.get("status") == "finished" or done:
             found.append((str(info.get("started", "")), params.parent.name, params.parent))
     return max(found)[2] if found else None
 
@@ -399,19 +419,30 @@ def write_report(outputs: Path) -> tuple[Path, Path]:
     info = {nb: json.loads((f / "params.json").read_text()) for nb, f in runs.items() if f is not None}
     doc = _Doc(outputs)
     doc.heading(1, "Tree speculative decoding: report")
-    ran = ", ".join(f"{REPORT_NOTEBOOKS[nb]} ({info[nb].get('profile')}, {info[nb].get('started')})" for nb in info)
+    ran = ", ".join(
+        f"{REPORT_NOTEBOOKS[nb]} ({info[nb].get('profile')}, {info[nb].get('started')}"
+        + (", run interactively" if info[nb].get("status") == "interactive" else "")
+        + ")"
+        for nb in info
+    )
     doc.text(
         f"From the latest finished run of each notebook under `{outputs}`: {ran or 'none'}. "
-        "Sections: 1 Method, 2 Results, 3 Analysis, 4 Reproduce. The per-notebook appendices (every table and "
-        "figure, with the code) are linked in section 4."
+        "Sections: 1 Method, 2 Results, 3 Analysis, 4 Reproduce, 5 Limitations, 6 References, 7 Glossary. The "
+        "per-notebook appendices (every table and figure, with the code) are linked in section 4."
     )
     _method(doc, runs)
     _results(doc, runs, outputs)
     _analysis(doc, runs, outputs)
     _reproduce(doc, runs, info, outputs)
+    _limitations(doc, info)
+    doc.heading(2, "6 References")
+    doc.text(f"Cited above; as BibTeX in `{BIBTEX}` beside this report.\n\n" + references.markdown())
+    doc.heading(2, "7 Glossary")
+    doc.text(glossary.markdown())
     md = outputs / REPORT_MD
     page = outputs / REPORT_HTML
     outputs.mkdir(parents=True, exist_ok=True)
+    (outputs / BIBTEX).write_text(references.bibtex())
     md.write_text(doc.markdown())
     page.write_text(doc.html("specnb report"))
     return md, page
@@ -422,8 +453,16 @@ def _method(doc: _Doc, runs: dict[str, Path | None]) -> None:
 
     doc.heading(2, "1 Method")
     doc.text(METHOD)
+    doc.heading(3, "One verification of a tree")
+    figure = doc.outputs / MASK_FIGURE
+    _draw_mask(figure)
+    doc.figure(
+        figure,
+        "a tree of 6 draft tokens and the mask of its one verification: each node attends to the cached prefix, "
+        "the root and its own ancestors; siblings share a position id (prefix + depth)",
+    )
     f = runs["01_tree_shapes"]
-    if f is not None:
+    if f is not None and (f / "trees.png").exists():
         doc.heading(3, "The trees measured")
         doc.figure(
             f / "trees.png",
@@ -471,6 +510,16 @@ def _method(doc: _Doc, runs: dict[str, Path | None]) -> None:
             )
             lines.append(f"- 03, tree attention against the reference (max abs error): {parts}")
     doc.text("\n".join(lines))
+
+
+def _draw_mask(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from ..core.trees import Tree
+    from . import plots
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plt.close(plots.tree_mask(Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]), 3, path))
 
 
 def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
@@ -717,7 +766,7 @@ def _analysis(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
     else:
         best = _csv(f, "grid_best.csv")
         if best is not None and len(best):
-            _reading(doc, "02's grid", lambda: readings.grid_reading(best))
+            _reading(doc, "02's grid", lambda: readings.grid_reading(best, _csv(f, "grid_ranks.csv")))
         table, versus = _csv(f, "pairs_methods.csv"), _csv(f, "versus_transformers.csv")
         _reading(doc, "02's reading", lambda: readings.pairs_reading(table, versus))
         by_category = _csv(f, "by_category.csv")
@@ -830,18 +879,104 @@ def _reproduce(doc: _Doc, runs: dict[str, Path | None], info: dict[str, dict], o
         doc.table(table, f"{nb}: parameters (params.json in its run folder)")
 
 
+BRIEF_PAIRS = ("Llama-2-7b", "Llama-3.2-3B")  # the brief's targets (a 7B and a 3B Llama in 4-bit, on a T4)
+
+
+def _limitations(doc: _Doc, info: dict[str, dict]) -> None:
+    """What the runs cannot say, read from their records: the device, the models against the
+    brief's, the prompts and tokens each notebook ran, and what replay does not cover."""
+    doc.heading(2, "5 Limitations")
+    lines = []
+    devices = sorted({str(i.get("environment", {}).get("device")) for i in info.values()} - {"None"})
+    if devices:
+        gpu = any(d.startswith("cuda") for d in devices)
+        lines.append(
+            f"- Device: {', '.join(devices)}. "
+            + (
+                "Speeds are this GPU's; a T4 differs."
+                if gpu
+                else "A CPU: wall-clock speed-ups here say nothing about a GPU, where a verify of N tokens costs "
+                "little more than one decoded token until the GPU saturates (notebook 03's curve shows this "
+                "machine's); acceptance (rate, length, tau) does not depend on the device."
+            )
+        )
+    models = sorted(
+        {str(p.get(k)) for i in info.values() for p in _pairs_of(i) for k in ("target", "draft") if p.get(k)}
+    )
+    if models:
+        brief = any(b in m for m in models for b in BRIEF_PAIRS)
+        lines.append(
+            f"- Models: {', '.join(models)}. "
+            + (
+                "These are the brief's Llama models."
+                if brief
+                else "Not the brief's Llama pairs (no model hub here): the embedded stand-ins of the same kinds "
+                "(a smaller model of the family, a draft of another tokenizer, a quantized self-draft); the t4 "
+                "profile runs the brief's pairs on Colab."
+            )
+        )
+    for nb, i in info.items():
+        p = i.get("parameters", {})
+        if p.get("max_prompts") and p.get("max_new_tokens"):
+            lines.append(
+                f"- {REPORT_NOTEBOOKS.get(nb, nb)}: {p['max_prompts']} prompts x {p['max_new_tokens']} new tokens "
+                "(intervals over prompts say how far the values could move with other prompts of the same kind)."
+            )
+    lines.append(
+        "- Greedy decoding throughout the grid: replay is exact for greedy outputs; sampled acceptance is tested "
+        "statistically in the test suite, not tabled here."
+    )
+    doc.text("\n".join(lines))
+
+
+def _pairs_of(info: dict) -> list[dict]:
+    """The pairs a run's parameters name: 02's list, or 01's and 03's one pair."""
+    p = info.get("parameters", {})
+    return list(p.get("pairs") or []) + (
+        [{"target": p.get("target"), "draft": p.get("draft")}] if p.get("target") else []
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m specnb.notebook.report", description=__doc__.split("\n")[0])
     ap.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
+    ap.add_argument(
+        "--example",
+        type=Path,
+        default=None,
+        help="also copy the report (markdown, its figures, references.bib) into this folder, e.g. docs/example",
+    )
     args = ap.parse_args(argv)
     outputs = args.outputs or Path(os.environ.get("SPECNB_OUTPUTS") or Path(__file__).resolve().parents[2] / "outputs")
     outputs = outputs.expanduser()
     write_index(outputs)
     md, page = write_report(outputs)
     print(f"{page}\n{md}")
+    if args.example is not None:
+        print(copy_example(outputs, args.example))
     return 0
+
+
+def copy_example(outputs: Path, folder: Path) -> Path:
+    """The report's markdown, the figures it shows (at their relative paths) and references.bib,
+    copied into `folder` (emptied first): a report one can read in the repository, small."""
+    import re
+    import shutil
+
+    folder = Path(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    text = (outputs / REPORT_MD).read_text()
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+        target = folder / link
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(outputs / link, target)
+    shutil.copyfile(outputs / BIBTEX, folder / BIBTEX)
+    (folder / REPORT_MD).write_text(text)
+    return folder / REPORT_MD
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+"""Every term specnb's tables and readings use, defined once, for the report's glossary (`markdown`)."""
+
+from __future__ import annotations
+
+TERMS: dict[str, str] = {
+    "draft -> target pair": "the small model that proposes tokens (draft) and the large model whose output is kept "
+    "(target); `[4bit]` marks a model quantized to 4 bits, `[:N layers]` a draft cut to its first N layers",
+    "budget (N)": "draft tokens per tree: the nodes the target verifies in one call, besides the root",
+    "shape": "how a tree of N nodes is arranged (`core.trees.Tree`): chain (one path), wide (N children of the "
+    "root), kary<k> (the first N nodes, level by level, of the complete k-ary tree), beams<k> (k chains from the "
+    "draft's top-k first tokens, SpecInfer-style), sparse (Medusa-style: the N nodes with the largest product of a "
+    "fixed per-rank acceptance along their path); your own trees and shape rules (`custom_trees`)",
+    "rank": "a node's place among its siblings by the draft's probability (0: the draft's most likely token)",
+    "acceptance rate": "accepted draft tokens / drafted tokens",
+    "acceptance length": "accepted draft tokens per target call (verification step), the bonus token excluded",
+    "tau": "tokens per target call, the bonus token included (1 + acceptance length, except where EOS cut a step)",
+    "bonus token": "the target's own next token after the accepted branch: every step yields it, speculation or not",
+    "run trajectory": "the positions a real run with that tree visits (it skips the positions inside accepted "
+    "branches): what a run measures; the rows of the tables are on it",
+    "tau_all": "tau averaged over every position of the target's output instead of the run trajectory; defined for "
+    "any tree, so trees can be compared on the same positions",
+    "replay": "the acceptance of any tree computed from one collection (the target's greedy output and the draft's "
+    "ranks of it), without running the models again; exact under greedy decoding, checked against real runs",
+    "re-drafted": "a pair of two tokenizers has no draft rank of the target's tokens: each tree is drafted again along "
+    "the target's output, in the draft's own tokens (exact too, at the cost of the draft's forwards)",
+    "xtok": "drafting across tokenizers: the draft's paths re-encoded into one tree of target tokens",
+    "hf_uag": "transformers' universal assisted generation: a draft of another tokenizer, a chain per step",
+    "hf_assisted, hf_prompt_lookup": "transformers' own assisted generation and prompt lookup, run beside specnb",
+    "super-tree": "the draft's top nodes by cumulative probability at a position (super_k children per node, "
+    "super_depth levels): every dynamic tree of a budget is a subtree of it",
+    "dynamic": "an EAGLE-2-style tree rebuilt every step: the N nodes of highest cumulative draft probability",
+    "sequoia": "the tree Sequoia's dynamic programme designs from the measured acceptance per sibling rank",
+    "medusa": "the tree Medusa's search designs from the measured acceptance per depth and rank",
+    "hindsight": "the static tree with the most accepted tokens over every position of these very prompts: "
+    "in-sample, the ceiling of static trees' tau_all, not a tree to deploy",
+    "oracle": "a bound, not a tree: at each position the longest accepted prefix whose draft ranks are all below K "
+    "(top_k), capped at N; no tree of N nodes from the draft's top-K children accepts more there",
+    "fitted, held out": "a design fitted to the prompts it is scored on flatters itself; held-out tau scores each "
+    "prompt with trees fitted on the other folds of prompts (k-fold, seeded)",
+    "95% interval": "x [low, high]: the percentile bootstrap over prompts (2000 resamples); none below 3 prompts",
+    "verify cost": "the target's time for one call verifying N nodes, over its time for one decoded token",
+    "speed-up": "tokens/s of a method over the target alone, measured in the same run (wall clock)",
+    "pays off / cannot tell": "a predicted or measured speed-up whose 95% interval lies above 1 (pays off), below 1 "
+    "(slower), or straddles 1 (cannot tell)",
+    "per_sequence_over_tree": "time of one attention call per root-to-leaf sequence over one tree-masked call: how "
+    "much the tree mask saves (above 1: the tree call is faster)",
+    "mask_overhead": "a tree-masked call's time over plain causal attention on the same number of tokens (1: free)",
+    "greedy_equal, greedy_ties, greedy_mismatches": "outputs equal to the target's own greedy output; those that "
+    "differ only where the target's top two logits are within the tie margin (numerical); those that differ "
+    "otherwise (bugs)",
+    "lossy": "a rule that changes the output distribution (Medusa's typical acceptance); labelled wherever it appears",
+}
+
+
+def markdown() -> str:
+    """The glossary as markdown bullets, in the order above."""
+    return "\n".join(f"- **{term}**: {meaning}" for term, meaning in TERMS.items())
