@@ -80,24 +80,29 @@ def depth_acceptance(depths: pd.DataFrame, path=None) -> plt.Figure:
     return save(fig, path)
 
 
-def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Figure:
-    """The tree, root at the top; each node coloured and labelled by how often it was accepted."""
-    # x: leaves spread evenly in depth-first order, parents centred over their children
+def _layout(tree: Tree) -> tuple[dict[int, float], int]:
+    """x of each row of `tree.children` (0 = the root, i + 1 = node i) and the number of leaf slots:
+    leaves spread evenly in depth-first rank order, a parent centred over its children."""
     x: dict[int, float] = {}
-    order = 0.0
+    slots = 0
 
     def place(row: int) -> float:
-        nonlocal order
+        nonlocal slots
         kids = tree.children[row]
-        if not kids:
-            pos, order = order, order + 1.0
+        if kids:
+            x[row] = sum(place(k + 1) for k in kids) / len(kids)
         else:
-            pos = sum(place(k + 1) for k in kids) / len(kids)
-        x[row] = pos
-        return pos
+            x[row], slots = float(slots), slots + 1
+        return x[row]
 
     place(0)
-    width = max(order, 1.0)
+    return x, slots
+
+
+def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Figure:
+    """The tree, root at the top; each node coloured and labelled by how often it was accepted."""
+    x, slots = _layout(tree)
+    width = max(float(slots), 1.0)
     fig, ax = plt.subplots(figsize=(min(max(6.0, 2 + 0.45 * width), 18), min(2.0 + 0.6 * max(tree.depth, 1), 10.0)))
     cmap = plt.get_cmap("viridis")
     for i, parent in enumerate(tree.parents):
@@ -151,24 +156,7 @@ def tree_gallery(trees: Mapping[str, Sequence[Tree]], path=None) -> plt.Figure:
         raise ValueError(f"tree_gallery needs at least one tree per name, got {[(n, len(r)) for n, r in rows]}")
     leaf, depth_in, title_char = 0.2, 0.3, 0.064  # inches per leaf slot, per depth level, per title character
 
-    def layout(tree: Tree) -> tuple[dict[int, float], int]:
-        """x of each row of `tree.children` (0 = the root, i + 1 = node i) and the number of leaf slots."""
-        x: dict[int, float] = {}
-        slots = 0
-
-        def place(row: int) -> float:
-            nonlocal slots
-            kids = tree.children[row]
-            if kids:
-                x[row] = sum(place(k + 1) for k in kids) / len(kids)
-            else:
-                x[row], slots = float(slots), slots + 1
-            return x[row]
-
-        place(0)
-        return x, slots
-
-    layouts = [[layout(t) for t in row] for _, row in rows]
+    layouts = [[_layout(t) for t in row] for _, row in rows]
     titles = [
         [f"{name}, {t.num_nodes} node{'' if t.num_nodes == 1 else 's'}, depth {t.depth}" for t in row]
         for name, row in rows
@@ -240,17 +228,7 @@ def tree_mask(tree: Tree, prefix: int = 3, path=None) -> plt.Figure:
     fig, (left, right) = plt.subplots(
         1, 2, figsize=(3.2 + 0.42 * mask.shape[1], 1.6 + 0.38 * mask.shape[0]), width_ratios=[1.0, 1.6]
     )
-    x: dict[int, float] = {}
-    slots = 0
-
-    def place(row: int) -> float:
-        nonlocal slots
-        kids = tree.children[row]
-        x[row] = sum(place(k + 1) for k in kids) / len(kids) if kids else float(slots)
-        slots += 0 if kids else 1
-        return x[row]
-
-    place(0)
+    x, slots = _layout(tree)
     for i, parent in enumerate(tree.parents):
         left.plot([x[parent + 1], x[i + 1]], [1 - tree.depths[i], -tree.depths[i]], color="0.6", lw=0.8, zorder=1)
     left.scatter([x[0]], [0], s=220, color="black", zorder=2)
