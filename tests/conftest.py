@@ -21,6 +21,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from specnb.notebook import report
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # notebook runs in the tests: a cell that runs past this fails its run with a clear error
@@ -107,7 +109,6 @@ def no_logged_deprecations():
     assert not handler.seen, f"transformers logged a deprecation for specnb's call: {handler.seen[0][:300]}"
 
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 REQUIRE_CHROMIUM = "SPECNB_REQUIRE_CHROMIUM"  # set by .ci/run, which installs Debian's chromium
 
 
@@ -116,11 +117,11 @@ def chromium() -> str:
     """Headless Chromium's executable for the render tests. Without one they skip, except where
     SPECNB_REQUIRE_CHROMIUM=1 (CI): there a missing browser fails them, so a render test never
     silently stops running."""
-    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    browser = report.chromium()
     if browser is None and os.environ.get(REQUIRE_CHROMIUM) == "1":
-        pytest.fail(f"{REQUIRE_CHROMIUM}=1 but no Chromium on PATH ({', '.join(BROWSERS)}): .ci/run installs it")
+        pytest.fail(f"{REQUIRE_CHROMIUM}=1 but no Chromium on PATH ({', '.join(report.BROWSERS)}): .ci/run installs it")
     if browser is None:
-        pytest.skip(f"no headless Chromium here (none of {', '.join(BROWSERS)} on PATH)")
+        pytest.skip(f"no headless Chromium here (none of {', '.join(report.BROWSERS)} on PATH)")
     return browser
 
 
@@ -303,7 +304,8 @@ def smoke(tmp_path_factory):
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
 
     start = time.perf_counter()
-    others = [a for nb in runner.notebooks() if nb.stem != SMOKE_RAY_NOTEBOOK for a in ("--notebook", nb.stem)]
+    last = (SMOKE_RAY_NOTEBOOK, runner.REPORT_NOTEBOOK)  # the report reads 01-03: it runs after them
+    others = [a for nb in runner.notebooks() if nb.stem not in last for a in ("--notebook", nb.stem)]
     proc = run(*others)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # one actor: it loads the pair once and collects both prompts (two would each load it, on a
@@ -315,6 +317,8 @@ def smoke(tmp_path_factory):
         (outputs / "smoke-ray-error.txt").write_text(error)
         shutil.rmtree(outputs / SMOKE_RAY_NOTEBOOK)
         proc = run("--notebook", SMOKE_RAY_NOTEBOOK)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run("--notebook", runner.REPORT_NOTEBOOK)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return outputs, time.perf_counter() - start
 

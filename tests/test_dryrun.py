@@ -296,7 +296,9 @@ def test_t4_dryrun_runs_the_t4_code_paths(t4_dryrun):
         folders[nb.stem] = folder = next((outputs / nb.stem).iterdir())
         params = json.loads((folder / "params.json").read_text())
         assert params["status"] == "finished" and params["profile"] == "t4-dryrun", params.get("error")
-        assert params["parameters"]["model_dtype"] == "float16" and params["runner"]["standins"]
+        assert params["runner"]["standins"]
+        if nb.stem != "07_report":  # the report loads no model
+            assert params["parameters"]["model_dtype"] == "float16"
 
     # notebook 02: the brief's three pairs measured; across tokenizers, the shared-vocabulary method
     # refused for that reason and the cross-tokenizer methods run

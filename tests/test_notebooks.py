@@ -72,7 +72,7 @@ def test_smoke_profile_runs_every_notebook(smoke):
         params = json.loads((folder / "params.json").read_text())
         assert params["status"] == "finished" and params["profile"] == "smoke"
         assert params["environment"]["packages"]["torch"]
-        if nb.stem != "03_tree_attention_timing":  # the others say which prompts they ran on (03 runs none)
+        if nb.stem not in ("03_tree_attention_timing", "07_report"):  # the others say which prompts they ran on
             said = params.get("prompts") or params.get("test_prompts")
             assert said and said["count"] == sum(said["per_category"].values()) > 0, params.keys()
         assert (folder / f"{nb.stem}.ipynb").exists() and (folder / f"{nb.stem}.html").stat().st_size > 10_000
@@ -82,6 +82,25 @@ def test_smoke_profile_runs_every_notebook(smoke):
         assert not illegible, f"figures a reader cannot use (notebook.legibility): {illegible}"
     index = (outputs / "index.md").read_text()
     assert all(nb.stem in index for nb in NOTEBOOKS) and (outputs / "index.html").exists()
+
+
+def test_the_smoke_run_ends_in_a_report_whose_analysis_the_tables_bear_out(smoke):
+    """07 after 01-03 of the smoke run: outputs/report.* published from real runs, no notebook missing,
+    every section, and every number of the drafted analysis in one of the report's tables."""
+    import re
+
+    outputs, _ = smoke
+    text = (outputs / "report.md").read_text()
+    assert (outputs / "report.html").exists() and (outputs / "report.ipynb").exists()
+    assert re.findall(r"^## (.+)$", text, flags=re.M)[:3] == ["1 Method", "2 Results", "3 Analysis"]
+    assert "did not run" not in text
+    analysis = text.split("## 3 Analysis")[1].split("## 4 Reproduce")[0]
+    for heading in ("Which shape wins, and why", "Where adding draft tokens stops paying", "What tree attention costs"):
+        assert f"**{heading}" in analysis, heading
+    tables = "\n".join(line for line in text.splitlines() if line.startswith("|"))
+    cells = set(re.findall(r"\d+(?:\.\d+)?%?", tables))
+    said = re.findall(r"(?<![\w.-])\d+(?:\.\d+|%)", analysis)  # not inside a model name
+    assert said and [n for n in said if n not in cells] == [], "numbers of the analysis in no table"
 
 
 def test_smoke_runs_say_which_prompts_they_ran_on(smoke):
@@ -558,7 +577,7 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
         changed = {k for k in t4[stem] if t4[stem][k] != dry[stem][k]} - {"profile"}
         assert changed <= sizes, f"{stem}: t4-dryrun changes {sorted(changed - sizes)}"
     assert dry["02_model_pairs"]["pairs"] == t4["02_model_pairs"]["pairs"]
-    assert all(p["model_dtype"] == "float16" for p in dry.values())
+    assert all(p["model_dtype"] == "float16" for p in dry.values() if "target" in p)  # 07 loads no model
     settings = runner.runner_settings("t4-dryrun")
     assert settings.standins and dict(settings.env)["HF_HUB_OFFLINE"] == "1"
     assert runner.runner_settings("t4") == runner.RunnerSettings()

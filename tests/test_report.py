@@ -1,6 +1,9 @@
-"""outputs/report.md and report.html from fake run folders of 01, 02 and 03 (small CSVs, no models):
-the four sections in order, whole tables, a notebook that did not run said so, a self-contained page;
-the course profile; the time estimate scaled by a given decode step and recorded by the runner."""
+"""The course report: notebook 07 run by the runner on fake run folders of 01, 02 and 03 (small CSVs,
+no models), published as outputs/report.ipynb and exported (report.md, report.html, report.pdf): every
+section in order, whole tables, the drafted analysis as markdown whose numbers are in the tables, a
+student's edit exported by one command and never overwritten, a notebook that did not run said so, a
+self-contained page that fits an A4 width; the course profile; the time estimate scaled by a given
+decode step and recorded by the runner."""
 
 import json
 import re
@@ -10,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from specnb.notebook import estimate, runner
-from specnb.notebook.report import BIBTEX, LAST_WRITTEN, latest_run, pivot, write_report
+from specnb.notebook.report import BIBTEX, DRAFT_MARK, LAST_WRITTEN, Report, latest_run, pivot
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = bytes.fromhex(
@@ -224,25 +228,56 @@ def sections(text: str) -> list[str]:
     return re.findall(r"^## (.+)$", text, flags=re.M)
 
 
-def test_report_from_fake_runs_has_the_four_sections_and_whole_tables(tmp_path):
-    fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
-    md, page = write_report(tmp_path)
-    text, html = md.read_text(), page.read_text()
+def write_report(outputs: Path, **runs: str) -> dict[str, Path]:
+    """07 through the runner on the runs under `outputs`: outputs/report.ipynb published and exported."""
+    assert runner.run("cpu", runs, [], [runner.REPORT_NOTEBOOK], outputs) == 0
+    return {suffix: outputs / f"report{suffix}" for suffix in (".ipynb", ".md", ".html", ".pdf")}
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """Fake runs of 01, 02 and 03, and 07 run on them by the runner (one kernel for the module)."""
+    outputs = tmp_path_factory.mktemp("report")
+    fake_01(outputs), fake_02(outputs), fake_03(outputs)
+    return outputs, write_report(outputs)
+
+
+def test_report_from_fake_runs_has_every_section_and_whole_tables(full):
+    outputs, files = full
+    text, html = files[".md"].read_text(), files[".html"].read_text()
     assert sections(text) == SECTIONS
     for needle in ("acceptance length", "bonus token **excluded**", "bonus token **included**", "9/9 steps identical"):
         assert needle in text
     # references cited in the method and listed, with BibTeX beside the report; every table term defined
     method = text.split("## 1 Method")[1].split("## 2 Results")[0]
     listed = text.split("## 6 References")[1].split("## 7 Glossary")[0]
-    for label in ("Miao et al. 2024", "Leviathan et al. 2023", "Chen et al. 2024", "Li et al. 2024b"):
+    for label in (
+        "Miao et al. 2024",
+        "Leviathan et al. 2023",
+        "Chen et al. 2024",
+        "Li et al. 2024b",
+        "Xia et al. 2024",
+    ):
         assert label in method and f"[{label}]" in listed, label
-    bib = (tmp_path / BIBTEX).read_text()
+    bib = (outputs / BIBTEX).read_text()
     assert bib.count("@inproceedings{") + bib.count("@article{") == len(re.findall(r"^- \[", listed, flags=re.M)) >= 9
     assert "doi.org/10.1145/3620666.3651335" in bib and "arxiv.org/abs/2211.17192" in bib
     glossary = text.split("## 7 Glossary")[1]
     for term in ("tau_all", "run trajectory", "super-tree", "hindsight", "oracle", "xtok", "hf_uag", "pays off"):
         assert f"**{term}" in glossary or f", {term}" in glossary or f"{term}**" in glossary, term
-    assert "One verification of a tree" in method and "siblings share a position id" in method
+    # the method: the mask figure, each shape, the acceptance rules, replay, held-out scoring, timing
+    for needle in (
+        "One verification of a tree",
+        "siblings share a position id",
+        "**`beams<k>`**",
+        "multi-round rejection",
+        "Replay, and why it is exact",
+        "Held-out scoring",
+        "**flex**, FlexAttention",
+        "25th and 75th percentiles",
+    ):
+        assert needle in method, needle
+    assert re.search(r"!\[[^\]]*\]\(report_files/[^)]+\.png\)", method), "the mask figure in the method"
     limits = text.split("## 5 Limitations")[1].split("## 6 References")[0]
     assert "cpu (2 cores)" in limits and "40 new tokens" not in limits  # the fakes name no prompts count
     assert "| shape | 2 | 4 | 8 | 16 | 32 |" in text
@@ -254,32 +289,80 @@ def test_report_from_fake_runs_has_the_four_sections_and_whole_tables(tmp_path):
     assert "02: a -> b (same tokenizer)" in text and "02: c -> b (other tokenizer)" in text
     assert "| chain | 2.20 [2.15, 2.25] | 2.40 [2.35, 2.45] |" in text
     assert "sequoia: not measurable across tokenizers: because." in text
-    assert "the best tree per budget, per pair" in text and "highest held-out tau 2.40 [2.35, 2.45]" in text
+    assert "the best tree per budget, per pair" in text and "| 4 | chain | 2.40 [2.35, 2.45] |" in text
     # tree attention as the brief frames it: one tree call against one call per sequence
     assert "speed-up of one tree call over one call per sequence" in text
-    assert "| 1 | 256 | 2.0 | 8.0 |" in text and "| 4 | 1024 | 0.5 | 2.0 |" in text
-    assert "from 0.50x (batch 4" in text and "to 8.00x (batch 1" in text
-    assert "the speed-up grows with draft tokens" in text and "shrinks with batch size" in text
+    assert "| 1 | 256 | 2.00 | 8.00 |" in text and "| 4 | 1024 | 0.50 | 2.00 |" in text
+    # the analysis: paragraphs across pairs, computed from the tables
+    analysis = text.split("## 3 Analysis")[1].split("## 4 Reproduce")[0]
+    for needle in (
+        "**Which shape wins, and why.** With 2 draft tokens the best tree (held-out tau) is",
+        "**Where adding draft tokens stops paying.**",
+        "**How the pairs differ.** With 4 draft tokens the pairs rank",
+        "0.50x as fast at batch 4, prefix 256, 8 draft tokens and 8.00x at batch 1, prefix 256, 32 draft tokens",
+        "grows with draft tokens (1.25 -> 5.00)",
+        "stays at 2.00 across prefix length",
+        "shrinks with batch size (5.00 -> 1.25)",
+    ):
+        assert needle in analysis, needle
     assert "did not run" not in text
     assert "abcdef123456" in text and "400" in text, "commit and decode step in reproduce"
     assert "..." not in text.split("## 2 Results")[1].split("## 3 Analysis")[0], "nothing cut in the results"
-    assert "<h2" in html and html.count("data:image/png;base64,") >= 2
+    # the HTML: no code, every figure inlined, nothing fetched
+    assert "report.show(" not in html and "start_run" not in html and "run_01" not in html
     images = re.findall(r"<img[^>]+src=\"([^\"]+)\"", html)
-    assert images and all(src.startswith("data:image/png;base64,") for src in images)
-    assert not re.search(r"(src|href)=\"(https?:|file:)", html), "self-contained: nothing fetched"
+    assert len(images) >= 3 and all(src.startswith("data:image/png;base64,") for src in images)
+    assert not re.search(r"<(img|script|link)[^>]+(src|href)=\"(https?:|file:)", html), "self-contained"
+
+
+def test_the_published_report_is_a_notebook_the_student_edits(full):
+    """report.ipynb: no parameter or set-up cells; the drafted analysis is markdown to rewrite, the
+    method markdown; the tables and figures are the outputs of code cells."""
+    import nbformat
+
+    outputs, files = full
+    nb = nbformat.read(files[".ipynb"], as_version=4)
+    tags = [set(c.metadata.get("tags", [])) for c in nb.cells]
+    assert not any(t & {"parameters", "injected-parameters", "notebook-only"} for t in tags)
+    drafts = [c for c in nb.cells if "draft" in c.metadata.get("tags", [])]
+    assert len(drafts) == 1 and drafts[0].cell_type == "markdown"
+    assert drafts[0].source.startswith(DRAFT_MARK) and "**How the pairs differ.**" in drafts[0].source
+    assert any(c.cell_type == "markdown" and c.source.startswith("## 1 Method") for c in nb.cells)
+    shown = [c for c in nb.cells if c.cell_type == "code"]
+    assert shown and all(c.outputs for c in shown), "every code cell left shows something"
+
+
+def test_every_number_of_the_drafted_analysis_is_in_a_table_of_the_report(full):
+    _, files = full
+    text = files[".md"].read_text()
+    analysis = text.split("## 3 Analysis")[1].split("## 4 Reproduce")[0]
+    tables = "\n".join(line for line in text.splitlines() if line.startswith("|"))
+    cells = set(re.findall(r"\d+(?:\.\d+)?%?", tables))
+    said = re.findall(r"(?<![\w.-])\d+(?:\.\d+|%)", analysis)  # not inside a model name
+    assert said, "the analysis says no number"
+    assert [n for n in said if n not in cells] == [], "numbers of the analysis in no table"
+
+
+def test_the_report_prints_to_pdf_where_a_headless_chromium_is(full, chromium):
+    _, files = full
+    pdf = files[".pdf"]
+    assert pdf.exists() and pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 20_000
+    assert len(re.findall(rb"/Type\s*/Page[^s]", pdf.read_bytes())) >= 3, "several pages"
 
 
 def test_a_notebook_that_did_not_run_is_said_so(tmp_path):
     fake_01(tmp_path)
     run_folder(tmp_path, "02_model_pairs", status="failed")  # a failed run is not a result
-    md, _ = write_report(tmp_path)
-    text = md.read_text()
-    assert sections(text) == SECTIONS
+    text = Report(tmp_path).text(*[p for p in Report.PARTS if p != "tree_mask"])
     assert (
         text.count("**02 model pairs did not run**") == 3  # the grid, the methods, the analysis
         and text.count("**03 tree-attention timing did not run**") == 2
     )
     assert "| 02_model_pairs | did not run |" in text
+    with pytest.raises(FileNotFoundError, match="holds no params.json"):
+        Report(tmp_path, {"02_model_pairs": str(tmp_path / "nowhere")})
+    with pytest.raises(ValueError, match="no report part"):
+        Report(tmp_path).text("results")
 
 
 def test_latest_finished_run_is_read(tmp_path):
@@ -289,6 +372,7 @@ def test_latest_finished_run_is_read(tmp_path):
     (new / "params.json").write_text(json.dumps(info | {"started": "2026-11-27 10:00:00"}))
     run_folder(tmp_path, "01_tree_shapes", "cpu-c", status="running")
     assert latest_run(tmp_path, "01_tree_shapes") == new != old
+    assert Report(tmp_path, {"01_tree_shapes": str(old)}).runs["01_tree_shapes"] == old, "a run named is read"
 
 
 def test_an_interactive_run_that_ran_to_the_end_is_read_and_labelled(tmp_path):
@@ -301,9 +385,7 @@ def test_an_interactive_run_that_ran_to_the_end_is_read_and_labelled(tmp_path):
     assert latest_run(tmp_path, "02_model_pairs") == finished
     (halfway / LAST_WRITTEN["02_model_pairs"]).write_text("category\n")
     assert latest_run(tmp_path, "02_model_pairs") == halfway
-    fake_02(tmp_path / "other")
-    text = write_report(tmp_path)[0].read_text()
-    assert "02 model pairs (cpu, 2026-11-27 10:00:00, run interactively)" in text
+    assert "02 model pairs (cpu, 2026-11-27 10:00:00, run interactively)" in Report(tmp_path).text("sources")
 
 
 def test_pivot_keeps_every_row_and_intervals():
@@ -321,24 +403,26 @@ def test_pivot_keeps_every_row_and_intervals():
     assert p.iloc[0].tolist() == ["b", "1.50 [1.40, 1.60]", "1.70 [1.60, 1.80]"] and p.iloc[1, 1] == "1.20"
 
 
-def test_report_renders_in_headless_chromium(chromium, tmp_path):
+def test_report_renders_in_headless_chromium(full, chromium, tmp_path):
+    """On screen and at the width of an A4 page: nothing runs past the window (no table cut at the
+    page's edge), every figure shows."""
     from test_notebooks import render
 
-    fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
-    _, page = write_report(tmp_path)
-    seen = render(page, chromium, tmp_path / "report.png", width=900)
-    assert seen["images"] >= 2 and seen["broken"] == [] and seen["text"] > 2000, seen
-    assert seen["overflow"] <= 0, f"the report runs {seen['overflow']} px past a 900 px window: {seen}"
+    _, files = full
+    for width in (900, 794):
+        seen = render(files[".html"], chromium, tmp_path / f"report-{width}.png", width=width)
+        assert seen["images"] >= 3 and seen["broken"] == [] and seen["text"] > 2000, seen
+        assert seen["overflow"] <= 0, f"the report runs {seen['overflow']} px past a {width} px window: {seen}"
     from PIL import Image
 
-    pixels = np.asarray(Image.open(tmp_path / "report.png").convert("L"))
+    pixels = np.asarray(Image.open(tmp_path / "report-900.png").convert("L"))
     assert (pixels < 200).mean() > 0.02, "the report's screenshot is blank"
 
 
 def test_course_profile_runs_01_to_03_with_cpu_values_here(monkeypatch):
     monkeypatch.setattr(runner, "auto_profile", lambda: "cpu")
     settings = runner.runner_settings("course")
-    assert settings.notebooks == ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
+    assert settings.notebooks == ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing", "07_report")
     assert runner.load_profile("course") == runner.load_profile("cpu")
     assert runner.profile_chain("course") == ["course", "cpu"]
     monkeypatch.setattr(runner, "auto_profile", lambda: "t4")
@@ -397,22 +481,50 @@ def test_runner_records_the_estimate_and_the_actual_time(tmp_path, monkeypatch, 
     assert timing["actual_s"] > 0 and timing["decode_ms"] == 2 * estimate.REFERENCES["cpu"].decode_ms
     summary = json.loads((tmp_path / "out" / runner.SUMMARY_FILE).read_text())
     assert summary["runs"]["01_tree_shapes"]["estimate_s"] == timing["estimate_s"]
-    assert (tmp_path / "out" / "report.html").exists() and "did not run" in (tmp_path / "out" / "report.md").read_text()
+    assert "--notebook 07_report (after 01-03)" in said and not (tmp_path / "out" / "report.html").exists()
 
 
-def test_report_command_writes_both_files(tmp_path):
-    fake_01(tmp_path)
+def test_the_report_command_exports_the_students_edit_and_publish_keeps_it(full, tmp_path):
+    """Edit report.ipynb's markdown, export with one command: the edit is in report.md and .html.
+    07 published again keeps the edited notebook beside the new one, never overwrites it."""
+    import shutil
+
+    import nbformat
+
+    from specnb.notebook.report import publish
+
+    source, _ = full
+    outputs = tmp_path / "outputs"
+    shutil.copytree(source, outputs)
+    nb = nbformat.read(outputs / "report.ipynb", as_version=4)
+    draft = next(c for c in nb.cells if "draft" in c.metadata.get("tags", []))
+    draft.source = "My own analysis: the chain wins at 4 draft tokens."
+    nbformat.write(nb, outputs / "report.ipynb")
     proc = subprocess.run(
-        [sys.executable, "-m", "specnb.notebook.report", "--outputs", str(tmp_path)],
+        [sys.executable, "-m", "specnb.notebook.report", "--outputs", str(outputs)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (
-        (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists() and (tmp_path / "index.md").exists()
+    for name in ("report.md", "report.html"):
+        assert "My own analysis: the chain wins" in (outputs / name).read_text(), name
+    assert (outputs / "index.md").exists()
+    (executed,) = (outputs / runner.REPORT_NOTEBOOK).glob("*/07_report.ipynb")
+    publish(executed, outputs)
+    (kept,) = outputs.glob("report.edited-*.ipynb")
+    assert "My own analysis" in kept.read_text() and "My own analysis" not in (outputs / "report.md").read_text()
+    publish(executed, outputs)  # not edited since: replaced, nothing more kept
+    assert len(list(outputs.glob("report.edited-*.ipynb"))) == 1
+    missing = subprocess.run(
+        [sys.executable, "-m", "specnb.notebook.report", "--outputs", str(tmp_path / "empty")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    assert missing.returncode == 2 and "--notebook 07_report" in missing.stderr
 
 
 def test_notebooks_display_tables_whole():
@@ -425,14 +537,13 @@ def test_notebooks_display_tables_whole():
     assert "s0<" in shown and "s35<" in shown and "s69<" in shown and "..." not in shown
 
 
-def test_the_example_copy_holds_the_report_and_every_figure_it_shows(tmp_path):
+def test_the_example_copy_holds_the_report_and_every_figure_it_shows(full, tmp_path):
     from specnb.notebook.report import copy_example
 
-    fake_01(tmp_path), fake_02(tmp_path), fake_03(tmp_path)
-    write_report(tmp_path)
-    example = copy_example(tmp_path, tmp_path / "example")
+    outputs, files = full
+    example = copy_example(outputs, tmp_path / "example")
     text = example.read_text()
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert links and all((example.parent / link).is_file() for link in links)
-    assert (example.parent / BIBTEX).read_text() == (tmp_path / BIBTEX).read_text()
-    assert text == (tmp_path / "report.md").read_text()
+    assert (example.parent / BIBTEX).read_text() == (outputs / BIBTEX).read_text()
+    assert text == files[".md"].read_text()

@@ -175,7 +175,8 @@ def test_the_t4_profile_fits_a_t4():
     resolved = resolve("t4", {}, [], notebooks(), PROFILES)
     for notebook, params in resolved.items():
         memory = estimate_run(notebook, params, device="cuda")
-        assert memory.weights > 2e9 and memory.total < T4_MEMORY, memory.describe()
+        loads_models = notebook != "07_report"  # the report reads the runs' tables only
+        assert (memory.weights > 2e9) == loads_models and memory.total < T4_MEMORY, memory.describe()
 
 
 def test_available_bytes_says_where_it_comes_from():

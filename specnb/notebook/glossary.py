@@ -37,6 +37,12 @@ TERMS: dict[str, str] = {
     "(top_k), capped at N; no tree of N nodes from the draft's top-K children accepts more there",
     "fitted, held out": "a design fitted to the prompts it is scored on flatters itself; held-out tau scores each "
     "prompt with trees fitted on the other folds of prompts (k-fold, seeded)",
+    "of oracle": "the best tree's held-out tau over the oracle bound at the same budget",
+    "rank r, rank 0 squared": "the share of positions where the draft's rank-r token is the target's next token; "
+    "the top token's share squared is about what a second level under it is accepted at, if positions were "
+    "independent (Sequoia's positional assumption)",
+    "x a decode": "a verify's time over the target's time for one decoded token (the verify of 0 draft tokens)",
+    "median speed-up": "per_sequence_over_tree's median over the other axes of 03's grid, at one value of an axis",
     "95% interval": "x [low, high]: the percentile bootstrap over prompts (2000 resamples); none below 3 prompts",
     "verify cost": "the target's time for one call verifying N nodes, over its time for one decoded token",
     "speed-up": "tokens/s of a method over the target alone, measured in the same run (wall clock)",

