@@ -418,7 +418,8 @@ class Report:
             for nb, i in self.info.items()
         )
         doc.text(
-            f"From the latest finished run of each notebook under `{self.outputs}`: {ran or 'none'}. "
+            f"From these runs under `{self.outputs.name}/` (the latest finished of each notebook unless 07 named "
+            f"one): {ran or 'none'}. "
             "The per-notebook appendices (every table and figure, with the code) are listed in section 4."
         )
 
