@@ -225,3 +225,42 @@ def test_each_engine_gets_the_fastest_tree_it_drafts_as_verified():
 
     reading = readings.engine_reading(heldout.per_engine(speed, held.trees))
     assert "vLLM:" in reading and "llama.cpp server: chain with 4 draft tokens" in reading and "SGLang grows" in reading
+
+
+def test_sglang_flags_pass_into_the_results_and_deploy_txt(tmp_path):
+    """The fastest of SGLang's replayed flags (`heldout.sglang_choice`) is what tree_results.json and
+    deploy.txt give for SGLang, in place of the flags of the recommended tree's size; a collection
+    without super-trees has no SGLang rows."""
+    c = collection(odd=2, same=4)
+    assert heldout.sglang_choice(c, [2, 4], curve(), "t", "d").empty
+    held = heldout.score(c, PRESETS, [2, 4], k=3, seed=5)
+    _, choice = heldout.choose(held.table, held.trees, curve(), "t", "d")
+    flags = pd.DataFrame(
+        [
+            {
+                "budget": n,
+                "num_steps": s,
+                "topk": k,
+                "num_draft_tokens": n + 1,
+                "tau_heldout": tau,
+                "tau_heldout_ci_low": tau - 0.1,
+                "tau_heldout_ci_high": tau + 0.1,
+                "speedup": x,
+                "speedup_ci_low": x - 0.1,
+                "speedup_ci_high": x + 0.1,
+                "verdict": "pays off",
+                "line": f"--speculative-num-steps {s} --speculative-eagle-topk {k} "
+                f"--speculative-num-draft-tokens {n + 1}",
+            }
+            for n, s, k, tau, x in ((2, 2, 1, 2.1, 1.2), (4, 3, 2, 2.6, 1.4))
+        ]
+    )
+    results = replay_study.tree_results("d -> t", c, held, choice, device="cpu", sglang=flags)
+    assert results.sglang["num_steps"] == 3 and results.deploy["sglang"].endswith("--speculative-num-draft-tokens 5")
+    tree_results.write(tmp_path, results)
+    back = tree_results.read(tmp_path)
+    assert back.sglang == results.sglang and back.deploy == results.deploy
+    deploy = (tmp_path / tree_results.DEPLOY_FILE).read_text()
+    assert "# SGLang: its own tree each step, the flags chosen by replaying its rule" in deploy
+    assert "held-out tau 2.60 [2.50, 2.70], expected 1.40x [1.30, 1.50]: pays off" in deploy
+    assert "a budget, not this shape" not in deploy

@@ -222,6 +222,15 @@ def test_tree_shapes_tables(smoke):
         table[table["shape"] == "hindsight"][["budget", "tau_all"]], on="budget", suffixes=("", "_ceiling")
     )
     assert (static["tau_all"] <= static["tau_all_ceiling"] + 1e-9).all(), "the hindsight tree is the best static tree"
+    # SGLang's three flags, chosen by replaying its rule, per budget; the fastest in deploy.txt and the JSON
+    flags = pd.read_csv(folder / "sglang_flags.csv")
+    assert list(flags["budget"]) == [2, 4] and (flags["num_draft_tokens"] == flags["budget"] + 1).all()
+    assert (flags["topk"] <= 3).all() and (flags["num_steps"] <= 3).all() and (flags["tau_in_sample"] >= 1).all()
+    fastest = flags.loc[flags["speedup"].idxmax(), "line"]
+    assert (
+        fastest in (folder / "deploy.txt").read_text() and "replaying its rule" in (folder / "deploy.txt").read_text()
+    )
+    assert json.loads((folder / "tree_results.json").read_text())["sglang"]["line"] == fastest
     agreement = pd.read_csv(folder / "replay_agreement.csv")
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (
         agreement["steps_compared"] > 0

@@ -7,6 +7,7 @@ level (and rejects a wrong acceptance rule)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -27,8 +28,11 @@ from specnb.analysis.replay import (
     prefix_counts,
     replay,
     replay_dynamic,
+    replay_sglang,
     replay_steps,
     sampled_accepted,
+    sglang_flags,
+    sglang_tree,
 )
 from specnb.analysis.tree_design import hindsight_trees, prefix_value, sequoia_trees
 from specnb.core.drafting import ModelDrafter
@@ -531,3 +535,137 @@ def test_dynamic_replay_equals_the_dynamic_drafter(tiny_target, drafts, super_co
         assert [step_tuple(s) for s in real.steps] == [step_tuple(s) for s in replayed[p.prompt_id]]
         compared += len(real.steps)
     assert compared > 10
+
+
+# ---- SGLang's tree rule replayed (analysis.replay.sglang_pool, sglang_tree, replay_sglang) ----
+
+SGLANG_FLAGS = [(2, 2, 3), (3, 2, 4), (2, 1, 2), (3, 2, 6)]  # (num-steps, topk, budget = num-draft-tokens - 1)
+
+
+@torch.inference_mode()
+def brute_force_sglang(draft, seq, steps, topk, budget):
+    """SGLang's EAGLE tree built as its code builds it (python/sglang/srt/speculative/eagle_utils.py,
+    select_top_k_tokens and organize_draft_results, commit 003ddbc), one plain draft forward per node:
+    the root's top-k with their probabilities; then num-steps - 1 times every frontier node's top-k
+    children scored by the product of probabilities, all of them added to the pool and the k best
+    kept as the next frontier; the budget best of the pool verified. Ties broken as specnb's order."""
+
+    def top(tokens):
+        p = torch.softmax(draft(input_ids=torch.tensor([seq + tokens])).logits[0, -1].float(), -1)
+        v, x = torch.topk(p, topk)
+        return v.tolist(), x.tolist()
+
+    order = lambda c: (-c[0], len(c[1]), c[1])  # noqa: E731
+    v, x = top([])
+    frontier = [(v[r], (r,), [x[r]]) for r in range(topk)]
+    pool = list(frontier)
+    for _ in range(steps - 1):
+        grown = []
+        for score, path, tokens in frontier:
+            v, x = top(tokens)
+            grown += [(score * v[r], path + (r,), tokens + [x[r]]) for r in range(topk)]
+        pool += grown
+        frontier = sorted(grown, key=order)[:topk]
+    return {path: tokens[-1] for _, path, tokens in sorted(pool, key=order)[:budget]}
+
+
+def test_sglang_trees_equal_sglangs_own_rule_run_on_the_draft(drafts, super_collection):
+    """At several positions and flags, the tree read from the collected super-tree is the one SGLang's
+    rule builds from the draft model itself, token for token; where the 9-node super-tree holds fewer
+    of its nodes than are verified, what it holds is part of that tree."""
+    c, draft = super_collection, drafts["early"]
+    p = c.prompts[1]
+    compared = partial = 0
+    for steps, topk, budget in SGLANG_FLAGS:
+        for t in (0, 5, 11):
+            seq = p.prompt.tolist() + p.tokens[:t].tolist()
+            tree, tokens = sglang_tree(c, p.prompt_id, t, steps, topk, budget)
+            expect = brute_force_sglang(draft, seq, steps, topk, budget)
+            assert tree.num_nodes == budget and dict(zip(tree.paths, tokens)) == expect, (steps, topk, budget, t)
+            compared += 1
+    assert compared == 12
+    pruned = prune_super_trees(c, 4)  # a super-tree of 4 nodes holds part of the pool only
+    for steps, topk, budget in SGLANG_FLAGS:
+        for t in (0, 5, 11):
+            tree, tokens = sglang_tree(pruned, p.prompt_id, t, steps, topk, budget)
+            assert (
+                dict(zip(tree.paths, tokens)).items()
+                <= brute_force_sglang(draft, p.prompt.tolist() + p.tokens[:t].tolist(), steps, topk, budget).items()
+            )
+            partial += tree.num_nodes < budget
+    assert partial >= 3
+
+
+def prune_super_trees(c, size):
+    """The collection with each position's super-tree cut to its `size` best nodes, as if collected so."""
+    prompts = []
+    for p in c.prompts:
+        on = p.super_on_path.astype(np.int64)
+        prompts.append(
+            dataclasses.replace(
+                p,
+                super_size=np.minimum(p.super_size, size).astype(p.super_size.dtype),
+                **{
+                    f"super_{n}": getattr(p, f"super_{n}")[:, :size]
+                    for n in ("parent", "rank", "depth", "token", "score")
+                },
+                super_on_path=np.where(on < size, on, size).astype(p.super_on_path.dtype),
+            )
+        )
+    return dataclasses.replace(c, config=dataclasses.replace(c.config, super_size=size), prompts=tuple(prompts))
+
+
+def test_pruned_super_trees_replay_sglang_exactly_or_refuse(super_collection):
+    """Cut to 4 nodes, the super-trees still replay every flag setting they can decide with the full
+    ones' values, and refuse, saying why, the ones where the continuation's node is missing but may
+    be verified."""
+    full, pruned = super_collection, prune_super_trees(super_collection, 4)
+    flags = [(2, 2, 3), (3, 2, 4), (2, 2, 4), (3, 2, 5)]
+    exact, cut = replay_sglang(full, flags, mode="all"), replay_sglang(pruned, flags, mode="all")
+    assert not exact.attrs["skipped"] and len(cut.attrs["skipped"]) >= 1
+    assert all("lack the continuation's node" in why for why in cut.attrs["skipped"])
+    assert len(cut) >= 1
+    for r in cut.itertuples():
+        assert r.accepted == exact.set_index(["shape", "budget"]).loc[(r.shape, r.budget), "accepted"]
+
+
+def test_sglang_replay_equals_real_steps_with_sglangs_own_trees(tiny_target, drafts, super_collection):
+    """Every position: a real speculative step with the tree SGLang's rule builds from the draft model
+    accepts what the replay counts, summed over positions, for every flag setting the replay does not
+    refuse; the ones it refuses are those where the super-trees cannot tell."""
+    c = super_collection
+    flags = [(2, 2, 3), (2, 1, 2), (3, 2, 4), (3, 2, 6)]
+    rows = replay_sglang(c, flags, mode="all")
+    assert len(rows) + len(rows.attrs["skipped"]) == len(flags) and len(rows) >= 3
+    for r in rows.itertuples():
+        real = 0
+        for p in c.prompts:
+            for t in range(c.config.max_new_tokens):
+                seq = p.prompt.tolist() + p.tokens[:t].tolist()
+                paths = list(brute_force_sglang(drafts["early"], seq, r.num_steps, r.topk, r.budget))
+                out = speculative_generate(
+                    tiny_target,
+                    drafts["early"],
+                    torch.tensor([seq]),
+                    tree=Tree.from_paths(paths),
+                    max_new_tokens=c.config.max_new_tokens - t,
+                    eos_token_id=(),
+                )
+                real += out.steps[0].num_accepted
+        assert r.accepted == real, r.shape
+
+
+def test_sglang_flags_reduce_to_a_chain_and_to_the_dynamic_tree(super_collection):
+    """topk 1 drafts a chain of num-steps tokens; a frontier as wide as the budget keeps every node of
+    the dynamic (top-n by cumulative probability) tree: the same tau, position by position."""
+    c = super_collection
+    chain = replay(c, {("chain", 3): Tree.chain(3)}, mode="trajectory").iloc[0]
+    as_chain = replay_sglang(c, [(3, 1, 3)], mode="trajectory").iloc[0]
+    assert as_chain["tau"] == chain["tau"] and as_chain["steps"] == chain["steps"]
+    dynamic = replay_dynamic(c, [2], mode="all").iloc[0]
+    wide = replay_sglang(c, [(3, 2, 2)], mode="all").iloc[0]
+    assert wide["accepted"] == dynamic["accepted"] and wide["tau"] == dynamic["tau"]
+    flags = sglang_flags(3, 3, [2, 4])
+    assert (2, 1, 2) in flags and (1, 2, 2) in flags and (3, 2, 4) in flags
+    assert (3, 1, 2) not in flags, "topk 1: SGLang sets num-draft-tokens to num-steps + 1"
+    assert (1, 2, 4) not in flags, "the pool of one level of 2 holds 2 nodes, not 4"

@@ -72,8 +72,12 @@ class StepCost:
         return float(np.interp(n, self.verify_s.index.to_numpy(), self.verify_s.to_numpy()))
 
     def t_draft(self, tree: Tree) -> float:
+        return draft_seconds(tree, self.t_draft_width)
+
+    def t_draft_width(self, width: int) -> float:
+        """One draft forward of `width` tokens, interpolated between the measured widths."""
         widths = self.draft_width_s
-        return draft_seconds(tree, lambda w: float(np.interp(w, widths.index.to_numpy(), widths.to_numpy())))
+        return float(np.interp(width, widths.index.to_numpy(), widths.to_numpy()))
 
     def row(self, tree: Tree, tau: float) -> dict[str, float | int | str]:
         """Expected speed of `tree` at `tau` tokens per target call (bonus included)."""

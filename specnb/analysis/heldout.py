@@ -400,3 +400,81 @@ def per_engine(speed: pd.DataFrame, trees: Mapping[tuple[str, int], Tree]) -> pd
             break
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+SGLANG_RULE = (
+    "SGLang's EAGLE tree (python/sglang/srt/speculative/eagle_utils.py and spec_utils.py, commits 003ddbc and "
+    "00731f0): the root's top-k, then num-steps - 1 levels keeping the k best of the frontier's top-k children, "
+    "the num-draft-tokens - 1 best of that pool verified"
+)
+
+
+def sglang_choice(
+    collection: Collection,
+    budgets: Sequence[int],
+    curve: pd.DataFrame,
+    target: str,
+    draft: str,
+    k: int = 3,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """SGLang's three flags per budget, chosen by replaying its own tree rule (`replay.replay_sglang`,
+    SGLANG_RULE) on the prompts collected with super-trees: every (num-steps, topk) SGLang accepts at
+    num-draft-tokens = budget + 1, the flags of highest tau chosen on all prompts (what to deploy), and
+    the choice held out (made on each fold's training prompts, scored on the fold; `folds`) for its tau
+    and 95% interval. The expected speed-up prices a step as the draft's forwards (the root's, then
+    num-steps - 1 of topk tokens) plus the target's verify of budget nodes, from the measured curves,
+    the interval as `choose`'s. One row per budget, with the SGLang line."""
+    if collection.config.cross_tokenizer or not collection.has_super_trees:
+        return pd.DataFrame()  # no draft ranks of the target's tokens, or no super-trees collected
+    sup = collection.super_tree_prompts()
+    flags = replay.sglang_flags(sup.config.super_k, sup.config.super_depth, budgets)
+    per = replay.replay_sglang(sup, flags, mode="trajectory", per_prompt=True)
+    if per.empty:
+        return pd.DataFrame()
+    ids = [p.prompt_id for p in sup.prompts]
+    splits = folds(ids, k, seed)
+    cost = step_cost(curve, target, draft)
+    fast, slow = _quartile_costs(curve, target, draft)
+    t_step = lambda c, steps, topk, n: (  # noqa: E731
+        c.t_draft_width(1) + (steps - 1) * c.t_draft_width(topk) + c.t_verify(n)
+    )
+    rows = []
+    for n, mine in per.groupby("budget", sort=True):
+        taus = mine.groupby("shape")[["tokens", "steps"]].sum()
+        best = (taus["tokens"] / taus["steps"]).idxmax()
+        held = []
+        for test in splits:
+            train = mine[~mine["prompt_id"].isin(test)].groupby("shape")[["tokens", "steps"]].sum()
+            chosen = (train["tokens"] / train["steps"]).idxmax() if len(train) else best
+            held.append(mine[(mine["shape"] == chosen) & mine["prompt_id"].isin(test)])
+        held_rows = _by_prompt(pd.concat(held) if held else mine[mine["shape"] == best], ids)
+        tau = _ratio(held_rows) if splits else float("nan")
+        low, high = spread.ratio_interval(held_rows["tokens"], held_rows["steps"]) if tau == tau else (np.nan, np.nan)
+        row = mine[mine["shape"] == best].iloc[0]
+        steps, topk = int(row["num_steps"]), int(row["topk"])
+        median = t_step(cost, steps, topk, n)
+        rows.append(
+            {
+                "budget": int(n),
+                "num_steps": steps,
+                "topk": topk,
+                "num_draft_tokens": int(n) + 1,
+                "tau_in_sample": float(taus.loc[best, "tokens"] / taus.loc[best, "steps"]),
+                "tau_heldout": tau,
+                "tau_heldout_ci_low": low,
+                "tau_heldout_ci_high": high,
+                "flags_tried": len(taus),
+                "prompts": len(ids),
+                "t_step_s": median,
+                "speedup": tau * cost.t_verify(0) / median,
+                "speedup_ci_low": low * fast.t_verify(0) / t_step(slow, steps, topk, n),
+                "speedup_ci_high": high * slow.t_verify(0) / t_step(fast, steps, topk, n),
+                "line": f"--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
+                f"--speculative-num-draft-tokens {int(n) + 1}",
+            }
+        )
+    out = pd.DataFrame(rows)
+    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(out["speedup_ci_low"], out["speedup_ci_high"])]
+    out.attrs["skipped"] = per.attrs.get("skipped", [])
+    return out

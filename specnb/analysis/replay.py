@@ -218,6 +218,132 @@ def _dynamic(collection: Collection, budget: int, positions: _Positions) -> _Nod
     )
 
 
+def sglang_pool(
+    parent: np.ndarray, rank: np.ndarray, depth: np.ndarray, steps: int, topk: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes SGLang's EAGLE drafter puts in its pool, as indices into one position's super-tree
+    (nodes in score order, `super_*` arrays cut to its size), best first: the root's top-`topk`
+    children, then for `steps` - 1 more levels every frontier node's top-`topk` children, of which
+    the `topk` best by cumulative probability form the next frontier (SGLang's select_top_k_tokens
+    and organize_draft_results, python/sglang/srt/speculative/eagle_utils.py, commit 003ddbc). The
+    first num_draft_tokens - 1 of the pool are verified. Also the frontier nodes whose children were
+    drafted (levels 1 .. steps - 1). Nodes the super-tree lacks score below all it holds, so the pool's
+    head is exact wherever the pool holds at least the nodes verified."""
+    inside = (depth == 1) & (rank < topk)
+    frontier = np.flatnonzero(inside)
+    expanded = [frontier]
+    for d in range(2, steps + 1):
+        candidates = (depth == d) & (rank < topk) & np.isin(parent, frontier)
+        inside |= candidates
+        frontier = np.flatnonzero(candidates)[:topk]
+        expanded.append(frontier)
+    return np.flatnonzero(inside), np.concatenate(expanded[:-1]) if steps > 1 else np.zeros(0, dtype=np.int64)
+
+
+def _sglang(collection: Collection, budget: int, positions: _Positions, steps: int, topk: int) -> _Nodes:
+    """Greedy acceptance of SGLang's tree with --speculative-num-steps `steps`, --speculative-eagle-topk
+    `topk` and --speculative-num-draft-tokens `budget` + 1 (`sglang_pool`), from the super-trees."""
+    _check_greedy(collection)
+    if not collection.has_super_trees:
+        raise ValueError("this collection has no super-trees: collect with super_k > 0")
+    config = collection.config
+    if steps > config.super_depth or topk > config.super_k:
+        raise ValueError(
+            f"SGLang flags steps={steps}, topk={topk} need super-trees of depth >= {steps} and >= {topk} children "
+            f"per node; this collection has depth {config.super_depth}, {config.super_k} children"
+        )
+    sl = [slice(lo, hi) for lo, hi in zip(positions.offsets[:-1], positions.offsets[1:])]
+    cat = lambda name: np.concatenate([getattr(p, name)[: s.stop - s.start] for p, s in zip(collection.prompts, sl)])  # noqa: E731
+    parent, rank, depth, size = (cat(f"super_{n}").astype(np.int64) for n in ("parent", "rank", "depth", "size"))
+    on_path = cat("super_on_path").astype(np.int64)  # [T, D]
+    count = len(positions.t)
+    out = {name: np.zeros((count, budget), dtype=np.int64) for name in ("depth", "rank", "parent")}
+    valid, prob = np.zeros((count, budget), dtype=bool), np.zeros((count, budget))
+    accepted = np.zeros(count, dtype=np.int64)
+    short = 0
+    path_ranks = positions.ranks(collection, min(steps, on_path.shape[1]))  # the continuation's ranks from t
+    for t in range(count):
+        n = size[t]
+        pool, expanded = sglang_pool(parent[t, :n], rank[t, :n], depth[t, :n], steps, topk)
+        chosen = pool[:budget]
+        where = {int(node): i for i, node in enumerate(chosen)}
+        k = len(chosen)
+        out["depth"][t, :k], out["rank"][t, :k] = depth[t, chosen], rank[t, chosen]
+        out["parent"][t, :k] = [where.get(int(q), -1) for q in parent[t, chosen]]
+        valid[t, :k] = True
+        prev = -1  # the last accepted on-path node (-1: the root)
+        for d in range(min(on_path.shape[1], positions.cap[t], steps)):
+            node = int(on_path[t, d])
+            if node not in where:
+                # a pruned super-tree (fewer pool nodes held than verified) lacks a pool node that may be
+                # verified: undecidable exactly when the on-path node is missing yet in the pool
+                missing_in_pool = node >= n and path_ranks[t, d] < topk and (prev < 0 or prev in set(expanded))
+                short += k < budget and n == config.super_size and missing_in_pool
+                break
+            prob[t, where[node]] = 1.0
+            accepted[t] += 1
+            prev = node
+    if short:
+        raise ShortSuperTrees(
+            f"SGLang flags steps={steps}, topk={topk}, {budget} draft tokens: at {short} positions the collected "
+            f"super-trees ({config.super_size} nodes) hold fewer pool nodes than are verified and lack the "
+            "continuation's node, which SGLang may verify; collect larger ones (super_size) or use a smaller budget"
+        )
+    return _Nodes(**out, valid=valid, prob=prob, tokens=np.minimum(accepted + 1, positions.left).astype(float))
+
+
+def sglang_flags(super_k: int, super_depth: int, budgets: Iterable[int]) -> list[tuple[int, int, int]]:
+    """(steps, topk, budget) SGLang accepts and a collection of these super-trees can replay: steps in
+    1..super_depth, topk in 1, 2, 4, ... up to super_k, num_draft_tokens - 1 = budget within the pool
+    (topk + (steps - 1) topk^2 nodes); topk 1 only with budget = steps (SGLang's server sets
+    num_draft_tokens = steps + 1 when topk is 1)."""
+    widths = [k for k in (1, 2, 4, 8, 16, 32) if k <= super_k]
+    out = []
+    for n in budgets:
+        for steps in range(1, super_depth + 1):
+            for k in widths:
+                fits = n <= k + (steps - 1) * k * k and (k > 1 or n == steps) and steps <= n
+                if fits:
+                    out.append((steps, k, int(n)))
+    return out
+
+
+def replay_sglang(
+    collection: Collection,
+    flags: Iterable[tuple[int, int, int]],
+    mode: str = "all",
+    max_new_tokens: int | None = None,
+    per_prompt: bool = False,
+) -> pd.DataFrame:
+    """Metrics of SGLang's trees, one row per (steps, topk, budget) of `flags` (`sglang_flags`), shape
+    "sglang:<steps>x<topk>", on the prompts collected with super-trees. One level (steps 1) is the
+    root's top n, the static wide:n, and topk 1 a chain of n: both replayed from the collected ranks.
+    Other flags the super-trees are too small to replay exactly are left out, each said in the
+    frame's attrs["skipped"]."""
+    collection = collection.super_tree_prompts()
+    positions = _positions(collection, max_new_tokens)
+    rows, skipped = [], []
+    for steps, topk, n in flags:
+        label = {"shape": f"sglang:{steps}x{topk}", "budget": n, "nodes": n, "depth": steps}
+        try:
+            if steps == 1 or topk == 1:  # the root's top n (wide:n), or a chain of n: static, from the ranks
+                nodes = _nodes(collection, Tree.wide(n) if steps == 1 else Tree.chain(n), positions)
+            else:
+                nodes = _sglang(collection, n, positions, steps, topk)
+            per = _per_position(nodes, positions.cap)
+        except ShortSuperTrees as e:
+            skipped.append(str(e))
+            continue
+        rows += _rows(collection, label | {"num_steps": steps, "topk": topk}, per, positions, mode, per_prompt)
+    out = pd.DataFrame(rows)
+    out.attrs["skipped"] = skipped
+    return out
+
+
+class ShortSuperTrees(ValueError):
+    """The collected super-trees are too small to replay SGLang's tree of some flags exactly."""
+
+
 def _oracle(collection: Collection, budget: int, positions: _Positions, k: int) -> _Nodes:
     """At each position, the accepted chain of the per-position oracle: the longest prefix of the
     continuation's rank path with every rank below k, capped at `budget` and at the loop's depth
@@ -541,6 +667,23 @@ def dynamic_tree(collection: Collection, prompt_id: str, position: int, budget: 
         paths.append((paths[parent] if parent >= 0 else ()) + (int(p.super_rank[position, i]),))
     tree = Tree.from_paths(paths)
     token_of = {path: int(p.super_token[position, i]) for i, path in enumerate(paths)}
+    return tree, [token_of[path] for path in tree.paths]
+
+
+def sglang_tree(
+    collection: Collection, prompt_id: str, position: int, steps: int, topk: int, budget: int
+) -> tuple[Tree, list[int]]:
+    """SGLang's tree at one position (`sglang_pool`'s first `budget` nodes of the super-tree) and its
+    draft tokens (canonical order)."""
+    p = next(p for p in collection.prompts if p.prompt_id == prompt_id)
+    n = int(p.super_size[position])
+    parent, rank, depth = (getattr(p, f"super_{x}")[position, :n].astype(np.int64) for x in ("parent", "rank", "depth"))
+    path_of: dict[int, Path] = {}
+    for i in range(n):  # a parent precedes its children in score order
+        path_of[i] = (path_of[int(parent[i])] if parent[i] >= 0 else ()) + (int(rank[i]),)
+    chosen = [int(i) for i in sglang_pool(parent, rank, depth, steps, topk)[0][:budget]]
+    tree = Tree.from_paths([path_of[i] for i in chosen])
+    token_of = {path_of[i]: int(p.super_token[position, i]) for i in chosen}
     return tree, [token_of[path] for path in tree.paths]
 
 

@@ -29,6 +29,8 @@ another tree than the one verified, is never given: the entry says why and what 
                   probability stay; the num-draft-tokens - 1 best of those k + (steps - 1) k^2 nodes are
                   verified (the count includes the root). `sglang_flags` gives the flags of this tree's
                   depth, widest branching and node count within that pool: a budget, not this shape.
+                  Notebook 01 chooses the flags by replaying that rule instead (`analysis.replay.replay_sglang`,
+                  `analysis.heldout.sglang_choice`), and deploy.txt gives those.
     llama.cpp     its server drafts and verifies chains only (common/speculative.cpp, commit 001d906;
                   `--draft-p-split` is the standalone example's, not the server's): `--draft-max N` for a
                   chain of N; a tree is not accepted.

@@ -376,10 +376,12 @@ def tree_results(
     choice: heldout.Choice | None,
     measured: pd.DataFrame | None = None,
     device: str = "",
+    sglang: pd.DataFrame | None = None,
 ) -> tree_store.TreeResults:
     """What notebook 01 passes on (`io.tree_results`): the acceptance vectors (none for a
     cross-tokenizer collection), per budget the best preset and every design with in-sample and
-    held-out tau, the choice with its intervals and verdict, and its measured speed-up if run."""
+    held-out tau, the choice with its intervals and verdict, its measured speed-up if run, and
+    SGLang's flags of highest expected speed-up (`heldout.sglang_choice`) where replayed."""
     cross = collection.config.cross_tokenizer
     acceptance = () if cross else replay.acceptance_vector(collection)
     by_depth = () if cross else replay.rank_accuracy_by_depth(collection, heldout.MEDUSA_DEPTH)
@@ -403,8 +405,12 @@ def tree_results(
             measured_prompts=0 if run is None else int(run["prompts"]),
             device=device,
         )
+    flags = {}
+    if sglang is not None and len(sglang) and sglang["speedup"].notna().any():
+        best = sglang.loc[sglang["speedup"].idxmax()]
+        flags = {k: (v.item() if hasattr(v, "item") else v) for k, v in best.items()} | {"rule": heldout.SGLANG_RULE}
     return tree_store.TreeResults(
-        pair, tuple(acceptance), tuple(by_depth), tuple(found.values()), recommendation, held.record()
+        pair, tuple(acceptance), tuple(by_depth), tuple(found.values()), recommendation, held.record(), sglang=flags
     )
 
 

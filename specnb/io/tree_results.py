@@ -76,6 +76,7 @@ class TreeResults:
     recommendation: Recommendation | None
     split: Mapping[str, Any] = field(default_factory=dict)  # k, folds, seed and each fold's prompt ids
     written: str = ""  # when (ISO time); `latest` orders by it
+    sglang: Mapping[str, Any] = field(default_factory=dict)  # SGLang's flags chosen by replay (`heldout.sglang_choice`)
 
     @property
     def deploy(self) -> dict[str, str]:
@@ -83,7 +84,8 @@ class TreeResults:
         empty without one."""
         if not self.recommendation:
             return {}
-        return {name: line.text() for name, line in deploy_lines(self.recommendation.tree.tree).items()}
+        lines = {name: line.text() for name, line in deploy_lines(self.recommendation.tree.tree).items()}
+        return lines | ({"sglang": self.sglang["line"]} if self.sglang else {})
 
     def best_trees(self) -> dict[tuple[str, int], Tree]:
         """(name, budget) -> tree: the recommended one, and per budget the one of highest held-out
@@ -132,6 +134,7 @@ class TreeResults:
             recommendation=None if rec is None else Recommendation(**{**rec, "tree": found(rec["tree"])}),
             split=dict(data.get("split", {})),
             written=str(data.get("written", "")),
+            sglang=dict(data.get("sglang", {})),
         )
 
 
@@ -161,9 +164,21 @@ def deploy_text(results: TreeResults) -> str:
     ]
     blocks = [
         f"# {ENGINE_NAMES[name]}: {line.note}\n{line.line if line.line is not None else '# not accepted'}\n"
+        if name != "sglang" or not results.sglang
+        else sglang_block(results.sglang)
         for name, line in deploy_lines(rec.tree.tree).items()
     ]
     return "\n".join(head + blocks)
+
+
+def sglang_block(flags: Mapping[str, Any]) -> str:
+    """deploy.txt's SGLang block for the flags chosen by replaying SGLang's rule (`heldout.sglang_choice`)."""
+    return (
+        f"# {ENGINE_NAMES['sglang']}: its own tree each step, the flags chosen by replaying its rule on this pair "
+        f"({flags['rule']}): held-out tau {flags['tau_heldout']:.2f} [{flags['tau_heldout_ci_low']:.2f}, "
+        f"{flags['tau_heldout_ci_high']:.2f}], expected {flags['speedup']:.2f}x [{flags['speedup_ci_low']:.2f}, "
+        f"{flags['speedup_ci_high']:.2f}]: {flags['verdict']}\n{flags['line']}\n"
+    )
 
 
 def read(path: str | Path) -> TreeResults:

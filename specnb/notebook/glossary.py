@@ -37,6 +37,9 @@ TERMS: dict[str, str] = {
     "(top_k), capped at N; no tree of N nodes from the draft's top-K children accepts more there",
     "fitted, held out": "a design fitted to the prompts it is scored on flatters itself; held-out tau scores each "
     "prompt with trees fitted on the other folds of prompts (k-fold, seeded)",
+    "num_steps, topk, num_draft_tokens": "SGLang's three flags (--speculative-num-steps, --speculative-eagle-topk, "
+    "--speculative-num-draft-tokens): it grows its own tree each step, the root's top-k then num_steps - 1 levels "
+    "keeping the k best, and verifies the num_draft_tokens - 1 best nodes; replayed per budget in 01",
     "of oracle": "the best tree's held-out tau over the oracle bound at the same budget",
     "rank r, rank 0 squared": "the share of positions where the draft's rank-r token is the target's next token; "
     "the top token's share squared is about what a second level under it is accepted at, if positions were "

@@ -632,6 +632,17 @@ class Report:
         engines = _csv(folder, "engine_choice.csv")
         if engines is not None and len(engines):
             doc.table(engines, "01: the fastest tree each serving engine drafts as verified, and what it gives up")
+        flags = _csv(folder, "sglang_flags.csv")
+        if flags is not None and len(flags):
+            shown = flags.assign(
+                tau_heldout=[with_interval(r, "tau_heldout") for _, r in flags.iterrows()],
+                speedup=[with_interval(r, "speedup") for _, r in flags.iterrows()],
+            )
+            doc.table(
+                shown[["budget", "num_steps", "topk", "num_draft_tokens", "tau_heldout", "speedup", "verdict"]],
+                "01: SGLang's three flags per budget, chosen by replaying its own tree rule on the prompts with "
+                "super-trees (tau held out, bonus included; expected speed-up over the target alone)",
+            )
         if (folder / DEPLOY_FILE).exists():
             doc.text(f"Deploy lines ({DEPLOY_FILE} in 01's run folder):")
             doc.code((folder / DEPLOY_FILE).read_text())
