@@ -772,7 +772,7 @@ def _pairs_differ(best: pd.DataFrame) -> str:
             "Against the oracle bound (the longest accepted prefix among the draft's top-k at every step) the best "
             "tree reaches "
             + _names([f"{percent(r.tau_heldout / r.oracle_tau)} ({r.pair})" for r in bounded.itertuples()])
-            + ": the rest is steps whose accepted tokens no fixed tree of this budget covers."
+            + ": the gap is what choosing each step's tree knowing the target's continuation would add."
         )
     return out
 
