@@ -547,3 +547,39 @@ def test_the_example_copy_holds_the_report_and_every_figure_it_shows(full, tmp_p
     assert links and all((example.parent / link).is_file() for link in links)
     assert (example.parent / BIBTEX).read_text() == (outputs / BIBTEX).read_text()
     assert text == files[".md"].read_text()
+
+
+def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
+    """`python -m specnb.notebook.estimate record` makes a run's actual times and decode step the
+    profile's reference (the data file, not code); a run without a measured decode step is refused."""
+    reference = tmp_path / "reference_times.json"
+    reference.write_text(estimate.REFERENCE_FILE.read_text())
+    outputs = tmp_path / "outputs"
+    folder = run_folder(outputs, "01_tree_shapes")
+    summary = {
+        "profile": "cpu",
+        "started": "2026-11-28 05:03:04",
+        "runs": {
+            "01_tree_shapes": {"folder": "01_tree_shapes/cpu-0000", "status": "finished", "actual_s": 100.0},
+            "02_model_pairs": {"folder": "02_model_pairs/x", "status": "failed", "actual_s": 3.0},
+        },
+        "plan": {"decode_ms": 150.0, "decode_how": "measured"},
+    }
+    (outputs / runner.SUMMARY_FILE).write_text(json.dumps(summary))
+    made = estimate.record(outputs, reference)
+    assert made.seconds == {"01_tree_shapes": 100.0} and made.decode_ms == 150.0
+    assert "commit abcdef1" in made.where and str(folder.name) not in made.where
+    loaded = estimate.load_references(reference)
+    assert loaded["cpu"] == made and loaded["smoke"] == estimate.REFERENCES["smoke"]
+    plan = estimate.plan("cpu", ["cpu"], ["01_tree_shapes"], (300.0, "given"))
+    assert plan.estimates["01_tree_shapes"] == estimate.REFERENCES["cpu"].seconds["01_tree_shapes"] * (
+        300.0 / estimate.REFERENCES["cpu"].decode_ms
+    )
+    summary["plan"]["decode_ms"] = None
+    (outputs / runner.SUMMARY_FILE).write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="no decode step measured"):
+        estimate.record(outputs, reference)
+    import tomllib
+
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert estimate.REFERENCE_FILE.name in shipped["specnb.notebook"], "an installed specnb reads it too"

@@ -10,10 +10,11 @@
     Progress                    the progress line between notebooks: elapsed, and the time left (the
                                 remaining estimates, corrected by how the finished notebooks compared)
 
-The reference times per profile live here, in REFERENCES, each with the decode step of the machine
-it was measured on. A notebook's time does not all scale with the decode step (loading, prompts,
-plotting do not), so the estimate is a first figure, not a promise: the actual time is recorded
-beside it in each run's params.json ("timing").
+The reference times per profile live in reference_times.json beside this module (REFERENCES), each
+with the decode step of the machine it was measured on; `python -m specnb.notebook.estimate record`
+rewrites a profile's from a finished run (its run_summary.json and records). A notebook's time does
+not all scale with the decode step (loading, prompts, plotting do not), so the estimate is a first
+figure, not a promise: the actual time is recorded beside it in each run's params.json ("timing").
 
 $SPECNB_DECODE_MS skips the measurement: a number is taken as the decode step in ms; "skip" (the
 tests set it) scales nothing.
@@ -22,7 +23,9 @@ tests set it) scales nothing.
 from __future__ import annotations
 
 import gc
+import json
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,41 +49,16 @@ class Reference:
 
 
 CPU_NOTEBOOKS = ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
-REFERENCES: dict[str, Reference] = {
-    "cpu": Reference(
-        {
-            "01_tree_shapes": 656.5,
-            "02_model_pairs": 753.6,
-            "03_tree_attention_timing": 156.2,
-            "04_long_generation": 339.2,
-            "05_learned_drafters": 789.7,
-            "06_batch_size": 425.0,
-        },
-        415.0,
-        "the cpu profile's run from a fresh clone with empty pip, uv and model caches, the 2-core machine "
-        "alone, commit a655980, 2026-11-26 16:41-17:33 UTC; that machine decoded Qwen2.5-Coder-1.5B "
-        "(oneDNN, 256-token cache) in 415 ms",
-    ),
-    "smoke": Reference(
-        {
-            "01_tree_shapes": 66.5,
-            "02_model_pairs": 223.4,
-            "03_tree_attention_timing": 24.1,
-            "04_long_generation": 64.1,
-            "05_learned_drafters": 164.2,
-            "06_batch_size": 51.1,
-        },
-        None,
-        "the test suite's smoke run (tests/conftest.py, fixture smoke), commit 7b865ab, 2026-11-26 19:40-19:51 "
-        "UTC, on the 2-core machine under test load (pytest -n 2: another worker ran tests beside it); no "
-        "decode step measured (the tests skip it), so not scaled",
-    ),
-    "t4-dryrun": Reference(
-        {"01_tree_shapes": 18, "02_model_pairs": 25, "03_tree_attention_timing": 14},
-        None,
-        "the t4-dryrun profile's times of the README with warm caches (stand-ins: not scaled)",
-    ),
-}
+REFERENCE_FILE = Path(__file__).with_name("reference_times.json")  # profile -> seconds per notebook, decode_ms, where
+
+
+def load_references(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
+    """The reference times per profile, from the data file (`record` rewrites a profile's from a run)."""
+    data = json.loads(Path(path).read_text())
+    return {name: Reference(dict(r["seconds"]), r.get("decode_ms"), str(r["where"])) for name, r in data.items()}
+
+
+REFERENCES: dict[str, Reference] = load_references()
 T4_PROFILE = "t4"  # profiles extending it take `t4_estimate` (a T4's estimate from published figures)
 
 
@@ -248,3 +226,52 @@ def duration(seconds: float) -> str:
     """'7 min 05 s', or '42 s' under a minute."""
     seconds = int(round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def record(outputs: Path, path: Path = REFERENCE_FILE) -> Reference:
+    """The last run under `outputs` (its run_summary.json, written by the runner) as its profile's
+    reference: each finished notebook's actual seconds, the decode step the runner measured, and where
+    (commit, start, device) from the runs' records. Refused where the run has no finished notebook or
+    no measured decode step (its times could not be scaled)."""
+    outputs = Path(outputs)
+    summary = json.loads((outputs / "run_summary.json").read_text())
+    runs = {nb: r for nb, r in summary.get("runs", {}).items() if r.get("status") == "finished"}
+    decode = (summary.get("plan") or {}).get("decode_ms")
+    if not runs or decode is None:
+        raise ValueError(
+            f"{outputs / 'run_summary.json'}: no finished notebook or no decode step measured; record a run made "
+            "without $SPECNB_DECODE_MS"
+        )
+    first = json.loads((outputs / next(iter(runs.values()))["folder"] / "params.json").read_text())
+    env = first.get("environment", {})
+    where = (
+        f"the {summary['profile']} profile's run started {summary['started']}, commit "
+        f"{(env.get('git_commit') or '?')[:7]}, on {env.get('device')}; its decode step: {decode:.0f} ms "
+        f"({(summary.get('plan') or {}).get('decode_how', '')})"
+    )
+    reference = Reference({nb: float(r["actual_s"]) for nb, r in runs.items()}, round(float(decode), 1), where)
+    data = json.loads(Path(path).read_text())
+    data[summary["profile"]] = {"seconds": dict(reference.seconds), "decode_ms": reference.decode_ms, "where": where}
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    return reference
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m specnb.notebook.estimate", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="make the last run under OUTPUTS its profile's reference times")
+    rec.add_argument("--outputs", type=Path, default=Path("outputs"))
+    args = ap.parse_args(argv)
+    try:
+        reference = record(args.outputs)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"not recorded: {e}", file=sys.stderr)
+        return 2
+    print(f"{REFERENCE_FILE}: {reference.where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
