@@ -187,6 +187,12 @@ def _sampled_static(collection: Collection, tree: Tree, positions: _Positions) -
     return _static(tree, positions, prob.mean(1), 1.0 + per_sample.mean(1)), per_sample
 
 
+def _positions_array(collection: Collection, positions: _Positions, name: str) -> np.ndarray:
+    """A per-position array of the prompts (a `PromptData` field), concatenated over `positions`."""
+    spans = np.diff(positions.offsets)
+    return np.concatenate([getattr(p, name)[:n] for p, n in zip(collection.prompts, spans)])
+
+
 def _dynamic(collection: Collection, budget: int, positions: _Positions) -> _Nodes:
     """Greedy acceptance of the top-`budget` dynamic trees (super-trees needed)."""
     _check_greedy(collection)
@@ -197,8 +203,7 @@ def _dynamic(collection: Collection, budget: int, positions: _Positions) -> _Nod
     size = collection.config.super_size
     if budget > size:
         raise ValueError(f"budget {budget} exceeds the collected super-tree size {size}")
-    sl = [slice(lo, hi) for lo, hi in zip(positions.offsets[:-1], positions.offsets[1:])]
-    cat = lambda name: np.concatenate([getattr(p, name)[: s.stop - s.start] for p, s in zip(collection.prompts, sl)])  # noqa: E731
+    cat = lambda name: _positions_array(collection, positions, name)  # noqa: E731
     on_path = cat("super_on_path").astype(np.int64)  # [T, D]
     depths = np.arange(1, on_path.shape[1] + 1)
     inside = np.cumprod((on_path < budget) & (depths <= positions.cap[:, None]), axis=1).astype(bool)
@@ -252,8 +257,7 @@ def _sglang(collection: Collection, budget: int, positions: _Positions, steps: i
             f"SGLang flags steps={steps}, topk={topk} need super-trees of depth >= {steps} and >= {topk} children "
             f"per node; this collection has depth {config.super_depth}, {config.super_k} children"
         )
-    sl = [slice(lo, hi) for lo, hi in zip(positions.offsets[:-1], positions.offsets[1:])]
-    cat = lambda name: np.concatenate([getattr(p, name)[: s.stop - s.start] for p, s in zip(collection.prompts, sl)])  # noqa: E731
+    cat = lambda name: _positions_array(collection, positions, name)  # noqa: E731
     parent, rank, depth, size = (cat(f"super_{n}").astype(np.int64) for n in ("parent", "rank", "depth", "size"))
     on_path = cat("super_on_path").astype(np.int64)  # [T, D]
     count = len(positions.t)
@@ -271,13 +275,13 @@ def _sglang(collection: Collection, budget: int, positions: _Positions, steps: i
         out["depth"][t, :k], out["rank"][t, :k] = depth[t, chosen], rank[t, chosen]
         out["parent"][t, :k] = [where.get(int(q), -1) for q in parent[t, chosen]]
         valid[t, :k] = True
-        prev = -1  # the last accepted on-path node (-1: the root)
+        prev, fed = -1, set(expanded.tolist())  # the last accepted on-path node (-1: the root), the nodes fed
         for d in range(min(on_path.shape[1], positions.cap[t], steps)):
             node = int(on_path[t, d])
             if node not in where:
                 # a pruned super-tree (fewer pool nodes held than verified) lacks a pool node that may be
                 # verified: undecidable exactly when the on-path node is missing yet in the pool
-                missing_in_pool = node >= n and path_ranks[t, d] < topk and (prev < 0 or prev in set(expanded))
+                missing_in_pool = node >= n and path_ranks[t, d] < topk and (prev < 0 or prev in fed)
                 short += k < budget and n == config.super_size and missing_in_pool
                 break
             prob[t, where[node]] = 1.0

@@ -684,8 +684,8 @@ def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFr
     )
     shares = rank_shares(ranks) if ranks is not None and ranks["share"].notna().any() else pd.DataFrame()
     if len(shares) and "rank 1" in shares:
-        share = lambda r, col: float(r[col].rstrip("%"))  # noqa: E731
-        deeper = [r["pair"] for _, r in shares.iterrows() if share(r, "rank 0 squared") > share(r, "rank 1")]
+        top = ranks.dropna(subset=["share"]).pivot_table(index="pair", columns="rank", values="share")
+        deeper = [pair for pair in shares["pair"] if top.loc[pair, 0] ** 2 > top.loc[pair, 1]]
         out += (
             f" The draft's top token is the target's next at {_names(list(shares['rank 0']))} of positions "
             f"({_names(list(shares['pair']))}), its second-ranked at {_names(list(shares['rank 1']))}. Under "

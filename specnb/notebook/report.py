@@ -823,10 +823,10 @@ def _verdict_table(folder: Path) -> Any:
 
     from ..io.tree_results import RESULTS_FILE, read
 
-    if not (folder / RESULTS_FILE).exists() or read(folder).recommendation is None:
+    results = read(folder) if (folder / RESULTS_FILE).exists() else None
+    rec = results.recommendation if results is not None else None
+    if rec is None:
         return None
-    results = read(folder)
-    rec = results.recommendation
     interval = lambda v, lo, hi: f"{v:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else "")  # noqa: E731
     return pd.DataFrame(
         [
