@@ -264,3 +264,67 @@ def test_sglang_flags_pass_into_the_results_and_deploy_txt(tmp_path):
     assert "# SGLang: its own tree each step, the flags chosen by replaying its rule" in deploy
     assert "held-out tau 2.60 [2.50, 2.70], expected 1.40x [1.30, 1.50]: pays off" in deploy
     assert "a budget, not this shape" not in deploy
+
+
+def _run(store, shape: str, budget: int, prompts: int, tokens: int, draft_s: float, verify_s: float) -> None:
+    """Units of a measured run: per prompt a first step (its prefill: slow) and steady steps."""
+    for i in range(prompts):
+        rows = [{"position": 0, "num_tokens": 1, "num_drafted": budget, "draft_time": 9.0, "verify_time": 9.0}]
+        rows += [
+            {
+                "position": 1 + j * tokens,
+                "num_tokens": tokens,
+                "num_drafted": budget,
+                "draft_time": draft_s,
+                "verify_time": verify_s,
+            }
+            for j in range(5)
+        ]
+        store.add({"pair": "d -> t", "shape": shape, "budget": budget, "prompt_id": f"p{i}"}, rows)
+
+
+def test_a_measurement_is_checked_against_the_prediction_priced_while_it_ran(tmp_path):
+    """`heldout.measurement_prediction`: the held-out tau priced on the points timed during the run, with
+    the interval of a mean over the prompts run (wider for fewer); `sweeps.prediction_check` sets it
+    against the run's steady steps (each prompt's first, its prefill, left out) and says "confirmed"
+    only inside the interval and within 10%."""
+    from specnb.analysis.cost_model import step_cost
+    from specnb.experiments import sweeps
+    from specnb.io.storage import Sweep
+    from specnb.notebook import readings
+
+    c = collection(odd=2, same=4)
+    held = heldout.score(c, PRESETS, [4], k=3, seed=0)
+    _, choice = heldout.choose(held.table, held.trees, curve(), "t", "d")
+    points = curve(verify=0.5, slope=0.01, spread=0.1)  # the machine during the runs: not as the curve was
+    cost = step_cost(points, "t", "d")
+    t_draft, t_verify = cost.t_draft(choice.tree), cost.t_verify(choice.tree.num_nodes)
+    two = heldout.measurement_prediction(held, choice, points, "t", "d", prompts=2)
+    six = heldout.measurement_prediction(held, choice, points, "t", "d", prompts=6)
+    assert two["tau"] == six["tau"] == choice.tau and two["t_decode_s"] == 0.5
+    assert two["speedup"] == pytest.approx(choice.tau * 0.5 / (t_draft + t_verify))
+    assert two["tau_low"] < six["tau_low"] <= choice.tau <= six["tau_high"] <= two["tau_high"]  # tau: 3 at most here
+    assert two["speedup_low"] < two["speedup"] < two["speedup_high"]
+
+    tokens = round(choice.tau)
+    for name, slower, expect in (("as_predicted", 1.0, None), ("slow", 1.5, "off by -")):
+        store = Sweep(tmp_path / f"{name}.jsonl", key=sweeps.UNIT_KEY)
+        _run(store, "autoregressive", 0, 6, 1, 0.0, 0.5)
+        _run(store, choice.shape, choice.budget, 6, tokens, t_draft * slower, t_verify * slower)
+        measured = pd.DataFrame([{"prompts": 6, "tau": 26 / 6, "speedup": 1.1}])
+        check = sweeps.prediction_check(held, choice, points, store, measured, ("t", "d")).set_index("quantity")
+        steady = check.loc["speed-up, steady state"]
+        assert steady["measured"] == pytest.approx(tokens * 0.5 / (t_draft + t_verify) / slower)
+        assert steady["measured_over_predicted"] == pytest.approx(tokens / choice.tau / slower)
+        assert check.loc["draft seconds per step", "measured"] == pytest.approx(t_draft * slower)
+        assert check.loc["target alone, seconds per token", "measured"] == pytest.approx(0.5)
+        assert check.loc["speed-up with each prompt's prefill", "measured"] == 1.1
+        ok = (
+            abs(steady["measured_over_predicted"] - 1) <= 0.10 and steady["low"] <= steady["measured"] <= steady["high"]
+        )
+        assert (steady["check"] == "confirmed") == ok
+        if expect:
+            assert steady["check"].startswith(expect)
+        text = readings.check_reading(check.reset_index())
+        assert f"{steady['measured']:.2f}x against {steady['predicted']:.2f}x" in text and steady["check"] in text
+    assert sweeps.prediction_check(held, None, points, store, measured, ("t", "d")).empty

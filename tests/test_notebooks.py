@@ -554,6 +554,7 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
         "max_prompts",
         "max_new_tokens",
         "check_prompts",
+        "measure_prompts",
         "verify_prefix",
         "verify_nodes",
         "verify_repeats",

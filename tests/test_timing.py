@@ -219,3 +219,44 @@ def test_curve_shape_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match="name one"):
         curve_shape(both)
     assert curve_shape(both, model="other")["step_ms"] == 2
+
+
+def test_verify_curve_times_every_point_in_the_same_rounds(tmp_path, monkeypatch):
+    """A curve is timed round-robin over all its points (a change of the machine's speed during it moves
+    every point alike, not the curve's shape): one interleaved measurement holding every missing point."""
+    from specnb.bench import verify_curve as vc
+
+    calls = []
+
+    def spy(fns, device, warmup, repeats, setups=None):
+        calls.append(sorted(fns))
+        return measure_interleaved(fns, device, warmup, repeats, setups)
+
+    monkeypatch.setattr(vc, "measure_interleaved", spy)
+    store = Sweep(tmp_path / "curve.jsonl", CURVE_KEY)
+    verify_curve(store, tiny_model(0), "t", 11, [0, 2, 5], config=CurveConfig(warmup=0, repeats=2, progress=False))
+    assert calls == [sorted((kind, n) for n in (0, 2, 5) for kind in ("verify", "plain"))]
+    assert (curve_table(store)["repeats"] == 2).all()
+
+
+def test_step_points_time_what_the_tree_needs_and_price_it():
+    """The points one tree's step needs, a round at a time: the target's verification of the tree and of
+    the root alone, the draft's forward at each width the tree feeds; read back as curve rows, they price
+    the tree as the cost model does (one draft forward per fed width, the verification at its node count)."""
+    from specnb.analysis.cost_model import step_cost
+    from specnb.bench.verify_curve import StepPoints
+
+    tree = Tree.kary(2, 6)
+    points = StepPoints(tiny_model(0), tiny_model(1, layers=1), tree, 11, ("tiny-target", "tiny-draft"))
+    for _ in range(3):
+        points.round()
+    table = points.table()
+    target = table[table["role"] == "target"].set_index("nodes")
+    assert sorted(target.index) == [0, 6] and target.loc[6, "tokens"] == 7 and (target["kind"] == "verify").all()
+    draft = table[table["role"] == "draft"].set_index("tokens")
+    assert sorted(draft.index) == sorted(set(tree.draft_widths)) == [1, 2]
+    assert (table["repeats"] == 3).all() and (table["q25_s"] <= table["median_s"]).all()
+    cost = step_cost(table, "tiny-target", "tiny-draft")
+    assert cost.t_verify(6) == target.loc[6, "median_s"]
+    assert cost.t_draft(tree) == pytest.approx(sum(draft.loc[w, "median_s"] for w in tree.draft_widths))
+    assert tree.draft_widths == (1, 2)  # the root, then the two depth-1 nodes (depth 2: leaves, never fed)

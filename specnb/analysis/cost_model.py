@@ -41,8 +41,7 @@ def expected_tau(tree: Tree, acceptance: Sequence[float]) -> float:
 def draft_seconds(tree: Tree, draft_width_s: Callable[[int], float]) -> float:
     """Draft time of one step: the root's forward plus one forward per level fed (the nodes that
     have children; leaves are only chosen), each costing `draft_width_s(width)`."""
-    widths = [1] + [len(level.fed) for level in tree.levels if level.fed]
-    return float(sum(draft_width_s(w) for w in widths))
+    return float(sum(draft_width_s(w) for w in tree.draft_widths))
 
 
 def draft_widths(trees: Iterable[Tree]) -> list[int]:

@@ -21,6 +21,8 @@ one prompt are not independent; `analysis.spread`). Presets are fitted to nothin
     choose       the tree and budget to deploy by expected tokens/s with held-out tau (cost model),
                  with an interval and a verdict (`Choice`)
     selection    the choice itself held out: made on each fold's training prompts, scored on the fold
+    measurement_prediction   what a run of the choice on k prompts should measure, priced on the
+                 points timed while it ran, with the interval of a k-prompt mean
 
 The verdict's interval: the chosen tree's held-out tau at the ends of its 95% bootstrap interval
 over prompts, priced with the cost curves at their measured quartiles, the pessimistic pairing at
@@ -272,8 +274,9 @@ def choose(
         row, tree = keyed.loc[(r.shape, r.budget)], trees[(r.shape, r.budget)]
         tau_lows.append(float(row["tau_heldout_ci_low"]))
         tau_highs.append(float(row["tau_heldout_ci_high"]))
-        lows.append(tau_lows[-1] * slow.row(tree, 1.0)["speedup"] * fast.t_verify(0) / slow.t_verify(0))
-        highs.append(tau_highs[-1] * fast.row(tree, 1.0)["speedup"] * slow.t_verify(0) / fast.t_verify(0))
+        low, high = _speedup_interval(tree, tau_lows[-1], tau_highs[-1], fast, slow)
+        lows.append(low)
+        highs.append(high)
     speed = speed.assign(
         fitted=[bool(keyed.loc[(s, b), "fitted"]) for s, b in zip(speed["shape"], speed["budget"])],
         tau_in_sample=[float(keyed.loc[(s, b), "tau_in_sample"]) for s, b in zip(speed["shape"], speed["budget"])],
@@ -299,6 +302,49 @@ def choose(
         str(best["verdict"]),
     )
     return speed, choice
+
+
+def _speedup_interval(
+    tree: Tree, tau_low: float, tau_high: float, fast: StepCost, slow: StepCost
+) -> tuple[float, float]:
+    """The speed-up interval of `tree` (module docstring): each end of the tau interval priced with
+    the pessimistic pairing of the quartile costs (low: slow steps against a fast baseline)."""
+    low = tau_low * slow.row(tree, 1.0)["speedup"] * fast.t_verify(0) / slow.t_verify(0)
+    high = tau_high * fast.row(tree, 1.0)["speedup"] * slow.t_verify(0) / fast.t_verify(0)
+    return low, high
+
+
+def measurement_prediction(
+    held: HeldOut, choice: Choice, points: pd.DataFrame, target: str, draft: str, prompts: int
+) -> dict[str, float]:
+    """What a run of `choice` on `prompts` prompts should measure, priced on `points` (the cost model's
+    points timed while that run ran, `bench.verify_curve.StepPoints`; curve rows): the held-out tau,
+    the step's draft, verify and decode seconds, and the steady-state speed-up (the steps after each
+    prompt's first, which carries its prefill), tau and speed-up with the 95% interval of a mean over
+    `prompts` prompts (the choice's per-prompt taus, held out for a design, resampled `prompts` at a
+    time: `spread.ratio_interval`'s draws), priced at the points' quartiles."""
+    pp = held.per_prompt
+    rows = pp[
+        (pp["shape"] == choice.shape)
+        & (pp["budget"] == choice.budget)
+        & (pp["scored"] == ("heldout" if choice.fitted else "in_sample"))
+    ]
+    tau_low, tau_high = spread.ratio_interval(rows["tokens"], rows["steps"], draws=prompts)
+    cost = step_cost(points, target, draft)
+    fast, slow = _quartile_costs(points, target, draft)
+    row = cost.row(choice.tree, choice.tau)
+    low, high = _speedup_interval(choice.tree, tau_low, tau_high, fast, slow)
+    return {
+        "tau": choice.tau,
+        "tau_low": tau_low,
+        "tau_high": tau_high,
+        "t_draft_s": float(row["t_draft_s"]),
+        "t_verify_s": float(row["t_verify_s"]),
+        "t_decode_s": cost.t_verify(0),
+        "speedup": float(row["speedup"]),
+        "speedup_low": low,
+        "speedup_high": high,
+    }
 
 
 def _quartile_costs(curve: pd.DataFrame, target: str, draft: str) -> tuple[StepCost, StepCost]:

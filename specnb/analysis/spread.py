@@ -30,16 +30,19 @@ def ratio_interval(
     level: float = LEVEL,
     resamples: int = RESAMPLES,
     seed: int = SEED,
+    draws: int | None = None,
 ) -> tuple[float, float]:
     """(low, high): the percentile-bootstrap interval of sum(numerator) / sum(denominator), one
-    entry per prompt, resampling prompts. (nan, nan) below MIN_PROMPTS prompts."""
+    entry per prompt, resampling prompts. (nan, nan) below MIN_PROMPTS prompts. draws: prompts per
+    resample (default: as many as given); fewer gives the interval of a measurement on that many
+    prompts drawn from these, wider than the interval of their mean."""
     num = np.asarray(numerator, dtype=float)  # [P]
     den = np.asarray(denominator, dtype=float)  # [P]
     if num.shape != den.shape or num.ndim != 1:
         raise ValueError(f"one numerator and one denominator per prompt, got shapes {num.shape} and {den.shape}")
     if len(num) < MIN_PROMPTS:
         return float("nan"), float("nan")
-    picks = np.random.default_rng(seed).integers(0, len(num), size=(resamples, len(num)))  # [B, P]
+    picks = np.random.default_rng(seed).integers(0, len(num), size=(resamples, draws or len(num)))  # [B, draws]
     return _percentiles(_divide(num[picks].sum(1), den[picks].sum(1)), level)
 
 

@@ -39,6 +39,12 @@ class Timing:
     def row(self) -> dict[str, float | int]:
         return asdict(self)
 
+    @classmethod
+    def of(cls, times: list[float], warmup: int = 0) -> Timing:
+        """The summary of `times`, seconds of timed calls made after `warmup` untimed ones."""
+        q25, _, q75 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
+        return cls(statistics.median(times), q25, q75, min(times), max(times), len(times), warmup)
+
 
 def measure(
     fn: Callable[[], Any],
@@ -60,7 +66,7 @@ def measure(
         synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return _summary(times, repeats, warmup)
+    return Timing.of(times, warmup)
 
 
 def measure_interleaved(
@@ -93,12 +99,7 @@ def measure_interleaved(
             synchronize(device)
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
-    return {name: _summary(t, repeats, warmup) for name, t in times.items()}
-
-
-def _summary(times: list[float], repeats: int, warmup: int) -> Timing:
-    q25, _, q75 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
-    return Timing(statistics.median(times), q25, q75, min(times), max(times), repeats, warmup)
+    return {name: Timing.of(t, warmup) for name, t in times.items()}
 
 
 def device_name(device: torch.device | str) -> str:

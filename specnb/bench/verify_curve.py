@@ -1,8 +1,10 @@
 """What verification costs a real model: one `verify` of n tree nodes on a real cache, against n.
 
     prefilled_cache        a cache of a given length (random tokens: timing does not depend on them)
-    verify_and_forward     one verification of root + tree and one plain forward of as many tokens,
-                           timed round-robin on the same cache
+    point_calls, timed     the calls of one point (a verification of root + tree, a plain forward of
+                           as many tokens) and their round-robin timing on one cache
+    verify_and_forward     both for one point
+    StepPoints             the points one tree's step needs, timed a round at a time between runs
     verify_curve           both against the number of nodes (the target), or a plain forward per
                            level width (the draft), stored resumably; `curve_table` reads it back
     curve_shape            where the verify curve steps and where it slopes, from its measured points
@@ -44,20 +46,13 @@ def prefilled_cache(model: torch.nn.Module, prefix_len: int, seed: int = 0):
     return cache
 
 
-def verify_and_forward(
-    model: torch.nn.Module,
-    cache,
-    tree: Tree | None,
-    tokens: int | None = None,
-    warmup: int = 1,
-    repeats: int = 3,
-    seed: int = 0,
-) -> dict[str, Timing]:
-    """Timed round-robin on `cache` (cropped back to its length before every run):
-    "verify": one `verification.verify` of root + `tree` (if a tree is given);
-    "plain": one plain forward of `tokens` new tokens with the model's own causal mask (default:
-    as many tokens as verify feeds, root + nodes)."""
-    prefix_len = cache.get_seq_length()
+def point_calls(
+    model: torch.nn.Module, cache, tree: Tree | None, tokens: int | None = None, seed: int = 0
+) -> dict[str, Callable[[], Any]]:
+    """The calls one curve point times on `cache`: "verify": one `verification.verify` of root +
+    `tree` (if a tree is given); "plain": one plain forward of `tokens` new tokens with the model's
+    own causal mask (default: as many tokens as verify feeds, root + nodes). Each leaves its tokens
+    in the cache: `timed` crops it back before every call."""
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     fns: dict[str, Callable[[], Any]] = {}
@@ -73,10 +68,31 @@ def verify_and_forward(
         model(input_ids=ids, cache=cache, use_cache=True)
 
     fns["plain"] = plain
+    return fns
+
+
+def timed(model: torch.nn.Module, cache, fns: dict, warmup: int = 1, repeats: int = 3) -> dict:
+    """`fns` (calls on `cache`, any keys) timed round-robin (`timing.measure_interleaved`), the cache
+    cropped back to its length before every call and at the end."""
+    prefix_len = cache.get_seq_length()
     reset = lambda: crop(cache, prefix_len)  # noqa: E731
     out = measure_interleaved(fns, model.device, warmup, repeats, setups={name: reset for name in fns})
     reset()
     return out
+
+
+def verify_and_forward(
+    model: torch.nn.Module,
+    cache,
+    tree: Tree | None,
+    tokens: int | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    seed: int = 0,
+) -> dict[str, Timing]:
+    """One point's calls (`point_calls`: "verify" of root + `tree`, "plain" forward) timed
+    round-robin on `cache` (cropped back to its length before every run)."""
+    return timed(model, cache, point_calls(model, cache, tree, tokens, seed), warmup, repeats)
 
 
 @dataclass(frozen=True)
@@ -102,7 +118,10 @@ def verify_curve(
     tokens: role "target": one verification of an n-node tree (kind "verify"; n = 0 is the root
     alone, one decoding step) and, interleaved with it, one plain forward of the same n + 1 tokens
     (kind "plain"); role "draft": one plain forward of n tokens, the draft's cost per tree level
-    of width n. The trees are `config.shape`'s (default: `CurveConfig()`)."""
+    of width n. The trees are `config.shape`'s (default: `CurveConfig()`). Every missing point is
+    timed in the same rounds (each round calls every point once, in a shuffled order), so that a
+    change of the machine's speed during the curve moves all points alike, not its shape; the
+    points are stored when the rounds are done."""
     config = config or CurveConfig()
     shape, warmup, repeats = config.shape, config.warmup, config.repeats
     env = {**environment_row(model.device, model.dtype), "linear": linear_path(model)}
@@ -112,19 +131,24 @@ def verify_curve(
     if not todo:
         return
     cache = prefilled_cache(model, prefix_len)
-    for n in tqdm(todo, desc=f"{model_name} {role}", disable=not config.progress):
+    fns = {}
+    for n in todo:  # every point in one round-robin: a drift of the machine lands on all of them alike
         tree = Tree.preset(shape, n)
-        if role == "draft":
-            timings = verify_and_forward(model, cache, None, max(n, 1), warmup, repeats)
-        else:
-            timings = verify_and_forward(model, cache, tree, None, warmup, repeats)
+        calls = point_calls(model, cache, None, max(n, 1)) if role == "draft" else point_calls(model, cache, tree)
+        fns.update({(kind, n): calls[kind] for kind in kinds})
+    desc = f"{model_name} {role}: {len(todo)} points x {warmup + repeats} rounds"
+    with tqdm(total=1, desc=desc, disable=not config.progress) as bar:
+        timings = timed(model, cache, fns, warmup, repeats)
+        bar.update()
+    for n in todo:
+        tree = Tree.preset(shape, n)
         tokens = max(n, 1) if role == "draft" else n + 1
         for kind in kinds:
             store.add(
                 key(kind, n),
                 [
                     {
-                        **timings[kind].row(),
+                        **timings[(kind, n)].row(),
                         "tokens": tokens,
                         "depth": tree.depth,
                         "leaves": len(tree.leaves),
@@ -219,3 +243,59 @@ def curve_shape(curve: pd.DataFrame, model: str | None = None, kind: str = "veri
         "last_ms": last_ms,
         "step_share": (first_ms - decode) / (last_ms - decode) if last_ms != decode else float("nan"),
     }
+
+
+class StepPoints:
+    """The points of the cost model one tree's step needs, timed a round at a time between other work
+    (`experiments.sweeps.measure_choice` times one round before each prompt it runs): the target's
+    verification of the tree and of the root alone (nodes 0, one decode), and the draft's plain
+    forward at each width the tree feeds (`Tree.draft_widths`), each on a cache of `prefix`
+    tokens. `table()` gives them as `curve_table` rows (median and quartiles over the rounds), so a
+    prediction can be priced on the machine as it was while a measurement ran."""
+
+    def __init__(
+        self, target: torch.nn.Module, draft: torch.nn.Module, tree: Tree, prefix: int, names: tuple[str, str]
+    ) -> None:
+        self.models, self.names, self.prefix = (target, draft), names, prefix
+        self.caches = (prefilled_cache(target, prefix), prefilled_cache(draft, prefix))
+        empty = Tree.preset("sparse", 0)
+        self.tokens = {("verify", 0): 1, ("verify", tree.num_nodes): tree.num_nodes + 1}
+        self.fns: tuple[dict, dict] = (
+            {
+                ("verify", 0): point_calls(target, self.caches[0], empty)["verify"],
+                ("verify", tree.num_nodes): point_calls(target, self.caches[0], tree)["verify"],
+            },
+            {
+                ("plain", w): point_calls(draft, self.caches[1], None, w)["plain"]
+                for w in sorted(set(tree.draft_widths))
+            },
+        )
+        self.times: dict[tuple[int, str, int], list[float]] = {}
+
+    def round(self) -> None:
+        """One timed call of every point (round-robin within each model)."""
+        for role, (model, cache, fns) in enumerate(zip(self.models, self.caches, self.fns)):
+            for key, timing in timed(model, cache, fns, warmup=0, repeats=1).items():
+                self.times.setdefault((role, *key), []).append(timing.median_s)
+
+    def table(self) -> pd.DataFrame:
+        """The points as `curve_table` rows: model, role, kind, nodes, tokens, prefix and the timing
+        columns over the rounds made (`timing.Timing`), "measured" the time of the call."""
+        rows = []
+        for (role, kind, n), times in self.times.items():
+            rows.append(
+                {
+                    "model": self.names[role],
+                    "role": ("target", "draft")[role],
+                    "kind": kind,
+                    "prefix": self.prefix,
+                    "nodes": n,
+                    "tokens": self.tokens.get((kind, n), n),
+                    **Timing.of(times).row(),
+                    "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            )
+        out = pd.DataFrame(rows)
+        if not out.empty:
+            out["median_ms"] = out["median_s"] * 1e3
+        return out

@@ -280,6 +280,12 @@ class Tree:
             slot = {i: r for r, i in enumerate(fed)}
         return tuple(out)
 
+    @cached_property
+    def draft_widths(self) -> tuple[int, ...]:
+        """Tokens of each draft forward of a level-by-level draft: the root's (1), then each level's
+        fed nodes (leaves are only chosen, never fed)."""
+        return (1, *(len(level.fed) for level in self.levels if level.fed))
+
     # ---- tensors ------------------------------------------------------------------------------
 
     @cached_property

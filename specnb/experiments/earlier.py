@@ -128,6 +128,12 @@ def verdict_reading(
     )
     if rec.measured_speedup is not None:
         out += f"; 01 measured {rec.measured_speedup:.2f}x on {rec.measured_prompts} prompts against the target alone"
+    if rec.check:
+        c = rec.check
+        out += (
+            f" (steady state, each prompt's first step left out: {c['measured']:.2f}x against {c['predicted']:.2f}x "
+            f"[{c['low']:.2f}, {c['high']:.2f}] predicted on the cost model's points timed while it ran: {c['check']})"
+        )
     if own is None:
         return out + "."
     tau = float(own["expected_tau"] if "expected_tau" in own else own["tau"])

@@ -377,11 +377,13 @@ def tree_results(
     measured: pd.DataFrame | None = None,
     device: str = "",
     sglang: pd.DataFrame | None = None,
+    check: pd.DataFrame | None = None,
 ) -> tree_store.TreeResults:
     """What notebook 01 passes on (`io.tree_results`): the acceptance vectors (none for a
     cross-tokenizer collection), per budget the best preset and every design with in-sample and
     held-out tau, the choice with its intervals and verdict, its measured speed-up if run, and
-    SGLang's flags of highest expected speed-up (`heldout.sglang_choice`) where replayed."""
+    SGLang's flags of highest expected speed-up (`heldout.sglang_choice`) where replayed, and the
+    prediction checked against the measurement (`sweeps.prediction_check`'s steady-state row)."""
     cross = collection.config.cross_tokenizer
     acceptance = () if cross else replay.acceptance_vector(collection)
     by_depth = () if cross else replay.rank_accuracy_by_depth(collection, heldout.MEDUSA_DEPTH)
@@ -404,6 +406,7 @@ def tree_results(
             measured_speedup=None if run is None else float(run["speedup"]),
             measured_prompts=0 if run is None else int(run["prompts"]),
             device=device,
+            check=_check_record(check),
         )
     flags = {}
     if sglang is not None and len(sglang) and sglang["speedup"].notna().any():
@@ -424,3 +427,13 @@ def _found(row: pd.Series, trees: dict[tuple[str, int], Tree]) -> tree_store.Fou
         float(row["tau_heldout"]),
         bool(row["fitted"]),
     )
+
+
+def _check_record(check: pd.DataFrame | None) -> dict:
+    """The steady-state row of `sweeps.prediction_check` as plain JSON values; {} without one."""
+    if check is None or check.empty:
+        return {}
+    row = check.set_index("quantity").loc["speed-up, steady state"]
+    return {"prompts": int(check["prompts"].iloc[0])} | {
+        k: (str(row[k]) if k == "check" else float(row[k])) for k in ("predicted", "low", "high", "measured", "check")
+    }

@@ -32,10 +32,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ..analysis import replay
-from ..analysis.heldout import Choice
+from ..analysis.heldout import Choice, HeldOut, measurement_prediction
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import Score, compare_greedy, logit_gap, score
 from ..bench.baselines import hf_assisted_generate, hf_prompt_lookup_generate, hf_uag_generate
+from ..bench.verify_curve import StepPoints
 from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.trees import Tree
@@ -58,7 +59,7 @@ from ..io.storage import Sweep
 from .executors import LocalExecutor
 from .pairs import Pair, PairModels, pair_keys
 from .replay_study import PairCollectConfig, collect_pair, collection_folder
-from .tables import BASELINE, shape_table, unit_table
+from .tables import BASELINE, shape_table, step_costs, steps_frame, unit_table
 
 WARMUP_TOKENS = 4  # tokens of each method's untimed warm-up run (`run_sweep`)
 GAP_TOKENS = 8  # tokens of the first prompt's output that `quality.logit_gap` decodes and verifies
@@ -304,22 +305,87 @@ def measure_choice(
     choice: Choice | None,
     config: SweepConfig,
     cross: bool = False,
-) -> pd.DataFrame:
-    """The chosen tree run end to end against the target alone on `prompts`, interleaved
-    (`run_sweep`, `store` a sweep of its own): `tables.shape_table`'s row of it (tokens/s,
-    speedup and its interval). A design is drafted by the pair's draft model; a cross-tokenizer
-    pair drafts across tokenizers (xtok). No choice: an empty table."""
+    names: tuple[str, str] = ("target", "draft"),
+    prefix: int = 256,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The chosen tree run end to end against the target alone on `prompts` (`run_sweep`, `store` a
+    sweep of its own), and before each prompt one round of the cost model's points that tree needs
+    (`bench.verify_curve.StepPoints`, on caches of `prefix` tokens; `names`: the curve's names of
+    target and draft), so that the prediction is priced on the machine as it was during these runs.
+    A design is drafted by the pair's draft model; a cross-tokenizer pair drafts across tokenizers
+    (xtok). Returns (`tables.shape_table`'s row of the tree: tokens/s, speed-up and its interval; the
+    points as curve rows); no choice: two empty tables."""
     if choice is None:
-        return pd.DataFrame()
+        return pd.DataFrame(), pd.DataFrame()
     key = (choice.shape, choice.budget)
+    trees, drafters = {key: choice.tree}, None
     if cross:
-        run_sweep(store, pair, prompts, method_trees([f"xtok/{key[0]}:{key[1]}"]), config)
+        trees = method_trees([f"xtok/{key[0]}:{key[1]}"])
     elif choice.fitted:
-        drafter = build_drafter(parse_method("chain:1"), pair.target, pair.draft)
-        run_sweep(store, pair, prompts, {key: choice.tree}, config, drafters={key: drafter})
-    else:
-        run_sweep(store, pair, prompts, {key: choice.tree}, config)
-    return shape_table(unit_table(store))
+        drafters = {key: build_drafter(parse_method("chain:1"), pair.target, pair.draft)}
+    points = StepPoints(pair.target, pair.draft, choice.tree, prefix, names)
+    for i, prompt in enumerate(
+        tqdm(prompts, desc=f"{key[0]}:{key[1]} and the target alone", disable=not config.progress)
+    ):
+        points.round()
+        run_sweep(
+            store,
+            pair,
+            [prompt],
+            trees,
+            replace(config, warmup=config.warmup and i == 0, progress=False),
+            drafters=drafters,
+        )
+    return shape_table(unit_table(store)), points.table()
+
+
+CONFIRMED_WITHIN = 0.10  # `prediction_check`: the steady speed-up measured within 10% of the predicted one
+
+
+def prediction_check(
+    held: HeldOut,
+    choice: Choice | None,
+    points: pd.DataFrame,
+    store: Sweep,
+    measured: pd.DataFrame,
+    names: tuple[str, str],
+) -> pd.DataFrame:
+    """The recommendation's prediction (`heldout.measurement_prediction`, priced on `points`, timed
+    while it ran: `measure_choice`) against its run (`store`, `measured`: `measure_choice`'s), one row
+    per quantity: tau; the step's draft and verify seconds and the target alone's seconds per token
+    (steps after each prompt's first: `tables.step_costs`); the steady-state speed-up those give
+    (what the cost model prices); the speed-up with each prompt's first step (its prefill), measured
+    only. Columns predicted, low, high (the interval of a mean over the prompts run), measured,
+    measured_over_predicted, inside; the steady speed-up's row has check "confirmed" where it is
+    inside its interval and within CONFIRMED_WITHIN of the prediction, else how far off. Empty
+    without a choice or a measurement."""
+    if choice is None or measured.empty or points.empty:
+        return pd.DataFrame()
+    run = measured.iloc[0]
+    p = measurement_prediction(held, choice, points, *names, int(run["prompts"]))
+    cost = step_costs(steps_frame(store)).iloc[0]
+    nan = float("nan")
+    rows = [
+        ("tau (bonus included)", p["tau"], p["tau_low"], p["tau_high"], run["tau"]),
+        ("draft seconds per step", p["t_draft_s"], nan, nan, cost["draft_s_per_step"]),
+        ("verify seconds per step", p["t_verify_s"], nan, nan, cost["verify_s_per_step"]),
+        ("target alone, seconds per token", p["t_decode_s"], nan, nan, cost["target_s_per_token"]),
+        ("speed-up, steady state", p["speedup"], p["speedup_low"], p["speedup_high"], cost["predicted_speedup"]),
+        ("speed-up with each prompt's prefill", nan, nan, nan, run["speedup"]),
+    ]
+    out = pd.DataFrame(rows, columns=["quantity", "predicted", "low", "high", "measured"])
+    out["measured_over_predicted"] = out["measured"] / out["predicted"]
+    inside = [None if lo != lo else bool(lo <= m <= hi) for lo, hi, m in zip(out["low"], out["high"], out["measured"])]
+    out["inside"] = inside
+    off = float(out.loc[4, "measured_over_predicted"]) - 1
+    out["check"] = ""
+    out.loc[4, "check"] = (
+        "confirmed"
+        if abs(off) <= CONFIRMED_WITHIN and inside[4] is not False
+        else f"off by {off:+.0%}" + (", outside the interval" if inside[4] is False else "")
+    )
+    out.insert(0, "prompts", int(run["prompts"]))
+    return out
 
 
 @dataclass

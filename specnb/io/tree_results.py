@@ -63,6 +63,9 @@ class Recommendation:
     measured_speedup: float | None = None  # measured on 01's check prompts; None when not run
     measured_prompts: int = 0
     device: str = ""
+    # the steady-state speed-up predicted while the measurement ran against it (`sweeps.prediction_check`):
+    # prompts, predicted, low, high, measured, check ("confirmed" or how far off); empty when not run
+    check: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

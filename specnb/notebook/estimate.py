@@ -4,17 +4,20 @@
                                 DECODE_PREFIX-token cache, median of DECODE_REPEATS after DECODE_WARMUP
                                 (a few seconds, the load included); None when the target is a hub model
     reference(profile, chain)   REFERENCES[profile] (or of the first profile it extends that has some)
-    plan(...)                   the estimate of each notebook: its reference time x (decode here /
-                                decode where the reference was measured); unscaled where either is
-                                unknown, and then said so
+    plan(...)                   the estimate of each notebook: its share of the reference times, of a
+                                whole run's time at this decode step on the line fitted to the
+                                profile's runs (`Reference.line`); without such runs, its reference
+                                time x (decode here / decode there); unscaled where either is unknown
     Progress                    the progress line between notebooks: elapsed, and the time left (the
                                 remaining estimates, corrected by how the finished notebooks compared)
 
 The reference times per profile live in reference_times.json beside this module (REFERENCES), each
 with the decode step of the machine it was measured on; `python -m specnb.notebook.estimate record`
-rewrites a profile's from a finished run (its run_summary.json and records). A notebook's time does
-not all scale with the decode step (loading, prompts, plotting do not), so the estimate is a first
-figure, not a promise: the actual time is recorded beside it in each run's params.json ("timing").
+rewrites a profile's from a finished run (its run_summary.json and records) and adds it to the
+profile's runs. A notebook's time does not all scale with the decode step (loading, prompts, plotting
+do not): the runs on machines of different speed give the fixed part and the part that scales. The
+estimate is a first figure, not a promise (a machine whose speed changes during a run is not
+foreseen): the actual time is recorded beside it in each run's params.json ("timing").
 
 $SPECNB_DECODE_MS skips the measurement: a number is taken as the decode step in ms; "skip" (the
 tests set it) scales nothing.
@@ -46,6 +49,21 @@ class Reference:
     seconds: Mapping[str, float]
     decode_ms: float | None
     where: str  # when, where and how the times (and the decode step) were measured
+    # whole runs of the profile on machines of different speed: {"decode_ms", "seconds" (its notebooks
+    # together), "where"}; `line` fits their time to the decode step
+    runs: tuple[Mapping[str, Any], ...] = ()
+
+    def line(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per ms of decode): the least-squares line through `runs`' notebook
+        time against their decode step (loading and Python do not scale with it); None with fewer than
+        two decode steps to fit."""
+        points = [(float(r["decode_ms"]), float(r["seconds"])) for r in self.runs]
+        if len({d for d, _ in points}) < 2:
+            return None
+        d, t = (list(v) for v in zip(*points))
+        mean_d, mean_t = sum(d) / len(d), sum(t) / len(t)
+        slope = sum((x - mean_d) * (y - mean_t) for x, y in points) / sum((x - mean_d) ** 2 for x in d)
+        return mean_t - slope * mean_d, slope
 
 
 CPU_NOTEBOOKS = ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
@@ -55,7 +73,10 @@ REFERENCE_FILE = Path(__file__).with_name("reference_times.json")  # profile -> 
 def load_references(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
     """The reference times per profile, from the data file (`record` rewrites a profile's from a run)."""
     data = json.loads(Path(path).read_text())
-    return {name: Reference(dict(r["seconds"]), r.get("decode_ms"), str(r["where"])) for name, r in data.items()}
+    return {
+        name: Reference(dict(r["seconds"]), r.get("decode_ms"), str(r["where"]), tuple(r.get("runs", ())))
+        for name, r in data.items()
+    }
 
 
 REFERENCES: dict[str, Reference] = load_references()
@@ -139,6 +160,7 @@ class Plan:
     decode_ms: float | None  # this machine's
     decode_how: str
     estimates: dict[str, float | None] = field(default_factory=dict)  # seconds; None: no reference time
+    how: str = ""  # how the reference times were scaled, where not by the decode ratio alone
 
     @property
     def scale(self) -> float | None:
@@ -169,7 +191,7 @@ class Plan:
             out.append(f"== no reference times for profile {self.profile}: no estimate")
             return out
         ref = f"{self.reference_decode_ms:.0f} ms" if self.reference_decode_ms is not None else "an unknown"
-        how = (
+        how = self.how or (
             f"scaled by {self.scale:.2f} (decode here / {ref} decode where they were measured)"
             if self.scale is not None
             else "not scaled (a decode step missing here or there)"
@@ -194,8 +216,16 @@ def plan(
         return Plan(profile, None, "", None, decode[0], decode[1], {b: None for b in books})
     name, ref = found
     out = Plan(profile, name, ref.where, ref.decode_ms, decode[0], decode[1])
-    scale = out.scale or 1.0
-    out.estimates = {b: (ref.seconds[b] * scale if b in ref.seconds else None) for b in books}
+    line, factor = ref.line(), out.scale or 1.0
+    if line is not None and decode[0] is not None:  # each notebook its share of the fitted whole run
+        total = line[0] + line[1] * decode[0]
+        factor = total / sum(ref.seconds.values())
+        out.how = (
+            f"each its share of a whole run of {duration(total)} at this decode step: {duration(line[0])} + "
+            f"{line[1]:.2f} s per ms of decode, fitted to {len(ref.runs)} runs at "
+            f"{min(float(r['decode_ms']) for r in ref.runs):.0f}-{max(float(r['decode_ms']) for r in ref.runs):.0f} ms"
+        )
+    out.estimates = {b: (ref.seconds[b] * factor if b in ref.seconds else None) for b in books}
     return out
 
 
@@ -249,9 +279,17 @@ def record(outputs: Path, path: Path = REFERENCE_FILE) -> Reference:
         f"{(env.get('git_commit') or '?')[:7]}, on {env.get('device')}; its decode step: {decode:.0f} ms "
         f"({(summary.get('plan') or {}).get('decode_how', '')})"
     )
-    reference = Reference({nb: float(r["actual_s"]) for nb, r in runs.items()}, round(float(decode), 1), where)
     data = json.loads(Path(path).read_text())
-    data[summary["profile"]] = {"seconds": dict(reference.seconds), "decode_ms": reference.decode_ms, "where": where}
+    earlier = list(data.get(summary["profile"], {}).get("runs", []))
+    seconds = {nb: float(r["actual_s"]) for nb, r in runs.items()}
+    this = {"decode_ms": round(float(decode), 1), "seconds": round(sum(seconds.values()), 1), "where": where}
+    reference = Reference(seconds, this["decode_ms"], where, (*earlier, this))
+    data[summary["profile"]] = {
+        "seconds": seconds,
+        "decode_ms": reference.decode_ms,
+        "where": where,
+        "runs": list(reference.runs),
+    }
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
     return reference
 

@@ -410,6 +410,7 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "top_k": TREE,
         "oracle_k": TREE,
         "check_prompts": SOME,
+        "measure_prompts": COUNT,
         "heldout_folds": COUNT,
         "category_figure": Flag(),
         # collection (01)

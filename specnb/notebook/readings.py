@@ -12,6 +12,7 @@ acceptance rate = accepted / drafted.
     hindsight_reading  notebook 01, one budget: what the hindsight tree is a ceiling of (tau_all) and
                        of what not (the run-trajectory tau), with the trees that beat it there
     verdict_reading    the tree to deploy, its intervals and verdict, the measured run (01)
+    check_reading      the prediction against the measured run, re-priced while it ran (01)
     pairs_reading      notebook 02: best and worst method per pair and budget, speed, equality;
                        per target, the fastest pair and method (does a draft of another
                        tokenizer pay where the same-tokenizer draft does not?)
@@ -184,11 +185,15 @@ def heldout_note(held: pd.DataFrame) -> str:
 
 
 def verdict_reading(
-    choice: Choice | None, measured: pd.DataFrame | None = None, folds: pd.DataFrame | None = None
+    choice: Choice | None,
+    measured: pd.DataFrame | None = None,
+    folds: pd.DataFrame | None = None,
+    check: pd.DataFrame | None = None,
 ) -> str:
     """The tree to deploy with its held-out tau and expected speed-up, their 95% intervals, the verdict
-    (only where the interval excludes 1), the measured run against the target alone, and the
-    choice itself held out (chosen on the other folds, scored on each)."""
+    (only where the interval excludes 1), the measured run against the target alone, the prediction
+    checked against it (`check`: `experiments.sweeps.prediction_check`), and the choice itself held
+    out (chosen on the other folds, scored on each)."""
     if choice is None:
         return "no tree has a held-out tau: no recommendation"
     kind = "a design fitted on every prompt" if choice.fitted else "a preset"
@@ -207,10 +212,27 @@ def verdict_reading(
             f"; run end to end on {int(r['prompts'])} prompts: {r['speedup']:.2f}x the target alone"
             f"{_interval(r, 'speedup')}{against_expected(r['speedup'], choice.speedup_low, choice.speedup_high)}"
         )
+    if check is not None and not check.empty:
+        out += ". " + check_reading(check)
     if folds is not None and not folds.empty:
         picks = ", ".join(f"{r.shape}:{r.budget}" for r in folds.itertuples())
         out += f"; chosen on the other folds and scored on each, the choice picks {picks}"
     return out
+
+
+def check_reading(check: pd.DataFrame) -> str:
+    """The prediction against the measurement (`experiments.sweeps.prediction_check`), in one sentence."""
+    row = check.set_index("quantity")
+    steady, tau = row.loc["speed-up, steady state"], row.loc["tau (bonus included)"]
+    decode, prompts = row.loc["target alone, seconds per token"], int(check["prompts"].iloc[0])
+    return (
+        f"Checked on those {prompts} prompts, every step after each prompt's first (which carries its prefill): "
+        f"measured {steady['measured']:.2f}x against {steady['predicted']:.2f}x [{steady['low']:.2f}, "
+        f"{steady['high']:.2f}] predicted (the held-out tau {tau['predicted']:.2f}, the interval that of a mean over "
+        f"{prompts} prompts; the cost model's points re-timed during the runs: one decode "
+        f"{decode['predicted'] * 1e3:.0f} ms, in the runs {decode['measured'] * 1e3:.0f} ms): **{steady['check']}** "
+        f"(measured tau {tau['measured']:.2f}; with each prompt's prefill {check['measured'].iloc[-1]:.2f}x)"
+    )
 
 
 def against_expected(measured: float, low: float, high: float) -> str:
@@ -848,6 +870,13 @@ def _pays_off(row: pd.Series) -> str:
                 f", {side} the expected interval: the cost model and this measurement disagree on this run (the "
                 "model prices a step from the verify and draft curves alone)"
             )
+    steady = str(row.get("steady state: measured") or "")
+    if steady:
+        out += (
+            f". Priced again on the cost model's points timed while those runs ran (the machine's speed can change "
+            f"between the curve and the runs), the steady state (each prompt's first step, its prefill, left out) "
+            f"was predicted at {row['steady state: predicted while measured']} and measured at {steady}"
+        )
     return out + f". Verdict: **{row['verdict']}**."
 
 

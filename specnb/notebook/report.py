@@ -817,8 +817,9 @@ def _best_table(best: Any) -> Any:
 
 
 def _verdict_table(folder: Path) -> Any:
-    """01's recommendation as one row (tree, held-out tau, expected and measured speed-up, verdict),
-    or None where 01 recommended nothing."""
+    """01's recommendation as one row (tree, held-out tau, expected and measured speed-up, the steady
+    state predicted while it was measured against the measurement, verdict), or None where 01
+    recommended nothing."""
     import pandas as pd
 
     from ..io.tree_results import RESULTS_FILE, read
@@ -828,6 +829,7 @@ def _verdict_table(folder: Path) -> Any:
     if rec is None:
         return None
     interval = lambda v, lo, hi: f"{v:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else "")  # noqa: E731
+    check = rec.check  # `sweeps.prediction_check`: re-priced while the measurement ran, steps after each prompt's first
     return pd.DataFrame(
         [
             {
@@ -838,6 +840,10 @@ def _verdict_table(folder: Path) -> Any:
                 "expected speed-up": interval(rec.speedup, rec.speedup_low, rec.speedup_high),
                 "measured speed-up": "" if rec.measured_speedup is None else f"{rec.measured_speedup:.2f}x",
                 "measured on": "" if rec.measured_speedup is None else rec.measured_prompts,
+                "steady state: predicted while measured": interval(check["predicted"], check["low"], check["high"])
+                if check
+                else "",
+                "steady state: measured": f"{check['measured']:.2f}x ({check['check']})" if check else "",
                 "device": rec.device or "",
                 "verdict": rec.verdict,
             }

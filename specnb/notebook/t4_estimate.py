@@ -188,6 +188,12 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
         ),
         _row(
             "01",
+            "recommended tree run end to end, the target alone beside it (a 16-node tree assumed)",
+            a["measure_prompts"],
+            c.generation(t, tq, None, None, n, prompt) + c.generation(t, tq, d, Tree.sparse(16), n, prompt),
+        ),
+        _row(
+            "01",
             "verify-cost curve",
             (a["verify_repeats"] + 1),
             sum(c.verify(t, tq, k + 1) for k in verify_nodes) + len(verify_nodes) * c.draft(d),
