@@ -304,7 +304,12 @@ def test_a_measurement_is_checked_against_the_prediction_priced_while_it_ran(tmp
     assert two["tau"] == six["tau"] == choice.tau and two["t_decode_s"] == 0.5
     assert two["speedup"] == pytest.approx(choice.tau * 0.5 / (t_draft + t_verify))
     assert two["tau_low"] < six["tau_low"] <= choice.tau <= six["tau_high"] <= two["tau_high"]  # tau: 3 at most here
-    assert two["speedup_low"] < two["speedup"] < two["speedup_high"]
+    assert two["speedup_low"] < two["speedup"] < two["speedup_high"] and "mean over 2 prompts" in two["interval"]
+    from dataclasses import replace as with_
+
+    cross = heldout.measurement_prediction(with_(held, per_prompt=pd.DataFrame()), choice, points, "t", "d", 2)
+    assert (cross["tau_low"], cross["tau_high"]) == (choice.tau_low, choice.tau_high)  # no per-prompt taus (xtok)
+    assert "every prompt" in cross["interval"]
 
     tokens = round(choice.tau)
     for name, slower, expect in (("as_predicted", 1.0, None), ("slow", 1.5, "off by -")):

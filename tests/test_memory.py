@@ -14,7 +14,7 @@ from specnb.analysis.memory import (
     weight_bytes,
 )
 from specnb.notebook.profile_memory import T4_USABLE, memory_markdown, profile_budget, profile_memory, profile_pairs
-from specnb.notebook.runner import notebooks, resolve
+from specnb.notebook.profiles import notebooks, resolve
 
 
 def tiny(tied: bool) -> LlamaConfig:
@@ -147,9 +147,9 @@ def test_the_t4_time_estimate_adds_up_from_its_parts_and_is_the_t4_pages():
     ) < 1e-6
     t4_page = (Path(__file__).resolve().parents[1] / "docs" / "t4.md").read_text()
     assert est.estimate_markdown("t4") in t4_page, "docs/t4.md's T4 estimate is this module's output"
-    c = est.Costs(est.T4Figures())
+    c = est.Costs(est.T4Figures.published())
     step = c.step("meta-llama/Llama-2-7b-hf", "4bit")
     assert 0.1 < step < 0.2  # ~2x Qwen2.5-3B's 60.8 ms: about twice its nf4 bytes
     assert abs(c.verify("meta-llama/Llama-2-7b-hf", "4bit", 8) / step - 1.6) < 1e-9  # the published 8-row point
-    slower = est.estimate("t4", replace(est.T4Figures(), tau=1.25))
+    slower = est.estimate("t4", replace(est.T4Figures.published(), tau=1.25))
     assert slower["seconds"].sum() > table["seconds"].sum()

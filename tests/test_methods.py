@@ -34,6 +34,21 @@ def test_method_specs_parse_and_refuse_clearly():
             parse_method(bad)
 
 
+def test_every_drafter_name_has_a_builder_and_a_transformers_method_none():
+    """`methods.BUILDERS` is the registry `build_drafter` dispatches on: one builder per drafter name a
+    spec can carry, and transformers' methods refused (they run in `bench.baselines`)."""
+    from specnb.core.tree_spec import DRAFTERS, HF_METHODS
+    from specnb.drafters.methods import BUILDERS, DYNAMIC, build_drafter
+
+    assert set(BUILDERS) == {*DRAFTERS, DYNAMIC} and not set(BUILDERS) & set(HF_METHODS)
+    with pytest.raises(ValueError, match="transformers method"):
+        build_drafter(parse_method("hf_assisted:4"), None, None)
+    with pytest.raises(ValueError, match="needs the pair's draft model"):
+        build_drafter(parse_method("chain:4"), None, None)
+    with pytest.raises(ValueError, match="needs Medusa heads"):
+        build_drafter(parse_method("medusa/chain:2"), None, None)
+
+
 def test_every_method_runs_in_a_sweep_and_equals_greedy(tmp_path, tiny_target, tiny_draft):
     class Tok:  # prompt text -> ids, as a tokenizer would
         chat_template = None
@@ -84,3 +99,37 @@ def test_a_shape_rule_fills_every_budget_as_a_preset_does():
     assert parse_method("ngram/grow:3", custom).tree == ShapeRule((2, 1)).fill(3)
     with pytest.raises(ValueError, match="shape rule .* give it a budget, e.g. grow:8"):
         parse_method("grow", custom)
+
+
+def test_the_recommended_tree_runs_with_a_round_of_its_cost_points_per_prompt_kept_on_resuming(
+    tmp_path, tiny_target, tiny_draft, monkeypatch
+):
+    """`sweeps.measure_choice`: per prompt, one round of the chosen tree's cost points, then the tree and the
+    target alone; each round stored with its prompt's runs, so a resumed run times no round for a prompt
+    it already ran (old runs are never priced by new rounds)."""
+    from specnb.analysis.heldout import Choice
+    from specnb.bench import verify_curve
+
+    class Tok:
+        chat_template = None
+
+        def __call__(self, text, return_tensors=None, add_special_tokens=True):
+            return {"input_ids": torch.tensor([[3 + (ord(c) % 50) for c in text]])}
+
+    tree = Tree.kary(2, 4)
+    choice = Choice("kary2", 4, tree, False, 2.0, 1.5, 2.5, 1.2, 1.0, 1.4, "cannot tell")
+    pair = PairModels("tiny", tiny_target, tiny_draft, Tok())
+    prompts = [Prompt("a", "writing", "abcabcabcab"), Prompt("b", "qa", "xyzzy xyz")]
+    rounds = []
+    real = verify_curve.StepPoints.round
+    monkeypatch.setattr(verify_curve.StepPoints, "round", lambda self: rounds.append(1) or real(self))
+    store = Sweep(tmp_path / "recommended.jsonl", key=ex.UNIT_KEY)
+    config = ex.SweepConfig(8, progress=False)
+    measured, points = ex.measure_choice(store, pair, prompts[:1], choice, config, names=("t", "d"), prefix=7)
+    assert len(rounds) == 1 and int(measured.iloc[0]["prompts"]) == 1
+    store = Sweep(tmp_path / "recommended.jsonl", key=ex.UNIT_KEY)  # resumed: the first prompt is kept
+    measured, points = ex.measure_choice(store, pair, prompts, choice, config, names=("t", "d"), prefix=7)
+    assert len(rounds) == 2 and int(measured.iloc[0]["prompts"]) == 2 and bool(measured.iloc[0]["greedy_equal"])
+    target = points[points["role"] == "target"].set_index("nodes")
+    assert sorted(target.index) == [0, 4] and (points["repeats"] == 2).all()  # one round per prompt
+    assert sorted(points.loc[points["role"] == "draft", "tokens"]) == sorted(set(tree.draft_widths))

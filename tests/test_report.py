@@ -6,6 +6,7 @@ self-contained page that fits an A4 width; the course profile; the time estimate
 decode step and recorded by the runner."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specnb.notebook import estimate, runner
+from specnb.notebook import estimate, profiles, runner
 from specnb.notebook.report import BIBTEX, DRAFT_MARK, LAST_WRITTEN, Report, latest_run, pivot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -421,19 +422,19 @@ def test_report_renders_in_headless_chromium(full, chromium, tmp_path):
 
 
 def test_course_profile_runs_01_to_03_with_cpu_values_here(monkeypatch):
-    monkeypatch.setattr(runner, "auto_profile", lambda: "cpu")
+    monkeypatch.setattr(profiles, "auto_profile", lambda: "cpu")
     settings = runner.runner_settings("course")
     assert settings.notebooks == ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing", "07_report")
-    assert runner.load_profile("course") == runner.load_profile("cpu")
+    assert profiles.load_profile("course") == profiles.load_profile("cpu")
     assert runner.profile_chain("course") == ["course", "cpu"]
-    monkeypatch.setattr(runner, "auto_profile", lambda: "t4")
-    assert runner.load_profile("course") == runner.load_profile("t4")
+    monkeypatch.setattr(profiles, "auto_profile", lambda: "t4")
+    assert profiles.load_profile("course") == profiles.load_profile("t4")
     models = runner.profile_models("course")
     assert "meta-llama/Llama-2-7b-hf" not in models and "lmsys/vicuna-7b-v1.3" not in " ".join(models)
 
 
 def test_course_profile_installs_only_the_models_of_01_to_03(monkeypatch):
-    monkeypatch.setattr(runner, "auto_profile", lambda: "cpu")
+    monkeypatch.setattr(profiles, "auto_profile", lambda: "cpu")
     course = set(runner.profile_models("course"))
     everything = set(runner.profile_models("cpu"))
     books = runner.notebooks(only=["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"])
@@ -495,7 +496,8 @@ def test_runner_records_the_estimate_and_the_actual_time(tmp_path, monkeypatch, 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell('profile = "x"  # profile\nrun_dir = ""  # run folder')
     cell.metadata["tags"] = ["parameters"]
-    nb.cells = [cell, nbformat.v4.new_code_cell("1 + 1")]
+    check = 'import os\nassert os.environ["SPECNB_SHARED_RUN"].startswith("run-")'  # the run's shared folder
+    nb.cells = [cell, nbformat.v4.new_code_cell(check)]
     nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
     nbformat.write(nb, books / "01_tree_shapes.ipynb")
     (books / "profiles" / "cpu.yaml").write_text("all:\n")
@@ -511,6 +513,7 @@ def test_runner_records_the_estimate_and_the_actual_time(tmp_path, monkeypatch, 
     assert timing["actual_s"] > 0 and timing["decode_ms"] == 2 * estimate.REFERENCES["cpu"].decode_ms
     summary = json.loads((tmp_path / "out" / runner.SUMMARY_FILE).read_text())
     assert summary["runs"]["01_tree_shapes"]["estimate_s"] == timing["estimate_s"]
+    assert runner.SHARED_RUN_ENV not in os.environ  # set for the run's kernels only
     assert "--notebook 07_report (after 01-03)" in said and not (tmp_path / "out" / "report.html").exists()
 
 
@@ -618,3 +621,20 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
 
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert estimate.REFERENCE_FILE.name in shipped["specnb.notebook"], "an installed specnb reads it too"
+    from specnb.notebook.t4_estimate import FIGURES_FILE
+
+    assert FIGURES_FILE.name in shipped["specnb.notebook"], "the T4 estimate's inputs: data an installed specnb reads"
+
+
+def test_the_runners_notebooks_share_curves_of_that_run_only(tmp_path, monkeypatch):
+    """Under the runner, outputs/_shared/run-<start>/ (set by the runner for its kernels): a later run
+    never prices trees on curves timed hours before; run interactively, outputs/_shared itself."""
+    from specnb.notebook.session import shared_folder
+
+    run = tmp_path / "outputs" / "01_tree_shapes" / "cpu-1"
+    monkeypatch.delenv(runner.SHARED_RUN_ENV, raising=False)
+    assert shared_folder(run) == tmp_path / "outputs" / "_shared"
+    monkeypatch.setenv(runner.SHARED_RUN_ENV, "run-20261128-070000")
+    assert (
+        shared_folder(run) == tmp_path / "outputs" / "_shared" / "run-20261128-070000" and shared_folder(run).is_dir()
+    )

@@ -10,6 +10,7 @@ from transformers import LlamaConfig
 from specnb.analysis.memory import weight_bytes
 from specnb.core.trees import Tree
 from specnb.experiments.checks import ParameterError
+from specnb.notebook.profiles import PROFILES, declared_parameters, notebooks, resolve
 from specnb.notebook.run_memory import (
     RUNTIME,
     RunMemory,
@@ -19,7 +20,6 @@ from specnb.notebook.run_memory import (
     forward_bytes,
     widest_rank,
 )
-from specnb.notebook.runner import PROFILES, declared_parameters, notebooks, resolve
 
 GIB24 = (24 * 2**30, "24 GiB, the test's machine")
 T4_MEMORY = 15e9  # a T4's 15 GB

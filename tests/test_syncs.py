@@ -86,3 +86,22 @@ def test_syncs_do_not_grow_with_ngram_or_dynamic_trees(monkeypatch, tiny_target,
             )
             per_step[n] = count / len(result[0].steps)
         assert per_step[4] == per_step[40], (name, per_step)
+
+
+def test_the_step_syncs_the_device_for_its_clock_only_when_asked(monkeypatch, tiny_target, nothing_draft):
+    """The loop's clock waits for the device at each reading (3 per step: draft start and end, verify
+    end) unless `synced_times=False`: then no reading syncs; the output is the same."""
+    from specnb.core import runtime
+
+    calls = []
+    real = runtime.synchronize
+    monkeypatch.setattr(runtime, "synchronize", lambda device: calls.append(device) or real(device))
+    ids, outputs = random_prompt(5), {}
+    for synced in (True, False):
+        calls.clear()
+        result = speculative_generate(
+            tiny_target, ModelDrafter(nothing_draft), ids, Tree.chain(3), 8, eos_token_id=(), synced_times=synced
+        )
+        outputs[synced] = (result.tokens.tolist(), len(calls), len(result.steps))
+    tokens, synced_calls, steps = outputs[True]
+    assert synced_calls >= 3 * steps and outputs[False] == (tokens, 0, steps)

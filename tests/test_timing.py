@@ -248,9 +248,9 @@ def test_step_points_time_what_the_tree_needs_and_price_it():
 
     tree = Tree.kary(2, 6)
     points = StepPoints(tiny_model(0), tiny_model(1, layers=1), tree, 11, ("tiny-target", "tiny-draft"))
-    for _ in range(3):
-        points.round()
-    table = points.table()
+    rounds = [points.round() for _ in range(3)]
+    assert all(len(r) == 2 + len(set(tree.draft_widths)) for r in rounds)  # two verifications, a forward per width
+    table = points.table([row for r in rounds for row in r])
     target = table[table["role"] == "target"].set_index("nodes")
     assert sorted(target.index) == [0, 6] and target.loc[6, "tokens"] == 7 and (target["kind"] == "verify").all()
     draft = table[table["role"] == "draft"].set_index("tokens")
@@ -260,3 +260,25 @@ def test_step_points_time_what_the_tree_needs_and_price_it():
     assert cost.t_verify(6) == target.loc[6, "median_s"]
     assert cost.t_draft(tree) == pytest.approx(sum(draft.loc[w, "median_s"] for w in tree.draft_widths))
     assert tree.draft_widths == (1, 2)  # the root, then the two depth-1 nodes (depth 2: leaves, never fed)
+
+
+def test_cost_curves_read_each_models_points_on_its_own_linear_path(tmp_path):
+    """A 4-bit draft keeps stock linear layers beside a oneDNN target: the pair's curve holds the target's
+    points of the oneDNN path and the draft's of the stock path (read, not measured: none is missing)."""
+    from specnb.bench.timing import environment_row
+    from specnb.bench.verify_curve import curve_key
+    from specnb.experiments.pairs import Pair
+    from specnb.experiments.replay_study import cost_curves
+
+    store = Sweep(tmp_path / "curve.jsonl", CURVE_KEY)
+    env = environment_row("cpu", torch.float32)
+    pair = Pair("t", "d", None, "4bit", cpu_linear="onednn")
+    points = [("t", "target", kind, n) for n in (0, 4) for kind in ("verify", "plain")]
+    points += [("d[4bit]", "draft", "plain", w) for w in (1, 2)]
+    for i, (model, role, kind, n) in enumerate(points):
+        for linear in ("onednn", "stock"):  # both paths stored: each model must read its own
+            key = curve_key(model, role, kind, 16, n, "sparse", {**env, "linear": linear})
+            store.add(key, [{"median_s": (1.0 if linear == "onednn" else 2.0) + i, "tokens": max(n, 1)}])
+    curve = cost_curves(store, pair, 16, [0, 4], [Tree.chain(2)], repeats=1)
+    got = {(r.model, r.role, r.kind, r.nodes): r.linear for r in curve.itertuples()}
+    assert got == {p: ("onednn" if p[1] == "target" else "stock") for p in points}

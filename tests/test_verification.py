@@ -8,15 +8,9 @@ from transformers import DynamicCache
 
 from specnb import Tree
 from specnb.core.cache import new_cache
-from specnb.core.masks import (
-    GROUPED_ATTENTION,
-    grouped_attention,
-    model_mask,
-    prefix_tree_mask,
-    rooted_ancestor_mask,
-    use_attention,
-)
+from specnb.core.masks import model_mask, prefix_tree_mask, rooted_ancestor_mask, use_attention
 from specnb.core.verification import commit, prefill, verify
+from specnb.training.grouped_attention import GROUPED_ATTENTION, grouped_attention
 
 ATOL = 1e-4  # fp32; path logits come from different matmul shapes, so not bit-identical
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -316,20 +317,31 @@ def _speedup_interval(
 
 def measurement_prediction(
     held: HeldOut, choice: Choice, points: pd.DataFrame, target: str, draft: str, prompts: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """What a run of `choice` on `prompts` prompts should measure, priced on `points` (the cost model's
     points timed while that run ran, `bench.verify_curve.StepPoints`; curve rows): the held-out tau,
     the step's draft, verify and decode seconds, and the steady-state speed-up (the steps after each
     prompt's first, which carries its prefill), tau and speed-up with the 95% interval of a mean over
     `prompts` prompts (the choice's per-prompt taus, held out for a design, resampled `prompts` at a
-    time: `spread.ratio_interval`'s draws), priced at the points' quartiles."""
+    time: `spread.ratio_interval`'s draws), priced at the points' quartiles; without per-prompt taus
+    (a cross-tokenizer pair's presets), the choice's own interval, of the mean over every prompt
+    (narrower than a few prompts' would be; "interval" says which)."""
     pp = held.per_prompt
-    rows = pp[
-        (pp["shape"] == choice.shape)
-        & (pp["budget"] == choice.budget)
-        & (pp["scored"] == ("heldout" if choice.fitted else "in_sample"))
-    ]
-    tau_low, tau_high = spread.ratio_interval(rows["tokens"], rows["steps"], draws=prompts)
+    rows = (
+        pp[
+            (pp["shape"] == choice.shape)
+            & (pp["budget"] == choice.budget)
+            & (pp["scored"] == ("heldout" if choice.fitted else "in_sample"))
+        ]
+        if not pp.empty
+        else pp
+    )
+    if len(rows):
+        tau_low, tau_high = spread.ratio_interval(rows["tokens"], rows["steps"], draws=prompts)
+        interval = f"that of a mean over {prompts} prompts"
+    else:
+        tau_low, tau_high = choice.tau_low, choice.tau_high
+        interval = "the mean's over every prompt (no per-prompt taus: narrower than a few prompts' would be)"
     cost = step_cost(points, target, draft)
     fast, slow = _quartile_costs(points, target, draft)
     row = cost.row(choice.tree, choice.tau)
@@ -344,6 +356,7 @@ def measurement_prediction(
         "speedup": float(row["speedup"]),
         "speedup_low": low,
         "speedup_high": high,
+        "interval": interval,
     }
 
 

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,55 +247,58 @@ def curve_shape(curve: pd.DataFrame, model: str | None = None, kind: str = "veri
 
 class StepPoints:
     """The points of the cost model one tree's step needs, timed a round at a time between other work
-    (`experiments.sweeps.measure_choice` times one round before each prompt it runs): the target's
-    verification of the tree and of the root alone (nodes 0, one decode), and the draft's plain
-    forward at each width the tree feeds (`Tree.draft_widths`), each on a cache of `prefix`
-    tokens. `table()` gives them as `curve_table` rows (median and quartiles over the rounds), so a
-    prediction can be priced on the machine as it was while a measurement ran."""
+    (`experiments.sweeps.measure_choice` times one round before each prompt it runs and stores it with
+    the prompt's runs): the target's verification of the tree and of the root alone (nodes 0, one
+    decode), and the draft's plain forward at each width the tree feeds (`Tree.draft_widths`), each on
+    a cache of `prefix` tokens. `table(rounds)` gives rounds as `curve_table` rows (median and
+    quartiles over them), so a prediction can be priced on the machine as it was while a measurement ran."""
 
     def __init__(
         self, target: torch.nn.Module, draft: torch.nn.Module, tree: Tree, prefix: int, names: tuple[str, str]
     ) -> None:
-        self.models, self.names, self.prefix = (target, draft), names, prefix
-        self.caches = (prefilled_cache(target, prefix), prefilled_cache(draft, prefix))
-        empty = Tree.preset("sparse", 0)
-        self.tokens = {("verify", 0): 1, ("verify", tree.num_nodes): tree.num_nodes + 1}
-        self.fns: tuple[dict, dict] = (
+        self.models, self.names, self.prefix, self.tree = (target, draft), names, prefix, tree
+        self.caches: tuple | None = None  # prefilled on the first round: a resumed run may need none
+
+    def round(self) -> list[dict[str, Any]]:
+        """One timed call of every point (round-robin within each model): rows of role, kind, nodes, seconds."""
+        if self.caches is None:
+            self.caches = tuple(prefilled_cache(m, self.prefix) for m in self.models)
+        target, draft = self.models
+        calls = (
             {
-                ("verify", 0): point_calls(target, self.caches[0], empty)["verify"],
-                ("verify", tree.num_nodes): point_calls(target, self.caches[0], tree)["verify"],
+                ("verify", 0): point_calls(target, self.caches[0], Tree.preset("sparse", 0))["verify"],
+                ("verify", self.tree.num_nodes): point_calls(target, self.caches[0], self.tree)["verify"],
             },
             {
                 ("plain", w): point_calls(draft, self.caches[1], None, w)["plain"]
-                for w in sorted(set(tree.draft_widths))
+                for w in sorted(set(self.tree.draft_widths))
             },
         )
-        self.times: dict[tuple[int, str, int], list[float]] = {}
-
-    def round(self) -> None:
-        """One timed call of every point (round-robin within each model)."""
-        for role, (model, cache, fns) in enumerate(zip(self.models, self.caches, self.fns)):
-            for key, timing in timed(model, cache, fns, warmup=0, repeats=1).items():
-                self.times.setdefault((role, *key), []).append(timing.median_s)
-
-    def table(self) -> pd.DataFrame:
-        """The points as `curve_table` rows: model, role, kind, nodes, tokens, prefix and the timing
-        columns over the rounds made (`timing.Timing`), "measured" the time of the call."""
         rows = []
-        for (role, kind, n), times in self.times.items():
-            rows.append(
+        for role, model, cache, fns in zip(("target", "draft"), self.models, self.caches, calls):
+            for (kind, n), timing in timed(model, cache, fns, warmup=0, repeats=1).items():
+                rows.append({"role": role, "kind": kind, "nodes": n, "seconds": timing.median_s})
+        return rows
+
+    def table(self, rounds: Iterable[dict[str, Any]]) -> pd.DataFrame:
+        """Rows of rounds (`round`'s) as `curve_table` rows: model, role, kind, nodes, tokens, prefix and
+        the timing columns over the rounds (`timing.Timing`)."""
+        rows = pd.DataFrame(list(rounds))
+        if rows.empty:
+            return pd.DataFrame()
+        out = []
+        for (role, kind, n), times in rows.groupby(["role", "kind", "nodes"])["seconds"]:
+            out.append(
                 {
-                    "model": self.names[role],
-                    "role": ("target", "draft")[role],
+                    "model": self.names[role == "draft"],
+                    "role": role,
                     "kind": kind,
                     "prefix": self.prefix,
-                    "nodes": n,
-                    "tokens": self.tokens.get((kind, n), n),
-                    **Timing.of(times).row(),
-                    "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "nodes": int(n),
+                    "tokens": int(n) + 1 if role == "target" else int(n),
+                    **Timing.of(times.tolist()).row(),
                 }
             )
-        out = pd.DataFrame(rows)
-        if not out.empty:
-            out["median_ms"] = out["median_s"] * 1e3
+        out = pd.DataFrame(out)
+        out["median_ms"] = out["median_s"] * 1e3
         return out

@@ -138,11 +138,13 @@ def speculative_step(
     tree: Tree,
     sampling: SamplingConfig,
     generator: torch.Generator,
+    clock: Clock | None = None,
 ) -> StepOutcome:
     """One target call: the drafter fills `tree` after `seq` (host ids; seq[-1] is the root), the
     target verifies root + nodes in one forward under the tree mask, the acceptance rule keeps a
-    branch, and the target's cache keeps exactly the root and that branch."""
-    clock = Clock(target.device)
+    branch, and the target's cache keeps exactly the root and that branch. clock: times the draft and
+    the verification (default: one that syncs the device at each reading)."""
+    clock = clock or Clock(target.device)
     held = state.held()
     t0 = clock.now()
     draft = drafter.draft(torch.tensor(seq), tree, sampling, generator)  # host ids: drafters read them there
@@ -167,6 +169,7 @@ def speculative_generate(
     sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
     cache_policy: StreamingCache | None = None,
+    synced_times: bool = True,
 ) -> GenerationResult:
     """Tree speculative decoding; greedy output equals the target's greedy output token for token,
     sampled output follows the target's distribution (unless `sampling.typical` asks for the LOSSY rule).
@@ -177,7 +180,9 @@ def speculative_generate(
     for a drafter that shares the target's cache, which needs it there before its first draft.
     cache_policy: a bounded cache for the target (`streaming.StreamingCache`), cut between steps,
     trees cut to fit: output then equals the streaming target's own (`autoregressive_generate` with
-    the same policy). The draft's cache follows the drafter's own policy, if any.
+    the same policy). The draft's cache follows the drafter's own policy, if any. synced_times=False:
+    the step's draft and verify times are read without waiting for the device (no syncs for timing:
+    on a GPU they are then what the host saw, not the device's).
     """
     drafter = as_drafter(drafter)
     tree = tree or drafter.default_tree or Tree.chain(4)
@@ -185,7 +190,7 @@ def speculative_generate(
     prompt = check_input(input_ids, max_new_tokens)
     eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, target.device)
     drafter.reset()
-    clock = Clock(target.device)
+    clock = Clock(target.device, sync=synced_times)
     reset_peak_memory(target.device)
     start = clock.now()
     state = open_target(target, drafter, prompt)
@@ -195,7 +200,7 @@ def speculative_generate(
         depth = max_new_tokens - len(new) - 1  # no node past max_new_tokens (the bonus token is the +1)
         if cache_policy is not None:
             depth = min(depth, bound_target(state, cache_policy, target, cut=bool(new)))
-        out = speculative_step(target, state, drafter, seq, tree.truncated(depth), sampling, generator)
+        out = speculative_step(target, state, drafter, seq, tree.truncated(depth), sampling, generator, clock)
         kv_peak = max(kv_peak, out.kv_bytes)
         added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
         steps.append(out.record(len(new), added, kv_bytes(state.cache), drafter.kv_bytes()))

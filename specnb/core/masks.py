@@ -4,9 +4,8 @@ transformers passes a 4D `attention_mask` of shape [batch, 1, query, key] to the
 unchanged (`masking_utils._preprocess_mask_arguments`), so a tree needs no patched model: the mask
 and the position ids go in as forward arguments.
 
-`grouped_attention` (registered as GROUPED_ATTENTION, switched on with `use_attention`) is sdpa for
-many query tokens per row under a dense mask without repeating grouped key/value heads: what a
-batch of branches decoded together over one prompt needs (`training.medusa.continuations`).
+`use_attention` switches a model to another registered attention implementation inside a block
+(`training.grouped_attention`, for the trainers' distillation).
 
 Pitfall (docs/how-a-step-works.md, "Verify"): `sdpa` reads a boolean mask as "True = attend", but `eager` adds
 the mask to the scores, so a boolean mask there is silently wrong (True becomes +1). `model_mask`
@@ -20,7 +19,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import AttentionInterface
 
 # attention implementations that take a dense 4D mask exactly as given
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -89,45 +87,6 @@ def model_mask(mask: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype) -
     # eager: additive float mask, 0 where attending and the dtype's minimum elsewhere
     neg = torch.finfo(dtype).min
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, neg)
-
-
-GROUPED_ATTENTION = "specnb_grouped_sdpa"
-
-
-def grouped_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """sdpa of query [B, Hq, q, D] on key/value [B, Hkv, L, D] under a boolean mask [B, 1, q, L']
-    (True = attend), for transformers' attention interface. The Hq / Hkv query heads that share a
-    key head are stacked along the query axis, so grouped keys are read as they are (transformers'
-    sdpa repeats them Hq / Hkv times for q > 1); keys past L' (a static cache's unwritten tail) are
-    not read. ValueError for softcap, sliding windows or a mask that is not boolean 4D."""
-    if kwargs.get("softcap") is not None or getattr(module, "sliding_window", None) is not None:
-        raise ValueError("grouped_attention takes plain causal attention only (no softcap, no sliding window)")
-    if attention_mask is None or attention_mask.dtype != torch.bool or attention_mask.dim() != 4:
-        raise ValueError("grouped_attention needs a boolean 4D mask [B, 1, q, L'] (True = attend)")
-    b, heads, q, dim = query.shape
-    groups = heads // key.shape[1]
-    length = attention_mask.shape[-1]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, key.shape[1], groups * q, dim),
-        key[:, :, :length],
-        value[:, :, :length],
-        attn_mask=attention_mask.repeat(1, 1, groups, 1),
-        dropout_p=dropout,
-        scale=scaling,
-    )
-    return out.reshape(b, heads, q, dim).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
 
 
 @contextmanager

@@ -40,7 +40,7 @@ In tables, a method's `shape` is the spec before the colon ("ngram/kary2", "dyna
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,6 +235,54 @@ def trees_for(
     return method_trees([f"{s}:{b}" for s in [*shapes, *rules] for b in axis] + fixed, custom)
 
 
+@dataclass(frozen=True)
+class DrafterInputs:
+    """What a drafter may be built from (`build_drafter`'s arguments): each builder of BUILDERS takes
+    what its drafter needs."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    cache_policy: StreamingCache | None
+    dynamic: tuple[int, int]  # (children per node, depth) of dynamic trees
+    target_tokenizer: Any = None
+    draft_tokenizer: Any = None
+    medusa_heads: MedusaHeads | None = None
+
+    def model(self, **options: Any) -> ModelDrafter:
+        return ModelDrafter(self.draft, cache_policy=self.cache_policy, **options)
+
+    def dynamic_tree(self, budget: int) -> DynamicTreeDrafter:
+        top_k, depth = self.dynamic
+        return DynamicTreeDrafter(self.draft, n=budget, top_k=top_k, max_depth=depth, cache_policy=self.cache_policy)
+
+
+def _cross(method: Method, x: DrafterInputs) -> Drafter:
+    if x.target_tokenizer is None or x.draft_tokenizer is None:
+        raise ValueError(f"method {method.spec} needs the target's and the draft's tokenizers")
+    inner = x.dynamic_tree(method.budget) if method.shape == DYNAMIC else x.model()
+    return CrossTokenizerDrafter(inner, x.draft_tokenizer, x.target_tokenizer)
+
+
+def _medusa(method: Method, x: DrafterInputs) -> Drafter:
+    if x.medusa_heads is None:
+        raise ValueError(f"method {method.spec} needs Medusa heads (medusa_heads=)")
+    return MedusaDrafter(x.target, x.medusa_heads)
+
+
+# a method's drafter name -> how its drafter is built (every specnb method; transformers' run in `bench.baselines`)
+BUILDERS: dict[str, Callable[[Method, DrafterInputs], Drafter]] = {
+    "draft": lambda m, x: x.model(),
+    "ngram": lambda m, x: NgramDrafter(),
+    "early_exit": lambda m, x: EarlyExitDrafter(x.target, int(m.arg)),
+    "merged": lambda m, x: MergedDrafter([(x.model(), m.tree), (NgramDrafter(), m.tree)]),
+    "adaptive": lambda m, x: AdaptiveLength(x.model(), start=m.budget, schedule="heuristic_transient"),
+    "confidence": lambda m, x: x.model(confidence_threshold=float(m.arg)),
+    DYNAMIC: lambda m, x: x.dynamic_tree(m.budget),
+    CROSS: _cross,
+    **dict.fromkeys(MEDUSA, _medusa),
+}
+
+
 def build_drafter(
     method: Method,
     target: torch.nn.Module,
@@ -245,45 +293,14 @@ def build_drafter(
     draft_tokenizer: Any = None,
     medusa_heads: MedusaHeads | None = None,
 ) -> Drafter:
-    """The drafter object of a specnb method (not for transformers' methods). cache_policy: a
-    bounded cache for the draft model's own cache (`core.streaming`), where the method has one.
+    """The drafter object of a specnb method (BUILDERS; not for transformers' methods). cache_policy:
+    a bounded cache for the draft model's own cache (`core.streaming`), where the method has one.
     dynamic: (children per node, depth) of dynamic trees; a replay of dynamic trees matches the
     drafter only with the collection's (super_k, super_depth). xtok methods need both tokenizers
     (or `retokenize.TokenText`s of them); medusa methods the heads (`drafters.medusa.MedusaHeads`)."""
     if method.drafter in HF_METHODS:
         raise ValueError(f"{method.spec} is a transformers method, run by `baselines`, not a drafter")
-    if method.drafter in MEDUSA:
-        if medusa_heads is None:
-            raise ValueError(f"method {method.spec} needs Medusa heads (medusa_heads=)")
-        return MedusaDrafter(target, medusa_heads)
     if method.needs_draft_model and draft is None:
         raise ValueError(f"method {method.spec} needs the pair's draft model")
-    model = lambda **kw: ModelDrafter(draft, cache_policy=cache_policy, **kw)  # noqa: E731
-    if method.drafter == CROSS:
-        if target_tokenizer is None or draft_tokenizer is None:
-            raise ValueError(f"method {method.spec} needs the target's and the draft's tokenizers")
-        inner = (
-            DynamicTreeDrafter(
-                draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1], cache_policy=cache_policy
-            )
-            if method.shape == DYNAMIC
-            else model()
-        )
-        return CrossTokenizerDrafter(inner, draft_tokenizer, target_tokenizer)
-    if method.drafter == "draft":
-        return model()
-    if method.drafter == "ngram":
-        return NgramDrafter()
-    if method.drafter == "early_exit":
-        return EarlyExitDrafter(target, int(method.arg))
-    if method.drafter == "merged":
-        return MergedDrafter([(model(), method.tree), (NgramDrafter(), method.tree)])
-    if method.drafter == "adaptive":
-        return AdaptiveLength(model(), start=method.budget, schedule="heuristic_transient")
-    if method.drafter == "confidence":
-        return model(confidence_threshold=float(method.arg))
-    if method.drafter == DYNAMIC:
-        return DynamicTreeDrafter(
-            draft, n=method.budget, top_k=dynamic[0], max_depth=dynamic[1], cache_policy=cache_policy
-        )
-    raise AssertionError(method)
+    inputs = DrafterInputs(target, draft, cache_policy, dynamic, target_tokenizer, draft_tokenizer, medusa_heads)
+    return BUILDERS[method.drafter](method, inputs)

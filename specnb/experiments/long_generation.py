@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..analysis.metrics import step_row, summarize
+from ..analysis.metrics import step_row
 from ..analysis.quality import compare_greedy, logit_gap, score
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
 from ..core.streaming import StreamingCache
@@ -37,6 +37,7 @@ from ..drafters.methods import build_drafter, parse_method
 from ..io.models import prompt_ids
 from ..io.prompts import Prompt
 from ..io.storage import Sweep
+from .sweeps import unit_row
 
 TARGET_ALONE = "autoregressive"
 UNIT_KEY = ("prompt_id", "window", "method")
@@ -189,28 +190,13 @@ def _summary(
     dtype: torch.dtype,
     gap: float = 0.0,
 ) -> dict:
-    s = summarize(result)
-    tokens = result.tokens.tolist()
-    versus_full = compare_greedy(tokens, full_reference, quality.margins, dtype, gap)
-    return {
-        "category": prompt.category,
+    """A sweep's unit row (`sweeps.unit_row`, greedy against the full-cache target) and the policy's:
+    its name, the KV bytes at the end and at the peak, the evictions, greedy against the streaming target."""
+    streaming = compare_greedy(result.tokens.tolist(), streaming_reference, quality.margins, dtype, gap)
+    return unit_row(result, prompt, full_reference, None, quality, dtype, gap) | {
         "policy": "full cache" if policy is None else policy.describe(),
-        "num_steps": s.num_steps,
-        "num_tokens": s.num_tokens,
-        "num_drafted": s.num_drafted,
-        "num_accepted": s.num_accepted,
-        "tau": s.tau,
-        "acceptance_rate": s.acceptance_rate,
-        "tokens_per_s": s.tokens_per_s,
-        "tpot_s": s.tpot_s,
-        "total_time": result.total_time,
         "kv_bytes": result.kv_bytes,
         "kv_peak_bytes": result.kv_peak_bytes,
         "evictions": result.evictions,
-        "perplexity": quality.perplexity,
-        "first_difference": versus_full.position if versus_full.verdict != "exact" else None,
-        "streaming_greedy": compare_greedy(tokens, streaming_reference, quality.margins, dtype, gap).verdict,
-        "tie_margin": versus_full.threshold,
-        "logit_gap": gap,
-        "tokens": " ".join(map(str, tokens)),
+        "streaming_greedy": streaming.verdict,
     }

@@ -141,16 +141,25 @@ def cost_curves(
     again: notebooks 01 and 03 share one store (`session.shared_folder`), so the second reuses what
     the first measured (each row says when, in "measured"). models: the pair's (target, draft) if
     loaded; otherwise they are loaded (in `dtype`, `io.models.model_dtype`, with the pair's
-    cpu_linear) only if a point is missing. Curves are kept per linear path (`kernels.cpu_linear`)."""
+    cpu_linear) only if a point is missing. Curves are kept per linear path (`kernels.cpu_linear`),
+    each model's own (a 4-bit model keeps stock layers)."""
     device = models[0].device if models else default_device()
     env = environment_row(device, models[0].dtype if models else model_dtype(dtype) or default_dtype(device))
-    env["linear"] = (
-        linear_path(models[0]) if models else effective_path(pair.cpu_linear, device, model_dtype(env["dtype"]))
-    )
+    # each model's own linear path: a 4-bit draft keeps stock layers beside a oneDNN target
+    quantized = (pair.target_quantization, pair.draft_quantization)
+    paths = [
+        linear_path(m)
+        if models
+        else "stock"
+        if q
+        else effective_path(pair.cpu_linear, device, model_dtype(env["dtype"]))
+        for m, q in zip(models or (None, None), quantized)
+    ]
+    envs = [{**env, "linear": path} for path in paths]
     widths = draft_widths(trees)
     names = (pair.target_label, pair.draft_label)
-    if missing_points(store, names[0], "target", prefix, nodes, env=env) or missing_points(
-        store, names[1], "draft", prefix, widths, env=env
+    if missing_points(store, names[0], "target", prefix, nodes, env=envs[0]) or missing_points(
+        store, names[1], "draft", prefix, widths, env=envs[1]
     ):
         target, draft = models or (
             load_model(pair.target, pair.target_quantization, dtype=dtype, cpu_linear=pair.cpu_linear)[0],
@@ -160,7 +169,9 @@ def cost_curves(
         )
         verify_curve(store, target, names[0], prefix, nodes, config=CurveConfig(repeats=repeats))
         verify_curve(store, draft, names[1], prefix, widths, "draft", CurveConfig(repeats=repeats))
-    return curve_table(store, names, prefix, env["device"], env["linear"])
+    parts = [curve_table(store, [n], prefix, env["device"], e["linear"]) for n, e in zip(names, envs)]
+    parts = [t[t["role"] == role] for t, role in zip(parts, ("target", "draft")) if not t.empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def designed_trees(collection: Collection, budgets: Sequence[int]) -> dict[tuple[str, int], Tree]:

@@ -229,7 +229,7 @@ def _store_prompt(
         if units.gap is None:
             units.gap = logit_gap(target, ids, (expected or result.tokens.tolist())[:GAP_TOKENS] or [0])
         tree = units.trees[k] if k else None
-        summary = _unit_summary(result, prompt, expected, tree, scores[output], target.dtype, units.gap)
+        summary = unit_row(result, prompt, expected, tree, scores[output], target.dtype, units.gap)
         store.add(
             _key(label, k, prompt),
             _step_rows(result),
@@ -311,7 +311,9 @@ def measure_choice(
     """The chosen tree run end to end against the target alone on `prompts` (`run_sweep`, `store` a
     sweep of its own), and before each prompt one round of the cost model's points that tree needs
     (`bench.verify_curve.StepPoints`, on caches of `prefix` tokens; `names`: the curve's names of
-    target and draft), so that the prediction is priced on the machine as it was during these runs.
+    target and draft), so that the prediction is priced on the machine as it was during these runs;
+    each round is stored beside `store` (<name>_points.jsonl) once its prompt's runs are: a resumed
+    run keeps both, never pairs old runs with new rounds.
     A design is drafted by the pair's draft model; a cross-tokenizer pair drafts across tokenizers
     (xtok). Returns (`tables.shape_table`'s row of the tree: tokens/s, speed-up and its interval; the
     points as curve rows); no choice: two empty tables."""
@@ -324,19 +326,16 @@ def measure_choice(
     elif choice.fitted:
         drafters = {key: build_drafter(parse_method("chain:1"), pair.target, pair.draft)}
     points = StepPoints(pair.target, pair.draft, choice.tree, prefix, names)
-    for i, prompt in enumerate(
-        tqdm(prompts, desc=f"{key[0]}:{key[1]} and the target alone", disable=not config.progress)
-    ):
-        points.round()
-        run_sweep(
-            store,
-            pair,
-            [prompt],
-            trees,
-            replace(config, warmup=config.warmup and i == 0, progress=False),
-            drafters=drafters,
-        )
-    return shape_table(unit_table(store)), points.table()
+    rounds = Sweep(store.path.with_name(store.path.stem + "_points.jsonl"), key=("prompt_id",))
+    desc = f"{key[0]}:{key[1]} and the target alone"
+    for i, prompt in enumerate(tqdm(prompts, desc=desc, disable=not config.progress)):
+        if {"prompt_id": prompt.id} in rounds:  # run with its round before an interruption: both kept
+            continue
+        timed_round = points.round()
+        warm = replace(config, warmup=config.warmup and i == 0, progress=False)
+        run_sweep(store, pair, [prompt], trees, warm, drafters=drafters)
+        rounds.add({"prompt_id": prompt.id}, timed_round)
+    return shape_table(unit_table(store)), points.table(rounds.frame().to_dict("records"))
 
 
 CONFIRMED_WITHIN = 0.10  # `prediction_check`: the steady speed-up measured within 10% of the predicted one
@@ -385,6 +384,7 @@ def prediction_check(
         else f"off by {off:+.0%}" + (", outside the interval" if inside[4] is False else "")
     )
     out.insert(0, "prompts", int(run["prompts"]))
+    out["interval"] = [p["interval"] if lo == lo else "" for lo in out["low"]]
     return out
 
 
@@ -494,7 +494,7 @@ def replay_units(
             result = GenerationResult(tokens, mine, len(data[prompt.id].prompt), math.nan, math.nan, None, "replay")
             quality = score(pair.target, torch.tensor(data[prompt.id].prompt), tokens)  # host: score moves them
             baseline = store.meta(_key(pair.label, None, prompt)) or {}
-            summary = _unit_summary(
+            summary = unit_row(
                 result,
                 prompt,
                 _stored_tokens(store, pair.label, prompt),
@@ -536,7 +536,7 @@ def _step_rows(result: GenerationResult) -> list[dict]:
     return [step_row(s) for s in result.steps]
 
 
-def _unit_summary(
+def unit_row(
     result: GenerationResult,
     prompt: Prompt,
     reference: list[int] | None,
@@ -545,6 +545,9 @@ def _unit_summary(
     dtype: torch.dtype,
     gap: float = 0.0,
 ) -> dict:
+    """A unit's one-row summary (`storage.Sweep` meta): its metrics (`metrics.summarize`), its output's
+    greedy verdict against `reference` (`quality.compare_greedy`: exact, tie or mismatch, at the
+    dtype's margin or twice the measured logit `gap`), perplexity and tokens."""
     s = summarize(result)
     tokens = result.tokens.tolist()
     equality = compare_greedy(tokens, reference, quality.margins, dtype, gap)

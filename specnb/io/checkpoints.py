@@ -3,7 +3,6 @@
 What it holds:
     PublishedCheckpoint   a published checkpoint specnb plans for: repository, base model, the dtype
                           of its tensors (each layout's entry adds what its sizes need)
-    published_checkpoints every one of them by repository id: Medusa's, then EAGLE's `PUBLISHED`
     checkpoint_folder     a local folder as given, or the hub snapshot of a repository id (downloaded
                           once with huggingface_hub, only the files named)
     read_state            the state dict of the first weights file a folder holds, of several names
@@ -38,15 +37,6 @@ class PublishedCheckpoint:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
-
-
-def published_checkpoints() -> dict[str, PublishedCheckpoint]:
-    """Every published head checkpoint specnb plans for, by repository id: `io.medusa_checkpoint.PUBLISHED`,
-    then `io.eagle_checkpoint.PUBLISHED` (imported here, not at the top: both import this module)."""
-    from .eagle_checkpoint import PUBLISHED as EAGLE
-    from .medusa_checkpoint import PUBLISHED as MEDUSA
-
-    return {**MEDUSA, **EAGLE}
 
 
 def checkpoint_folder(name_or_path: str | os.PathLike, files: Sequence[str]) -> Path:

@@ -60,11 +60,12 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
 
 from ..drafters.eagle import EagleHead
-from ..io.checkpoints import PublishedCheckpoint, published_checkpoints
+from ..io.checkpoints import PublishedCheckpoint
 from ..io.eagle_checkpoint import PublishedEagle
 from ..io.medusa_checkpoint import PublishedHeads, save_checkpoint
 from ..io.model_configs import FAMILIES, HubModel, config_of, hub_model, known_models
 from ..io.prompts import BUILTIN
+from ..io.published import published_checkpoints
 
 STAMP = "specnb-standins.json"  # in <home>/hub: what was built, from which code
 MARKER = "specnb-standin.json"  # in every stand-in snapshot: never overwrite a folder without it
@@ -269,7 +270,7 @@ def standin_digest(hub_ids: Iterable[str]) -> str:
 def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> dict[str, Path]:
     """Stand-ins of `hub_ids` in `<home>/hub`; hub id -> snapshot. Default: every committed model and
     every published head checkpoint whose base model is committed. A hub id may name published
-    Medusa or EAGLE heads (`io.checkpoints.published_checkpoints`): their stand-in is a checkpoint in
+    Medusa or EAGLE heads (`io.published.published_checkpoints`): their stand-in is a checkpoint in
     the published layout and dtype, sized for their base model's stand-in.
 
     Idempotent: a stamp in <home>/hub records the digest it was built from; an unchanged digest

@@ -59,10 +59,10 @@ from ..core.tree_spec import TreeSpecError, parse_custom_trees
 from ..core.trees import Tree
 from ..drafters.methods import parse_method
 from ..experiments.long_generation import TARGET_ALONE
-from ..io.checkpoints import published_checkpoints
 from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
-from .runner import RunnerError, hub_models, notebooks, published_heads, resolve
+from ..io.published import published_checkpoints
+from .profiles import RunnerError, hub_models, notebooks, published_heads, resolve
 
 T4_USABLE = int(14 * GB)  # of the T4's 15 GB, what the models, caches and activations may take
 
@@ -173,7 +173,7 @@ class Download:
 
 
 def published_download(repo_id: str) -> Download:
-    """A published head checkpoint (`io.checkpoints.published_checkpoints`): its tensors counted from
+    """A published head checkpoint (`io.published.published_checkpoints`): its tensors counted from
     its base model's config (Medusa) or its own config's sizes (EAGLE, the target's embedding
     included where the file holds it), times the bytes of the published dtype."""
     h = published_checkpoints()[repo_id]

@@ -228,8 +228,9 @@ def check_reading(check: pd.DataFrame) -> str:
     return (
         f"Checked on those {prompts} prompts, every step after each prompt's first (which carries its prefill): "
         f"measured {steady['measured']:.2f}x against {steady['predicted']:.2f}x [{steady['low']:.2f}, "
-        f"{steady['high']:.2f}] predicted (the held-out tau {tau['predicted']:.2f}, the interval that of a mean over "
-        f"{prompts} prompts; the cost model's points re-timed during the runs: one decode "
+        f"{steady['high']:.2f}] predicted (the held-out tau {tau['predicted']:.2f}, the interval "
+        f"{steady.get('interval') or f'that of a mean over {prompts} prompts'}; the cost model's points re-timed "
+        "during the runs: one decode "
         f"{decode['predicted'] * 1e3:.0f} ms, in the runs {decode['measured'] * 1e3:.0f} ms): **{steady['check']}** "
         f"(measured tau {tau['measured']:.2f}; with each prompt's prefill {check['measured'].iloc[-1]:.2f}x)"
     )

@@ -77,10 +77,10 @@ from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, parse_method
 from ..experiments.checks import ParameterError
 from ..io import embedded
-from ..io.checkpoints import published_checkpoints
 from ..io.eagle_checkpoint import PublishedEagle
 from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, known_models
+from ..io.published import published_checkpoints
 
 RUNTIME = {"cpu": int(1.0 * GB), "cuda": int(0.5 * GB)}  # interpreter + torch + transformers; the CUDA context
 SUPER_CHUNK = 8  # positions whose super-tree nodes share one draft forward (`CollectConfig.super_chunk`)

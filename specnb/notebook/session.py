@@ -43,8 +43,9 @@ from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
 from .parameters import check_parameters
+from .profiles import NOTEBOOKS, declared_parameters, resolve, strings_in
 from .run_memory import check_run_memory
-from .runner import NOTEBOOKS, declared_parameters, default_outputs, resolve, strings_in
+from .runner import SHARED_RUN_ENV, default_outputs
 
 SKIP = {"In", "Out", "exit", "quit", "get_ipython"}
 
@@ -79,8 +80,11 @@ def apply_profile(
 
 def shared_folder(run: Path) -> Path:
     """A folder beside the notebooks' run folders (outputs/_shared) for what several notebooks
-    measure alike, e.g. the verify-cost curves, keyed by machine inside."""
-    folder = Path(run).parent.parent / "_shared"
+    measure alike, e.g. the verify-cost curves, keyed by machine inside: under the runner, one per
+    run of it (outputs/_shared/run-<start>: $SPECNB_SHARED_RUN), so a run never prices trees on
+    curves timed hours before; run interactively, outputs/_shared itself (each row says when it was
+    measured)."""
+    folder = Path(run).parent.parent / "_shared" / os.environ.get(SHARED_RUN_ENV, "")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

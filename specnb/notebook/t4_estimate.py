@@ -32,6 +32,7 @@ curves, grid), as the notebooks run them.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -47,28 +48,35 @@ from ..core.tree_spec import TreeSpecError
 from ..core.trees import Tree
 from ..drafters.methods import budget_axis, parse_method, trees_for, with_custom_trees
 from ..experiments.long_generation import TARGET_ALONE
-from ..io.checkpoints import published_checkpoints
 from ..io.model_configs import config_of, hub_model
+from ..io.published import published_checkpoints
 from .profile_memory import LONGEST_PROMPT, custom_trees_of, profile_downloads, published_download, resolved
-from .runner import RunnerError
+from .profiles import RunnerError
+
+FIGURES_FILE = Path(__file__).with_name("t4_figures.json")  # the inputs, each with its source (`T4Figures`)
 
 
 @dataclass(frozen=True)
 class T4Figures:
-    """The inputs. Published figures name their source; the others are assumptions."""
+    """The inputs (FIGURES_FILE: each value with its source, or marked as an assumption)."""
 
-    nf4_step_3b_s: float = 0.0608  # bitsandbytes' benchmark (v0.45): Qwen2.5-3B nf4, T4, batch 1, one step
-    nf4_rows8_over_1: float = 1.6  # the same benchmark: 8 rows 96.0 ms against 60.8 ms for one
-    launch_per_layer_s: float = 0.0008  # assumption: a float16 decoder layer's kernel launches at batch 1
-    bandwidth_bytes_per_s: float = 300e9  # the T4's 320 GB/s peak, ~300 reachable
-    attention_call_floor_s: float = 30e-6  # assumption: one attention call's launch and sync
-    tau: float = 2.5  # assumption: tokens per target call of every speculative method here (Spec-Bench's
-    # SpS with a 68M draft on Vicuna-7B: 2.28; Medusa-1: 2.32)
-    download_bytes_per_s: float = 150e6  # Colab's hub downloads, 100-200 MB/s reported
-    load_bytes_per_s: float = 150e6  # assumption: hub files read and quantized to 4 bit on load (~1.5 min a 7B)
-    setup_s: float = 120.0  # assumption: pip installing requirements.txt and the runner into Colab's Python
-    flex_compile_s: float = 60.0  # assumption: FlexAttention's Triton kernels compiled once (dynamic shapes)
-    prompt_tokens: int = 300  # assumption: a mean Spec-Bench prompt the profile selects, in Llama-2 tokens
+    nf4_step_3b_s: float
+    nf4_rows8_over_1: float
+    launch_per_layer_s: float
+    bandwidth_bytes_per_s: float
+    attention_call_floor_s: float
+    tau: float
+    download_bytes_per_s: float
+    load_bytes_per_s: float
+    setup_s: float
+    flex_compile_s: float
+    prompt_tokens: int
+
+    @classmethod
+    def published(cls, path: Path | None = None) -> T4Figures:
+        """The inputs as FIGURES_FILE (or `path`) gives them."""
+        data = json.loads(Path(path or FIGURES_FILE).read_text())
+        return cls(**{name: entry["value"] for name, entry in data.items()})
 
 
 def qwen25_3b_nf4_bytes() -> int:
@@ -136,11 +144,13 @@ def _row(notebook: str, part: str, count: float, each: float) -> dict:
     return {"notebook": notebook, "part": part, "count": count, "each_s": each, "seconds": count * each}
 
 
-def estimate(profile: str = "t4", figures: T4Figures = T4Figures(), files: Sequence[str | Path] = ()) -> pd.DataFrame:
+def estimate(profile: str = "t4", figures: T4Figures | None = None, files: Sequence[str | Path] = ()) -> pd.DataFrame:
     """One row per (notebook, part): how many of it, seconds each, seconds in all (an estimate);
-    files: parameter files on top of the profile (the user's custom trees)."""
+    files: parameter files on top of the profile (the user's custom trees); figures: default
+    `T4Figures.published()`."""
     p = resolved(profile, files)
-    c, f = Costs(figures), figures
+    f = figures or T4Figures.published()
+    c = Costs(f)
     rows = [
         _row("set-up", "pip install (assumption)", 1, f.setup_s),
         _row("set-up", "downloads", sum(d.bytes for d in profile_downloads(profile)) / f.download_bytes_per_s, 1.0),
@@ -459,7 +469,7 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
     return rows
 
 
-def estimate_markdown(profile: str = "t4", figures: T4Figures = T4Figures(), files: Sequence[str | Path] = ()) -> str:
+def estimate_markdown(profile: str = "t4", figures: T4Figures | None = None, files: Sequence[str | Path] = ()) -> str:
     """docs/t4.md's summary: minutes per notebook and in all, with the inputs named."""
     table = estimate(profile, figures, files)
     by = table.groupby("notebook", sort=False)["seconds"].sum() / 60
@@ -486,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.max_rows", 200):
         print(table.round(2).to_string(index=False))
-    print(f"\ninputs: {T4Figures()}\nlongest prompt assumed by the memory table: {LONGEST_PROMPT} tokens")
+    print(f"\ninputs ({FIGURES_FILE.name}): {T4Figures.published()}")
+    print(f"longest prompt assumed by the memory table: {LONGEST_PROMPT} tokens")
     print(estimate_markdown(args.profile, files=args.files))
     return 0
 

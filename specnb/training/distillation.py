@@ -45,10 +45,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, StaticCache
 
-from ..core.masks import GROUPED_ATTENTION, use_attention
+from ..core.masks import use_attention
 from ..core.sampling import sample_rows
 from ..drafters.hidden_rows import final_norm
 from ..io.embedded import cache_dir
+from .grouped_attention import GROUPED_ATTENTION
 
 DISTILL_FOLDER = "medusa-distill"  # under the cache; named for its first user, so data distilled before stay valid
 
@@ -330,7 +331,7 @@ def continuations(
     its continuations then grow as the branches of one sequence (branch c at cache slot
     W + step * C + c, C = the most rows of one prompt; a tree mask lets each branch see the prompt
     and itself), so every step reads a prompt's keys once for all its continuations, not once per
-    continuation, in a cache allocated once (`core.masks.grouped_attention`). A row that ends
+    continuation, in a cache allocated once (`training.grouped_attention`). A row that ends
     (batch.eos) is fed `batch.pad` after it. `captured` collects the final norm's outputs (a hook set
     by the caller). Returns (tokens [R, max_new_tokens], hidden [R, W + steps - 1, H] float32 on the
     CPU: the last hidden state of every fed token)."""
@@ -464,6 +465,13 @@ def continuation_view(data: DistillData, num_heads: int) -> DistillData:
     )
 
 
+def cache_key(model_name: str, prompts: Sequence[torch.Tensor], *parts: Any) -> str:
+    """The name of what is cached for (model, prompts, parts): the first 16 hex digits of the SHA-256 of
+    their JSON (the prompts as token ids), for distilled data and for each trainer's heads."""
+    data = [model_name, [p.reshape(-1).tolist() for p in prompts], *parts]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
+
+
 def distill_cached(
     target: torch.nn.Module,
     model_name: str,
@@ -476,8 +484,7 @@ def distill_cached(
     Data without prompt rows is distilled (or found) with them and viewed (`continuation_view`):
     one generation serves Medusa's heads and EAGLE's head (a file of the data without prompt rows,
     written before, is still read)."""
-    key = hashlib.sha256(json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], config.key()]).encode())
-    path = cache_dir() / DISTILL_FOLDER / f"{key.hexdigest()[:16]}.pt"
+    path = cache_dir() / DISTILL_FOLDER / f"{cache_key(model_name, prompts, config.key())}.pt"
     d = torch.load(path, weights_only=True) if path.exists() else {}
     if "greedy" not in d and not config.prompt_rows:
         wide = distill_cached(target, model_name, prompts, replace(config, prompt_rows=True), progress)

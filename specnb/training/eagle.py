@@ -35,7 +35,6 @@ before the continuation.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -55,7 +54,15 @@ from ..core.sampling import top_tokens
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
 from ..drafters.hidden_rows import last_hidden
 from ..io.embedded import cache_dir
-from .distillation import DistillConfig, DistillData, fast_bfloat16, heldout_prompts, training_log, training_split
+from .distillation import (
+    DistillConfig,
+    DistillData,
+    cache_key,
+    fast_bfloat16,
+    heldout_prompts,
+    training_log,
+    training_split,
+)
 
 SHOWN_K = (1, 3, 5, 10)  # the top-k columns shown in tables
 RANKS = 16  # ranks per depth in train_or_load's held-out accuracy table (acc[d][r] for Sequoia's tree)
@@ -396,13 +403,6 @@ class TrainedEagle:
     folder: Path
 
 
-def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: EagleConfig) -> str:
-    h = hashlib.sha256(
-        json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config), RECIPE]).encode()
-    )
-    return h.hexdigest()[:16]
-
-
 LOG = "training.json"  # beside the weights: the training log and the accuracy table
 
 
@@ -419,7 +419,9 @@ def train_or_load(
     accuracy measured to `depth`, k = 1 .. RANKS), or loaded from a previous run with the same (model, prompts, config).
     folder: default `<cache>/eagle-heads/<key>`."""
     folder = (
-        Path(folder) if folder is not None else cache_dir() / "eagle-heads" / cache_key(model_name, prompts, config)
+        Path(folder)
+        if folder is not None
+        else cache_dir() / "eagle-heads" / cache_key(model_name, prompts, asdict(config), RECIPE)
     )
     held = heldout_prompts(len(prompts), config.heldout)
     if (folder / LOG).exists():

@@ -39,8 +39,6 @@ of the target's, not equal; drafting and every measurement use the target itself
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -61,7 +59,15 @@ from ..drafters.medusa import MedusaDrafter, MedusaHeads, head_ranks
 from ..io.embedded import cache_dir
 from ..io.medusa_checkpoint import WEIGHTS, load_checkpoint, save_checkpoint
 from ..io.prompts import interleave
-from .distillation import DistillConfig, DistillData, fast_bfloat16, heldout_prompts, training_log, training_split
+from .distillation import (
+    DistillConfig,
+    DistillData,
+    cache_key,
+    fast_bfloat16,
+    heldout_prompts,
+    training_log,
+    training_split,
+)
 
 RANKS = 64  # ranks per head in the held-out accuracy table and Medusa's tree search (Medusa's code: 10;
 # a 64-node tree can reach rank 63)
@@ -312,13 +318,6 @@ class TrainedHeads:
 RECIPE = 4  # in the heads' cache key: raised when the recipe or its data change, so cached heads are retrained
 
 
-def cache_key(model_name: str, prompts: Sequence[torch.Tensor], config: TrainConfig) -> str:
-    h = hashlib.sha256(
-        json.dumps([model_name, [p.reshape(-1).tolist() for p in prompts], asdict(config), RECIPE]).encode()
-    )
-    return h.hexdigest()[:16]
-
-
 def train_or_load(
     target: torch.nn.Module,
     model_name: str,
@@ -331,7 +330,9 @@ def train_or_load(
     loaded from a previous run with the same (model, prompts, config). folder: default
     `<cache>/medusa-heads/<key>` (outside the repository)."""
     folder = (
-        Path(folder) if folder is not None else cache_dir() / "medusa-heads" / cache_key(model_name, prompts, config)
+        Path(folder)
+        if folder is not None
+        else cache_dir() / "medusa-heads" / cache_key(model_name, prompts, asdict(config), RECIPE)
     )
     held = heldout_prompts(len(prompts), config.heldout)
     if (folder / WEIGHTS).exists():
