@@ -78,3 +78,12 @@ def test_nothing_points_at_a_folder_a_clone_lacks():
             if needle in text:
                 found.append(f"{name}: {needle}")
     assert not found, f"references to a folder a user's clone lacks: {found}"
+
+
+def test_the_api_page_lists_every_public_name_once():
+    """docs/api.md: one line per name of `specnb.__all__`, and no other name."""
+    import specnb
+
+    page = (ROOT / "docs" / "api.md").read_text()
+    listed = re.findall(r"^- `(\w+)`:", page, flags=re.M)
+    assert sorted(listed) == sorted(specnb.__all__) and len(listed) == len(set(listed))

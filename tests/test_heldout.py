@@ -227,6 +227,28 @@ def test_each_engine_gets_the_fastest_tree_it_drafts_as_verified():
     assert "vLLM:" in reading and "llama.cpp server: chain with 4 draft tokens" in reading and "SGLang grows" in reading
 
 
+def test_deploy_txt_gives_an_engine_that_refuses_the_recommendation_its_own_fastest_tree(tmp_path):
+    """The recommended kary2:4 is no product tree: vLLM's block in deploy.txt says so and gives the fastest
+    tree vLLM drafts as verified (`heldout.per_engine`), with what it gives up and its line; the results
+    file keeps it; an engine that takes the recommendation gets the recommendation's line."""
+    trees = {("kary2", 4): Tree.kary(2, 4), ("chain", 4): Tree.chain(4)}
+    c = collection(odd=2, same=4)
+    held = heldout.score(c, trees, [4], k=3, seed=0)
+    fast_tree_curve = curve(slope=0.0, draft=0.0)  # drafting and width cost nothing: the widest tree wins
+    speed, choice = heldout.choose(held.table, held.trees, fast_tree_curve, "t", "d")
+    engines = heldout.per_engine(speed, held.trees)
+    results = replay_study.tree_results("d -> t", c, held, choice, device="cpu", engines=engines)
+    tree_results.write(tmp_path, results)
+    back = tree_results.read(tmp_path)
+    assert back.engines == results.engines and set(back.engines) == set(heldout.STATIC_ENGINES)
+    deploy = (tmp_path / tree_results.DEPLOY_FILE).read_text()
+    assert choice.shape == "kary2" and level_widths(choice.tree) is None  # the recommendation: no product tree
+    vllm = engines.set_index("engine").loc["vllm"]
+    assert f"the fastest tree it drafts as verified: {vllm['shape']} with {vllm['budget']} draft tokens" in deploy
+    assert vllm["line"] in deploy and vllm["speedup_given_up"] >= 0
+    assert ENGINES["tensorrt_llm"](choice.tree).line in deploy
+
+
 def test_sglang_flags_pass_into_the_results_and_deploy_txt(tmp_path):
     """The fastest of SGLang's replayed flags (`heldout.sglang_choice`) is what tree_results.json and
     deploy.txt give for SGLang, in place of the flags of the recommended tree's size; a collection

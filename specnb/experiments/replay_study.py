@@ -389,12 +389,14 @@ def tree_results(
     device: str = "",
     sglang: pd.DataFrame | None = None,
     check: pd.DataFrame | None = None,
+    engines: pd.DataFrame | None = None,
 ) -> tree_store.TreeResults:
     """What notebook 01 passes on (`io.tree_results`): the acceptance vectors (none for a
     cross-tokenizer collection), per budget the best preset and every design with in-sample and
     held-out tau, the choice with its intervals and verdict, its measured speed-up if run, and
     SGLang's flags of highest expected speed-up (`heldout.sglang_choice`) where replayed, and the
-    prediction checked against the measurement (`sweeps.prediction_check`'s steady-state row)."""
+    prediction checked against the measurement (`sweeps.prediction_check`'s steady-state row), and
+    per engine the fastest tree it drafts as verified (`heldout.per_engine`'s rows)."""
     cross = collection.config.cross_tokenizer
     acceptance = () if cross else replay.acceptance_vector(collection)
     by_depth = () if cross else replay.rank_accuracy_by_depth(collection, heldout.MEDUSA_DEPTH)
@@ -423,8 +425,21 @@ def tree_results(
     if sglang is not None and len(sglang) and sglang["speedup"].notna().any():
         best = sglang.loc[sglang["speedup"].idxmax()]
         flags = {k: (v.item() if hasattr(v, "item") else v) for k, v in best.items()} | {"rule": heldout.SGLANG_RULE}
+    best_per_engine = {
+        str(r["engine"]): {k: (v.item() if hasattr(v, "item") else v) for k, v in r.items() if k != "engine"}
+        for r in (
+            engines.dropna(subset=["line"]).to_dict("records") if engines is not None and "line" in engines else []
+        )
+    }
     return tree_store.TreeResults(
-        pair, tuple(acceptance), tuple(by_depth), tuple(found.values()), recommendation, held.record(), sglang=flags
+        pair,
+        tuple(acceptance),
+        tuple(by_depth),
+        tuple(found.values()),
+        recommendation,
+        held.record(),
+        sglang=flags,
+        engines=best_per_engine,
     )
 
 

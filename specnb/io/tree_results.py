@@ -80,6 +80,8 @@ class TreeResults:
     split: Mapping[str, Any] = field(default_factory=dict)  # k, folds, seed and each fold's prompt ids
     written: str = ""  # when (ISO time); `latest` orders by it
     sglang: Mapping[str, Any] = field(default_factory=dict)  # SGLang's flags chosen by replay (`heldout.sglang_choice`)
+    # per engine taking static trees, the fastest tree it drafts as verified and what it gives up (`heldout.per_engine`)
+    engines: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def deploy(self) -> dict[str, str]:
@@ -138,6 +140,7 @@ class TreeResults:
             split=dict(data.get("split", {})),
             written=str(data.get("written", "")),
             sglang=dict(data.get("sglang", {})),
+            engines={k: dict(v) for k, v in data.get("engines", {}).items()},
         )
 
 
@@ -166,12 +169,27 @@ def deploy_text(results: TreeResults) -> str:
         "",
     ]
     blocks = [
-        f"# {ENGINE_NAMES[name]}: {line.note}\n{line.line if line.line is not None else '# not accepted'}\n"
-        if name != "sglang" or not results.sglang
-        else sglang_block(results.sglang)
+        sglang_block(results.sglang)
+        if name == "sglang" and results.sglang
+        else f"# {ENGINE_NAMES[name]}: {line.note}\n"
+        + (line.line if line.line is not None else refused(results.engines.get(name)))
+        + "\n"
         for name, line in deploy_lines(rec.tree.tree).items()
     ]
     return "\n".join(head + blocks)
+
+
+def refused(best: Mapping[str, Any] | None) -> str:
+    """deploy.txt's lines for an engine that cannot take the recommended tree: the fastest tree it drafts
+    as verified (`heldout.per_engine`), with what it gives up, and its line; or only that it is refused."""
+    if not best or not best.get("line"):
+        return "# not accepted"
+    return (
+        f"# not accepted; the fastest tree it drafts as verified: {best['shape']} with {best['budget']} draft tokens, "
+        f"tau {best['expected_tau']:.2f}, expected {best['speedup']:.2f}x [{best['speedup_ci_low']:.2f}, "
+        f"{best['speedup_ci_high']:.2f}] ({best['speedup_given_up']:.2f}x and {best['tau_given_up']:.2f} tau below "
+        f"the recommendation): {best['verdict']}\n{best['line']}"
+    )
 
 
 def sglang_block(flags: Mapping[str, Any]) -> str:
