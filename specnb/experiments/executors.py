@@ -95,6 +95,7 @@ class _Ledger:
 
     def __init__(self, total: int, retries: int, on_progress: Callable[[Progress], None] | None) -> None:
         self.total, self.retries, self.on_progress = total, retries, on_progress
+        self.started = time.perf_counter()  # the map's start: its times count from here
         self.results: dict[str, Any] = {}
         self.failures: list[Failure] = []
         self.attempts: dict[str, int] = {}
@@ -118,7 +119,7 @@ class _Ledger:
                 Progress(self.total, len(self.results), len(self.failures), self.retried, tuple(workers), lost)
             )
 
-    def outcome(self, workers: Sequence[WorkerInfo], lost: int, started: float, ready: float | None) -> Outcome:
+    def outcome(self, workers: Sequence[WorkerInfo], lost: int = 0, ready: float | None = None) -> Outcome:
         now = time.perf_counter()
         return Outcome(
             dict(self.results),
@@ -127,8 +128,8 @@ class _Ledger:
             tuple(workers),
             lost,
             self.retried,
-            (ready if ready is not None else now) - started,
-            now - started,
+            (ready if ready is not None else now) - self.started,
+            now - self.started,
         )
 
 
@@ -150,12 +151,11 @@ class LocalExecutor:
         units: Sequence[Any],
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome:
-        started = time.perf_counter()
         ledger = _Ledger(len(units), self.retries, on_progress)
         if not units:
-            return ledger.outcome((), 0, started, None)
+            return ledger.outcome(())
         models = load()
-        me = (WorkerInfo(socket.gethostname(), os.getpid(), time.perf_counter() - started),)
+        me = (WorkerInfo(socket.gethostname(), os.getpid(), time.perf_counter() - ledger.started),)
         ready = time.perf_counter()
         pending = deque(units)
         while pending:
@@ -166,7 +166,7 @@ class LocalExecutor:
                 if ledger.failed(unit, _one_line(e), e):
                     pending.append(unit)
             ledger.report(me, 0)
-        return ledger.outcome(me, 0, started, ready)
+        return ledger.outcome(me, 0, ready)
 
 
 def import_ray() -> Any:
@@ -234,17 +234,16 @@ class RayExecutor:
         units: Sequence[Any],
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome:
-        started = time.perf_counter()
         ledger = _Ledger(len(units), self.retries, on_progress)
         if not units:
-            return ledger.outcome((), 0, started, None)
+            return ledger.outcome(())
         ray = import_ray()
         owned = not ray.is_initialized()
         if owned:
             self._init(ray)
         actors: list[Any] = []
         try:
-            return self._drive(ray, load, work, list(units), ledger, actors, started)
+            return self._drive(ray, load, work, list(units), ledger, actors)
         finally:
             for actor in actors:
                 ray.kill(actor)
@@ -272,9 +271,7 @@ class RayExecutor:
                     continue
                 raise RuntimeError(f"Ray could not start {where}: {_one_line(e)}") from e
 
-    def _drive(
-        self, ray: Any, load: Callable, work: Callable, units: list, ledger: _Ledger, actors: list, started: float
-    ) -> Outcome:
+    def _drive(self, ray: Any, load: Callable, work: Callable, units: list, ledger: _Ledger, actors: list) -> Outcome:
         wanted, options = self._actor_plan(ray, len(units))
         threads = self.threads or max(1, round(self.num_cpus))
         actor_class = ray.remote(_RayWorker).options(**options)
@@ -331,7 +328,7 @@ class RayExecutor:
                 reason = f"no worker left ({lost} lost; last: {last_error})"
                 ledger.failures.append(Failure(unit.name, ledger.attempts.get(unit.name, 0), reason))
             ledger.report(list(running.values()), lost)
-        return ledger.outcome(infos, lost, started, ready_at)
+        return ledger.outcome(infos, lost, ready_at)
 
     def _actor_plan(self, ray: Any, units: int) -> tuple[int, dict]:
         """(actors to start, their Ray options): `workers`, or one per GPU of the cluster where it has
