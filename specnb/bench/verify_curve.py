@@ -257,25 +257,28 @@ class StepPoints:
         self, target: torch.nn.Module, draft: torch.nn.Module, tree: Tree, prefix: int, names: tuple[str, str]
     ) -> None:
         self.models, self.names, self.prefix, self.tree = (target, draft), names, prefix, tree
-        self.caches: tuple | None = None  # prefilled on the first round: a resumed run may need none
+        self.caches: tuple | None = (
+            None  # prefilled, and the calls made, on the first round: a resumed run may need none
+        )
+        self.calls: tuple[dict, dict] = ({}, {})
 
     def round(self) -> list[dict[str, Any]]:
         """One timed call of every point (round-robin within each model): rows of role, kind, nodes, seconds."""
         if self.caches is None:
+            (target, draft), tree = self.models, self.tree
             self.caches = tuple(prefilled_cache(m, self.prefix) for m in self.models)
-        target, draft = self.models
-        calls = (
-            {
-                ("verify", 0): point_calls(target, self.caches[0], Tree.preset("sparse", 0))["verify"],
-                ("verify", self.tree.num_nodes): point_calls(target, self.caches[0], self.tree)["verify"],
-            },
-            {
-                ("plain", w): point_calls(draft, self.caches[1], None, w)["plain"]
-                for w in sorted(set(self.tree.draft_widths))
-            },
-        )
+            self.calls = (
+                {
+                    ("verify", 0): point_calls(target, self.caches[0], Tree.preset("sparse", 0))["verify"],
+                    ("verify", tree.num_nodes): point_calls(target, self.caches[0], tree)["verify"],
+                },
+                {
+                    ("plain", w): point_calls(draft, self.caches[1], None, w)["plain"]
+                    for w in sorted(set(tree.draft_widths))
+                },
+            )
         rows = []
-        for role, model, cache, fns in zip(("target", "draft"), self.models, self.caches, calls):
+        for role, model, cache, fns in zip(("target", "draft"), self.models, self.caches, self.calls):
             for (kind, n), timing in timed(model, cache, fns, warmup=0, repeats=1).items():
                 rows.append({"role": role, "kind": kind, "nodes": n, "seconds": timing.median_s})
         return rows

@@ -424,12 +424,10 @@ def tree_results(
     flags = {}
     if sglang is not None and len(sglang) and sglang["speedup"].notna().any():
         best = sglang.loc[sglang["speedup"].idxmax()]
-        flags = {k: (v.item() if hasattr(v, "item") else v) for k, v in best.items()} | {"rule": heldout.SGLANG_RULE}
+        flags = _plain(best) | {"rule": heldout.SGLANG_RULE}
     best_per_engine = {
-        str(r["engine"]): {k: (v.item() if hasattr(v, "item") else v) for k, v in r.items() if k != "engine"}
-        for r in (
-            engines.dropna(subset=["line"]).to_dict("records") if engines is not None and "line" in engines else []
-        )
+        str(r["engine"]): _plain(r.drop("engine"))
+        for _, r in (engines.dropna(subset=["line"]).iterrows() if engines is not None and "line" in engines else [])
     }
     return tree_store.TreeResults(
         pair,
@@ -463,3 +461,8 @@ def _check_record(check: pd.DataFrame | None) -> dict:
     return {"prompts": int(check["prompts"].iloc[0])} | {
         k: (str(row[k]) if k == "check" else float(row[k])) for k in ("predicted", "low", "high", "measured", "check")
     }
+
+
+def _plain(row: pd.Series) -> dict:
+    """A table row as plain JSON values (numpy scalars unboxed)."""
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
