@@ -165,28 +165,20 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def draft(
-        self,
-        tokens: torch.Tensor,
-        tree: Tree,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
-        copies: int = 1,
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
-        """tokens: long [1, T] or [T], the sequence so far; its last token is the tree's root.
-
-        copies > 1 (sampling only): `tree` is a forest of that many copies of one tree side by side
-        under the root, copy s's depth-1 ranks being s * w .. s * w + w - 1; each copy is an
-        independent sample (the root's children are drawn without replacement within a copy, not
-        across copies). `experiments.collect` drafts many samples in one pass this way."""
+        """tokens: long [1, T] or [T], the sequence so far; its last token is the tree's root."""
         self.check_request(tree, sampling)
-        if copies > 1 and sampling.greedy:
-            raise ValueError("copies > 1 draws independent samples: it needs sampling (temperature > 0)")
         # k at each depth's parents: the TopKHead's exact top k (the children chosen there); 0: the model's head
         ranked = self.head is not None and sampling.greedy and self.confidence_threshold == 0.0
         k = [lv.width if ranked else 0 for lv in tree.levels] + [0]
         self._tree, self._k = tree, k
         root = self._advance(tokens.reshape(-1).tolist(), k[0])  # [V]
-        return fill_levels(tree, root[None], sampling, generator, self._feed, copies, self.confidence_threshold)
+        return fill_levels(tree, root[None], sampling, generator, self._feed, self.confidence_threshold, self.draw)
+
+    def draw(self, probs: torch.Tensor, level: Level, generator: torch.Generator | None) -> torch.Tensor:
+        """Sampling: the children of `level`'s parents (`draw_children`); a subclass may draw otherwise."""
+        return draw_children(probs, level, generator)
 
     def _feed(self, level: Level, ids: torch.Tensor) -> torch.Tensor:
         """Feed the nodes of `level` that have children (their tokens `ids`, long [F]) at the root's
@@ -265,17 +257,17 @@ def fill_levels(
     sampling: SamplingConfig,
     generator: torch.Generator | None,
     feed: Callable[[Level, torch.Tensor], torch.Tensor],
-    copies: int = 1,
     confidence_threshold: float = 0.0,
+    draw: Callable[[torch.Tensor, Level, torch.Generator | None], torch.Tensor] | None = None,
 ) -> Draft:
     """Fill `tree` level by level (`Tree.levels`), for every drafter that drafts from a model of its own.
 
     logits: float [1, V] at the root. At each depth the children of every parent are chosen at once
     from the logits at the parents: greedy, the top `width` tokens (`top_tokens`: rank r = the r-th
-    largest); sampling, draws without replacement from q (`draw_children`). Then `feed(level, tokens)`
+    largest); sampling, draws without replacement from q (`draw`, default `draw_children`). Then `feed(level, tokens)`
     runs the level's nodes that have children (long [F]) and returns their logits [F, V]; leaves are
     chosen, never fed. confidence_threshold > 0 (a chain): stop after the first token whose q is below it."""
-    n, device = tree.num_nodes, logits.device
+    n, device, draw = tree.num_nodes, logits.device, draw or draw_children
     out = torch.zeros(n, dtype=torch.long, device=device)
     q = None if sampling.greedy else torch.zeros(n + 1, logits.shape[-1], dtype=torch.float32, device=device)
     rows = torch.zeros(1, dtype=torch.long, device=device)  # the parents' rows in q (0 = the root)
@@ -284,7 +276,7 @@ def fill_levels(
             choices = top_tokens(logits, level.width)  # [P, width]
         else:
             q[rows] = probabilities(logits, sampling)
-            choices = draw_children(q[rows], level.width, generator, copies if level.depth == 1 else 1)
+            choices = draw(q[rows], level, generator)
         out[level.nodes.start : level.nodes.stop] = choices[parents, ranks]
         if confidence_threshold > 0.0 and level.depth < n:  # a chain: one node per level
             row = torch.softmax(logits[0], -1) if q is None else q[rows[0]]
@@ -298,10 +290,7 @@ def fill_levels(
     return Draft(out, q)
 
 
-def draw_children(probs: torch.Tensor, width: int, generator: torch.Generator | None, copies: int = 1) -> torch.Tensor:
-    """Long [P, width]: draws without replacement from each parent's row of q (probs [P, V]; rank r =
-    the r-th draw, Sequoia's rule, so `acceptance.speculative_accept` stays lossless). copies > 1 (the
-    root alone): that many independent samples of width / copies side by side."""
-    if copies == 1:
-        return sample_without_replacement(probs, width, generator)
-    return sample_without_replacement(probs.expand(copies, -1), width // copies, generator).reshape(1, -1)
+def draw_children(probs: torch.Tensor, level: Level, generator: torch.Generator | None) -> torch.Tensor:
+    """Long [P, width]: `level.width` draws without replacement from each parent's row of q (probs
+    [P, V]; rank r = the r-th draw, Sequoia's rule, so `acceptance.speculative_accept` stays lossless)."""
+    return sample_without_replacement(probs, level.width, generator)

@@ -12,7 +12,7 @@ sequence up to its deepest on-path ancestor plus its own fed ancestors (one forw
 chunk of positions).
 
 Sampling (`temperature` > 0): along a sampled continuation, R draft samples of the cover tree per
-position (drafted as one forest, `ModelDrafter.draft(copies=...)`), verified by the target in one
+position (drafted as one forest, `ForestDrafter`), verified by the target in one
 tree-masked pass, and per sample and node the alphas of `acceptance.sibling_alphas`: child i is
 accepted, given children 0..i-1 were rejected, with probability alpha_i. `analysis.replay` turns
 them into the expected acceptance of any gap-free subtree.
@@ -53,8 +53,8 @@ from ..core.drafting import Drafter, ModelDrafter
 from ..core.forward import forward
 from ..core.generation import speculative_generate
 from ..core.runtime import eos_ids
-from ..core.sampling import SamplingConfig, match_vocab, probabilities, top_tokens
-from ..core.trees import Tree
+from ..core.sampling import SamplingConfig, match_vocab, probabilities, sample_without_replacement, top_tokens
+from ..core.trees import Level, Tree
 from ..core.verification import prefill, verify
 from ..io.models import ModelPair
 from ..io.storage import ResultFolder
@@ -447,13 +447,13 @@ def _sampled_alphas(
     probability of each child rank given the earlier ones were rejected (`sibling_alphas`).
 
     Samples are drafted `sample_chunk` at a time as copies of the cover tree side by side under the
-    root (`_forest`, `ModelDrafter.draft(copies=...)`), one draft forward per depth, and verified
+    root (`_forest`, `ForestDrafter`), one draft forward per depth, and verified
     in one target pass."""
     cover = config.cover
     sampling = config.sampling_config
     generator = torch.Generator(device=draft.device).manual_seed(seed)
     width = max(len(c) for c in cover.children)
-    drafter = ModelDrafter(draft)
+    drafter = ForestDrafter(draft)
     cache = new_cache(target)  # holds the sequence but its last token
     if ids.shape[1] > 1:
         prefill(target, cache, ids[:, :-1])
@@ -467,9 +467,8 @@ def _sampled_alphas(
         s0 = 0
         for copies in chunks:
             forest, index = forests[copies]
-            draft_out = drafter.draft(
-                torch.tensor(seq), forest, sampling, generator, copies=copies
-            )  # host: drafters read ids there
+            drafter.copies = copies
+            draft_out = drafter.draft(torch.tensor(seq), forest, sampling, generator)  # host: drafters read ids there
             logits = verify(target, cache, seq[-1], forest, draft_out.tokens)  # [1 + S N, V]
             crop(cache, prefix_len)
             p = probabilities(logits, sampling)
@@ -487,6 +486,21 @@ def _sampled_alphas(
         prefill(target, cache, torch.tensor([seq[-1:]]))  # host: moved by forward | the root joins the cached sequence
         seq.append(tokens[t])
     return out
+
+
+class ForestDrafter(ModelDrafter):
+    """A model drafter whose tree is a forest of `copies` copies of one tree side by side under the
+    root (`_forest`: copy s's depth-1 ranks are s * w .. s * w + w - 1), each copy an independent
+    sample: the root's children are drawn without replacement within a copy, not across copies."""
+
+    copies = 1
+
+    def draw(self, probs: torch.Tensor, level: Level, generator: torch.Generator | None) -> torch.Tensor:
+        if level.depth > 1 or self.copies == 1:
+            return super().draw(probs, level, generator)
+        return sample_without_replacement(probs.expand(self.copies, -1), level.width // self.copies, generator).reshape(
+            1, -1
+        )
 
 
 def _children_by_rank(tree: Tree, width: int) -> list[int]:
