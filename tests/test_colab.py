@@ -189,3 +189,14 @@ def test_colab_set_up_installs_the_runtime_and_the_headless_runner_only():
         check=True,
     ).stdout
     assert f"installs: -e {ROOT}[dev]" in here  # elsewhere: everything, tests included
+
+
+def test_every_notebooks_colab_cell_is_the_one_in_scripts():
+    """The Colab cell must run before specnb can be imported, so each notebook carries its text; it is
+    written once, in scripts/colab_cell.py, and every numbered notebook's copy is that file's text."""
+    cell = (ROOT / "scripts" / "colab_cell.py").read_text().rstrip("\n")
+    books = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert len(books) >= 7
+    for book in books:
+        code = [c for c in nbformat.read(book, as_version=4).cells if c.cell_type == "code"]
+        assert code[1].source == cell, f"{book.name}: its Colab cell differs from scripts/colab_cell.py"
