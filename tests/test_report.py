@@ -628,13 +628,21 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
 
 def test_the_runners_notebooks_share_curves_of_that_run_only(tmp_path, monkeypatch):
     """Under the runner, outputs/_shared/run-<start>/ (set by the runner for its kernels): a later run
-    never prices trees on curves timed hours before; run interactively, outputs/_shared itself."""
+    never prices trees on curves timed hours before; run interactively, outputs/_shared itself. A run
+    folder keeps the one it used: resumed later (by hand, or by another runner), it reads those curves."""
     from specnb.notebook.session import shared_folder
 
-    run = tmp_path / "outputs" / "01_tree_shapes" / "cpu-1"
+    outputs = tmp_path / "outputs"
+    by_hand, first, later = (outputs / "01_tree_shapes" / f"cpu-{i}" for i in (1, 2, 3))
+    for run in (by_hand, first, later):
+        run.mkdir(parents=True)
     monkeypatch.delenv(runner.SHARED_RUN_ENV, raising=False)
-    assert shared_folder(run) == tmp_path / "outputs" / "_shared"
+    assert shared_folder(by_hand) == outputs / "_shared"
     monkeypatch.setenv(runner.SHARED_RUN_ENV, "run-20261128-070000")
-    assert (
-        shared_folder(run) == tmp_path / "outputs" / "_shared" / "run-20261128-070000" and shared_folder(run).is_dir()
-    )
+    assert shared_folder(first) == outputs / "_shared" / "run-20261128-070000" and shared_folder(first).is_dir()
+    assert shared_folder(by_hand) == outputs / "_shared"  # resumed under a runner: still its own
+    monkeypatch.setenv(runner.SHARED_RUN_ENV, "run-20261128-090000")
+    assert shared_folder(later) == outputs / "_shared" / "run-20261128-090000"
+    assert shared_folder(first) == outputs / "_shared" / "run-20261128-070000"  # a resumed run: its first curves
+    monkeypatch.delenv(runner.SHARED_RUN_ENV)
+    assert shared_folder(first) == outputs / "_shared" / "run-20261128-070000"  # resumed by hand

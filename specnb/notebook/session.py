@@ -47,6 +47,8 @@ from .profiles import NOTEBOOKS, declared_parameters, resolve, strings_in
 from .run_memory import check_run_memory
 from .runner import SHARED_RUN_ENV, default_outputs
 
+SHARED_NOTE = "shared_folder.txt"  # in a run folder: the name of the shared folder it used (`shared_folder`)
+
 SKIP = {"In", "Out", "exit", "quit", "get_ipython"}
 
 
@@ -83,9 +85,14 @@ def shared_folder(run: Path) -> Path:
     measure alike, e.g. the verify-cost curves, keyed by machine inside: under the runner, one per
     run of it (outputs/_shared/run-<start>: $SPECNB_SHARED_RUN), so a run never prices trees on
     curves timed hours before; run interactively, outputs/_shared itself (each row says when it was
-    measured)."""
-    folder = Path(run).parent.parent / "_shared" / os.environ.get(SHARED_RUN_ENV, "")
+    measured). The run folder keeps which one it used (`SHARED_NOTE`): a resumed run, by the runner
+    or by hand, reads the curves its first part was priced on, and recomputes nothing."""
+    note = Path(run) / SHARED_NOTE
+    name = note.read_text().strip() if note.exists() else os.environ.get(SHARED_RUN_ENV, "")
+    folder = Path(run).parent.parent / "_shared" / name
     folder.mkdir(parents=True, exist_ok=True)
+    if not note.exists():
+        note.write_text(name + "\n")
     return folder
 
 
