@@ -33,14 +33,14 @@ from dataclasses import dataclass
 import torch
 
 from .acceptance import accept
-from .drafting import Draft, Drafter
+from .drafting import Draft, Drafter, fill_levels
 from .generation import GenerationResult, Step, StepOutcome
 from .masks import attention_implementation, rooted_ancestor_mask
 from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows
 from .runtime import Clock, cut_at_eos, eos_ids, make_generator, peak_memory, reset_peak_memory
-from .sampling import GREEDY, SamplingConfig, probabilities, sample, sample_without_replacement, top_tokens
+from .sampling import GREEDY, SamplingConfig, probabilities, sample, sample_without_replacement
 from .streaming import kv_bytes
-from .trees import Tree
+from .trees import Level, Tree
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,11 @@ def check_prompts(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[
     if any(not p for p in out):
         raise ValueError("every prompt needs at least one token")
     return out
+
+
+def draw_rows(probs: torch.Tensor, level: Level, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """Sampling: each row's children drawn with that row's own generator (probs [B, P, V])."""
+    return torch.stack([sample_without_replacement(probs[i], level.width, g) for i, g in enumerate(generators)])
 
 
 def prefill_batch(model: torch.nn.Module, ragged: RaggedCache, sequences: Sequence[Sequence[int]]) -> None:
@@ -125,39 +130,22 @@ class BatchModelDrafter:
         if not sampling.greedy and tree.has_rank_gaps:
             raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
         logits = self._advance(sequences)  # [B, V]
-        b, n = len(sequences), tree.num_nodes
-        out = torch.zeros(b, n, dtype=torch.long, device=logits.device)
-        q = (
-            None
-            if sampling.greedy
-            else torch.zeros(b, n + 1, logits.shape[-1], dtype=torch.float32, device=logits.device)
-        )
-        parents_logits = logits[:, None]  # [B, P, V]
-        parent_rows = [0]  # their rows in q (0 = the root)
-        fed_nodes: list[int] = []  # nodes fed so far, in scratch-column order
+        b = len(sequences)
         roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
-        for level in tree.levels:
-            if sampling.greedy:
-                choices = top_tokens(parents_logits, level.width)  # [B, P, width]
-            else:
-                probs = probabilities(parents_logits, sampling)  # [B, P, V]
-                q[:, parent_rows] = probs
-                choices = torch.stack(
-                    [sample_without_replacement(probs[i], level.width, g) for i, g in enumerate(generators)]
-                )
-            out[:, level.nodes.start : level.nodes.stop] = choices[:, list(level.parent_rows), list(level.ranks)]
-            if not level.fed:
-                break
+        fed_nodes: list[int] = []  # nodes fed so far, in scratch-column order
+
+        def feed(level: Level, ids: torch.Tensor) -> torch.Tensor:
+            """The batch's nodes of `level` that have children (ids long [B, F]), each under its ancestors."""
             fed = list(level.fed)
-            ancestors = tree.ancestors[fed][:, fed_nodes + fed]  # [F, S + F]
-            visible = ancestors[None].expand(b, -1, -1)
+            visible = tree.ancestors[fed][:, fed_nodes + fed][None].expand(b, -1, -1)  # [B, F, S + F]
             valid = torch.ones(b, len(fed), dtype=torch.bool)  # host
             positions = (roots + level.depth)[:, None].expand(b, len(fed))
-            parents_logits = block_forward(self.model, self.ragged, out[:, fed], positions, visible, valid).float()
-            fed_nodes += fed
-            parent_rows = [i + 1 for i in fed]
+            fed_nodes.extend(fed)
+            return block_forward(self.model, self.ragged, ids, positions, visible, valid)
+
+        draft = fill_levels(tree, logits[:, None], sampling, generators, feed, draw=draw_rows)
         discard(self.ragged)
-        return out, q
+        return draft.tokens, draft.q
 
     def _advance(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
         """Feed each row what its cache lacks (at least its root); float32 logits [B, V] at each

@@ -39,6 +39,7 @@ import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -255,37 +256,43 @@ def fill_levels(
     tree: Tree,
     logits: torch.Tensor,
     sampling: SamplingConfig,
-    generator: torch.Generator | None,
+    generator: Any,
     feed: Callable[[Level, torch.Tensor], torch.Tensor],
     confidence_threshold: float = 0.0,
-    draw: Callable[[torch.Tensor, Level, torch.Generator | None], torch.Tensor] | None = None,
+    draw: Callable[[torch.Tensor, Level, Any], torch.Tensor] | None = None,
 ) -> Draft:
     """Fill `tree` level by level (`Tree.levels`), for every drafter that drafts from a model of its own.
 
-    logits: float [1, V] at the root. At each depth the children of every parent are chosen at once
-    from the logits at the parents: greedy, the top `width` tokens (`top_tokens`: rank r = the r-th
-    largest); sampling, draws without replacement from q (`draw`, default `draw_children`). Then `feed(level, tokens)`
-    runs the level's nodes that have children (long [F]) and returns their logits [F, V]; leaves are
-    chosen, never fed. confidence_threshold > 0 (a chain): stop after the first token whose q is below it."""
+    logits: float [..., 1, V] at the root, for one sequence ([1, V]) or a batch of rows ([B, 1, V],
+    `core.batch`). At each depth the children of every parent are chosen at once from the logits at
+    the parents: greedy, the top `width` tokens (`top_tokens`: rank r = the r-th largest); sampling,
+    draws without replacement from q (`draw(probs, level, generator)`, default `draw_children`; the
+    generator is passed through as given). Then `feed(level, tokens)` runs the level's nodes that
+    have children (long [..., F]) and returns their logits [..., F, V]; leaves are chosen, never fed.
+    Returns tokens [..., N] and q [..., N + 1, V]. confidence_threshold > 0 (one chain): stop after
+    the first token whose q is below it."""
     n, device, draw = tree.num_nodes, logits.device, draw or draw_children
-    out = torch.zeros(n, dtype=torch.long, device=device)
-    q = None if sampling.greedy else torch.zeros(n + 1, logits.shape[-1], dtype=torch.float32, device=device)
+    rows_shape = logits.shape[:-2]  # () for one sequence, (B,) for a batch
+    out = torch.zeros(*rows_shape, n, dtype=torch.long, device=device)
+    q = None
+    if not sampling.greedy:
+        q = torch.zeros(*rows_shape, n + 1, logits.shape[-1], dtype=torch.float32, device=device)
     rows = torch.zeros(1, dtype=torch.long, device=device)  # the parents' rows in q (0 = the root)
     for level, (parents, ranks, fed) in zip(tree.levels, level_indices(tree, device)):
         if q is None:
-            choices = top_tokens(logits, level.width)  # [P, width]
+            choices = top_tokens(logits, level.width)  # [..., P, width]
         else:
-            q[rows] = probabilities(logits, sampling)
-            choices = draw(q[rows], level, generator)
-        out[level.nodes.start : level.nodes.stop] = choices[parents, ranks]
-        if confidence_threshold > 0.0 and level.depth < n:  # a chain: one node per level
+            q[..., rows, :] = probabilities(logits, sampling)
+            choices = draw(q[..., rows, :], level, generator)
+        out[..., level.nodes.start : level.nodes.stop] = choices[..., parents, ranks]
+        if confidence_threshold > 0.0 and level.depth < n:  # one chain: one node per level
             row = torch.softmax(logits[0], -1) if q is None else q[rows[0]]
             if float(row[out[level.depth - 1]]) < confidence_threshold:
                 depth = level.depth
                 return Draft(out[:depth], None if q is None else q[: depth + 1], Tree.chain(depth))
         if not level.fed:
             break
-        logits = feed(level, out[fed]).float()
+        logits = feed(level, out[..., fed]).float()
         rows = fed + 1
     return Draft(out, q)
 
