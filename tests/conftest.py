@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("SPECNB_CELL_TIMEOUT", "600")
 os.environ.setdefault("SPECNB_DECODE_MS", "skip")  # the runner measures no decode step in tests (`notebook.estimate`)
 
-# pytest-xdist (run_tests.sh runs two workers on two cores): each worker's torch, and the notebook
-# kernels and subprocesses it starts, on one thread, so the two workers do not fight for the cores
+# pytest-xdist (run_tests.sh runs three workers on two cores): each worker's torch, and the notebook
+# kernels and subprocesses it starts, on one thread, so the workers do not fight for the cores
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -225,9 +225,11 @@ def no_process_left_at_the_end():
     assert not left, f"fixtures left processes running (now killed): {left}"
 
 
-# ---- two test workers (pytest-xdist, run_tests.sh) --------------------------------------------------
+# ---- the test workers (pytest-xdist, run_tests.sh) --------------------------------------------------
 
-# the files that take longest, handed to the workers first so that neither is left with one at the end
+# the files that take longest, handed to the workers first so that none is left with one at the end (the
+# order holds because run_tests.sh passes --no-loadscope-reorder: xdist otherwise hands out the files with
+# the most tests first, and these four, with few tests, went last)
 LONGEST_FIRST = ("test_user_clone.py", "test_notebooks.py", "test_dryrun.py", "test_colab.py")
 
 
