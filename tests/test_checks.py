@@ -12,21 +12,21 @@ import pytest
 from conftest import run_set_up_cells
 
 from specnb.experiments import checks
-from specnb.io.prompts import describe, load_prompts
+from specnb.io.prompts import describe_prompts, load_prompts
 from specnb.notebook.session import record, show_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_per_category_figure_needs_three_prompts_in_each_category():
-    short = describe(load_prompts("builtin", categories=["coding", "writing"]), "builtin")
+    short = describe_prompts(load_prompts("builtin", categories=["coding", "writing"]), "builtin")
     with pytest.raises(checks.ParameterError) as refused:
         checks.per_category_figure(short)
     message = str(refused.value)
     assert "writing has 1, coding has 1" in message
     assert "per_category=3 and max_prompts=6" in message and "category_figure=False" in message
     checks.per_category_figure(
-        describe(load_prompts("spec_bench", per_category=3, categories=["coding", "writing"]), "spec_bench")
+        describe_prompts(load_prompts("spec_bench", per_category=3, categories=["coding", "writing"]), "spec_bench")
     )  # 3 each: accepted
 
 
@@ -53,7 +53,7 @@ def test_study_prompts_refuses_a_short_split_and_keeps_them_disjoint():
 def test_record_adds_to_params_json(tmp_path, capsys):
     (tmp_path / "params.json").write_text(json.dumps({"status": "running", "parameters": {"a": 1}}))
     record(tmp_path, "note", [1, 2])
-    show_prompts(tmp_path, describe(load_prompts("builtin", limit=3), "builtin"), key="test_prompts")
+    show_prompts(tmp_path, describe_prompts(load_prompts("builtin", limit=3), "builtin"), key="test_prompts")
     assert (
         "test prompts: specnb's built-in prompts, 3 prompts (writing 1, roleplay 1, reasoning 1)"
         in capsys.readouterr().out

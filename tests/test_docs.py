@@ -87,3 +87,24 @@ def test_the_api_page_lists_every_public_name_once():
     page = (ROOT / "docs" / "api.md").read_text()
     listed = re.findall(r"^- `(\w+)`:", page, flags=re.M)
     assert sorted(listed) == sorted(specnb.__all__) and len(listed) == len(set(listed))
+
+
+def test_notebooks_import_public_names_from_the_public_api():
+    """A name `specnb` exports is imported from `specnb`, never from its module, in every cell of every
+    numbered notebook; and each set-up cell's specnb imports fit in a few lines (the public API, then at
+    most five study modules or packages)."""
+    import nbformat
+
+    import specnb
+
+    statement = re.compile(r"^\s*from (specnb[\w.]*) import (?:\(([^)]*)\)|([^\n]+))", flags=re.M)
+    for book in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        code = [c.source for c in nbformat.read(book, as_version=4).cells if c.cell_type == "code"]
+        for cell in code:
+            for module, wrapped, names in statement.findall(cell):
+                if module != "specnb":
+                    names = wrapped or names
+                    named = {n.split(" as ")[0].strip() for n in names.split(",")} & set(specnb.__all__)
+                    assert not named, f"{book.name}: import {sorted(named)} from specnb, not from {module}"
+        setup = statement.findall(code[2])  # parameters, the Colab cell, the set-up cell
+        assert setup[0][0] == "specnb" and len(setup) <= 6, f"{book.name}: {[m for m, _, _ in setup]}"

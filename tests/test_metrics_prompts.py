@@ -9,7 +9,7 @@ from specnb.io.prompts import (
     BUILTIN,
     SPEC_BENCH_SHA256,
     PromptRequestError,
-    describe,
+    describe_prompts,
     load_prompts,
     read_jsonl,
     spec_bench_digest,
@@ -85,7 +85,7 @@ def test_spec_bench_ships_with_the_package():
     assert "hemingkx/Spec-Bench" in notice and "fd2c1cd7d2201ef71db4c5f4e455008f017967bf" in notice
     prompts = load_prompts("spec_bench")
     assert len(prompts) == 480 and len({p.id for p in prompts}) == 480
-    summary = describe(prompts, "spec_bench")
+    summary = describe_prompts(prompts, "spec_bench")
     assert summary.count == 480 and len(summary.per_category) == 13
     assert dict(summary.per_category)["coding"] == 10 and dict(summary.per_category)["rag"] == 80
     assert len(load_prompts("spec_bench", per_category=2)) == 26
@@ -104,8 +104,8 @@ def test_prompt_requests_that_cannot_be_filled_are_refused():
     with pytest.raises(FileNotFoundError, match="named sources: spec_bench, builtin"):
         load_prompts("no/such/file.jsonl")
     fits = load_prompts("spec_bench", per_category=3, categories=["coding", "writing"], limit=6)
-    assert describe(fits, "spec_bench").per_category == (("writing", 3), ("coding", 3))
-    line = describe(fits, "spec_bench").line()
+    assert describe_prompts(fits, "spec_bench").per_category == (("writing", 3), ("coding", 3))
+    line = describe_prompts(fits, "spec_bench").line()
     assert line == "prompts: Spec-Bench (shipped with specnb), 6 prompts (writing 3, coding 3)"
 
 

@@ -10,7 +10,7 @@ reader for Spec-Bench-style JSONL files.
 - a path: any JSONL file of Spec-Bench records (question_id, category, turns).
 
 A request that the source cannot fill (a category it lacks, more prompts than the filters leave)
-raises `PromptRequestError` with what to change, before anything else runs. `describe` says what a
+raises `PromptRequestError` with what to change, before anything else runs. `describe_prompts` says what a
 set holds (source, count, prompts per category): every notebook prints it and records it in its
 params.json.
 """
@@ -210,7 +210,7 @@ class PromptSummary:
         }
 
 
-def describe(prompts: Sequence, source: str | Path, prompt_format: str = "") -> PromptSummary:
+def describe_prompts(prompts: Sequence, source: str | Path, prompt_format: str = "") -> PromptSummary:
     """The summary of a prompt set: `Prompt`s, or (id, category, ...) tuples."""
     categories = [p.category if isinstance(p, Prompt) else str(p[1]) for p in prompts]
     return PromptSummary(str(source), len(categories), tuple(Counter(categories).items()), prompt_format)
