@@ -13,7 +13,7 @@ from stats import ALPHA, chi_square_pvalue
 from test_acceptance import not_zeroing_accept
 
 import specnb.core.acceptance
-from specnb import NgramDrafter, Tree, autoregressive_generate, speculative_generate
+from specnb import ModelDrafter, NgramDrafter, Tree, autoregressive_generate, speculative_generate
 from specnb.core.batch import (
     BatchModelDrafter,
     autoregressive_generate_batch,
@@ -178,4 +178,29 @@ def test_the_batch_drafter_refuses_a_sequence_it_did_not_hold(tiny_draft):
     drafter = BatchModelDrafter(tiny_draft)
     drafter.start([[3, 4, 5], [6, 7]])
     with pytest.raises(ValueError, match="must extend"):
-        drafter.draft([[3, 9, 5], [6, 7]], Tree.chain(2), specnb.core.batch.SamplingConfig(), [None, None])
+        drafter.draft_batch([[3, 9, 5], [6, 7]], Tree.chain(2), specnb.core.batch.SamplingConfig(), [None, None])
+
+
+@pytest.mark.parametrize(
+    "tree", [Tree.chain(3), Tree.kary(2, 6), Tree.preset("sparse", 8)], ids=["chain", "kary", "sparse"]
+)
+@pytest.mark.parametrize("itself", [False, True], ids=["draft", "target_as_draft"])
+def test_the_batch_drafter_is_a_drafter_of_batch_one(tiny_target, tiny_draft, tree, itself):
+    """`BatchModelDrafter` is a `Drafter`: `speculative_generate` runs it as a batch of one row, and
+    its steps are `ModelDrafter`'s, token for token (greedy: the target's own output). The target as
+    its own draft accepts every node, so the accepted ranks compared are not all empty."""
+    draft = tiny_target if itself else tiny_draft
+    prompt = random_prompt(5, length=9)
+    expected = autoregressive_generate(tiny_target, prompt, max_new_tokens=20, eos_token_id=())
+    batched = speculative_generate(tiny_target, BatchModelDrafter(draft), prompt, tree, 20, eos_token_id=())
+    single = speculative_generate(tiny_target, ModelDrafter(draft), prompt, tree, 20, eos_token_id=())
+    assert torch.equal(batched.tokens, expected.tokens) and torch.equal(single.tokens, expected.tokens)
+    assert [s.accepted_ranks for s in batched.steps] == [s.accepted_ranks for s in single.steps]
+    assert any(s.num_accepted for s in batched.steps) == itself
+    drafter = BatchModelDrafter(draft)  # reused: reset between generations, a new prompt starts a new cache
+    for seed in (6, 7):
+        again, alone = (
+            speculative_generate(tiny_target, d, random_prompt(seed, length=4), tree, 8, eos_token_id=())
+            for d in (drafter, ModelDrafter(draft))
+        )
+        assert torch.equal(again.tokens, alone.tokens)

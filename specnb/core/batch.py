@@ -8,6 +8,7 @@ verifying B x (N + 1) tokens, each row under its own tree mask and positions (`c
                                     every row (the baseline a batched speculative run must beat)
     BatchModelDrafter               a draft model drafting every row's tree together: one draft
                                     forward per depth for the whole batch, on its own ragged cache
+                                    (a `Drafter`: its `draft` is a batch of one row)
     BatchResult                     per-row `GenerationResult`s (their steps carry the batch step's
                                     seconds) and the batch's own wall clock
 
@@ -92,17 +93,37 @@ def prefill_batch(model: torch.nn.Module, ragged: RaggedCache, sequences: Sequen
     commit(ragged, columns)
 
 
-class BatchModelDrafter:
+class BatchModelDrafter(Drafter):
     """A draft model drafting one tree shape for every row at once (greedy: each node the rank-r
     token of its parent's draft distribution; sampling: draws without replacement, q returned, as
     `drafting.ModelDrafter`). Its cache is ragged like the target's: each step first feeds every
     row's tokens it lacks (the accepted ones and the next root), then one forward per depth feeds
-    the batch's nodes of that depth; the nodes are discarded afterwards."""
+    the batch's nodes of that depth; the nodes are discarded afterwards.
+
+    A `Drafter`: `draft_batch` drafts the rows of `speculative_generate_batch`, and `draft` one
+    sequence, a batch of one, so `speculative_generate` takes it as it takes any drafter."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.reset()
+
+    def reset(self) -> None:
         self.ragged: RaggedCache | None = None
         self.committed: list[list[int]] = []
+
+    def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
+        if not sampling.greedy and tree.has_rank_gaps:
+            raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
+
+    def draft(
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Draft:
+        """One sequence (long [1, T] or [T], its last token the root): the batch of one row."""
+        seq = tokens.reshape(-1).tolist()
+        if self.ragged is None:  # a new generation (`reset`): its prompt but the root into the cache
+            self.start([seq])
+        out, q = self.draft_batch([seq], tree, sampling, [generator])
+        return Draft(out[0], None if q is None else q[0])
 
     def start(self, sequences: Sequence[Sequence[int]]) -> None:
         """A new batch: the prompts but their last token go into the draft's cache."""
@@ -118,7 +139,7 @@ class BatchModelDrafter:
         return kv_bytes(None if self.ragged is None else self.ragged.cache)
 
     @torch.inference_mode()
-    def draft(
+    def draft_batch(
         self,
         sequences: Sequence[Sequence[int]],
         tree: Tree,
@@ -127,8 +148,7 @@ class BatchModelDrafter:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(tokens long [B, N], q float32 [B, N + 1, V] or None when greedy) for the rows'
         sequences (each ending with its root)."""
-        if not sampling.greedy and tree.has_rank_gaps:
-            raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
+        self.check_request(tree, sampling)
         logits = self._advance(sequences)  # [B, V]
         b = len(sequences)
         roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
@@ -256,7 +276,7 @@ def draft_rows(
     probabilities ([N + 1, V] per row, None for deterministic proposals) and, for per-row drafters,
     their `Draft`s (the model drafter returns none)."""
     if isinstance(drafter, BatchModelDrafter):
-        tokens, q = drafter.draft(rows_seq, tree, sampling, [generators[i] for i in active])
+        tokens, q = drafter.draft_batch(rows_seq, tree, sampling, [generators[i] for i in active])
         return [tree] * len(active), tokens, [None if q is None else q[r] for r in range(len(active))], []
     drafts = [
         drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i])  # host ids: drafters read them there
