@@ -257,9 +257,8 @@ class StepPoints:
         self, target: torch.nn.Module, draft: torch.nn.Module, tree: Tree, prefix: int, names: tuple[str, str]
     ) -> None:
         self.models, self.names, self.prefix, self.tree = (target, draft), names, prefix, tree
-        self.caches: tuple | None = (
-            None  # prefilled, and the calls made, on the first round: a resumed run may need none
-        )
+        # prefilled, and the calls made, on the first round: a resumed run may need none
+        self.caches: tuple | None = None
         self.calls: tuple[dict, dict] = ({}, {})
 
     def round(self) -> list[dict[str, Any]]:

@@ -115,6 +115,7 @@ class BatchModelDrafter(Drafter):
         if not sampling.greedy and tree.has_rank_gaps:
             raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
 
+    @torch.inference_mode()
     def draft(
         self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
