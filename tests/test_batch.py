@@ -175,10 +175,11 @@ def test_the_batch_sampling_check_detects_a_broken_rule(sampled_rows, monkeypatc
 
 
 def test_the_batch_drafter_refuses_a_sequence_it_did_not_hold(tiny_draft):
-    drafter = BatchModelDrafter(tiny_draft)
-    drafter.start([[3, 4, 5], [6, 7]])
+    drafter, greedy = BatchModelDrafter(tiny_draft), specnb.core.batch.SamplingConfig()
+    drafter.draft_rows([[3, 4, 5], [6, 7]], Tree.chain(2), greedy, [None, None])  # the batch starts
+    drafter.draft_rows([[3, 4, 5, 1], [6, 7, 2]], Tree.chain(2), greedy, [None, None])  # each extends its row
     with pytest.raises(ValueError, match="must extend"):
-        drafter.draft_batch([[3, 9, 5], [6, 7]], Tree.chain(2), specnb.core.batch.SamplingConfig(), [None, None])
+        drafter.draft_rows([[3, 9, 5, 1, 4], [6, 7, 2, 8]], Tree.chain(2), greedy, [None, None])
 
 
 @pytest.mark.parametrize(

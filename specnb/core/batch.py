@@ -1,11 +1,13 @@
 """Batched speculative generation: B prompts of different lengths, one target forward per step
-verifying B x (N + 1) tokens, each row under its own tree mask and positions (`core.ragged`).
+verifying B x (N + 1) tokens, each row under its own tree mask and positions (`core.ragged`). The
+loop and the step are batch 1's (`generation.generate_rows`); this module gives them a ragged target.
 
     speculative_generate_batch      draft -> verify -> accept -> commit for every row at once; rows
                                     accept different lengths (a per-row commit) and leave the batch
                                     when they reach EOS or their length
     autoregressive_generate_batch   the target alone on the same batch: one forward per token for
                                     every row (the baseline a batched speculative run must beat)
+    RaggedTarget                    the target's side of a batch step: verify, commit, rows leaving
     BatchModelDrafter               a draft model drafting every row's tree together: one draft
                                     forward per depth for the whole batch, on its own ragged cache
                                     (a `Drafter`: its `draft` is a batch of one row)
@@ -28,18 +30,19 @@ Padding is never realigned: a row's tokens keep the slots their positions name (
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .acceptance import accept
-from .drafting import Draft, Drafter, fill_levels
-from .generation import GenerationResult, Step, StepOutcome
+from .acceptance import Acceptance
+from .drafting import Draft, Drafter, NoDraft, fill_levels
+from .generation import DrafterRows, GenerationResult, RowDrafting, generate_rows
 from .masks import attention_implementation, rooted_ancestor_mask
 from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows
-from .runtime import Clock, cut_at_eos, eos_ids, make_generator, peak_memory, reset_peak_memory
-from .sampling import GREEDY, SamplingConfig, probabilities, sample, sample_without_replacement
+from .runtime import Clock, eos_ids, make_generator, peak_memory, reset_peak_memory
+from .sampling import GREEDY, SamplingConfig, sample_without_replacement
 from .streaming import kv_bytes
 from .trees import Level, Tree
 
@@ -93,15 +96,50 @@ def prefill_batch(model: torch.nn.Module, ragged: RaggedCache, sequences: Sequen
     commit(ragged, columns)
 
 
+@dataclass
+class RaggedTarget:
+    """The target's side of a batch step (`generation.Rows`): a ragged cache of the active rows."""
+
+    ragged: RaggedCache
+
+    def verify(
+        self, target: torch.nn.Module, roots: list[int], trees: list[Tree], tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [B, N + 1, V] of every row's root and nodes (row r's tree: `trees[r]`, its first
+        nodes of `tokens[r]`; the block is as wide as the largest tree, the rest padding)."""
+        b, n = len(roots), tokens.shape[1]
+        ids = torch.cat([torch.tensor(roots, device=tokens.device)[:, None], tokens], dim=1)  # [B, N + 1]
+        visible = torch.zeros(b, n + 1, n + 1, dtype=torch.bool)  # host: moved by block_forward
+        valid = torch.zeros(b, n + 1, dtype=torch.bool)  # host
+        positions = torch.zeros(b, n + 1, dtype=torch.long)  # host
+        for r, t in enumerate(trees):
+            k = t.num_nodes
+            visible[r, : k + 1, : k + 1] = rooted_ancestor_mask(t.ancestors)
+            valid[r, : k + 1] = True
+            positions[r, : k + 1] = self.ragged.lengths[r] + torch.tensor((0,) + t.depths)  # host
+        return block_forward(target, self.ragged, ids, positions, visible, valid).float()
+
+    def commit(self, paths: list[tuple[int, ...]]) -> None:
+        commit(self.ragged, [[0] + [1 + j for j in path] for path in paths])
+
+    def keep_rows(self, rows: list[int]) -> None:
+        select_rows(self.ragged, rows)
+
+    def kv_bytes(self) -> int:
+        return kv_bytes(self.ragged.cache)
+
+
 class BatchModelDrafter(Drafter):
     """A draft model drafting one tree shape for every row at once (greedy: each node the rank-r
     token of its parent's draft distribution; sampling: draws without replacement, q returned, as
     `drafting.ModelDrafter`). Its cache is ragged like the target's: each step first feeds every
-    row's tokens it lacks (the accepted ones and the next root), then one forward per depth feeds
-    the batch's nodes of that depth; the nodes are discarded afterwards.
+    row's tokens it lacks (the accepted ones and the next root; at a batch's first step, the
+    prompts), then one forward per depth feeds the batch's nodes of that depth; the nodes are
+    discarded afterwards.
 
-    A `Drafter`: `draft_batch` drafts the rows of `speculative_generate_batch`, and `draft` one
-    sequence, a batch of one, so `speculative_generate` takes it as it takes any drafter."""
+    The drafting side of the generation loop for every row at once (`generation.RowDrafting`:
+    `draft_rows`), and a `Drafter`: `draft` drafts one sequence as a batch of one, so
+    `speculative_generate` takes it as it takes any drafter."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -115,41 +153,37 @@ class BatchModelDrafter(Drafter):
         if not sampling.greedy and tree.has_rank_gaps:
             raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
 
-    @torch.inference_mode()
     def draft(
         self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         """One sequence (long [1, T] or [T], its last token the root): the batch of one row."""
-        seq = tokens.reshape(-1).tolist()
-        if self.ragged is None:  # a new generation (`reset`): its prompt but the root into the cache
-            self.start([seq])
-        out, q = self.draft_batch([seq], tree, sampling, [generator])
-        return Draft(out[0], None if q is None else q[0])
+        return self.draft_rows([tokens.reshape(-1).tolist()], tree, sampling, [generator])[0]
 
-    def start(self, sequences: Sequence[Sequence[int]]) -> None:
-        """A new batch: the prompts but their last token go into the draft's cache."""
-        self.ragged = RaggedCache.empty(self.model, len(sequences))
-        prefill_batch(self.model, self.ragged, [seq[:-1] for seq in sequences])
-        self.committed = [list(seq[:-1]) for seq in sequences]
-
-    def select_rows(self, rows: list[int]) -> None:
+    def keep_rows(self, rows: list[int]) -> None:
         select_rows(self.ragged, rows)
         self.committed = [self.committed[b] for b in rows]
+
+    def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
+        """Nothing to learn: the next step feeds each row what its cache lacks."""
 
     def kv_bytes(self) -> int:
         return kv_bytes(None if self.ragged is None else self.ragged.cache)
 
     @torch.inference_mode()
-    def draft_batch(
+    def draft_rows(
         self,
         sequences: Sequence[Sequence[int]],
         tree: Tree,
         sampling: SamplingConfig,
-        generators: Sequence[torch.Generator],
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(tokens long [B, N], q float32 [B, N + 1, V] or None when greedy) for the rows'
-        sequences (each ending with its root)."""
+        generators: Sequence[torch.Generator | None],
+    ) -> list[Draft]:
+        """Each row's draft (tokens long [N], q float32 [N + 1, V] or None when greedy) for the rows'
+        sequences (each ending with its root). The first call after `reset` starts the batch: its
+        rows' prompts go into the draft's cache."""
         self.check_request(tree, sampling)
+        if self.ragged is None:
+            self.ragged = RaggedCache.empty(self.model, len(sequences))
+            self.committed = [[] for _ in sequences]
         logits = self._advance(sequences)  # [B, V]
         b = len(sequences)
         roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
@@ -166,7 +200,7 @@ class BatchModelDrafter(Drafter):
 
         draft = fill_levels(tree, logits[:, None], sampling, generators, feed, draw=draw_rows)
         discard(self.ragged)
-        return draft.tokens, draft.q
+        return [Draft(draft.tokens[r], None if draft.q is None else draft.q[r]) for r in range(b)]
 
     def _advance(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
         """Feed each row what its cache lacks (at least its root); float32 logits [B, V] at each
@@ -200,125 +234,60 @@ def speculative_generate_batch(
     `BatchModelDrafter`): every row's tree drafted in one forward per depth; or one `Drafter` per
     prompt (host-side drafters draft per row). prompts: B long tensors [T_b] (or [1, T_b]). tree:
     default `Tree.chain(4)`. Row b samples with its own generator, seeded `sampling.seed` + b."""
-    attention_implementation(target)
     tree = tree or Tree.chain(4)
     sequences = check_prompts(prompts, max_new_tokens)
-    drafter = batch_drafter(drafter, len(sequences), tree, sampling)
+    drafters = batch_drafter(drafter, len(sequences), tree, sampling)
+    everyone = list(drafters.drafters) if isinstance(drafters, DrafterRows) else [drafters]
+    method = sampling.method("speculative_batch")
+    result = generate_batch(target, drafters, sequences, tree, max_new_tokens, sampling, eos_token_id, method)
+    for d in everyone:
+        d.release()
+    return result
+
+
+@torch.inference_mode()
+def autoregressive_generate_batch(
+    target: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int = 64,
+    sampling: SamplingConfig = GREEDY,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> BatchResult:
+    """The target alone on a batch: each step one forward of one token per active row (the first
+    after the prompts' ragged prefill), the loop of `speculative_generate_batch` with drafters that
+    draft nothing. Row b samples with its own generator seeded `sampling.seed` + b."""
+    sequences = check_prompts(prompts, max_new_tokens)
+    drafters = DrafterRows([NoDraft() for _ in sequences])
+    sampling = dataclasses.replace(sampling, typical=None)
+    return generate_batch(
+        target, drafters, sequences, NoDraft.empty, max_new_tokens, sampling, eos_token_id, "autoregressive_batch"
+    )
+
+
+def generate_batch(
+    target: torch.nn.Module,
+    drafters: RowDrafting,
+    sequences: list[list[int]],
+    tree: Tree,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos_token_id: int | Sequence[int] | None,
+    method: str,
+) -> BatchResult:
+    """The rows through `generate_rows`, the target on a `RaggedTarget` after the prompts' ragged
+    prefill (all but each root); each row's `GenerationResult` in prompt order, with the batch's times."""
+    attention_implementation(target)
     eos, generators = eos_ids(target, eos_token_id), row_generators(sampling.seed, len(sequences), target.device)
     clock = Clock(target.device)
     reset_peak_memory(target.device)
     start = clock.now()
-    ragged = RaggedCache.empty(target, len(sequences))
-    prefill_batch(target, ragged, [seq[:-1] for seq in sequences])  # the cache holds all but each root
-    if isinstance(drafter, BatchModelDrafter):
-        drafter.start(sequences)
+    state = RaggedTarget(RaggedCache.empty(target, len(sequences)))
+    prefill_batch(target, state.ragged, [seq[:-1] for seq in sequences])
     prefill_time = clock.now() - start
-
-    active = list(range(len(sequences)))  # prompt indices of the rows still in the batch, in row order
-    new: list[list[int]] = [[] for _ in sequences]
-    steps: list[list[Step]] = [[] for _ in sequences]
-    while active:
-        rows_seq = [sequences[i] + new[i] for i in active]
-        t0 = clock.now()
-        trees, tokens, qs, drafts = draft_rows(drafter, active, rows_seq, tree, sampling, generators)  # tokens [B, N]
-        t1 = clock.now()
-        # each row's tree, cut so that no node lies beyond its length (canonical order: a prefix)
-        cut = [t.truncated(max_new_tokens - len(new[i]) - 1) for i, t in zip(active, trees)]
-        logits = _verify_rows(target, ragged, [seq[-1] for seq in rows_seq], cut, tokens).float()  # [B, N + 1, V]
-        t2 = clock.now()
-        keep, finished = [], []
-        for r, i in enumerate(active):
-            k = cut[r].num_nodes
-            q = None if qs[r] is None else qs[r][: k + 1]
-            result = accept(cut[r], tokens[r, :k], logits[r, : k + 1], sampling, q, generators[i])
-            added, stopped = cut_at_eos([*result.tokens, result.next_token], eos)
-            keep.append([0] + [1 + j for j in result.path])
-            if drafts:
-                drafter[i].observe(drafts[r], result)
-            steps[i].append(StepOutcome(cut[r], result, t1 - t0, t2 - t1).record(len(new[i]), added))
-            new[i].extend(added)
-            if stopped or len(new[i]) >= max_new_tokens:
-                finished.append(r)
-        commit(ragged, keep)
-        active = drop_rows(ragged, drafter, active, finished)
+    new, steps, _ = generate_rows(
+        target, state, drafters, sequences, tree, max_new_tokens, sampling, eos, generators, clock
+    )
     total = clock.now() - start
-    if not isinstance(drafter, BatchModelDrafter):
-        for d in drafter:
-            d.release()
-    return batch_result(target, sequences, new, steps, sampling.method("speculative_batch"), prefill_time, total)
-
-
-def batch_drafter(
-    drafter: torch.nn.Module | BatchModelDrafter | Sequence[Drafter], rows: int, tree: Tree, sampling: SamplingConfig
-) -> BatchModelDrafter | list[Drafter]:
-    """A draft model as a `BatchModelDrafter`, or one checked and reset `Drafter` per row."""
-    if isinstance(drafter, BatchModelDrafter):
-        return drafter
-    if isinstance(drafter, torch.nn.Module):
-        return BatchModelDrafter(drafter)
-    drafter = list(drafter)
-    if len(drafter) != rows:
-        raise ValueError(f"one drafter per prompt: got {len(drafter)} for {rows} prompts")
-    for d in drafter:
-        d.check_request(tree, sampling)
-        d.reset()
-    return drafter
-
-
-def draft_rows(
-    drafter: BatchModelDrafter | list[Drafter],
-    active: list[int],
-    rows_seq: list[list[int]],
-    tree: Tree,
-    sampling: SamplingConfig,
-    generators: list[torch.Generator],
-) -> tuple[list[Tree], torch.Tensor, list[torch.Tensor | None], list[Draft]]:
-    """Every active row's tree, its tokens (long [B, N], padded to the largest tree), its draft
-    probabilities ([N + 1, V] per row, None for deterministic proposals) and, for per-row drafters,
-    their `Draft`s (the model drafter returns none)."""
-    if isinstance(drafter, BatchModelDrafter):
-        tokens, q = drafter.draft_batch(rows_seq, tree, sampling, [generators[i] for i in active])
-        return [tree] * len(active), tokens, [None if q is None else q[r] for r in range(len(active))], []
-    drafts = [
-        drafter[i].draft(torch.tensor(seq), tree, sampling, generators[i])  # host ids: drafters read them there
-        for i, seq in zip(active, rows_seq)
-    ]
-    trees = [d.tree or tree for d in drafts]
-    device = generators[0].device
-    tokens = torch.zeros(len(active), max(t.num_nodes for t in trees), dtype=torch.long, device=device)
-    for r, d in enumerate(drafts):
-        tokens[r, : d.tokens.numel()] = d.tokens.to(device)
-    return trees, tokens, [d.q for d in drafts], drafts
-
-
-def drop_rows(
-    ragged: RaggedCache, drafter: BatchModelDrafter | list[Drafter] | None, active: list[int], finished: list[int]
-) -> list[int]:
-    """The rows still active once the `finished` ones (row indices) leave the cache and the draft's."""
-    if not finished:
-        return active
-    stay = [r for r in range(len(active)) if r not in finished]
-    select_rows(ragged, stay)
-    if isinstance(drafter, BatchModelDrafter):
-        drafter.select_rows(stay)
-    return [active[r] for r in stay]
-
-
-def row_generators(seed: int | None, rows: int, device: torch.device) -> list[torch.Generator]:
-    """Row b's generator, seeded seed + b (None: every row from entropy)."""
-    return [make_generator(None if seed is None else seed + b, device) for b in range(rows)]
-
-
-def batch_result(
-    target: torch.nn.Module,
-    sequences: list[list[int]],
-    new: list[list[int]],
-    steps: list[list[Step]],
-    method: str,
-    prefill_time: float,
-    total: float,
-) -> BatchResult:
-    """Each row's `GenerationResult`, in prompt order, with the batch's times."""
     rows = tuple(
         GenerationResult(
             tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
@@ -335,64 +304,30 @@ def batch_result(
     return BatchResult(rows, total, prefill_time)
 
 
-def _verify_rows(
-    target: torch.nn.Module, ragged: RaggedCache, roots: list[int], trees: list[Tree], tokens: torch.Tensor
-) -> torch.Tensor:
-    """Logits [B, N + 1, V] of every row's root and nodes (row r's tree: `trees[r]`, its first
-    nodes of `tokens[r]`; the block is as wide as the largest tree, the rest padding)."""
-    b = len(roots)
-    n = max(t.num_nodes for t in trees)
-    ids = torch.cat([torch.tensor(roots, device=tokens.device)[:, None], tokens[:, :n]], dim=1)  # [B, N + 1]
-    visible = torch.zeros(b, n + 1, n + 1, dtype=torch.bool)  # host: moved by block_forward
-    valid = torch.zeros(b, n + 1, dtype=torch.bool)  # host
-    positions = torch.zeros(b, n + 1, dtype=torch.long)  # host
-    for r, t in enumerate(trees):
-        k = t.num_nodes
-        visible[r, : k + 1, : k + 1] = rooted_ancestor_mask(t.ancestors)
-        valid[r, : k + 1] = True
-        positions[r, : k + 1] = ragged.lengths[r] + torch.tensor((0,) + t.depths)  # host
-    return block_forward(target, ragged, ids, positions, visible, valid)
+def batch_drafter(
+    drafter: torch.nn.Module | BatchModelDrafter | Sequence[Drafter], rows: int, tree: Tree, sampling: SamplingConfig
+) -> BatchModelDrafter | DrafterRows:
+    """A draft model as a reset `BatchModelDrafter`, or one checked and reset `Drafter` per row."""
+    if isinstance(drafter, torch.nn.Module):
+        drafter = BatchModelDrafter(drafter)
+    if isinstance(drafter, BatchModelDrafter):
+        drafter.check_request(tree, sampling)
+        drafter.reset()
+        return drafter
+    drafter = list(drafter)
+    if len(drafter) != rows:
+        raise ValueError(f"one drafter per prompt: got {len(drafter)} for {rows} prompts")
+    for d in drafter:
+        if d.shares_target_cache:
+            raise ValueError(
+                f"{type(d).__name__} drafts on the target's own cache, which a batch does not have "
+                "(its rows share one ragged cache); run it at batch size 1 (speculative_generate)"
+            )
+        d.check_request(tree, sampling)
+        d.reset()
+    return DrafterRows(drafter)
 
 
-@torch.inference_mode()
-def autoregressive_generate_batch(
-    target: torch.nn.Module,
-    prompts: Sequence[torch.Tensor],
-    max_new_tokens: int = 64,
-    sampling: SamplingConfig = GREEDY,
-    eos_token_id: int | Sequence[int] | None = None,
-) -> BatchResult:
-    """The target alone on a batch: each step one forward of one token per active row (the first
-    after the prompts' ragged prefill). Row b samples with its own generator seeded `sampling.seed` + b."""
-    attention_implementation(target)
-    sequences = check_prompts(prompts, max_new_tokens)
-    device = target.device
-    eos, generators = eos_ids(target, eos_token_id), row_generators(sampling.seed, len(sequences), device)
-    one = Tree.chain(0)
-    clock = Clock(device)
-    reset_peak_memory(device)
-    start = clock.now()
-    ragged = RaggedCache.empty(target, len(sequences))
-    prefill_batch(target, ragged, [seq[:-1] for seq in sequences])
-    prefill_time = clock.now() - start
-    active = list(range(len(sequences)))
-    new: list[list[int]] = [[] for _ in sequences]
-    steps: list[list[Step]] = [[] for _ in sequences]
-    while active:
-        t0 = clock.now()
-        roots = [(sequences[i] + new[i])[-1] for i in active]
-        empty = torch.zeros(len(active), 0, dtype=torch.long, device=device)
-        logits = _verify_rows(target, ragged, roots, [one] * len(active), empty)[:, 0].float()  # [B, V]
-        t1 = clock.now()
-        finished = []
-        for r, i in enumerate(active):
-            row = logits[r]  # [V]
-            token = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), generators[i])
-            steps[i].append(Step(len(new[i]), 0, 0, 1, 0.0, t1 - t0, child_counts=(0,)))
-            new[i].append(token)
-            if token in eos or len(new[i]) >= max_new_tokens:
-                finished.append(r)
-        commit(ragged, [[0]] * len(active))
-        active = drop_rows(ragged, None, active, finished)
-    total = clock.now() - start
-    return batch_result(target, sequences, new, steps, "autoregressive_batch", prefill_time, total)
+def row_generators(seed: int | None, rows: int, device: torch.device) -> list[torch.Generator]:
+    """Row b's generator, seeded seed + b (None: every row from entropy)."""
+    return [make_generator(None if seed is None else seed + b, device) for b in range(rows)]

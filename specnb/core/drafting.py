@@ -99,6 +99,17 @@ class Drafter:
         return 0
 
 
+class NoDraft(Drafter):
+    """Drafts nothing (an empty tree): the generation loop with it is the target's own decoding."""
+
+    empty = Tree.chain(0)
+
+    def draft(
+        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Draft:
+        return Draft(torch.zeros(0, dtype=torch.long), None, self.empty)  # host: the loop moves drafts
+
+
 class ModelDrafter(Drafter):
     """Drafts with a transformers causal LM that shares the target's vocabulary.
 

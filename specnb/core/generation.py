@@ -1,26 +1,33 @@
-"""The generation loops: tree speculative decoding and its baseline, with the same instrumentation.
+"""The generation loop: tree speculative decoding and its baseline, for one row or a batch, with the
+same instrumentation.
 
-`speculative_step` is one target call: draft -> verify -> accept -> commit. `speculative_generate`
-is the loop around it (until `max_new_tokens` or EOS), with the bookkeeping kept out of the step:
-the bounded-cache policy, the tree cut to the tokens left, the step records. `autoregressive_generate`
-is the target's own decoding, one target call per token. Both loops return a `GenerationResult` with
-one `Step` per target call that produced tokens. Batch size 1.
+`speculative_step` is one target call for B >= 1 rows: draft -> verify -> accept -> commit.
+`generate_rows` is the loop around it (each row until its `max_new_tokens` or EOS), with the
+bookkeeping kept out of the step: the bounded-cache policy, each row's tree cut to the tokens it has
+left, the step records, rows leaving the batch. The target's side of a step is a `Rows` state: one
+row on a `TargetCache` here (`speculative_generate`, `autoregressive_generate`), a ragged batch in
+`core.batch`. The drafting side is `DrafterRows` (one `Drafter` per row) or the batched model
+drafter (`batch.BatchModelDrafter`). The target's own decoding is the same loop with a drafter that
+drafts nothing (`NoDraft`, an empty tree): one target call per token. Every loop returns a
+`GenerationResult` per row with one `Step` per target call that produced tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
 from .acceptance import Acceptance, accept
 from .cache import cache_length, new_cache
-from .drafting import Draft, Drafter, as_drafter
+from .drafting import Draft, Drafter, NoDraft, as_drafter
 from .masks import attention_implementation
 from .runtime import Clock, check_input, cut_at_eos, eos_ids, make_generator, peak_memory, reset_peak_memory
-from .sampling import GREEDY, SamplingConfig, probabilities, sample
+from .sampling import GREEDY, SamplingConfig
 from .streaming import StreamingCache, kv_bytes
 from .trees import Tree
 from .verification import commit, prefill, verify
@@ -41,7 +48,9 @@ class Step:
     # children in the tree at the root and at each accepted node (len num_accepted + 1); with
     # accepted_ranks this gives the per-rank acceptance vector
     child_counts: tuple[int, ...] = ()
-    target_kv_bytes: int = 0  # bytes of the target's KV cache after the step (`streaming.kv_bytes`)
+    target_kv_bytes: int = (
+        0  # bytes of the target's KV cache after the step (a batch's: all rows'; `streaming.kv_bytes`)
+    )
     draft_kv_bytes: int = 0  # the draft's (`Drafter.kv_bytes`; 0 for drafters without a cache)
     # tokens the draft model drafted in its own vocabulary (cross-tokenizer drafts, transformers'
     # universal assisted generation); None: num_drafted (the draft shares the target's vocabulary)
@@ -53,7 +62,8 @@ class GenerationResult:
     tokens: torch.Tensor  # long [n], the new tokens
     steps: tuple[Step, ...]
     prompt_length: int
-    prefill_time: float  # seconds of target work before the first step (0 for autoregressive)
+    prefill_time: float  # seconds before the first step (the prompt itself goes through the first step's
+    #                     forward, except for a drafter on the target's cache, or a batch's ragged prefill)
     total_time: float  # wall clock of the whole call, seconds
     peak_memory_bytes: int | None  # CUDA peak allocation during the call; None on CPU
     method: str = "speculative"
@@ -63,20 +73,72 @@ class GenerationResult:
     evictions: int = 0  # times the target's cache was cut (`StreamingCache`); the draft's in meta
 
 
+class Rows(Protocol):
+    """The target's side of a step for B rows: a `TargetCache` (one row) or `batch.RaggedTarget`."""
+
+    def verify(
+        self, target: torch.nn.Module, roots: list[int], trees: list[Tree], tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """Float32 logits [B, N + 1, V] at each row's root and its tree's nodes (tokens long [B, N],
+        row r's first `trees[r].num_nodes` its tree's); the cache then holds the roots and trees."""
+
+    def commit(self, paths: list[tuple[int, ...]]) -> None:
+        """Each row keeps its root and the accepted nodes `paths[r]` of the tree just verified."""
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only these rows stay (the others have finished)."""
+
+    def kv_bytes(self) -> int: ...
+
+
+class RowDrafting(Protocol):
+    """The drafting side of a step for B rows: `DrafterRows` or `batch.BatchModelDrafter`."""
+
+    def draft_rows(
+        self, sequences: list[list[int]], tree: Tree, sampling: SamplingConfig, generators: list[torch.Generator]
+    ) -> list[Draft]: ...
+
+    def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None: ...
+
+    def keep_rows(self, rows: list[int]) -> None: ...
+
+    def kv_bytes(self) -> int: ...
+
+
 @dataclass
 class TargetCache:
-    """The target's KV cache between steps. Invariant: it holds every token of the sequence but the
-    root (the last token), except `pending`: the prompt before the first verification, which goes
-    through the target inside that verification (`verification.verify`)."""
+    """One row's target KV cache between steps. Invariant: it holds every token of the sequence but
+    the root (the last token), except `pending`: the prompt before the first verification, which
+    goes through the target inside that verification (`verification.verify`)."""
 
     cache: DynamicCache
     pending: torch.Tensor  # long [P]: tokens before the root that the cache does not hold yet
     position_offset: int = 0  # positions cut out of a bounded cache that keeps original positions
     evictions: int = 0  # times a bounded cache was cut
+    prefix: int = 0  # tokens before the root of the tree being verified (set by `verify`)
 
     def held(self) -> int:
         """Tokens before the root once `pending` is in: the prefix a verified tree sits on."""
         return cache_length(self.cache) + self.pending.numel()
+
+    def verify(
+        self, target: torch.nn.Module, roots: list[int], trees: list[Tree], tokens: torch.Tensor
+    ) -> torch.Tensor:
+        (root,), (tree,) = roots, trees
+        self.prefix = self.held()
+        logits = verify(target, self.cache, root, tree, tokens[0, : tree.num_nodes], self.pending, self.position_offset)
+        self.pending = self.pending[:0]
+        return logits[None]
+
+    def commit(self, paths: list[tuple[int, ...]]) -> None:
+        (path,) = paths
+        commit(self.cache, self.prefix, path)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """One row: it leaves only when the generation ends, and the cache ends with it."""
+
+    def kv_bytes(self) -> int:
+        return kv_bytes(self.cache)
 
 
 def bound_target(state: TargetCache, policy: StreamingCache, target: torch.nn.Module, cut: bool) -> int:
@@ -100,9 +162,34 @@ def open_target(target: torch.nn.Module, drafter: Drafter, prompt: torch.Tensor)
     return state
 
 
+class DrafterRows:
+    """B rows drafted by one `Drafter` each (host-side drafters, and any drafter at batch size 1)."""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        self.drafters = list(drafters)
+
+    def draft_rows(
+        self, sequences: list[list[int]], tree: Tree, sampling: SamplingConfig, generators: list[torch.Generator]
+    ) -> list[Draft]:
+        rows = zip(self.drafters, sequences, generators)
+        return [
+            d.draft(torch.tensor(seq), tree, sampling, g) for d, seq, g in rows
+        ]  # host ids: drafters read them there
+
+    def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
+        for drafter, draft, result in zip(self.drafters, drafts, results):
+            drafter.observe(draft, result)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.drafters = [self.drafters[r] for r in rows]
+
+    def kv_bytes(self) -> int:
+        return sum(d.kv_bytes() for d in self.drafters)
+
+
 @dataclass(frozen=True)
 class StepOutcome:
-    """What one speculative step did; the loop turns it into a `Step` record (`record`)."""
+    """What one speculative step did for one row; the loop turns it into a `Step` record (`record`)."""
 
     tree: Tree  # the verified tree: the request, or the drafter's own shape
     acceptance: Acceptance
@@ -132,32 +219,80 @@ class StepOutcome:
 
 def speculative_step(
     target: torch.nn.Module,
-    state: TargetCache,
-    drafter: Drafter,
-    seq: list[int],
+    state: Rows,
+    drafters: RowDrafting,
+    sequences: list[list[int]],
     tree: Tree,
+    depths: list[int],
     sampling: SamplingConfig,
-    generator: torch.Generator,
-    clock: Clock | None = None,
-) -> StepOutcome:
-    """One target call: the drafter fills `tree` after `seq` (host ids; seq[-1] is the root), the
-    target verifies root + nodes in one forward under the tree mask, the acceptance rule keeps a
-    branch, and the target's cache keeps exactly the root and that branch. clock: times the draft and
-    the verification (default: one that syncs the device at each reading)."""
-    clock = clock or Clock(target.device)
-    held = state.held()
+    generators: list[torch.Generator],
+    clock: Clock,
+) -> list[StepOutcome]:
+    """One target call for B rows: the drafters fill `tree` after each row's sequence (host ids; its
+    last token the root), each row's tree is cut to its depth in `depths`, the target verifies every
+    row's root + nodes in one forward under the tree masks, the acceptance rule keeps a branch per
+    row, and the target's cache keeps exactly the roots and those branches."""
     t0 = clock.now()
-    draft = drafter.draft(torch.tensor(seq), tree, sampling, generator)  # host ids: drafters read them there
-    tree = drafted_tree(draft, tree)
+    request = tree.truncated(max(depths))
+    drafts = drafters.draft_rows(sequences, request, sampling, generators)
+    trees = [drafted_tree(d, request).truncated(depth) for d, depth in zip(drafts, depths)]
+    tokens = padded_tokens(drafts, trees, target.device)  # long [B, N]
     t1 = clock.now()
-    logits = verify(target, state.cache, seq[-1], tree, draft.tokens, state.pending, state.position_offset)  # [N+1, V]
-    state.pending = state.pending[:0]
+    logits = state.verify(target, [seq[-1] for seq in sequences], trees, tokens)  # [B, N + 1, V]
     t2 = clock.now()
-    peak = kv_bytes(state.cache) + drafter.kv_bytes()
-    result = accept(tree, draft.tokens, logits, sampling, draft.q, generator)
-    commit(state.cache, held, result.path)
-    drafter.observe(draft, result)
-    return StepOutcome(tree, result, t1 - t0, t2 - t1, peak, draft.draft_tokens)
+    peak = state.kv_bytes() + drafters.kv_bytes()
+    results = [
+        accept(t, tokens[r, : t.num_nodes], logits[r, : t.num_nodes + 1], sampling, q_rows(d, t), g)
+        for r, (t, d, g) in enumerate(zip(trees, drafts, generators))
+    ]
+    state.commit([result.path for result in results])
+    drafters.observe_rows(drafts, results)
+    return [StepOutcome(t, res, t1 - t0, t2 - t1, peak, d.draft_tokens) for t, res, d in zip(trees, results, drafts)]
+
+
+def generate_rows(
+    target: torch.nn.Module,
+    state: Rows,
+    drafters: RowDrafting,
+    sequences: list[list[int]],
+    tree: Tree,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos: frozenset[int],
+    generators: list[torch.Generator],
+    clock: Clock,
+    cache_policy: StreamingCache | None = None,
+) -> tuple[list[list[int]], list[list[Step]], int]:
+    """The loop: steps until every row has its `max_new_tokens` or an EOS, a finished row leaving
+    the batch. Returns each row's new tokens and steps, and the largest KV bytes inside a step.
+    sequences: each row's prompt (host ids), the target's cache holding all but its last token
+    (or with the rest pending). cache_policy: one row on a `TargetCache`, cut before each step."""
+    active = list(range(len(sequences)))  # prompt indices of the rows still in the batch, in row order
+    new: list[list[int]] = [[] for _ in sequences]
+    steps: list[list[Step]] = [[] for _ in sequences]
+    kv_peak = 0
+    while active:
+        depths = [max_new_tokens - len(new[i]) - 1 for i in active]  # no node past max_new_tokens (+1: the bonus)
+        if cache_policy is not None:
+            depths = [min(depths[0], bound_target(state, cache_policy, target, cut=bool(new[0])))]
+        rows = [sequences[i] + new[i] for i in active]
+        outcomes = speculative_step(
+            target, state, drafters, rows, tree, depths, sampling, [generators[i] for i in active], clock
+        )
+        finished = []
+        for r, (i, out) in enumerate(zip(active, outcomes)):
+            kv_peak = max(kv_peak, out.kv_bytes)
+            added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
+            steps[i].append(out.record(len(new[i]), added, state.kv_bytes(), drafters.kv_bytes()))
+            new[i] += added
+            if stopped or len(new[i]) >= max_new_tokens:
+                finished.append(r)
+        if finished:
+            stay = [r for r in range(len(active)) if r not in finished]
+            state.keep_rows(stay)
+            drafters.keep_rows(stay)
+            active = [active[r] for r in stay]
+    return new, steps, kv_peak
 
 
 def speculative_generate(
@@ -188,6 +323,54 @@ def speculative_generate(
     tree = tree or drafter.default_tree or Tree.chain(4)
     check_request(target, drafter, tree, sampling, cache_policy)
     prompt = check_input(input_ids, max_new_tokens)
+    method = sampling.method("speculative")
+    return generate_one(
+        target, drafter, prompt, tree, max_new_tokens, sampling, eos_token_id, cache_policy, synced_times, method
+    )
+
+
+def autoregressive_generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int = 64,
+    sampling: SamplingConfig = GREEDY,
+    eos_token_id: int | Sequence[int] | None = None,
+    cache_policy: StreamingCache | None = None,
+) -> GenerationResult:
+    """The target's own decoding: one forward pass per token (the first on the whole prompt), the
+    loop of `speculative_generate` with a drafter that drafts nothing. Sampled tokens come from the
+    target's distribution (an acceptance rule, lossy or not, has nothing to check). cache_policy: a
+    bounded cache (`streaming.StreamingCache`), cut before a generated token is fed when it holds
+    the policy's limit: the streaming model's own decoding."""
+    prompt = check_input(input_ids, max_new_tokens)
+    sampling = dataclasses.replace(sampling, typical=None)
+    return generate_one(
+        target,
+        NoDraft(),
+        prompt,
+        NoDraft.empty,
+        max_new_tokens,
+        sampling,
+        eos_token_id,
+        cache_policy,
+        True,
+        "autoregressive",
+    )
+
+
+def generate_one(
+    target: torch.nn.Module,
+    drafter: Drafter,
+    prompt: torch.Tensor,
+    tree: Tree,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos_token_id: int | Sequence[int] | None,
+    cache_policy: StreamingCache | None,
+    synced_times: bool,
+    method: str,
+) -> GenerationResult:
+    """One row through `generate_rows`, its target on a `TargetCache` (prompt: long [1, T])."""
     eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, target.device)
     drafter.reset()
     clock = Clock(target.device, sync=synced_times)
@@ -195,19 +378,11 @@ def speculative_generate(
     start = clock.now()
     state = open_target(target, drafter, prompt)
     prefill_time = clock.now() - start
-    seq, new, steps, kv_peak = prompt[0].tolist(), [], [], 0
-    while len(new) < max_new_tokens:
-        depth = max_new_tokens - len(new) - 1  # no node past max_new_tokens (the bonus token is the +1)
-        if cache_policy is not None:
-            depth = min(depth, bound_target(state, cache_policy, target, cut=bool(new)))
-        out = speculative_step(target, state, drafter, seq, tree.truncated(depth), sampling, generator, clock)
-        kv_peak = max(kv_peak, out.kv_bytes)
-        added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
-        steps.append(out.record(len(new), added, kv_bytes(state.cache), drafter.kv_bytes()))
-        new += added
-        seq += added
-        if stopped:
-            break
+    sequences = [prompt[0].tolist()]
+    rows = DrafterRows([drafter])
+    (new,), (steps,), kv_peak = generate_rows(
+        target, state, rows, sequences, tree, max_new_tokens, sampling, eos, [generator], clock, cache_policy
+    )
     total = clock.now() - start
     drafter.release()
     return GenerationResult(
@@ -217,8 +392,8 @@ def speculative_generate(
         prefill_time=prefill_time,
         total_time=total,
         peak_memory_bytes=peak_memory(target.device),
-        method=sampling.method("speculative"),
-        kv_bytes=kv_bytes(state.cache) + drafter.kv_bytes(),
+        method=method,
+        kv_bytes=state.kv_bytes() + drafter.kv_bytes(),
         kv_peak_bytes=kv_peak,
         evictions=state.evictions,
         meta={"draft_evictions": drafter.evictions} if cache_policy is not None or drafter.evictions else {},
@@ -239,57 +414,6 @@ def check_request(
     attention_implementation(target)
 
 
-def autoregressive_generate(
-    target: torch.nn.Module,
-    input_ids: torch.Tensor,
-    max_new_tokens: int = 64,
-    sampling: SamplingConfig = GREEDY,
-    eos_token_id: int | Sequence[int] | None = None,
-    cache_policy: StreamingCache | None = None,
-) -> GenerationResult:
-    """The target's own decoding: one forward pass per token (the first on the whole prompt).
-    cache_policy: a bounded cache (`streaming.StreamingCache`), cut before a generated token is
-    fed when it holds the policy's limit: the streaming model's own decoding."""
-    device = target.device
-    seq = check_input(input_ids, max_new_tokens).to(device)
-    eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, device)
-    clock = Clock(device)
-    reset_peak_memory(device)
-    start = clock.now()
-    cache = new_cache(target)
-    feed, new, steps, evicted, evictions, kv_peak = seq, [], [], 0, 0, 0
-    while len(new) < max_new_tokens:
-        t0 = clock.now()
-        positions = None
-        if cache_policy is not None and new:  # a generated token: the cut comes before it is fed
-            cut = cache_policy.cut(target, cache)
-            evicted, evictions = evicted + cut, evictions + (cut > 0)
-            if cache_policy.positions == "original":
-                positions = torch.tensor([seq.shape[1] + len(new) - 1], device=device)  # its true index
-        logits = prefill(target, cache, feed, positions)[-1]
-        token = int(logits.argmax()) if sampling.greedy else sample(probabilities(logits, sampling), generator)
-        t1 = clock.now()
-        kv_peak = max(kv_peak, kv_bytes(cache))
-        steps.append(Step(len(new), 0, 0, 1, 0.0, t1 - t0, child_counts=(0,), target_kv_bytes=kv_bytes(cache)))
-        new.append(token)
-        if token in eos:
-            break
-        feed = torch.tensor([[token]], device=device)
-    total = clock.now() - start
-    return GenerationResult(
-        tokens=torch.tensor(new, dtype=torch.long),  # host: results live on the CPU
-        steps=tuple(steps),
-        prompt_length=int(input_ids.shape[-1]),
-        prefill_time=0.0,
-        total_time=total,
-        peak_memory_bytes=peak_memory(device),
-        method="autoregressive",
-        kv_bytes=kv_bytes(cache),
-        kv_peak_bytes=kv_peak,
-        evictions=evictions,
-    )
-
-
 def drafted_tree(draft: Draft, requested: Tree) -> Tree:
     """The tree to verify: the drafter's own if it built one, checked against the request."""
     tree = requested if draft.tree is None else draft.tree
@@ -298,3 +422,19 @@ def drafted_tree(draft: Draft, requested: Tree) -> Tree:
     if tree.depth > requested.depth:
         raise ValueError(f"the drafter built a tree of depth {tree.depth}, deeper than the {requested.depth} allowed")
     return tree
+
+
+def padded_tokens(drafts: list[Draft], trees: list[Tree], device: torch.device) -> torch.Tensor:
+    """The rows' draft tokens, long [B, N] on `device`, N the largest tree (a row's tree is a prefix
+    of its draft in canonical order; the rest of its row is padding)."""
+    if len(drafts) == 1:  # one row: its tokens as they are, no copy
+        return drafts[0].tokens[: trees[0].num_nodes].to(device)[None]
+    tokens = torch.zeros(len(drafts), max(t.num_nodes for t in trees), dtype=torch.long, device=device)
+    for r, (d, t) in enumerate(zip(drafts, trees)):
+        tokens[r, : t.num_nodes] = d.tokens[: t.num_nodes].to(device)
+    return tokens
+
+
+def q_rows(draft: Draft, tree: Tree) -> torch.Tensor | None:
+    """The draft's probabilities at the root and the nodes of `tree` (its draft cut to a prefix)."""
+    return None if draft.q is None else draft.q[: tree.num_nodes + 1]
