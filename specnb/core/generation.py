@@ -48,9 +48,8 @@ class Step:
     # children in the tree at the root and at each accepted node (len num_accepted + 1); with
     # accepted_ranks this gives the per-rank acceptance vector
     child_counts: tuple[int, ...] = ()
-    target_kv_bytes: int = (
-        0  # bytes of the target's KV cache after the step (a batch's: all rows'; `streaming.kv_bytes`)
-    )
+    # bytes of the target's KV cache after the step (a batch's: all its rows'; `streaming.kv_bytes`)
+    target_kv_bytes: int = 0
     draft_kv_bytes: int = 0  # the draft's (`Drafter.kv_bytes`; 0 for drafters without a cache)
     # tokens the draft model drafted in its own vocabulary (cross-tokenizer drafts, transformers'
     # universal assisted generation); None: num_drafted (the draft shares the target's vocabulary)
@@ -171,10 +170,8 @@ class DrafterRows:
     def draft_rows(
         self, sequences: list[list[int]], tree: Tree, sampling: SamplingConfig, generators: list[torch.Generator]
     ) -> list[Draft]:
-        rows = zip(self.drafters, sequences, generators)
-        return [
-            d.draft(torch.tensor(seq), tree, sampling, g) for d, seq, g in rows
-        ]  # host ids: drafters read them there
+        ids = [torch.tensor(seq) for seq in sequences]  # host ids: drafters read them there
+        return [d.draft(x, tree, sampling, g) for d, x, g in zip(self.drafters, ids, generators)]
 
     def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
         for drafter, draft, result in zip(self.drafters, drafts, results):
