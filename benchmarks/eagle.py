@@ -41,6 +41,7 @@ from dataclasses import replace
 
 import pandas as pd
 import torch
+from medusa import recipe as medusa_recipe  # benchmarks/medusa.py
 
 from specnb import Tree, autoregressive_generate, speculative_generate
 from specnb.analysis.collection import CollectConfig
@@ -74,33 +75,7 @@ def training_prompts(train: list, quick: bool) -> list:
 
 def recipes(quick: bool) -> tuple[TrainConfig, EagleConfig]:
     """(Medusa's, the EAGLE head's) training recipes; benchmarks/eagle_learning_curve.py trains the same."""
-    # Medusa's heads: benchmarks/medusa.py's recipe (same parameters, same cache)
-    if quick:
-        medusa_config = TrainConfig(
-            num_heads=4,
-            max_new_tokens=96,
-            gen_batch=40,
-            samples=2,
-            epochs=3,
-            lr=3e-3,
-            num_layers=2,
-            heldout=0.1,
-            distill_bfloat16=True,
-            loss_vocab="sampled",
-        )
-    else:
-        medusa_config = TrainConfig(
-            num_heads=4,
-            max_new_tokens=80,
-            gen_batch=32,
-            samples=6,
-            epochs=3,
-            lr=1e-3,
-            num_layers=2,
-            heldout=0.1,
-            distill_bfloat16=True,
-            loss_vocab="sampled",
-        )
+    medusa_config = medusa_recipe(quick)  # benchmarks/medusa.py's (same parameters, same cache)
     # the EAGLE head: the same continuations' parameters, the prompts' rows kept
     data = replace(medusa_config.distill_config(), prompt_rows=True)
     # --quick, measured on its held-out greedy rows (top-1 by depth 1-3; tau proxy = 1 + mean accepted
