@@ -13,7 +13,7 @@ from stats import ALPHA, chi_square_pvalue
 from test_acceptance import not_zeroing_accept
 
 import specnb.core.acceptance
-from specnb import ModelDrafter, NgramDrafter, Tree, autoregressive_generate, speculative_generate
+from specnb import EarlyExitDrafter, ModelDrafter, NgramDrafter, Tree, autoregressive_generate, speculative_generate
 from specnb.core.batch import (
     BatchModelDrafter,
     autoregressive_generate_batch,
@@ -112,6 +112,9 @@ def test_host_drafters_draft_per_row(tiny_target):
         )
     with pytest.raises(ValueError, match="one drafter per prompt"):
         speculative_generate_batch(tiny_target, drafters[:2], rows)
+    on_the_target = [EarlyExitDrafter(tiny_target, 1) for _ in rows]  # drafts on the target's own cache
+    with pytest.raises(ValueError, match="EarlyExitDrafter drafts on the target's own cache.*batch size 1"):
+        speculative_generate_batch(tiny_target, on_the_target, rows)
 
 
 def test_the_target_alone_batched(tiny_target):
