@@ -120,13 +120,14 @@ def test_host_drafters_draft_per_row(tiny_target):
 def test_the_target_alone_batched(tiny_target):
     rows = prompts()
     batch = autoregressive_generate_batch(tiny_target, rows, max_new_tokens=17, eos_token_id=())
-    for row, result in zip(rows, batch.rows):
-        assert (
-            result.tokens.tolist()
-            == autoregressive_generate(tiny_target, row[None], max_new_tokens=17, eos_token_id=()).tokens.tolist()
-        )
+    alone = [autoregressive_generate(tiny_target, row[None], max_new_tokens=17, eos_token_id=()) for row in rows]
+    for result, single in zip(batch.rows, alone):
+        assert result.tokens.tolist() == single.tokens.tolist()
         assert len(result.steps) == 17
     assert batch.tokens_per_s > 0
+    # the batch's KV peak: one cache padded to its longest row holds at least every row's own peak
+    assert {r.kv_peak_bytes for r in batch.rows} == {batch.rows[0].kv_peak_bytes}
+    assert batch.rows[0].kv_peak_bytes >= sum(single.kv_peak_bytes for single in alone) > 0
 
 
 @pytest.fixture(scope="module")

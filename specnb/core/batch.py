@@ -284,7 +284,7 @@ def generate_batch(
     state = RaggedTarget(RaggedCache.empty(target, len(sequences)))
     prefill_batch(target, state.ragged, [seq[:-1] for seq in sequences])
     prefill_time = clock.now() - start
-    new, steps, _ = generate_rows(
+    new, steps, kv_peak = generate_rows(
         target, state, drafters, sequences, tree, max_new_tokens, sampling, eos, generators, clock
     )
     total = clock.now() - start
@@ -298,6 +298,7 @@ def generate_batch(
             peak_memory_bytes=peak_memory(target.device),
             method=method,
             meta={"batch_size": len(sequences)},
+            kv_peak_bytes=kv_peak,  # the batch's: target + draft caches of all its rows, inside a step
         )
         for i in range(len(sequences))
     )
