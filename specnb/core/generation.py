@@ -424,8 +424,6 @@ def drafted_tree(draft: Draft, requested: Tree) -> Tree:
 def padded_tokens(drafts: list[Draft], trees: list[Tree], device: torch.device) -> torch.Tensor:
     """The rows' draft tokens, long [B, N] on `device`, N the largest tree (a row's tree is a prefix
     of its draft in canonical order; the rest of its row is padding)."""
-    if len(drafts) == 1:  # one row: its tokens as they are, no copy
-        return drafts[0].tokens[: trees[0].num_nodes].to(device)[None]
     tokens = torch.zeros(len(drafts), max(t.num_nodes for t in trees), dtype=torch.long, device=device)
     for r, (d, t) in enumerate(zip(drafts, trees)):
         tokens[r, : t.num_nodes] = d.tokens[: t.num_nodes].to(device)
