@@ -9,6 +9,7 @@ import torch
 from conftest import random_prompt, tiny_model
 
 from specnb import DynamicTreeDrafter, ModelDrafter, NgramDrafter, Tree, speculative_generate
+from specnb.core.generation import Meter
 from specnb.core.sampling import SamplingConfig
 
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
@@ -89,8 +90,8 @@ def test_syncs_do_not_grow_with_ngram_or_dynamic_trees(monkeypatch, tiny_target,
 
 
 def test_the_step_syncs_the_device_for_its_clock_only_when_asked(monkeypatch, tiny_target, nothing_draft):
-    """The loop's clock waits for the device at each reading (3 per step: draft start and end, verify
-    end) unless `synced_times=False`: then no reading syncs; the output is the same."""
+    """The loop's meter waits for the device at each clock reading (3 per step: draft start and end,
+    verify end) unless it is `Meter(device, sync=False)`: then no reading syncs; the output is the same."""
     from specnb.core import runtime
 
     calls = []
@@ -99,9 +100,35 @@ def test_the_step_syncs_the_device_for_its_clock_only_when_asked(monkeypatch, ti
     ids, outputs = random_prompt(5), {}
     for synced in (True, False):
         calls.clear()
+        meter = Meter(tiny_target.device, sync=synced)
         result = speculative_generate(
-            tiny_target, ModelDrafter(nothing_draft), ids, Tree.chain(3), 8, eos_token_id=(), synced_times=synced
+            tiny_target, ModelDrafter(nothing_draft), ids, Tree.chain(3), 8, eos_token_id=(), meter=meter
         )
         outputs[synced] = (result.tokens.tolist(), len(calls), len(result.steps))
     tokens, synced_calls, steps = outputs[True]
     assert synced_calls >= 3 * steps and outputs[False] == (tokens, 0, steps)
+
+
+def test_kv_accounting_is_the_meters_and_reads_nothing_when_off(monkeypatch, tiny_target, tiny_draft):
+    """The KV bytes in the step records and the result come from the meter passed in: with
+    `Meter(device, kv=False)` no cache's bytes are read, the records say 0 and the result None; the
+    output is the same as with the default meter, which reads them (a peak at least the end's)."""
+    from specnb.core import generation
+
+    reads = []
+    real = generation.kv_bytes
+    monkeypatch.setattr(generation, "kv_bytes", lambda cache: reads.append(1) or real(cache))
+    ids = random_prompt(6)
+    runs = {}
+    for kv in (True, False):
+        reads.clear()
+        result = speculative_generate(
+            tiny_target, ModelDrafter(tiny_draft), ids, Tree.kary(2, 6), 10, eos_token_id=(), meter=Meter("cpu", kv=kv)
+        )
+        runs[kv] = (result, len(reads))
+    (on, on_reads), (off, off_reads) = runs[True], runs[False]
+    assert on.tokens.tolist() == off.tokens.tolist()
+    assert on_reads >= 2 * len(on.steps) and on.kv_peak_bytes >= on.kv_bytes > 0
+    assert all(s.target_kv_bytes > 0 and s.draft_kv_bytes > 0 for s in on.steps)
+    assert off_reads == 0 and off.kv_bytes is None and off.kv_peak_bytes is None
+    assert all(s.target_kv_bytes == 0 and s.draft_kv_bytes == 0 for s in off.steps)

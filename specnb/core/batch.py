@@ -38,10 +38,10 @@ import torch
 
 from .acceptance import Acceptance
 from .drafting import Draft, Drafter, NoDraft, fill_levels
-from .generation import DrafterRows, GenerationResult, RowDrafting, generate_rows
+from .generation import DrafterRows, GenerationResult, Meter, RowDrafting, generate_rows
 from .masks import attention_implementation, rooted_ancestor_mask
 from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows
-from .runtime import Clock, eos_ids, make_generator, peak_memory, reset_peak_memory
+from .runtime import eos_ids, make_generator, peak_memory, reset_peak_memory
 from .sampling import GREEDY, SamplingConfig, sample_without_replacement
 from .streaming import kv_bytes
 from .trees import Level, Tree
@@ -278,16 +278,16 @@ def generate_batch(
     prefill (all but each root); each row's `GenerationResult` in prompt order, with the batch's times."""
     attention_implementation(target)
     eos, generators = eos_ids(target, eos_token_id), row_generators(sampling.seed, len(sequences), target.device)
-    clock = Clock(target.device)
+    meter = Meter(target.device)
     reset_peak_memory(target.device)
-    start = clock.now()
+    start = meter.now()
     state = RaggedTarget(RaggedCache.empty(target, len(sequences)))
     prefill_batch(target, state.ragged, [seq[:-1] for seq in sequences])
-    prefill_time = clock.now() - start
-    new, steps, kv_peak = generate_rows(
-        target, state, drafters, sequences, tree, max_new_tokens, sampling, eos, generators, clock
+    prefill_time = meter.now() - start
+    new, steps = generate_rows(
+        target, state, drafters, sequences, tree, max_new_tokens, sampling, eos, generators, meter
     )
-    total = clock.now() - start
+    total = meter.now() - start
     rows = tuple(
         GenerationResult(
             tokens=torch.tensor(new[i], dtype=torch.long),  # host: results live on the CPU
@@ -298,7 +298,7 @@ def generate_batch(
             peak_memory_bytes=peak_memory(target.device),
             method=method,
             meta={"batch_size": len(sequences)},
-            kv_peak_bytes=kv_peak,  # the batch's: target + draft caches of all its rows, inside a step
+            kv_peak_bytes=meter.peak(),  # the batch's: target + draft caches of all its rows, inside a step
         )
         for i in range(len(sequences))
     )

@@ -4,7 +4,8 @@ same instrumentation.
 `speculative_step` is one target call for B >= 1 rows: draft -> verify -> accept -> commit.
 `generate_rows` is the loop around it (each row until its `max_new_tokens` or EOS), with the
 bookkeeping kept out of the step: the bounded-cache policy, each row's tree cut to the tokens it has
-left, the step records, rows leaving the batch. The target's side of a step is a `Rows` state: one
+left, the step records, rows leaving the batch. What a step measures is a `Meter` passed in: times
+(its clock syncs the device only if asked) and KV bytes. The target's side of a step is a `Rows` state: one
 row on a `TargetCache` here (`speculative_generate`, `autoregressive_generate`), a ragged batch in
 `core.batch`. The drafting side is `DrafterRows` (one `Drafter` per row) or the batched model
 drafter (`batch.BatchModelDrafter`). The target's own decoding is the same loop with a drafter that
@@ -161,6 +162,32 @@ def open_target(target: torch.nn.Module, drafter: Drafter, prompt: torch.Tensor)
     return state
 
 
+class Meter:
+    """What the loop measures, an observer passed in: its clock times each step's draft and verify,
+    waiting for the device only with sync=True (`runtime.Clock`: sync=False, what the host saw, and
+    no device sync for timing); with kv=True it reads the caches' bytes (tensor shapes: no sync) at
+    each step's peak, the tree in the target's cache, and after each step. kv=False reads none: the
+    step records say 0 and the result's KV fields None."""
+
+    def __init__(self, device: torch.device | str, sync: bool = True, kv: bool = True) -> None:
+        self.clock, self.kv, self.kv_peak = Clock(device, sync), kv, 0
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def at_peak(self, state: Rows, drafters: RowDrafting) -> None:
+        """The step's peak: the roots and trees in the target's cache, the drafts in the draft's."""
+        if self.kv:
+            self.kv_peak = max(self.kv_peak, state.kv_bytes() + drafters.kv_bytes())
+
+    def kv_bytes(self, state: Rows, drafters: RowDrafting) -> tuple[int, int]:
+        """(target, draft) KV bytes now; zeros with kv=False."""
+        return (state.kv_bytes(), drafters.kv_bytes()) if self.kv else (0, 0)
+
+    def peak(self) -> int | None:
+        return self.kv_peak if self.kv else None
+
+
 class DrafterRows:
     """B rows drafted by one `Drafter` each (host-side drafters, and any drafter at batch size 1)."""
 
@@ -192,7 +219,6 @@ class StepOutcome:
     acceptance: Acceptance
     draft_time: float  # seconds
     verify_time: float  # seconds (target forward)
-    kv_bytes: int = 0  # target + draft KV bytes with the tree in the target's cache: the step's peak
     draft_tokens: int | None = None  # `Draft.draft_tokens`: tokens drafted in the draft's own vocabulary
 
     def record(self, position: int, added: list[int], target_kv_bytes: int = 0, draft_kv_bytes: int = 0) -> Step:
@@ -223,28 +249,28 @@ def speculative_step(
     depths: list[int],
     sampling: SamplingConfig,
     generators: list[torch.Generator],
-    clock: Clock,
+    meter: Meter,
 ) -> list[StepOutcome]:
     """One target call for B rows: the drafters fill `tree` after each row's sequence (host ids; its
     last token the root), each row's tree is cut to its depth in `depths`, the target verifies every
     row's root + nodes in one forward under the tree masks, the acceptance rule keeps a branch per
     row, and the target's cache keeps exactly the roots and those branches."""
-    t0 = clock.now()
+    t0 = meter.now()
     request = tree.truncated(max(depths))
     drafts = drafters.draft_rows(sequences, request, sampling, generators)
     trees = [drafted_tree(d, request).truncated(depth) for d, depth in zip(drafts, depths)]
     tokens = padded_tokens(drafts, trees, target.device)  # long [B, N]
-    t1 = clock.now()
+    t1 = meter.now()
     logits = state.verify(target, [seq[-1] for seq in sequences], trees, tokens)  # [B, N + 1, V]
-    t2 = clock.now()
-    peak = state.kv_bytes() + drafters.kv_bytes()
+    t2 = meter.now()
+    meter.at_peak(state, drafters)
     results = [
         accept(t, tokens[r, : t.num_nodes], logits[r, : t.num_nodes + 1], sampling, q_rows(d, t), g)
         for r, (t, d, g) in enumerate(zip(trees, drafts, generators))
     ]
     state.commit([result.path for result in results])
     drafters.observe_rows(drafts, results)
-    return [StepOutcome(t, res, t1 - t0, t2 - t1, peak, d.draft_tokens) for t, res, d in zip(trees, results, drafts)]
+    return [StepOutcome(t, res, t1 - t0, t2 - t1, d.draft_tokens) for t, res, d in zip(trees, results, drafts)]
 
 
 def generate_rows(
@@ -257,30 +283,29 @@ def generate_rows(
     sampling: SamplingConfig,
     eos: frozenset[int],
     generators: list[torch.Generator],
-    clock: Clock,
+    meter: Meter,
     cache_policy: StreamingCache | None = None,
-) -> tuple[list[list[int]], list[list[Step]], int]:
+) -> tuple[list[list[int]], list[list[Step]]]:
     """The loop: steps until every row has its `max_new_tokens` or an EOS, a finished row leaving
-    the batch. Returns each row's new tokens and steps, and the largest KV bytes inside a step.
+    the batch. Returns each row's new tokens and steps (their times and KV bytes read by `meter`).
     sequences: each row's prompt (host ids), the target's cache holding all but its last token
     (or with the rest pending). cache_policy: one row on a `TargetCache`, cut before each step."""
     active = list(range(len(sequences)))  # prompt indices of the rows still in the batch, in row order
     new: list[list[int]] = [[] for _ in sequences]
     steps: list[list[Step]] = [[] for _ in sequences]
-    kv_peak = 0
     while active:
         depths = [max_new_tokens - len(new[i]) - 1 for i in active]  # no node past max_new_tokens (+1: the bonus)
         if cache_policy is not None:
             depths = [min(depths[0], bound_target(state, cache_policy, target, cut=bool(new[0])))]
         rows = [sequences[i] + new[i] for i in active]
         outcomes = speculative_step(
-            target, state, drafters, rows, tree, depths, sampling, [generators[i] for i in active], clock
+            target, state, drafters, rows, tree, depths, sampling, [generators[i] for i in active], meter
         )
         finished = []
+        kv = meter.kv_bytes(state, drafters)
         for r, (i, out) in enumerate(zip(active, outcomes)):
-            kv_peak = max(kv_peak, out.kv_bytes)
             added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
-            steps[i].append(out.record(len(new[i]), added, state.kv_bytes(), drafters.kv_bytes()))
+            steps[i].append(out.record(len(new[i]), added, *kv))
             new[i] += added
             if stopped or len(new[i]) >= max_new_tokens:
                 finished.append(r)
@@ -289,7 +314,7 @@ def generate_rows(
             state.keep_rows(stay)
             drafters.keep_rows(stay)
             active = [active[r] for r in stay]
-    return new, steps, kv_peak
+    return new, steps
 
 
 def speculative_generate(
@@ -301,7 +326,7 @@ def speculative_generate(
     sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
     cache_policy: StreamingCache | None = None,
-    synced_times: bool = True,
+    meter: Meter | None = None,
 ) -> GenerationResult:
     """Tree speculative decoding; greedy output equals the target's greedy output token for token,
     sampled output follows the target's distribution (unless `sampling.typical` asks for the LOSSY rule).
@@ -312,9 +337,10 @@ def speculative_generate(
     for a drafter that shares the target's cache, which needs it there before its first draft.
     cache_policy: a bounded cache for the target (`streaming.StreamingCache`), cut between steps,
     trees cut to fit: output then equals the streaming target's own (`autoregressive_generate` with
-    the same policy). The draft's cache follows the drafter's own policy, if any. synced_times=False:
-    the step's draft and verify times are read without waiting for the device (no syncs for timing:
-    on a GPU they are then what the host saw, not the device's).
+    the same policy). The draft's cache follows the drafter's own policy, if any. meter: what the
+    steps measure (`Meter`; default: times that wait for the device, and KV bytes);
+    `Meter(device, sync=False)` reads the times without waiting (no device syncs for timing: on a
+    GPU they are then what the host saw, not the device's).
     """
     drafter = as_drafter(drafter)
     tree = tree or drafter.default_tree or Tree.chain(4)
@@ -322,7 +348,7 @@ def speculative_generate(
     prompt = check_input(input_ids, max_new_tokens)
     method = sampling.method("speculative")
     return generate_one(
-        target, drafter, prompt, tree, max_new_tokens, sampling, eos_token_id, cache_policy, synced_times, method
+        target, drafter, prompt, tree, max_new_tokens, sampling, eos_token_id, cache_policy, meter, method
     )
 
 
@@ -350,7 +376,7 @@ def autoregressive_generate(
         sampling,
         eos_token_id,
         cache_policy,
-        True,
+        None,
         "autoregressive",
     )
 
@@ -364,23 +390,24 @@ def generate_one(
     sampling: SamplingConfig,
     eos_token_id: int | Sequence[int] | None,
     cache_policy: StreamingCache | None,
-    synced_times: bool,
+    meter: Meter | None,
     method: str,
 ) -> GenerationResult:
     """One row through `generate_rows`, its target on a `TargetCache` (prompt: long [1, T])."""
     eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, target.device)
     drafter.reset()
-    clock = Clock(target.device, sync=synced_times)
+    meter = meter or Meter(target.device)
+    meter.kv_peak = 0
     reset_peak_memory(target.device)
-    start = clock.now()
+    start = meter.now()
     state = open_target(target, drafter, prompt)
-    prefill_time = clock.now() - start
+    prefill_time = meter.now() - start
     sequences = [prompt[0].tolist()]
     rows = DrafterRows([drafter])
-    (new,), (steps,), kv_peak = generate_rows(
-        target, state, rows, sequences, tree, max_new_tokens, sampling, eos, [generator], clock, cache_policy
+    (new,), (steps,) = generate_rows(
+        target, state, rows, sequences, tree, max_new_tokens, sampling, eos, [generator], meter, cache_policy
     )
-    total = clock.now() - start
+    total = meter.now() - start
     drafter.release()
     return GenerationResult(
         tokens=torch.tensor(new, dtype=torch.long),  # host: results live on the CPU
@@ -390,8 +417,8 @@ def generate_one(
         total_time=total,
         peak_memory_bytes=peak_memory(target.device),
         method=method,
-        kv_bytes=state.kv_bytes() + drafter.kv_bytes(),
-        kv_peak_bytes=kv_peak,
+        kv_bytes=sum(meter.kv_bytes(state, rows)) if meter.kv else None,
+        kv_peak_bytes=meter.peak(),
         evictions=state.evictions,
         meta={"draft_evictions": drafter.evictions} if cache_policy is not None or drafter.evictions else {},
     )
