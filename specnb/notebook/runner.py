@@ -457,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("models", help="print the embedded models a profile needs")
     m.add_argument("profile", nargs="?", default="cpu")
     args = ap.parse_args(argv)
+    skip_iri_formats()
     try:
         if args.command == "models":
             print(" ".join(profile_models(args.profile)))
@@ -483,6 +484,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+def skip_iri_formats() -> None:
+    """jsonschema, under nbformat (papermill, the report), imports rfc3987_syntax where it is installed
+    (jupyterlab brings it) to check the "iri" formats, and that module builds a lark grammar as it is
+    imported: 1.2 s of CPU in each process that reads a notebook. No notebook schema names those formats;
+    with the module marked absent, jsonschema leaves them unchecked. For the runner's own process (and
+    the tests' workers, tests/conftest.py) only, before anything imports nbformat."""
+    sys.modules.setdefault("rfc3987_syntax", None)
 
 
 if __name__ == "__main__":
