@@ -44,11 +44,6 @@ if TYPE_CHECKING:
 
 
 # where each notebook's budget recommendation takes its tau and its costs (`recommendation`)
-RECOMMENDATION_01 = (
-    "tau replayed from this notebook's collection of the pair on its prompts (measured), a fitted tree's "
-    "held out (fitted on the other folds of prompts); draft and verify costs from the curves measured on "
-    "this machine"
-)
 RECOMMENDATION_03_FROM_01 = (
     "tau of the preset shapes from notebook 01's measured per-rank acceptance vector of the pair, through "
     "Sequoia's model of independent ranks; tau of 01's own trees (shapes 01:...) as 01 measured it held out; "
@@ -559,40 +554,6 @@ def grid_reading(best: pd.DataFrame, ranks: pd.DataFrame | None = None, saturati
         )
     return "\n".join(lines)
 
-
-def attention_reading(speed: pd.DataFrame) -> str:
-    """A markdown reading of 03's speed-up table (`bench.attention_grid.speedup_table`), computed
-    from it: how much one tree call saves over one call per sequence and how that moves with draft
-    tokens, prefix length and batch size, and what the tree mask costs over causal attention."""
-    if "per_sequence_over_tree" not in speed or speed["per_sequence_over_tree"].dropna().empty:
-        return "- 03 measured no speed-up (the per-sequence or the tree implementation did not run)."
-    s = speed.dropna(subset=["per_sequence_over_tree"])
-    lines = []
-    low, high = s.loc[s["per_sequence_over_tree"].idxmin()], s.loc[s["per_sequence_over_tree"].idxmax()]
-    lines.append(
-        f"- One tree-masked call against one call per root-to-leaf sequence: from {low['per_sequence_over_tree']:.2f}x "
-        f"(batch {low['batch']}, prefix {low['prefix']}, {low['nodes']} draft tokens, {low['leaves']} sequences) to "
-        f"{high['per_sequence_over_tree']:.2f}x (batch {high['batch']}, prefix {high['prefix']}, {high['nodes']} "
-        f"draft tokens, {high['leaves']} sequences)."
-    )
-    for axis, label in (("nodes", "draft tokens"), ("prefix", "prefix length"), ("batch", "batch size")):
-        trend = s.groupby(axis)["per_sequence_over_tree"].median()
-        if len(trend) > 1:
-            word = "grows" if trend.iloc[-1] > trend.iloc[0] else "shrinks"
-            lines.append(
-                f"- Median over the other axes, the speed-up {word} with {label}: {trend.iloc[0]:.2f}x at "
-                f"{trend.index[0]} to {trend.iloc[-1]:.2f}x at {trend.index[-1]}."
-            )
-    if "mask_overhead" in speed and speed["mask_overhead"].notna().any():
-        m = speed.dropna(subset=["mask_overhead"])
-        lines.append(
-            f"- The tree mask over plain causal attention on the same tokens: {m['mask_overhead'].min():.2f}x to "
-            f"{m['mask_overhead'].max():.2f}x (median {m['mask_overhead'].median():.2f}x)."
-        )
-    return "\n".join(lines)
-
-
-# ---- the report's analysis: paragraphs across pairs, every number one of the report's tables shows ----
 
 KIND_READING = {  # what a pair's kind says about its draft, where the pairs are compared
     "self-draft": "a quantized copy of the target agrees with it most: it is the same model, rounded",

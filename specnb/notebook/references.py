@@ -1,4 +1,4 @@
-"""The papers specnb's method and readings follow, cited where used (`cite`), listed in the report
+"""The papers specnb's method and readings follow, listed in the report
 (`markdown`) and written beside it as BibTeX (`bibtex`). Each entry's venue and identifier were read
 from the paper's arXiv or proceedings page."""
 
@@ -190,11 +190,6 @@ REFERENCES: dict[str, Reference] = {
         ),
     )
 }
-
-
-def cite(*keys: str) -> str:
-    """'[Miao et al. 2024; Leviathan et al. 2023]': the labels of `keys` (KeyError for one not listed)."""
-    return "[" + "; ".join(REFERENCES[k].label() for k in keys) + "]"
 
 
 def markdown(keys: list[str] | None = None) -> str:
