@@ -175,6 +175,10 @@ class Meter:
     def now(self) -> float:
         return self.clock.now()
 
+    def reset(self) -> None:
+        """A new generation: no peak seen yet."""
+        self.kv_peak = 0
+
     def at_peak(self, state: Rows, drafters: RowDrafting) -> None:
         """The step's peak: the roots and trees in the target's cache, the drafts in the draft's."""
         if self.kv:
@@ -397,7 +401,7 @@ def generate_one(
     eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, target.device)
     drafter.reset()
     meter = meter or Meter(target.device)
-    meter.kv_peak = 0
+    meter.reset()
     reset_peak_memory(target.device)
     start = meter.now()
     state = open_target(target, drafter, prompt)
