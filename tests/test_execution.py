@@ -84,7 +84,7 @@ def test_a_dead_kernel_is_a_failed_record_with_its_cause(tmp_path, books):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_a_stopped_run_takes_its_kernel_and_is_recorded_interrupted(tmp_path, books, sig):
+def test_a_stopped_run_takes_its_kernel_and_is_recorded_interrupted(tmp_path, books, sig, capsys, monkeypatch):
     outputs, log = tmp_path / "out", tmp_path / "run.log"
     proc = start(books, outputs, "sleep", log)
     folder = wait_for("01_tiny/*/slept", outputs).parent
@@ -100,10 +100,20 @@ def test_a_stopped_run_takes_its_kernel_and_is_recorded_interrupted(tmp_path, bo
     record = record_of(outputs)
     assert record["status"] == "interrupted" and sig.name in record["error"]
     assert "| interrupted |" in (outputs / "index.md").read_text()
-    rerun = start(books, outputs, "sleep", tmp_path / "rerun.log")  # resumes in the same folder, finishes
-    assert rerun.wait(180) == 0, (tmp_path / "rerun.log").read_text()
-    assert f"== 01_tiny: resuming {folder}" in (tmp_path / "rerun.log").read_text()
+    # the same command again resumes in the same folder and finishes (in this process: `rerun`)
+    assert rerun(books, outputs, monkeypatch) == 0
+    assert f"== 01_tiny: resuming {folder}" in capsys.readouterr().out
     assert record_of(outputs)["status"] == "finished"
+
+
+def rerun(books: Path, outputs: Path, monkeypatch) -> int:
+    """`start`'s command run again, by its entry (`runner.main`) in this process with `start`'s
+    environment: the runner's own process is what the tests above stop and kill."""
+    monkeypatch.setenv("SPECNB_DECODE_MS", "skip")
+    monkeypatch.setenv("SPECNB_CELL_TIMEOUT", "600")
+    return runner.main(
+        ["run", "cpu", "--notebooks-folder", str(books), "--outputs", str(outputs), "-p", "mode", "sleep"]
+    )
 
 
 def test_a_killed_runner_leaves_no_kernel_behind(tmp_path, books):
@@ -116,14 +126,13 @@ def test_a_killed_runner_leaves_no_kernel_behind(tmp_path, books):
     assert wait_for_no_process_under(books, 15), "the kernel outlived its runner by 15 s"
 
 
-def test_a_second_run_on_a_live_folder_is_refused_naming_it(tmp_path, books):
+def test_a_second_run_on_a_live_folder_is_refused_naming_it(tmp_path, books, capsys, monkeypatch):
     outputs = tmp_path / "out"
     first = start(books, outputs, "sleep", tmp_path / "first.log")
     folder = wait_for("01_tiny/*/slept", outputs).parent
     before = (folder / "params.json").read_text()
-    second = start(books, outputs, "sleep", tmp_path / "second.log")
-    assert second.wait(60) == 2
-    text = (tmp_path / "second.log").read_text()
+    assert rerun(books, outputs, monkeypatch) == 2
+    text = capsys.readouterr().err
     assert f"{folder} is being written by a live run (pid {first.pid} on" in text and "nothing was run" in text, text
     assert (folder / "params.json").read_text() == before and len(list((outputs / "01_tiny").iterdir())) == 1
     first.terminate()
