@@ -55,6 +55,7 @@ LAZY = {
     "Drafter": "core.drafting",
     "ModelDrafter": "core.drafting",
     "GenerationResult": "core.generation",
+    "Meter": "core.generation",
     "Step": "core.generation",
     "autoregressive_generate": "core.generation",
     "speculative_generate": "core.generation",

@@ -8,8 +8,7 @@ import pytest
 import torch
 from conftest import random_prompt, tiny_model
 
-from specnb import DynamicTreeDrafter, ModelDrafter, NgramDrafter, Tree, speculative_generate
-from specnb.core.generation import Meter
+from specnb import DynamicTreeDrafter, Meter, ModelDrafter, NgramDrafter, Tree, speculative_generate
 from specnb.core.sampling import SamplingConfig
 
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
