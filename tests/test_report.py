@@ -584,25 +584,28 @@ def test_the_example_copy_holds_the_report_and_every_figure_it_shows(full, tmp_p
 
 def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
     """`python -m specnb.notebook.estimate record` makes a run's actual times and decode step the
-    profile's reference (the data file, not code); a run without a measured decode step is refused."""
+    profile's reference (the data file, not code); a run without a measured decode step is refused, and so
+    is one the line through the recorded runs misses by more than 25% (unless forced)."""
     reference = tmp_path / "reference_times.json"
     reference.write_text(estimate.REFERENCE_FILE.read_text())
     outputs = tmp_path / "outputs"
     folder = run_folder(outputs, "01_tree_shapes")
+    fixed, per_ms = estimate.REFERENCES["cpu"].line()
+    on_line = round(fixed + per_ms * 150.0, 1)  # a run of one notebook that took what the line says
     summary = {
         "profile": "cpu",
         "started": "2026-11-28 05:03:04",
         "runs": {
-            "01_tree_shapes": {"folder": "01_tree_shapes/cpu-0000", "status": "finished", "actual_s": 100.0},
+            "01_tree_shapes": {"folder": "01_tree_shapes/cpu-0000", "status": "finished", "actual_s": on_line},
             "02_model_pairs": {"folder": "02_model_pairs/x", "status": "failed", "actual_s": 3.0},
         },
         "plan": {"decode_ms": 150.0, "decode_how": "measured"},
     }
     (outputs / runner.SUMMARY_FILE).write_text(json.dumps(summary))
     made = estimate.record(outputs, reference)
-    assert made.seconds == {"01_tree_shapes": 100.0} and made.decode_ms == 150.0
+    assert made.seconds == {"01_tree_shapes": on_line} and made.decode_ms == 150.0
     # the run joins the profile's runs, the line through them refitted
-    assert made.runs[:-1] == estimate.REFERENCES["cpu"].runs and made.runs[-1]["seconds"] == 100.0
+    assert made.runs[:-1] == estimate.REFERENCES["cpu"].runs and made.runs[-1]["seconds"] == on_line
     assert made.line() != estimate.REFERENCES["cpu"].line()
     assert "commit abcdef1" in made.where and str(folder.name) not in made.where
     loaded = estimate.load_references(reference)
@@ -617,6 +620,16 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
     (outputs / runner.SUMMARY_FILE).write_text(json.dumps(summary))
     with pytest.raises(ValueError, match="no decode step measured"):
         estimate.record(outputs, reference)
+    # 30% faster than the line through the recorded runs says: refused (the file as it was), recorded when forced
+    other = tmp_path / "other.json"
+    other.write_text(estimate.REFERENCE_FILE.read_text())
+    summary["plan"]["decode_ms"] = 150.0
+    summary["runs"]["01_tree_shapes"]["actual_s"] = round(on_line / 1.3, 1)
+    (outputs / runner.SUMMARY_FILE).write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"\+30%, more than 25% off.*--force"):
+        estimate.record(outputs, other)
+    assert other.read_text() == estimate.REFERENCE_FILE.read_text()
+    assert estimate.record(outputs, other, force=True).runs[-1]["seconds"] == round(on_line / 1.3, 1)
     import tomllib
 
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]

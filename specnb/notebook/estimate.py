@@ -68,6 +68,7 @@ class Reference:
 
 CPU_NOTEBOOKS = ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
 REFERENCE_FILE = Path(__file__).with_name("reference_times.json")  # profile -> seconds per notebook, decode_ms, where
+OFF_LINE = 0.25  # a run whose time the line through the recorded runs misses by more is not recorded unasked
 
 
 def load_references(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
@@ -258,11 +259,13 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
-def record(outputs: Path, path: Path = REFERENCE_FILE) -> Reference:
+def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> Reference:
     """The last run under `outputs` (its run_summary.json, written by the runner) as its profile's
     reference: each finished notebook's actual seconds, the decode step the runner measured, and where
     (commit, start, device) from the runs' records. Refused where the run has no finished notebook or
-    no measured decode step (its times could not be scaled)."""
+    no measured decode step (its times could not be scaled), and, unless `force`, where the line through
+    the profile's recorded runs misses its time by more than `OFF_LINE` (its decode check read the
+    machine's speed wrong, or the machine's speed moved during the run: it would bend every estimate)."""
     outputs = Path(outputs)
     summary = json.loads((outputs / "run_summary.json").read_text())
     runs = {nb: r for nb, r in summary.get("runs", {}).items() if r.get("status") == "finished"}
@@ -283,6 +286,16 @@ def record(outputs: Path, path: Path = REFERENCE_FILE) -> Reference:
     earlier = list(data.get(summary["profile"], {}).get("runs", []))
     seconds = {nb: float(r["actual_s"]) for nb, r in runs.items()}
     this = {"decode_ms": round(float(decode), 1), "seconds": round(sum(seconds.values()), 1), "where": where}
+    line = Reference({}, None, "", tuple(earlier)).line()
+    if line is not None and not force:
+        told = line[0] + line[1] * this["decode_ms"]
+        if abs(told / this["seconds"] - 1) > OFF_LINE:
+            raise ValueError(
+                f"its notebooks took {duration(this['seconds'])} at a decode step of {decode:.0f} ms, and the line "
+                f"through the {len(earlier)} recorded runs says {duration(told)} ({told / this['seconds'] - 1:+.0%}, "
+                f"more than {OFF_LINE:.0%} off): the decode check may have misread the machine's speed (compare 01's "
+                "verify curve, verify_curve.csv); --force records it anyway"
+            )
     reference = Reference(seconds, this["decode_ms"], where, (*earlier, this))
     data[summary["profile"]] = {
         "seconds": seconds,
@@ -301,9 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="make the last run under OUTPUTS its profile's reference times")
     rec.add_argument("--outputs", type=Path, default=Path("outputs"))
+    rec.add_argument("--force", action="store_true", help="record a run far off the line through the recorded runs")
     args = ap.parse_args(argv)
     try:
-        reference = record(args.outputs)
+        reference = record(args.outputs, force=args.force)
     except (OSError, ValueError, KeyError) as e:
         print(f"not recorded: {e}", file=sys.stderr)
         return 2
