@@ -23,7 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from specnb.notebook.runner import skip_iri_formats
 
-skip_iri_formats()  # before nbformat is imported (by the report, nbclient, papermill): 1.2 s per worker
+skip_iri_formats()  # before nbformat is imported (by the report, nbclient, papermill)
 from specnb.notebook import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
 def skip_iri_formats() -> None:
     """jsonschema, under nbformat (papermill, the report), imports rfc3987_syntax where it is installed
     (jupyterlab brings it) to check the "iri" formats, and that module builds a lark grammar as it is
-    imported: 1.2 s of CPU in each process that reads a notebook. No notebook schema names those formats;
+    imported (its cost: docs/development.md, Tests). No notebook schema names those formats;
     with the module marked absent, jsonschema leaves them unchecked. For the runner's own process (and
     the tests' workers, tests/conftest.py) only, before anything imports nbformat."""
     sys.modules.setdefault("rfc3987_syntax", None)
