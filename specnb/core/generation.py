@@ -188,6 +188,10 @@ class Meter:
         """(target, draft) KV bytes now; zeros with kv=False."""
         return (state.kv_bytes(), drafters.kv_bytes()) if self.kv else (0, 0)
 
+    def total(self, state: Rows, drafters: RowDrafting) -> int | None:
+        """Target + draft KV bytes now; None with kv=False."""
+        return sum(self.kv_bytes(state, drafters)) if self.kv else None
+
     def peak(self) -> int | None:
         return self.kv_peak if self.kv else None
 
@@ -421,7 +425,7 @@ def generate_one(
         total_time=total,
         peak_memory_bytes=peak_memory(target.device),
         method=method,
-        kv_bytes=sum(meter.kv_bytes(state, rows)) if meter.kv else None,
+        kv_bytes=meter.total(state, rows),
         kv_peak_bytes=meter.peak(),
         evictions=state.evictions,
         meta={"draft_evictions": drafter.evictions} if cache_policy is not None or drafter.evictions else {},

@@ -54,16 +54,21 @@ class Reference:
     runs: tuple[Mapping[str, Any], ...] = ()
 
     def line(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds per ms of decode): the least-squares line through `runs`' notebook
-        time against their decode step (loading and Python do not scale with it); None with fewer than
-        two decode steps to fit."""
-        points = [(float(r["decode_ms"]), float(r["seconds"])) for r in self.runs]
-        if len({d for d, _ in points}) < 2:
-            return None
-        d, t = (list(v) for v in zip(*points))
-        mean_d, mean_t = sum(d) / len(d), sum(t) / len(t)
-        slope = sum((x - mean_d) * (y - mean_t) for x, y in points) / sum((x - mean_d) ** 2 for x in d)
-        return mean_t - slope * mean_d, slope
+        """`line_through` its runs."""
+        return line_through(self.runs)
+
+
+def line_through(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(fixed seconds, seconds per ms of decode): the least-squares line through the runs' notebook time
+    against their decode step (loading and Python do not scale with it); None with fewer than two decode
+    steps to fit."""
+    points = [(float(r["decode_ms"]), float(r["seconds"])) for r in runs]
+    if len({d for d, _ in points}) < 2:
+        return None
+    d, t = (list(v) for v in zip(*points))
+    mean_d, mean_t = sum(d) / len(d), sum(t) / len(t)
+    slope = sum((x - mean_d) * (y - mean_t) for x, y in points) / sum((x - mean_d) ** 2 for x in d)
+    return mean_t - slope * mean_d, slope
 
 
 CPU_NOTEBOOKS = ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
@@ -286,7 +291,7 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> R
     earlier = list(data.get(summary["profile"], {}).get("runs", []))
     seconds = {nb: float(r["actual_s"]) for nb, r in runs.items()}
     this = {"decode_ms": round(float(decode), 1), "seconds": round(sum(seconds.values()), 1), "where": where}
-    line = Reference({}, None, "", tuple(earlier)).line()
+    line = line_through(earlier)
     if line is not None and not force:
         told = line[0] + line[1] * this["decode_ms"]
         if abs(told / this["seconds"] - 1) > OFF_LINE:
