@@ -420,8 +420,16 @@ def test_float16_by_name_and_what_was_loaded(tiny_dir: Path) -> None:
         model_dtype("half")
 
 
-def test_embedded_gguf_float_and_4bit(tiny_embedded: EmbeddedModel, cache: Path) -> None:
+def test_embedded_gguf_float_and_4bit(tiny_embedded: EmbeddedModel, cache: Path, monkeypatch) -> None:
+    import gguf
+
+    built = []  # gguf's tensor-name maps built while the float folder is written
+    name_map = gguf.get_tensor_name_map
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, n: built.append((arch, n)) or name_map(arch, n))
+    patched = gguf.get_tensor_name_map
     model, tokenizer = load_model("tiny-gguf")
+    # transformers asks for the map once per submodule (every layer's projections and norms): built once
+    assert len(built) == 1 and gguf.get_tensor_name_map is patched  # and the module's own put back
     assert model.dtype == torch.float32 and not model.training
     assert tokenizer.chat_template
     ids = prompt_ids(tokenizer, "the cat is here")

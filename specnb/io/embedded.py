@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -421,32 +422,34 @@ def float_folder(model: EmbeddedModel) -> Path:
         return dest
     gguf = gguf_path(model)
     print(f"[specnb] {model.name}: de-quantizing the GGUF once into {dest} (later loads take seconds)", flush=True)
-    with _one_parse_per_file():
+    with _gguf_read_once():
         _write_float_folder(model, gguf, dest)
     return dest
 
 
 @contextlib.contextmanager
-def _one_parse_per_file() -> Iterator[None]:
-    """transformers parses a GGUF anew for its config, its weights and its tokenizer's config, and each
-    parse walks the whole vocabulary; inside this block `gguf.GGUFReader` gives one reader per file.
-    Reading is unchanged (the same reader, read-only), so are the weights."""
+def _gguf_read_once() -> Iterator[None]:
+    """transformers parses a GGUF anew for its config, its weights and its tokenizer's config (each
+    parse walks the whole vocabulary), and builds gguf's tensor-name map of the architecture again for
+    every submodule of the model it names the weights of (hundreds: seconds); inside this block
+    `gguf.GGUFReader` gives one reader per file and `gguf.get_tensor_name_map` one map per architecture
+    and depth. Both are only read, so the weights are unchanged."""
     import gguf
 
-    original = gguf.GGUFReader
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
 
     def reader(path: Any, mode: str = "r") -> Any:
         key = (os.fspath(path), mode)
         if key not in readers:
-            readers[key] = original(path, mode)
+            readers[key] = original_reader(path, mode)
         return readers[key]
 
-    gguf.GGUFReader = reader
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(original_map)
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, gguf.get_tensor_name_map = original_reader, original_map
 
 
 def _write_float_folder(model: EmbeddedModel, gguf: Path, dest: Path) -> None:
