@@ -1,6 +1,6 @@
 """The package's layers hold: each folder imports only the layers above it (the order in
 `specnb/__init__.py`), the core never reaches the notebook runtime, no private name crosses a module,
-and `import specnb` with the core loads no plotting or notebook machinery."""
+`import specnb` with the core loads no plotting or notebook machinery, and the runner no model classes."""
 
 import ast
 import subprocess
@@ -79,6 +79,15 @@ def test_the_core_loads_no_notebook_runtime():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", f"importing the core pulled in: {out.stdout.strip()}"
+
+
+def test_the_runner_loads_no_model_classes():
+    """The runner checks parameters and profiles before any notebook runs; transformers' model classes
+    (modeling_utils: seconds of import) load in the notebooks' kernels, with the models."""
+    code = "import sys, specnb.notebook.runner\nprint('transformers.modeling_utils' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False", "importing the runner imported transformers.modeling_utils"
 
 
 def test_top_level_names_resolve():

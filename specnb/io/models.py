@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import (
@@ -36,7 +36,6 @@ from transformers import (
     BatchEncoding,
     BitsAndBytesConfig,
     PretrainedConfig,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
@@ -44,6 +43,9 @@ from ..kernels.cpu_linear import PackedLinear, check_linear_path, pack_linears
 from . import embedded
 from .model_configs import config_of, hub_model, known_models
 from .sources import ModelSourceError, Source, check_sources, resolve_source
+
+if TYPE_CHECKING:  # importing the model classes takes seconds; loading a model imports them (the runner needs none)
+    from transformers import PreTrainedModel
 
 QUANTIZATIONS: tuple[str | None, ...] = (None, "4bit")
 
