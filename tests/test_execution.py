@@ -47,13 +47,21 @@ def books(tmp_path: Path) -> Path:
     return folder
 
 
+RUN_ENV = {"SPECNB_DECODE_MS": "skip", "SPECNB_CELL_TIMEOUT": "600"}  # no decode check; a cell's own limit
+
+
+def run_args(books: Path, outputs: Path, mode: str) -> list[str]:
+    """The runner's arguments for the tiny notebook in `mode`."""
+    return ["run", "cpu", "--notebooks-folder", str(books), "--outputs", str(outputs), "-p", "mode", mode]
+
+
 def start(books: Path, outputs: Path, mode: str, log: Path) -> subprocess.Popen:
     """The runner's command on the tiny notebook, in a session of its own (as a terminal's job)."""
-    cmd = [sys.executable, "-m", "specnb.notebook.runner", "run", "cpu", "--notebooks-folder", str(books)]
-    cmd += ["--outputs", str(outputs), "-p", "mode", mode]
-    env = os.environ | {"SPECNB_DECODE_MS": "skip", "SPECNB_CELL_TIMEOUT": "600"}
+    cmd = [sys.executable, "-m", "specnb.notebook.runner", *run_args(books, outputs, mode)]
     with open(log, "w") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            cmd, env=os.environ | RUN_ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def wait_for(path_glob: str, root: Path, seconds: float = 120) -> Path:
@@ -109,11 +117,9 @@ def test_a_stopped_run_takes_its_kernel_and_is_recorded_interrupted(tmp_path, bo
 def rerun(books: Path, outputs: Path, monkeypatch) -> int:
     """`start`'s command run again, by its entry (`runner.main`) in this process with `start`'s
     environment: the runner's own process is what the tests above stop and kill."""
-    monkeypatch.setenv("SPECNB_DECODE_MS", "skip")
-    monkeypatch.setenv("SPECNB_CELL_TIMEOUT", "600")
-    return runner.main(
-        ["run", "cpu", "--notebooks-folder", str(books), "--outputs", str(outputs), "-p", "mode", "sleep"]
-    )
+    for name, value in RUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    return runner.main(run_args(books, outputs, "sleep"))
 
 
 def test_a_killed_runner_leaves_no_kernel_behind(tmp_path, books):
