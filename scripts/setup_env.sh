@@ -5,10 +5,12 @@
 #   scripts/setup_env.sh --python        print the python that the set-up installs into
 #   scripts/setup_env.sh --plan          print what the set-up would install, and install nothing
 #
-# - torch: on a machine without an NVIDIA GPU, the CPU build is installed first, by pip (it takes a wheel on
-#   disk where pip's configuration names one): on Linux torch==2.13.0+cpu from PyTorch's CPU index
+# - torch: on a machine without an NVIDIA GPU, the CPU build is installed first: on Linux torch==2.13.0+cpu
+#   from a wheel folder that pip's configuration names (find-links) or PyTorch's CPU index
 #   ($SPECNB_TORCH_CPU_INDEX), since PyPI's Linux torch is the CUDA build with GBs of nvidia packages;
-#   elsewhere torch==2.13.0. Where `nvidia-smi` sees a GPU, pip's default torch is installed instead.
+#   elsewhere torch==2.13.0. By uv where it can (from uv's cache in seconds; pip unpacks the wheel anew each
+#   time), by pip otherwise, which also passes over an index it cannot reach. Where `nvidia-smi` sees a
+#   GPU, pip's default torch is installed instead.
 # - specnb, editable, with pyproject.toml's dependencies and its extra [dev] (the notebook runner, Ray,
 #   Jupyter, pytest, ruff), by uv (installed into .venv first: parallel downloads, a cold set-up in
 #   minutes; SPECNB_UV=0, or no uv to be had, falls back to pip); on Colab, into Colab's Python with pip,
@@ -55,29 +57,44 @@ install() {
   if [ -n "$uv" ]; then "$uv" pip install -q --python "$py" "$@"; else pip_install "$@"; fi
 }
 
-stamp=$state/.specnb-requirements
 torch_cpu_index=${SPECNB_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+# torch's CPU build on Linux by uv: from a wheel folder that pip's configuration names (uv reads no pip
+# configuration), else from PyTorch's CPU index; uv stops at an index it cannot reach, and pip then takes over
+torch_cpu_by_uv() {
+  [ -n "$uv" ] || return 1
+  local links dir
+  links=${PIP_FIND_LINKS:-$("$py" -m pip config get global.find-links 2>/dev/null || true)}
+  for dir in $links; do
+    dir=${dir#file://}
+    if compgen -G "$dir/torch-2.13.0+cpu-*.whl" >/dev/null; then
+      "$uv" pip install -q --python "$py" --find-links "$dir" torch==2.13.0+cpu && return 0
+    fi
+  done
+  "$uv" pip install -q --python "$py" torch==2.13.0+cpu --extra-index-url "$torch_cpu_index" 2>/dev/null
+}
+
+stamp=$state/.specnb-requirements
 want=$(cat "$root/pyproject.toml" "$root/scripts/setup_env.sh" "$root/scripts/install_runtime.py" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  if [ -n "$uv" ] && [ ! -x "$uv" ]; then
+    pip_install uv || { echo "[setup] uv could not be installed: pip installs instead (slower)"; uv=""; }
+  fi
   if ! "$py" -c "import torch" 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
       echo "[setup] GPU found: installing pip's default torch build"
       pip_install torch
     else
       echo "[setup] no GPU: installing the CPU build of torch 2.13.0"
-      # no bytecode for its thousands of files (Python writes what it imports). On Linux PyPI's torch is the
-      # CUDA build, with some twenty nvidia packages (GBs): the CPU build is torch==2.13.0+cpu, on PyTorch's
-      # index (or in a local wheel folder that pip's configuration names)
+      # pip: no bytecode for its thousands of files (Python writes what it imports; uv writes none either)
       if [ "$(uname -s)" != Linux ]; then
         pip_install --no-compile torch==2.13.0
+      elif torch_cpu_by_uv; then
+        :
       elif ! pip_install --no-compile --retries 1 torch==2.13.0+cpu --extra-index-url "$torch_cpu_index"; then
         echo "[setup] torch==2.13.0+cpu not found (is $torch_cpu_index reachable?): installing PyPI's torch==2.13.0"
         pip_install --no-compile torch==2.13.0
       fi
     fi
-  fi
-  if [ -n "$uv" ] && [ ! -x "$uv" ]; then
-    pip_install uv || { echo "[setup] uv could not be installed: pip installs instead (slower)"; uv=""; }
   fi
   # the installed torch is pinned: the installer stops rather than replace it (Colab's CUDA build, our CPU build)
   keep=$(mktemp)
