@@ -37,7 +37,16 @@ from specnb.io.embedded import (
     assemble_parts,
     gguf_path,
 )
-from specnb.io.models import check_pair, describe_model, load_model, load_pair, load_tokenizer, model_dtype, prompt_ids
+from specnb.io.models import (
+    check_pair,
+    describe_model,
+    load_config,
+    load_model,
+    load_pair,
+    load_tokenizer,
+    model_dtype,
+    prompt_ids,
+)
 
 WORDS_A = "the cat sat on a mat and then it ran off to see dog".split()
 WORDS_B = "one two three four five six seven eight nine".split()
@@ -342,10 +351,28 @@ def test_a_single_file_models_tokenizer_loads_on_a_machine_with_no_cache_folder(
     tokenizer's copy is written there (CI's fresh Colab kernel: FileNotFoundError)."""
     assert not cache.exists()
     first = load_tokenizer("tiny-single")
-    assert [p.name.split("-tokenizer-")[0] for p in cache.iterdir()] == [
+    assert [p.name.split("-converted-")[0] for p in cache.iterdir()] == [
         "tiny-single"
     ]  # the copy, nothing half-written
     assert load_tokenizer("tiny-single").get_vocab() == first.get_vocab()
+
+
+def test_an_embedded_models_config_and_tokenizer_come_from_one_parse(
+    tiny_single: Path, cache: Path, monkeypatch
+) -> None:
+    """Before its float folder exists (a first kernel's memory check and prompt encoding), an embedded
+    model's config and tokenizer are converted from one parse of its GGUF and kept: later calls
+    parse nothing."""
+    import gguf
+
+    opened = []
+    reader = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: opened.append(a[0]) or reader(*a, **k))
+    config, tokenizer = load_config("tiny-single"), load_tokenizer("tiny-single")
+    assert len(opened) == 1  # before: one parse each (and the tokenizer's config parsed its own)
+    assert config.num_hidden_layers == 2 and tokenizer.chat_template
+    assert load_config("tiny-single").to_dict() == config.to_dict()
+    assert load_tokenizer("tiny-single").get_vocab() == tokenizer.get_vocab() and len(opened) == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ What it holds:
     install                       pip-install an embedded model's packages, assemble and verify, and
                                   de-quantize once (set-up does it, not a notebook's first load);
                                   check_disk first: NotEnoughDiskError where the cache's disk is short
-    tokenizer_of, float_folder    what `models` loads: the tokenizer (a save_pretrained copy) and the
-                                  weights de-quantized once to float32 (a plain safetensors folder)
+    tokenizer_of, float_folder    what `models` loads: the tokenizer (converted once with the config,
+                                  from one parse, and saved) and the weights de-quantized once to
+                                  float32 (a plain safetensors folder)
     model_config                  its transformers config, no weights loaded
     main                          `python -m specnb.io.embedded install NAME ...` and `... list`
 
@@ -389,23 +390,32 @@ def installer() -> list[str]:
 
 
 def tokenizer_of(model: EmbeddedModel) -> PreTrainedTokenizerBase:
-    """The tokenizer of `model`, from a save_pretrained copy of the one converted from its GGUF (same
-    vocabulary, template and encodings; the conversion is slow, the copy loads fast). The copy is
-    keyed by the model's checksum and written to a temporary folder renamed into place, so it is
-    never half-written."""
+    """The tokenizer of `model`, as transformers converts it from its GGUF (same vocabulary, template
+    and encodings), loaded from the copy `_converted` keeps."""
+    return AutoTokenizer.from_pretrained(_converted(model))
+
+
+def _converted(model: EmbeddedModel) -> Path:
+    """A folder with `model`'s tokenizer and config as transformers converts them from its GGUF, made
+    once: each conversion parses the whole file (seconds: every token of the vocabulary), so both are
+    made from one parse, and later loads read the saved copies (a fraction of a second). Keyed by the
+    model's checksum and written to a temporary folder renamed into place, so it is never half-written."""
+    folder = cache_dir() / f"{model.name}-converted-{model.sha256[:12]}"
+    if (folder / "config.json").is_file():
+        return folder
     gguf = gguf_path(model)
-    folder = cache_dir() / f"{model.name}-tokenizer-{model.sha256[:12]}"
-    if folder.is_dir():
-        return AutoTokenizer.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     folder.parent.mkdir(parents=True, exist_ok=True)  # a new machine: no cache folder yet
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
     try:
         tokenizer.save_pretrained(tmp)
+        config.save_pretrained(tmp)  # last: config.json says the folder is complete
         os.replace(tmp, folder)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process won the race: its copy is as good
-    return tokenizer
+    return folder
 
 
 def float_folder(model: EmbeddedModel) -> Path:
@@ -484,13 +494,10 @@ def _float_folder_built(model: EmbeddedModel, dest: Path) -> bool:
 
 def model_config(model: EmbeddedModel) -> PretrainedConfig:
     """The transformers config of `model`, no weights loaded: its float32 folder's config.json where
-    that is built (`float_folder`), else read from the GGUF's metadata (seconds: the file is parsed).
+    that is built (`float_folder`), else the one converted from the GGUF's metadata (`_converted`).
     ModelNotInstalledError (with the install command) where its packages are missing."""
     dest = _float_dest(model)
-    if _float_folder_built(model, dest):
-        return AutoConfig.from_pretrained(dest)
-    gguf = gguf_path(model)
-    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoConfig.from_pretrained(dest if _float_folder_built(model, dest) else _converted(model))
 
 
 # ---------------------------------------------------------------------------------------------
