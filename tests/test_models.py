@@ -24,7 +24,14 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from specnb.drafters.methods import method_trees
 from specnb.io import embedded as models  # the registry, installer and GGUF handling
@@ -373,6 +380,15 @@ def test_an_embedded_models_config_and_tokenizer_come_from_one_parse(
     assert config.num_hidden_layers == 2 and tokenizer.chat_template
     assert load_config("tiny-single").to_dict() == config.to_dict()
     assert load_tokenizer("tiny-single").get_vocab() == tokenizer.get_vocab() and len(opened) == 1
+    # the kept copies are transformers' own conversions from the GGUF
+    gguf_file = gguf_path("tiny-single")
+    direct = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    assert tokenizer.get_vocab() == direct.get_vocab() and tokenizer.chat_template == direct.chat_template
+    assert tokenizer("the cat is here").input_ids == direct("the cat is here").input_ids
+    direct_config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).to_dict()
+    assert {k: v for k, v in config.to_dict().items() if k != "_name_or_path"} == {
+        k: v for k, v in direct_config.items() if k != "_name_or_path"
+    }
 
 
 # ---------------------------------------------------------------------------------------------
