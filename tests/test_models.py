@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -389,6 +391,30 @@ def test_an_embedded_models_config_and_tokenizer_come_from_one_parse(
     assert {k: v for k, v in config.to_dict().items() if k != "_name_or_path"} == {
         k: v for k, v in direct_config.items() if k != "_name_or_path"
     }
+
+
+def test_two_processes_converting_at_once_keep_one_copy(tiny_single: Path, cache: Path, monkeypatch) -> None:
+    """Another process renames its copy into place first: this one's rename fails, its temporary is
+    removed and the winner's copy is used; a rename that fails with no copy in place is an error."""
+    replace = os.replace
+
+    def lose_the_race(src, dst):
+        if "-converted-" in Path(dst).name:
+            shutil.copytree(src, dst)  # the other process's copy lands first
+        replace(src, dst)  # for ours, a non-empty target: OSError
+
+    monkeypatch.setattr(models.os, "replace", lose_the_race)
+    assert load_tokenizer("tiny-single").chat_template
+    assert [p.name.split("-converted-")[0] for p in cache.iterdir()] == ["tiny-single"]  # no temporary left
+    shutil.rmtree(cache)
+
+    def fail(src, dst):
+        replace(src, Path(dst) / "missing" / "x" if "-converted-" in Path(dst).name else dst)
+
+    monkeypatch.setattr(models.os, "replace", fail)
+    with pytest.raises(FileNotFoundError):  # the rename's own error, not a later load's
+        load_tokenizer("tiny-single")
+    assert list(cache.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------

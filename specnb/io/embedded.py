@@ -414,7 +414,10 @@ def _converted(model: EmbeddedModel) -> Path:
         config.save_pretrained(tmp)  # last: config.json says the folder is complete
         os.replace(tmp, folder)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race: its copy is as good
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (folder / "config.json").is_file():
+            raise
+        # else another process won the race: its copy is as good
     return folder
 
 
