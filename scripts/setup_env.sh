@@ -57,6 +57,7 @@ install() {
   if [ -n "$uv" ]; then "$uv" pip install -q --python "$py" "$@"; else pip_install "$@"; fi
 }
 
+torch_version=2.13.0  # the CPU build installed where there is no GPU
 torch_cpu_index=${SPECNB_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 # torch's CPU build on Linux by uv: from a wheel folder that pip's configuration names (uv reads no pip
 # configuration), else from PyTorch's CPU index; uv stops at an index it cannot reach, and pip then takes over
@@ -66,11 +67,11 @@ torch_cpu_by_uv() {
   links=${PIP_FIND_LINKS:-$("$py" -m pip config get global.find-links 2>/dev/null || true)}
   for dir in $links; do
     dir=${dir#file://}
-    if compgen -G "$dir/torch-2.13.0+cpu-*.whl" >/dev/null; then
-      "$uv" pip install -q --python "$py" --find-links "$dir" torch==2.13.0+cpu && return 0
+    if compgen -G "$dir/torch-$torch_version+cpu-*.whl" >/dev/null; then
+      "$uv" pip install -q --python "$py" --find-links "$dir" torch==$torch_version+cpu && return 0
     fi
   done
-  "$uv" pip install -q --python "$py" torch==2.13.0+cpu --extra-index-url "$torch_cpu_index" 2>/dev/null
+  "$uv" pip install -q --python "$py" torch==$torch_version+cpu --extra-index-url "$torch_cpu_index" 2>/dev/null
 }
 
 stamp=$state/.specnb-requirements
@@ -84,15 +85,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       echo "[setup] GPU found: installing pip's default torch build"
       pip_install torch
     else
-      echo "[setup] no GPU: installing the CPU build of torch 2.13.0"
+      echo "[setup] no GPU: installing the CPU build of torch $torch_version"
       # pip: no bytecode for its thousands of files (Python writes what it imports; uv writes none either)
       if [ "$(uname -s)" != Linux ]; then
-        pip_install --no-compile torch==2.13.0
+        pip_install --no-compile torch==$torch_version
       elif torch_cpu_by_uv; then
         :
-      elif ! pip_install --no-compile --retries 1 torch==2.13.0+cpu --extra-index-url "$torch_cpu_index"; then
-        echo "[setup] torch==2.13.0+cpu not found (is $torch_cpu_index reachable?): installing PyPI's torch==2.13.0"
-        pip_install --no-compile torch==2.13.0
+      elif ! pip_install --no-compile --retries 1 torch==$torch_version+cpu --extra-index-url "$torch_cpu_index"; then
+        echo "[setup] torch==$torch_version+cpu not found (is $torch_cpu_index reachable?): installing PyPI's torch==$torch_version"
+        pip_install --no-compile torch==$torch_version
       fi
     fi
   fi
