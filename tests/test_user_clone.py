@@ -42,7 +42,12 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
     env.update(
         SPECNB_CACHE=str(cache), HF_HOME=str(tmp_path / "empty-hf-home"), HF_HUB_OFFLINE="1", SPECNB_CELL_TIMEOUT="900"
     )
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # as on CI's machines: Python writes no bytecode, so the set-up must
     killed_and_resumed(clone, env, tmp_path)
+    # the set-up wrote the environment's bytecode once (else each kernel compiles torch and transformers)
+    (site,) = (clone / ".venv" / "lib").glob("python3*/site-packages")
+    assert (site / "torch" / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc").exists()
+    assert list((site / "transformers" / "models" / "llama" / "__pycache__").glob("modeling_llama.*.pyc"))
 
 
 def killed_and_resumed(clone: Path, env: dict[str, str], logs: Path) -> None:
