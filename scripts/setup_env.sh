@@ -106,9 +106,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if [ -n "${COLAB_RELEASE_TAG:-}" ]; then pip_install --no-deps --no-build-isolation -e "$root"; fi
   "$py" -c "import specnb" || { echo "[setup] specnb did not install" >&2; exit 1; }
   # Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as on some CI machines) and neither uv nor
-  # pip --no-compile did, every process would compile torch and transformers anew (~6 s each): write it once
-  # (a speed-up only: files that are not Python 3.11, such as torch's tests of 3.12's syntax, are passed over)
-  if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+  # pip --no-compile did, every process would compile torch and transformers anew (~6 s each): write it once,
+  # into .venv only (a speed-up: files in a newer syntax, as some of torch's tests, are passed over)
+  if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ] && [ -n "${venv:-}" ]; then
     echo "[setup] PYTHONDONTWRITEBYTECODE is set: writing the environment's bytecode once"
     "$py" -m compileall -qq -j 0 "$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" "$root/specnb" || true
   fi
