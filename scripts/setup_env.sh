@@ -105,7 +105,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   rm -f "$keep"
   if [ -n "${COLAB_RELEASE_TAG:-}" ]; then pip_install --no-deps --no-build-isolation -e "$root"; fi
   "$py" -c "import specnb" || { echo "[setup] specnb did not install" >&2; exit 1; }
-  # Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as on some CI machines) and neither uv nor
+  # Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as on this workplace's machines) and neither uv nor
   # pip --no-compile did, every process would compile torch and transformers anew (~6 s each): write it once,
   # into .venv only (a speed-up: files in a newer syntax, as some of torch's tests, are passed over)
   if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ] && [ -n "${venv:-}" ]; then
