@@ -42,7 +42,7 @@ def test_a_users_clone_runs_the_main_command(tmp_path):
     env.update(
         SPECNB_CACHE=str(cache), HF_HOME=str(tmp_path / "empty-hf-home"), HF_HUB_OFFLINE="1", SPECNB_CELL_TIMEOUT="900"
     )
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # as on CI's machines: Python writes no bytecode, so the set-up must
+    env.update(PYTHONDONTWRITEBYTECODE="1")  # as on this workplace's machines: the set-up must write the bytecode
     killed_and_resumed(clone, env, tmp_path)
     # the set-up wrote the environment's bytecode once (else each kernel compiles torch and transformers)
     (site,) = (clone / ".venv" / "lib").glob("python3*/site-packages")
