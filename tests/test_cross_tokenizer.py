@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import installed, tiny_model
 from stats import ALPHA, chi_square_pvalue
 from test_acceptance import not_zeroing_accept
 from vocabularies import D_VOCAB, T_VOCAB, TEXT, bigram_llama, draft_tokenizer, target_tokenizer
@@ -82,11 +82,7 @@ def test_token_bytes_give_back_the_text(vocabs, text):
 def test_real_tokenizers_give_back_the_text(name):
     from specnb.io.models import load_tokenizer
 
-    try:
-        tokenizer = load_tokenizer(name)
-    except Exception as e:  # an embedded model not installed here
-        pytest.skip(f"{name}: {e}")
-    text = TokenText.of(tokenizer)
+    text = TokenText.of(installed(load_tokenizer, name))
     for s in TEXTS + ["def f(x):\n\treturn x ** 2  # \u00e9\n"]:
         assert text.join(text.encode(s)) == s.encode()
     assert text.piece(len(text.pieces) + 5) is None  # a model's padding ids have no text
@@ -166,10 +162,8 @@ def test_mirror_of_real_text_is_the_tokenizers_own_encoding():
     tokens step by step, equal SmolLM2's encoding of the whole text (and the other way round)."""
     from specnb.io.models import load_tokenizer
 
-    try:
-        qwen, smol = TokenText.of(load_tokenizer("qwen2.5-coder-0.5b")), TokenText.of(load_tokenizer("smollm2-135m"))
-    except Exception as e:
-        pytest.skip(f"embedded tokenizers not installed: {e}")
+    qwen = TokenText.of(installed(load_tokenizer, "qwen2.5-coder-0.5b"))
+    smol = TokenText.of(load_tokenizer("smollm2-135m"))
     text = (
         "Here is the code:\n\n```python\ndef mean(xs):\n    total = 0\n    for x in xs:  # sum\n        total += x\n"
         "    return total / len(xs)\n```\nIt costs O(n) \u2014 caf\u00e9s, na\u00efve, 12345 and \U0001f642 too.  Done."
@@ -231,10 +225,7 @@ def test_greedy_on_a_real_pair(smollm2):
     """SmolLM2-135M (the session's) drafts for Qwen2.5-Coder-0.5B: identical greedy output, and it accepts."""
     from specnb.io.models import load_model, prompt_ids
 
-    try:
-        target, t = load_model("qwen2.5-coder-0.5b")
-    except Exception as e:
-        pytest.skip(f"embedded models not installed: {e}")
+    target, t = installed(load_model, "qwen2.5-coder-0.5b")
     draft, d = smollm2
     ids = prompt_ids(t, "Write a Python function that returns the sum of a list, with a docstring.")
     reference = autoregressive_generate(target, ids, max_new_tokens=24)
