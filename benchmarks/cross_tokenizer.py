@@ -36,7 +36,8 @@ from collections import defaultdict
 
 import pandas as pd
 import torch
-from end_to_end import TARGET_ALONE, Method, cost_report, interleaved_runs, per_category, pick, pooled_speed
+from end_to_end import TARGET_ALONE, Method, cost_report, interleaved_runs, per_category, pooled_speed
+from options import chosen_prompts, model_arguments, prompt_arguments
 
 from specnb import autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.quality import greedy_equal
@@ -44,29 +45,13 @@ from specnb.bench.baselines import hf_uag_generate
 from specnb.drafters.methods import build_drafter, parse_method
 from specnb.drafters.retokenize import TokenText
 from specnb.io.models import load_pair, load_tokenizer, prompt_ids
-from specnb.io.prompts import load_prompts
 from specnb.kernels.cpu_linear import linear_path
-
-QUICK_CATEGORIES = ("coding", "summarization", "rag")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--draft", default="smollm2-135m")
-    ap.add_argument("--target-quantization", choices=["4bit"], default=None)
-    ap.add_argument("--draft-quantization", choices=["4bit"], default=None)
-    ap.add_argument(
-        "--cpu-linear",
-        choices=("stock", "onednn"),
-        default="onednn",
-        help="a CPU float32 model's linear layers (specnb.kernels.cpu_linear): torch's stock path or oneDNN "
-        "prepacked (the notebooks' default)",
-    )
-    ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
-    ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    model_arguments(ap, target="qwen2.5-coder-1.5b", draft="smollm2-135m")
+    prompt_arguments(ap)
     ap.add_argument("--k", type=int, default=4, help="draft tokens per step of hf_uag and of the xtok chain")
     ap.add_argument(
         "--trees",
@@ -74,25 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         default=["sparse:8", "dynamic:8"],
         help="xtok trees besides the chain, shape:budget (draft tokens; the target tree gets at most as many nodes)",
     )
-    ap.add_argument("--pick", choices=("first", "shortest"), default="first")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)",
-    )
-    ap.add_argument(
-        "--repeats", type=int, default=1, help="runs of every (prompt, method), interleaved; the fastest is kept"
-    )
-    ap.add_argument("--csv", default=None, help="also write the per-run table here")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.categories = args.categories or list(QUICK_CATEGORIES)
-        args.per_category, args.max_new_tokens, args.pick = 1, 32, "shortest"
-
     started = time.perf_counter()
-    prompts = pick(load_prompts(args.prompts, categories=args.categories), args.per_category, args.pick)
-    if not prompts:
-        raise SystemExit(f"no prompts in categories {args.categories}")
+    prompts = chosen_prompts(args)
     target, draft, target_tokenizer = load_pair(
         args.target,
         args.draft,

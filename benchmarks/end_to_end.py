@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from options import chosen_prompts, model_arguments, prompt_arguments
 
 from specnb import AdaptiveLength, Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.quality import greedy_equal, perplexity
@@ -62,10 +63,8 @@ from specnb.core.generation import GenerationResult
 from specnb.drafters.methods import method_trees
 from specnb.drafters.ngram import NgramDrafter
 from specnb.io.models import load_pair, prompt_ids
-from specnb.io.prompts import load_prompts
 from specnb.kernels.cpu_linear import linear_path
 
-QUICK_CATEGORIES = ("coding", "summarization", "rag")
 LOOKUP_CATEGORIES = ("summarization", "rag")  # where copying from the prompt is expected to pay
 TARGET_ALONE = "target alone"
 
@@ -96,61 +95,17 @@ def interleaved_runs(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument(
-        "--target-quantization",
-        choices=["4bit"],
-        default=None,
-        help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)",
-    )
-    ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
-    ap.add_argument(
-        "--cpu-linear",
-        choices=("stock", "onednn"),
-        default="onednn",
-        help="a CPU float32 model's linear layers (specnb.kernels.cpu_linear): torch's stock path or oneDNN "
-        "prepacked (the notebooks' default)",
-    )
-    ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
-    ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    model_arguments(ap, target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b")
+    prompt_arguments(ap)
     ap.add_argument("--k", type=int, default=4, help="draft length of hf_assisted and the specnb chain")
     ap.add_argument("--best-tree", default="sparse:8", help="specnb tree with the draft model, shape:budget")
     ap.add_argument(
         "--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens, and the n-gram chain length"
     )
     ap.add_argument("--ngram-size", type=int, default=2, help="max_matching_ngram_size of prompt lookup")
-    ap.add_argument(
-        "--pick",
-        choices=("first", "shortest"),
-        default="first",
-        help="which prompts of a category: Spec-Bench file order, or the shortest texts",
-    )
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="coding, summarization, rag: the shortest prompt of each, 32 tokens (< 10 min on 2 idle cores)",
-    )
-    ap.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="runs of every (prompt, method), interleaved; the fastest is kept "
-        "(a shared CPU's spikes only slow runs down)",
-    )
-    ap.add_argument("--csv", default=None, help="also write the per-run table here")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.categories = args.categories or list(QUICK_CATEGORIES)
-        args.per_category, args.max_new_tokens, args.pick = 1, 32, "shortest"
-
     started = time.perf_counter()
-    prompts = load_prompts(args.prompts, categories=args.categories)
-    prompts = pick(prompts, args.per_category, args.pick)
-    if not prompts:
-        raise SystemExit(f"no prompts in categories {args.categories}")
+    prompts = chosen_prompts(args)
     # first, while this process holds no model: beside a loaded pair (~10 GB of this machine's 24) the kernel
     # most likely reclaimed the stock child's memory-mapped weight pages: its VmRSS read 9.03 GB, 10.25 alone
     rss = {
@@ -374,16 +329,6 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
         ),
     ]
     return methods
-
-
-def pick(prompts: list, per_category: int, how: str) -> list:
-    """`per_category` prompts of each category, the first in file order or the shortest texts."""
-    by_category: dict[str, list] = defaultdict(list)
-    for p in prompts:
-        by_category[p.category].append(p)
-    if how == "shortest":
-        by_category = {c: sorted(ps, key=lambda p: len(p.text)) for c, ps in by_category.items()}
-    return [p for ps in by_category.values() for p in ps[:per_category]]
 
 
 def per_category(runs: list[dict], order: list[str]) -> pd.DataFrame:

@@ -17,6 +17,7 @@ import sys
 
 import pandas as pd
 import torch
+from options import model_arguments
 from tqdm.auto import tqdm
 
 from specnb import Tree, autoregressive_generate, speculative_generate, summarize
@@ -27,15 +28,7 @@ from specnb.io.prompts import load_prompts
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
-    ap.add_argument(
-        "--target-quantization",
-        choices=["4bit"],
-        default=None,
-        help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)",
-    )
-    ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
+    model_arguments(ap, target=None, draft=None, cpu_linear=False)
     ap.add_argument("--trees", nargs="+", default=["chain:4", "kary2:8"])
     ap.add_argument("--prompts", default="builtin", help="builtin, spec_bench, or a JSONL path")
     ap.add_argument("--per-category", type=int, default=None)

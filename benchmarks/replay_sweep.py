@@ -33,6 +33,7 @@ import time
 
 import pandas as pd
 import torch
+from options import model_arguments
 
 from specnb import Tree, speculative_generate
 from specnb.analysis.collection import CollectConfig
@@ -70,15 +71,7 @@ DESIGNED = ["sequoia", "sequoia_d3", "sequoia_d5", "hindsight"]  # made from the
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument(
-        "--target-quantization",
-        choices=["4bit"],
-        default=None,
-        help="load the target in 4-bit nf4 (bitsandbytes; a 7B target on a 15 GB T4 needs it)",
-    )
-    ap.add_argument("--draft-quantization", choices=["4bit"], default=None, help="load the draft in 4-bit nf4")
+    model_arguments(ap, target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", cpu_linear=False)
     ap.add_argument("--prompts", default="spec_bench", help="builtin, spec_bench, or a JSONL path")
     ap.add_argument("--limit", type=int, default=13, help="prompts, one category after another")
     ap.add_argument("--max-new-tokens", type=int, default=48)
