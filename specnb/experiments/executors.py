@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 RAY_INSTALL = 'pip install "specnb[ray]" (or: pip install "ray[default]")'
 
@@ -73,21 +73,6 @@ class Outcome:
     retried: int
     startup_s: float  # until the first worker was ready to take units
     seconds: float  # the whole map
-
-
-class Executor(Protocol):
-    retries: int  # a unit that fails is tried this many more times, then reported
-
-    def map(
-        self,
-        load: Callable[[], Any],
-        work: Callable[[Any, Any], Any],
-        units: Sequence[Any],
-        on_progress: Callable[[Progress], None] | None = None,
-    ) -> Outcome:
-        """Run `work(load(), unit)` for every unit (each with a unique `name`); `load` runs once per
-        worker. A unit that fails is retried up to the executor's `retries` more times, then reported."""
-        ...
 
 
 class _Ledger:
@@ -138,11 +123,10 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:500]
 
 
-@dataclass(frozen=True)
-class LocalExecutor:
-    """The units one after another in this process, with the models `load()` gives (the default)."""
+class Executor:
+    """The interface both executors share: `map` (its start here), each executor's `_run` the rest."""
 
-    retries: int = 2  # a unit that fails is tried this many more times, then reported by name
+    retries: int  # a unit that fails is tried this many more times, then reported
 
     def map(
         self,
@@ -151,9 +135,22 @@ class LocalExecutor:
         units: Sequence[Any],
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome:
+        """Run `work(load(), unit)` for every unit (each with a unique `name`); `load` runs once per
+        worker. A unit that fails is retried up to the executor's `retries` more times, then reported."""
         ledger = _Ledger(len(units), self.retries, on_progress)
-        if not units:
-            return ledger.outcome(())
+        return self._run(load, work, list(units), ledger) if units else ledger.outcome(())
+
+    def _run(self, load: Callable[[], Any], work: Callable[[Any, Any], Any], units: list, ledger: _Ledger) -> Outcome:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LocalExecutor(Executor):
+    """The units one after another in this process, with the models `load()` gives (the default)."""
+
+    retries: int = 2  # a unit that fails is tried this many more times, then reported by name
+
+    def _run(self, load: Callable[[], Any], work: Callable[[Any, Any], Any], units: list, ledger: _Ledger) -> Outcome:
         models = load()
         me = (WorkerInfo(socket.gethostname(), os.getpid(), time.perf_counter() - ledger.started),)
         ready = time.perf_counter()
@@ -207,7 +204,7 @@ class _RayWorker:
 
 
 @dataclass(frozen=True)
-class RayExecutor:
+class RayExecutor(Executor):
     """Units on Ray actors: each actor loads the models once (`load`), then takes units one at a
     time until none are left. The driver (this process) only hands out units and collects small
     results, so `work` must write its output where the driver can read it (a shared folder or an
@@ -227,23 +224,14 @@ class RayExecutor:
     #                         py_modules), so they run the driver's code; a Ray the caller started keeps its own
     #                         runtime_env
 
-    def map(
-        self,
-        load: Callable[[], Any],
-        work: Callable[[Any, Any], Any],
-        units: Sequence[Any],
-        on_progress: Callable[[Progress], None] | None = None,
-    ) -> Outcome:
-        ledger = _Ledger(len(units), self.retries, on_progress)
-        if not units:
-            return ledger.outcome(())
+    def _run(self, load: Callable[[], Any], work: Callable[[Any, Any], Any], units: list, ledger: _Ledger) -> Outcome:
         ray = import_ray()
         owned = not ray.is_initialized()
         if owned:
             self._init(ray)
         actors: list[Any] = []
         try:
-            return self._drive(ray, load, work, list(units), ledger, actors)
+            return self._drive(ray, load, work, units, ledger, actors)
         finally:
             for actor in actors:
                 ray.kill(actor)
