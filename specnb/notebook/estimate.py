@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .profiles import default_outputs
+
 DECODE_PREFIX = 256
 DECODE_WARMUP = 2
 DECODE_REPEATS = 8
@@ -318,11 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specnb.notebook.estimate", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="make the last run under OUTPUTS its profile's reference times")
-    rec.add_argument("--outputs", type=Path, default=Path("outputs"))
+    rec.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
     rec.add_argument("--force", action="store_true", help="record a run far off the line through the recorded runs")
     args = ap.parse_args(argv)
     try:
-        reference = record(args.outputs, force=args.force)
+        reference = record(args.outputs or default_outputs(), force=args.force)
     except (OSError, ValueError, KeyError) as e:
         print(f"not recorded: {e}", file=sys.stderr)
         return 2

@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -48,6 +47,7 @@ from typing import Any
 import nbformat
 
 from . import glossary, references
+from .profiles import default_outputs
 
 REPORT_SUFFIX = ".report.html"
 HIDDEN_CELL_TAGS = ("parameters", "injected-parameters")  # their values go into the parameters table
@@ -1064,7 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also copy the report (markdown, its figures, references.bib) into this folder, e.g. docs/example",
     )
     args = ap.parse_args(argv)
-    outputs = args.outputs or Path(os.environ.get("SPECNB_OUTPUTS") or Path(__file__).resolve().parents[2] / "outputs")
+    outputs = args.outputs or default_outputs()
     report = (args.report or outputs.expanduser() / REPORT_IPYNB).expanduser()
     if not report.exists():
         print(

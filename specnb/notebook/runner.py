@@ -66,10 +66,10 @@ from . import parameters, run_memory
 from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
 from .profiles import (
     NOTEBOOKS,
-    ROOT,
     RunnerError,
     RunnerSettings,
     declared_parameters,
+    default_outputs,
     hub_models,
     notebooks,
     parse_value,
@@ -83,12 +83,6 @@ from .profiles import (
 SUMMARY_FILE = "run_summary.json"  # the last run's plan: estimates, actual times, decode step
 SHARED_RUN_ENV = "SPECNB_SHARED_RUN"  # one run's: its notebooks share its curves (`session.shared_folder`)
 REPORT_NOTEBOOK = "07_report"  # once it has run, published as outputs/report.ipynb and exported (`report.publish`)
-
-
-def default_outputs() -> Path:
-    """Where runs are written: $SPECNB_OUTPUTS (e.g. a folder on Google Drive, so a Colab run survives
-    a disconnect and resumes), else outputs/ in the project."""
-    return Path(os.environ.get("SPECNB_OUTPUTS") or ROOT / "outputs").expanduser()
 
 
 @contextlib.contextmanager

@@ -43,9 +43,9 @@ from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
 from .parameters import check_parameters
-from .profiles import NOTEBOOKS, declared_parameters, resolve, strings_in
+from .profiles import NOTEBOOKS, declared_parameters, default_outputs, resolve, strings_in
 from .run_memory import check_run_memory
-from .runner import SHARED_RUN_ENV, default_outputs
+from .runner import SHARED_RUN_ENV
 
 SHARED_NOTE = "shared_folder.txt"  # in a run folder: the name of the shared folder it used (`shared_folder`)
 
