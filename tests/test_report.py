@@ -639,6 +639,19 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
     assert FIGURES_FILE.name in shipped["specnb.notebook"], "the T4 estimate's inputs: data an installed specnb reads"
 
 
+def test_record_reads_the_runs_where_the_runner_writes_them(tmp_path, monkeypatch, capsys):
+    """`estimate record` without --outputs looks where the runner writes ($SPECNB_OUTPUTS, else the
+    project's outputs/: `profiles.default_outputs`), never the working folder's outputs/."""
+    elsewhere = tmp_path / "drive" / "specnb-outputs"
+    monkeypatch.setenv("SPECNB_OUTPUTS", str(elsewhere))
+    monkeypatch.chdir(tmp_path)
+    assert estimate.main(["record"]) == 2  # nothing there to record: refused, the file it read named
+    assert (
+        f"not recorded: [Errno 2] No such file or directory: '{elsewhere / runner.SUMMARY_FILE}'"
+        in capsys.readouterr().err
+    )
+
+
 def test_the_runners_notebooks_share_curves_of_that_run_only(tmp_path, monkeypatch):
     """Under the runner, outputs/_shared/run-<start>/ (set by the runner for its kernels): a later run
     never prices trees on curves timed hours before; run interactively, outputs/_shared itself. A run
