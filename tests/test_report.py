@@ -650,6 +650,11 @@ def test_record_reads_the_runs_where_the_runner_writes_them(tmp_path, monkeypatc
         f"not recorded: [Errno 2] No such file or directory: '{elsewhere / runner.SUMMARY_FILE}'"
         in capsys.readouterr().err
     )
+    monkeypatch.delenv("SPECNB_OUTPUTS")
+    monkeypatch.setattr(profiles, "ROOT", tmp_path / "project")  # never the real project's outputs/
+    assert estimate.main(["record"]) == 2
+    project = tmp_path / "project" / "outputs" / runner.SUMMARY_FILE
+    assert f"not recorded: [Errno 2] No such file or directory: '{project}'" in capsys.readouterr().err
 
 
 def test_the_runners_notebooks_share_curves_of_that_run_only(tmp_path, monkeypatch):
