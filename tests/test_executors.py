@@ -70,6 +70,18 @@ def test_without_ray_naming_it_says_how_to_install_it(monkeypatch):
         executor_for("dask")
 
 
+def test_no_units_load_nothing_and_need_no_ray(monkeypatch):
+    """Either executor maps no units without loading models or importing Ray."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray would raise ImportError
+
+    def load():
+        raise AssertionError("nothing to run: nothing loads")
+
+    for executor in (LocalExecutor(), RayExecutor()):
+        out = executor.map(load, lambda m, u: None, [])
+        assert out.results == {} and out.failures == () and out.workers == ()
+
+
 class FlakyRay:
     """Ray's module as RayExecutor sees it, whose local start fails as a loaded machine's can."""
 

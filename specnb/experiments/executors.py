@@ -20,6 +20,7 @@ ActorPool would raise.
 
 from __future__ import annotations
 
+import abc
 import os
 import socket
 import time
@@ -123,7 +124,7 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:500]
 
 
-class Executor:
+class Executor(abc.ABC):
     """The interface both executors share: `map` (its start here), each executor's `_run` the rest."""
 
     retries: int  # a unit that fails is tried this many more times, then reported
@@ -140,8 +141,9 @@ class Executor:
         ledger = _Ledger(len(units), self.retries, on_progress)
         return self._run(load, work, list(units), ledger) if units else ledger.outcome(())
 
+    @abc.abstractmethod
     def _run(self, load: Callable[[], Any], work: Callable[[Any, Any], Any], units: list, ledger: _Ledger) -> Outcome:
-        raise NotImplementedError
+        """The units (at least one) run, `ledger` told of each."""
 
 
 @dataclass(frozen=True)
