@@ -16,19 +16,21 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import psutil
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from specnb.io.embedded import ModelNotInstalledError
 from specnb.notebook.runner import skip_iri_formats
 
 skip_iri_formats()  # before nbformat is imported (by the report, nbclient, papermill)
 from specnb.notebook import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+Loaded = TypeVar("Loaded")
 
 # notebook runs in the tests: a cell that runs past this fails its run with a clear error
 # (specnb.notebook.runner.cell_timeout) instead of waiting on a kernel that stopped answering
@@ -144,13 +146,11 @@ def tiny_draft() -> torch.nn.Module:
 REQUIRE_MODELS = "SPECNB_REQUIRE_MODELS"  # set by .ci/run, which installs every embedded model the tests load
 
 
-def installed(load: Callable[[str], Any], name: str) -> Any:
-    """`load(name)` of an embedded model the test set-up does not install (`run_tests.sh` installs
-    SmolLM2-135M only). Where it is not installed the test skips, except where
-    SPECNB_REQUIRE_MODELS=1 (CI, which installs them): there it fails, so a real-model test never
-    silently stops running. Any other error of the load fails the test."""
-    from specnb.io.embedded import ModelNotInstalledError
-
+def installed(load: Callable[[str], Loaded], name: str) -> Loaded:
+    """`load(name)` of an embedded model, which may not be installed here (`run_tests.sh` installs
+    SmolLM2-135M only). Where it is not, the test skips, except where SPECNB_REQUIRE_MODELS=1 (CI,
+    which installs them): there it fails, so a real-model test never silently stops running. Any
+    other error of the load fails the test."""
     try:
         return load(name)
     except ModelNotInstalledError as e:

@@ -77,6 +77,28 @@ def test_token_bytes_give_back_the_text(vocabs, text):
     assert tt.pieces[t.eos_token_id] is None and dt.pieces[d.eos_token_id] is None  # specials: barriers
 
 
+def test_a_missing_model_skips_a_test_except_where_ci_requires_it(monkeypatch):
+    """conftest's `installed`: a model not installed skips the test, fails it under
+    SPECNB_REQUIRE_MODELS=1 (CI), and any other error of the load is the test's own."""
+    from specnb.io.embedded import ModelNotInstalledError
+
+    def missing(name):
+        raise ModelNotInstalledError(f"embedded model {name!r} is not installed")
+
+    def broken(name):
+        raise OSError("a corrupt file")
+
+    assert installed(str.upper, "qwen") == "QWEN"
+    monkeypatch.delenv("SPECNB_REQUIRE_MODELS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="qwen not installed here"):
+        installed(missing, "qwen")
+    monkeypatch.setenv("SPECNB_REQUIRE_MODELS", "1")
+    with pytest.raises(pytest.fail.Exception, match="SPECNB_REQUIRE_MODELS=1 but qwen is not installed"):
+        installed(missing, "qwen")
+    with pytest.raises(OSError, match="corrupt"):
+        installed(broken, "qwen")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_real_tokenizers_give_back_the_text(name):
