@@ -37,7 +37,7 @@ from collections import defaultdict
 import pandas as pd
 import torch
 from end_to_end import TARGET_ALONE, Method, cost_report, interleaved_runs, per_category, pooled_speed
-from options import chosen_prompts, model_arguments, prompt_arguments
+from options import chosen_prompts, model_arguments, parsed, prompt_arguments
 
 from specnb import autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.quality import greedy_equal
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["sparse:8", "dynamic:8"],
         help="xtok trees besides the chain, shape:budget (draft tokens; the target tree gets at most as many nodes)",
     )
-    args = ap.parse_args(argv)
+    args = parsed(ap, argv)
     started = time.perf_counter()
     prompts = chosen_prompts(args)
     target, draft, target_tokenizer = load_pair(

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
-from options import chosen_prompts, model_arguments, prompt_arguments
+from options import chosen_prompts, model_arguments, parsed, prompt_arguments
 
 from specnb import AdaptiveLength, Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.quality import greedy_equal, perplexity
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens, and the n-gram chain length"
     )
     ap.add_argument("--ngram-size", type=int, default=2, help="max_matching_ngram_size of prompt lookup")
-    args = ap.parse_args(argv)
+    args = parsed(ap, argv)
     started = time.perf_counter()
     prompts = chosen_prompts(args)
     # first, while this process holds no model: beside a loaded pair (~10 GB of this machine's 24) the kernel

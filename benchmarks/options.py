@@ -1,12 +1,12 @@
 """The command-line options the benchmarks share: a draft -> target pair (`model_arguments`) and a
-per-category prompt set run interleaved (`prompt_arguments`, `chosen_prompts`)."""
+per-category prompt set run interleaved (`prompt_arguments`, `parsed`, `chosen_prompts`)."""
 
 from __future__ import annotations
 
 import argparse
 from collections import defaultdict
 
-from specnb.io.prompts import load_prompts
+from specnb.io.prompts import Prompt, load_prompts
 
 QUICK_CATEGORIES = ("coding", "summarization", "rag")
 
@@ -62,20 +62,27 @@ def prompt_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--csv", default=None, help="also write the per-run table here")
 
 
-def chosen_prompts(args: argparse.Namespace) -> list:
-    """The prompts `prompt_arguments`' options choose (--quick sets categories, count, tokens and pick)."""
+def parsed(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options, --quick's settings applied (its categories unless others are given, one prompt
+    each, the shortest, 32 tokens)."""
+    args = ap.parse_args(argv)
     if args.quick:
         args.categories = args.categories or list(QUICK_CATEGORIES)
         args.per_category, args.max_new_tokens, args.pick = 1, 32, "shortest"
+    return args
+
+
+def chosen_prompts(args: argparse.Namespace) -> list[Prompt]:
+    """The prompts `prompt_arguments`' options choose (after `parsed`)."""
     prompts = pick(load_prompts(args.prompts, categories=args.categories), args.per_category, args.pick)
     if not prompts:
         raise SystemExit(f"no prompts in categories {args.categories}")
     return prompts
 
 
-def pick(prompts: list, per_category: int, how: str) -> list:
+def pick(prompts: list[Prompt], per_category: int, how: str) -> list[Prompt]:
     """`per_category` prompts of each category, the first in file order or the shortest texts."""
-    by_category: dict[str, list] = defaultdict(list)
+    by_category: dict[str, list[Prompt]] = defaultdict(list)
     for p in prompts:
         by_category[p.category].append(p)
     if how == "shortest":
