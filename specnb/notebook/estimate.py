@@ -315,7 +315,7 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> R
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .profiles import default_outputs  # here: as this module's other imports of torch
+    from .profiles import default_outputs  # here: profiles brings torch, which this module imports only where used
 
     ap = argparse.ArgumentParser(prog="python -m specnb.notebook.estimate", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
