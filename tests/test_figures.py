@@ -146,6 +146,17 @@ def test_a_bad_figure_is_recorded_and_reported(tmp_path, capsys):
         saved_problems(tmp_path / "foreign.png")
 
 
+def test_the_command_reads_where_runs_are_written_and_refuses_a_missing_folder(tmp_path, monkeypatch, capsys):
+    """No folder given: $SPECNB_OUTPUTS (else the project's outputs/), wherever it is run from; a folder
+    that is not there is an error (exit 2), never an empty all-clear."""
+    plots.save(bad_figure(), tmp_path / "run" / "bad.png")
+    monkeypatch.setenv("SPECNB_OUTPUTS", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "run")
+    assert main([]) == 1 and "BAD" in capsys.readouterr().out
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case", ["spread", "one budget", "two budgets"])
 def test_the_best_budget_figure_is_legible_whatever_budgets_win(tmp_path, case):
     """The left panel's ticks are the budgets chosen; a budget tried but never best (CI's smoke run:

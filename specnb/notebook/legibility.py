@@ -14,7 +14,8 @@ extents matplotlib's renderer gives every artist.
                           saved, and its problems written into the PNG's text chunk "legibility"
 
 The tests read them back from every figure the smoke profile draws, and
-`python -m specnb.notebook.legibility outputs/` lists them for any run folder (the cpu profile's).
+`python -m specnb.notebook.legibility [FOLDER...]` lists them for any run folder (default: where runs
+are written, outputs/ or $SPECNB_OUTPUTS).
 """
 
 from __future__ import annotations
@@ -218,13 +219,20 @@ def saved_problems(path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m specnb.notebook.legibility FOLDER...`: every PNG's recorded problems; exit 1 if any."""
+    """`python -m specnb.notebook.legibility [FOLDER...]`: every PNG's recorded problems (default: where
+    runs are written, `profiles.default_outputs`); exit 1 if any, 2 for a folder that is not there."""
     import sys
     from pathlib import Path
 
+    from .profiles import default_outputs  # here: profiles brings torch, which this module needs nowhere else
+
+    folders = [Path(f) for f in (argv if argv is not None else sys.argv[1:])] or [default_outputs()]
+    if missing := [str(f) for f in folders if not f.is_dir()]:
+        print(f"no such folder: {', '.join(missing)} (give run folders, or set SPECNB_OUTPUTS)", file=sys.stderr)
+        return 2
     bad = 0
-    for folder in (argv if argv is not None else sys.argv[1:]) or ["outputs"]:
-        for png in sorted(Path(folder).rglob("*.png")):
+    for folder in folders:
+        for png in sorted(folder.rglob("*.png")):
             found = saved_problems(png)
             bad += bool(found)
             print(f"{'ok ' if not found else 'BAD'} {png}" + "".join(f"\n    {p}" for p in found))
