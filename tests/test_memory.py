@@ -1,20 +1,17 @@
 """Memory estimates from configs: the arithmetic by hand on tiny configs (what transformers' 4-bit
 quantizer converts, what it leaves in float16, tied weights counted once, the KV cache), and every
-pair of the t4 profile within the T4's budget."""
+notebook of the t4 profile within the T4's budget, as docs/t4.md says."""
+
+from pathlib import Path
 
 import pytest
 from transformers import LlamaConfig
 
-from specnb.analysis.memory import (
-    TokenBudget,
-    kv_cache_bytes,
-    memory_table,
-    nf4_linear_bytes,
-    pair_memory,
-    weight_bytes,
-)
-from specnb.notebook.profile_memory import T4_USABLE, memory_markdown, profile_budget, profile_memory, profile_pairs
+from specnb.analysis.memory import kv_cache_bytes, nf4_linear_bytes, weight_bytes
+from specnb.io.model_configs import config_of
+from specnb.notebook.profile_memory import T4_USABLE, memory_markdown, profile_memory
 from specnb.notebook.profiles import notebooks, resolve
+from specnb.notebook.run_memory import PART_NAMES, gb
 
 
 def tiny(tied: bool) -> LlamaConfig:
@@ -68,38 +65,31 @@ def test_kv_cache_by_hand():
     assert kv_cache_bytes(explicit, 1) == 2 * 3 * 1 * 32 * 1 * 2
 
 
-def test_pair_memory_adds_up():
-    budget = TokenBudget(prompt=7, new_tokens=3, tree=5)
-    assert budget.total == 16
-    row = pair_memory("t", tiny(False), "d", tiny(True), budget, usable=10**6)
-    assert row.target_weights == weight_bytes(tiny(False), "4bit").total
-    assert row.draft_weights == weight_bytes(tiny(True)).total
-    assert row.target_kv == row.draft_kv == kv_cache_bytes(tiny(False), 16)
-    assert row.logits == (7 + 3) * 100 * 2
-    assert row.total == row.target_weights + row.draft_weights + 2 * row.target_kv + row.logits and row.fits
-    table = memory_table([row])
-    assert table.loc[0, "total_gb"] == pytest.approx(row.total / 1e9) and table.loc[0, "pair"] == "d -> t[4bit]"
-
-
-def test_every_t4_pair_fits_a_t4():
-    pairs = profile_pairs("t4")
-    across = [(p.draft, p.target) for p in pairs if not p.shares_vocabulary]
-    assert across == [("Felladrin/Llama-160M-Chat-v1", "meta-llama/Llama-3.2-3B")]  # the brief's third pair
-    budget = profile_budget("t4")
-    longest = max(p.get("max_new_tokens", 0) for p in resolve("t4", {}, [], notebooks()).values())
-    assert budget.new_tokens == longest >= 64 and budget.tree == 128 and budget.prompt == 1024
+def test_every_t4_notebook_fits_a_t4_and_the_t4_page_says_so():
+    """One row per notebook of the profile, each the estimate that gates a run (on CUDA); the table
+    is docs/t4.md's, so it cannot drift from the profile or the estimate."""
     rows = profile_memory("t4")
-    assert [(r.draft, r.target) for r in rows] == [(p.draft, p.target) for p in pairs]  # cross-tokenizer pairs load too
-    assert len(rows) == 4 and all(r.target_quantization == "4bit" for r in rows)
+    assert [r.notebook for r in rows] == [nb.stem for nb in notebooks()]
+    assert all(r.device == "cuda" and r.dtype == "float16" for r in rows)
     for r in rows:
-        assert r.fits and r.total <= 14e9 == T4_USABLE, f"{r.pair}: {r.total / 1e9:.2f} GB"
+        assert 0 < r.total <= 14e9 == T4_USABLE, r.describe()
+    by = {r.notebook: r for r in rows}
     # Llama-2-7B in nf4: 6.48e9 Linear values at 4.5 bits, embeddings and lm_head (2 x 32000 x 4096) in float16
-    llama2 = next(r for r in rows if r.target == "meta-llama/Llama-2-7b-hf")
-    assert 4.0e9 < llama2.target_weights < 4.3e9
-    assert "fits in 14 GB" in memory_markdown("t4")
-    assert "Across tokenizers" in memory_markdown(
-        "t4"
-    ) and "Felladrin/Llama-160M-Chat-v1 -> meta-llama/Llama-3.2-3B" in memory_markdown("t4")
+    llama2 = weight_bytes(config_of("meta-llama/Llama-2-7b-hf"), "4bit").total
+    assert 4.0e9 < llama2 < 4.3e9 and by["01_tree_shapes"].weights > llama2
+    assert max(rows, key=lambda r: r.total).notebook == "06_batch_size"  # docs/t4.md: the one that comes closest
+    pairs = resolve("t4", {}, [], notebooks())["02_model_pairs"]["pairs"]
+    assert ("Felladrin/Llama-160M-Chat-v1", "meta-llama/Llama-3.2-3B") in [(p["draft"], p["target"]) for p in pairs]
+    table = memory_markdown("t4")
+    assert "fits in 14 GB" in table and "NO" not in table
+    line = next(x for x in table.splitlines() if x.startswith("| 06_batch_size |"))
+    assert f"**{gb(by['06_batch_size'].total)}**" in line and gb(by["06_batch_size"].kv_cache) in line
+    assert PART_NAMES["grid"] in table and PART_NAMES["training"] not in table  # only parts some notebook has
+    t4_page = (Path(__file__).resolve().parents[1] / "docs" / "t4.md").read_text()
+    assert table in t4_page, (
+        "docs/t4.md's memory table is profile_memory's output (python -m specnb.notebook.profile_memory t4)"
+    )
+    assert "NO" in memory_markdown("t4", usable=int(5e9))  # a smaller device: the notebooks that do not fit say so
 
 
 def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_colab_page_says_so():

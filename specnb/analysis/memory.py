@@ -1,4 +1,4 @@
-"""GPU memory a draft -> target pair needs, estimated from the models' configs alone (pure: configs in,
+"""The memory arithmetic of models, caches and downloads, from the models' configs alone (pure: configs in,
 numbers out; nothing is downloaded or allocated, model skeletons live on the meta device).
 
 What it holds:
@@ -8,9 +8,8 @@ What it holds:
     kv_cache_bytes    the KV cache of a number of tokens
     parameter_count, download_bytes, medusa_heads_bytes, eagle_head_bytes
                       what a model's (or a Medusa or EAGLE checkpoint's) download costs, from its config
-    TokenBudget       the longest sequence a run holds: prompt + generated tokens + the largest tree
-    PairMemory        one pair's estimate, row by row; pair_memory computes it
-    memory_table      PairMemory rows as a tidy table (GB = 10^9 bytes)
+    LONGEST_PROMPT    the longest prompt the estimates assume (tokens)
+    attention_grid_bytes  one point of notebook 03's attention grid
 
 nf4 as transformers 5 and bitsandbytes store it (Dettmers et al. 2023, QLoRA): transformers' own
 bnb 4-bit quantizer is run on the skeleton (`HfQuantizer.preprocess_model`), so what it leaves
@@ -30,10 +29,8 @@ KV cache (float16): 2 (keys and values) x layers x kv heads x head size x tokens
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-import pandas as pd
 import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
@@ -164,90 +161,3 @@ def attention_grid_bytes(
     qo = 2 * batch * heads * nodes * head_dim * dtype_bytes
     kv = 2 * batch * kv_heads * (prefix + nodes) * head_dim * dtype_bytes
     return qo + kv + batch * heads * nodes * (prefix + nodes) * 4
-
-
-@dataclass(frozen=True)
-class TokenBudget:
-    """The longest sequence one generation holds in its caches."""
-
-    prompt: int  # the longest prompt (tokens)
-    new_tokens: int  # max_new_tokens
-    tree: int  # the largest tree verified at once (nodes, root excluded)
-
-    @property
-    def total(self) -> int:
-        return self.prompt + self.new_tokens + 1 + self.tree  # + 1: the tree's root
-
-
-@dataclass(frozen=True)
-class PairMemory:
-    """One pair: the target and the draft (each float16 or nf4), both KV caches of the longest
-    sequence, and the logits of one forward over prompt + generated tokens (float16), the largest
-    activation specnb makes (`analysis.quality.score` runs the target over the whole sequence)."""
-
-    pair: str
-    target: str
-    target_quantization: str | None
-    draft: str
-    draft_quantization: str | None
-    tokens: int  # TokenBudget.total
-    target_weights: int
-    draft_weights: int
-    target_kv: int
-    draft_kv: int
-    logits: int
-    usable: int  # bytes the device offers
-
-    @property
-    def total(self) -> int:
-        return self.target_weights + self.draft_weights + self.target_kv + self.draft_kv + self.logits
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.usable
-
-
-def pair_memory(
-    target: str,
-    target_config: PretrainedConfig,
-    draft: str,
-    draft_config: PretrainedConfig,
-    budget: TokenBudget,
-    usable: int,
-    target_quantization: str | None = "4bit",
-    draft_quantization: str | None = None,
-) -> PairMemory:
-    """The estimate for one pair (the names only label it)."""
-    label = (
-        f"{draft}"
-        + (f"[{draft_quantization}]" if draft_quantization else "")
-        + f" -> {target}"
-        + (f"[{target_quantization}]" if target_quantization else "")
-    )
-    logits = (budget.prompt + budget.new_tokens) * target_config.vocab_size * FLOAT16_BYTES
-    return PairMemory(
-        label,
-        target,
-        target_quantization,
-        draft,
-        draft_quantization,
-        budget.total,
-        weight_bytes(target_config, target_quantization).total,
-        weight_bytes(draft_config, draft_quantization).total,
-        kv_cache_bytes(target_config, budget.total),
-        kv_cache_bytes(draft_config, budget.total),
-        logits,
-        usable,
-    )
-
-
-def memory_table(rows: Sequence[PairMemory]) -> pd.DataFrame:
-    """One row per pair; byte columns in GB (10^9 bytes), `total_gb` against `usable_gb`."""
-    out = []
-    for r in rows:
-        row = asdict(r)
-        for key in ("target_weights", "draft_weights", "target_kv", "draft_kv", "logits", "usable"):
-            row[f"{key}_gb"] = row.pop(key) / GB
-        row["total_gb"], row["fits"] = r.total / GB, r.fits
-        out.append(row)
-    return pd.DataFrame(out)

@@ -1,34 +1,23 @@
-"""Will a profile's pairs fit on its GPU, and how much does it download? An estimate from the committed
-configs (`io.model_configs`) and the arithmetic of `analysis.memory`, for the pairs and sizes the
-profile's notebooks use.
+"""Will a profile's notebooks fit on its GPU, and how much does it download? Estimates from the
+committed configs (`io.model_configs`): the memory is `notebook.run_memory`'s estimate of each
+notebook, the one that refuses a run that does not fit before any model loads, sized for CUDA; the
+downloads are `analysis.memory`'s arithmetic.
 
-    python -m specnb.notebook.profile_memory [PROFILE] [-f FILE ...] [--prompt TOKENS] [--usable-gb GB]
+    python -m specnb.notebook.profile_memory [PROFILE] [-f FILE ...] [--usable-gb GB]
 
 -f: parameter files layered on the profile as `run_notebooks.sh -f` layers them (e.g. your
 `custom_trees`, notebooks/my_trees.example.yaml): the user's trees are sized where the notebooks
 measure them (every notebook that takes trees verifies or times a custom tree at its node count).
 
 What it holds:
-    LONGEST_PROMPT, T4_USABLE   the assumptions: the longest prompt (tokens) and the bytes a T4 offers
+    T4_USABLE                   the bytes a T4 offers the models, caches and activations
     resolved                    the profile's parameters per notebook, with -f files layered on
-    profile_pairs               every distinct draft -> target pair the profile's notebooks load
-                                (02's pairs, 01's pair, 03's verify-cost pair), and the refused ones
-    profile_budget              the longest sequence: prompt + the largest max_new_tokens + the largest
-                                tree (the user's custom trees included)
     custom_trees_of             a notebook's custom trees (its own and its pairs')
-    profile_memory              one `PairMemory` per pair that shares a vocabulary
-    grid_bytes                  notebook 03's largest attention-grid point (no model loaded then)
-    memory_markdown             docs/t4.md's memory table
+    profile_memory              `run_memory.estimate_run` of every notebook of the profile, on CUDA
+    memory_markdown             docs/t4.md's memory table: one row per notebook, its parts and whether it fits
     published_download          the download of a published Medusa or EAGLE checkpoint
     profile_downloads           what the profile downloads (models, Medusa and EAGLE heads), from the configs
     download_markdown           docs/colab.md's download table; drive_warning: the cache on a free Drive
-
-Assumptions, printed with the table: prompts are at most LONGEST_PROMPT tokens (the Spec-Bench prompts
-the t4 profile selects: its longest, a RAG prompt, ~940 Llama-2 tokens, an estimate); one budget is used
-for every pair (the largest max_new_tokens and tree of any notebook: an upper bound); the draft is
-float16 unless the profile quantizes it; 01's super-trees (draft-only feeds of off-path nodes) and
-activations other than the logits are not counted; the CUDA context (a few hundred MB) is what the
-margin between the T4's 15 GB and the 14 GB budget is for.
 """
 
 from __future__ import annotations
@@ -44,36 +33,20 @@ from ..analysis.memory import (
     DTYPE_BYTES,
     GB,
     LONGEST_PROMPT,
-    PairMemory,
-    TokenBudget,
-    attention_grid_bytes,
     download_bytes,
     eagle_head_bytes,
     medusa_heads_bytes,
-    memory_table,
-    pair_memory,
     parameter_count,
 )
-from ..bench.attention_grid import head_shape
 from ..core.tree_spec import TreeSpecError, parse_custom_trees
 from ..core.trees import Tree
-from ..drafters.methods import parse_method
-from ..experiments.long_generation import TARGET_ALONE
 from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
 from ..io.published import published_checkpoints
 from .profiles import RunnerError, hub_models, notebooks, published_heads, resolve
+from .run_memory import PART_NAMES, RunMemory, estimate_run, gb
 
 T4_USABLE = int(14 * GB)  # of the T4's 15 GB, what the models, caches and activations may take
-
-
-@dataclass(frozen=True)
-class PlannedPair:
-    target: str
-    target_quantization: str | None
-    draft: str
-    draft_quantization: str | None
-    shares_vocabulary: bool  # the tokenizer families agree (`io.models.check_pair` refuses the others)
 
 
 def resolved(profile: str, files: Sequence[str | Path] = ()) -> dict[str, dict[str, Any]]:
@@ -88,76 +61,9 @@ def custom_trees_of(params: dict[str, Any]) -> dict[str, Tree]:
     return {n: t for s in specs for n, t in parse_custom_trees(s).items()}
 
 
-def profile_pairs(profile: str, files: Sequence[str | Path] = ()) -> list[PlannedPair]:
-    """Every distinct pair the profile loads, in notebook order (02's list first)."""
-    params = resolved(profile, files)
-    found: list[tuple] = []
-    for p in params.get("02_model_pairs", {}).get("pairs", []):
-        found.append((p["target"], p.get("target_quantization"), p["draft"], p.get("draft_quantization")))
-    for stem in ("01_tree_shapes", "03_tree_attention_timing"):
-        p = params.get(stem, {})
-        if "target" in p and "draft" in p:
-            found.append((p["target"], p.get("target_quantization"), p["draft"], p.get("draft_quantization")))
-    out = []
-    for target, tq, draft, dq in dict.fromkeys(found):
-        same = hub_model(target).tokenizer.family == hub_model(draft).tokenizer.family
-        out.append(PlannedPair(target, tq, draft, dq, same))
-    return out
-
-
-def profile_budget(profile: str, longest_prompt: int = LONGEST_PROMPT, files: Sequence[str | Path] = ()) -> TokenBudget:
-    """The assumed longest prompt, the largest max_new_tokens and the largest tree of any notebook
-    (01's budgets and dynamic budgets, 02's method budgets, the verify-cost curves' tree sizes, and
-    every custom tree: 01 checks each end to end and on its verify curve, 02 runs it, 03 times it,
-    05 and 06 replay or run it at its node count)."""
-    params = resolved(profile, files)
-    new_tokens = max(p.get("max_new_tokens", 0) for p in params.values())
-    trees = []
-    for p in params.values():
-        trees += list(p.get("budgets", [])) + list(p.get("dynamic_budgets", [])) + list(p.get("verify_nodes", []))
-        custom = custom_trees_of(p)
-        trees += [t.num_nodes for t in custom.values()]
-        methods = list(p.get("methods", []) or []) + [
-            m for pair in p.get("pairs", []) for m in pair.get("methods") or []
-        ]
-        trees += [parse_method(m, custom).budget for m in methods if m != TARGET_ALONE]  # 04 runs the target alone too
-    return TokenBudget(longest_prompt, new_tokens, max(trees))
-
-
-def profile_memory(
-    profile: str, longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE, files: Sequence[str | Path] = ()
-) -> list[PairMemory]:
-    """One estimate per pair of the profile (hub models with committed configs), pairs across
-    tokenizers included (they run the cross-tokenizer methods); files: parameter files on top."""
-    budget = profile_budget(profile, longest_prompt, files)
-    return [
-        pair_memory(
-            p.target,
-            config_of(p.target),
-            p.draft,
-            config_of(p.draft),
-            budget,
-            usable,
-            p.target_quantization,
-            p.draft_quantization,
-        )
-        for p in profile_pairs(profile, files)
-    ]
-
-
-def grid_bytes(profile: str, files: Sequence[str | Path] = ()) -> int:
-    """Notebook 03's largest grid point: q and the output [B, H, M, D], k and v [B, Hkv, P + M, D] in
-    the grid's dtype, and the eager reference's float32 scores [B, H, M, P + M] (the largest tensor);
-    M the largest of its node counts and its custom trees' (timed at every batch and prefix)."""
-    p = resolved(profile, files)["03_tree_attention_timing"]
-    heads = head_shape(p["attention_shape"] or p["target"])  # the target's config unless given
-    size = 2 if p["dtype"] in ("float16", "bfloat16") else 4
-    b, prefix, m = (
-        max(p["batches"]),
-        max(p["prefixes"]),
-        max([*p["nodes"], *(t.num_nodes for t in custom_trees_of(p).values())]),
-    )
-    return attention_grid_bytes(b, heads.heads, heads.kv_heads, heads.head_dim, prefix, m, size)
+def profile_memory(profile: str, files: Sequence[str | Path] = ()) -> list[RunMemory]:
+    """Every notebook's memory estimate for the profile's parameters, on CUDA (`run_memory.estimate_run`)."""
+    return [estimate_run(notebook, params, device="cuda") for notebook, params in resolved(profile, files).items()]
 
 
 FREE_DRIVE = int(15 * GB)  # a free Google Drive (shared with Gmail and Photos)
@@ -240,46 +146,28 @@ def drive_warning(profile: str, environ: dict[str, str]) -> str | None:
     )
 
 
-def memory_markdown(
-    profile: str = "t4", longest_prompt: int = LONGEST_PROMPT, usable: int = T4_USABLE, files: Sequence[str | Path] = ()
-) -> str:
-    """docs/t4.md's memory table: one row per pair, then the assumptions and the refused pairs."""
-    budget = profile_budget(profile, longest_prompt, files)
-    table = memory_table(profile_memory(profile, longest_prompt, usable, files))
+def memory_markdown(profile: str = "t4", usable: int = T4_USABLE, files: Sequence[str | Path] = ()) -> str:
+    """docs/t4.md's memory table: one row per notebook, its parts and total in GB against `usable`,
+    then what each estimate assumed (`RunMemory.notes`) and the prompt length assumed."""
+    rows = profile_memory(profile, files)
+    shown = [k for k in PART_NAMES if any(r.parts()[k] for r in rows)]
     lines = [
-        "| pair | target weights | draft weights (fp16) | KV cache, target + draft | logits | total | fits in "
-        f"{usable / GB:g} GB |",
-        "|---|---|---|---|---|---|---|",
+        "| notebook | " + " | ".join(PART_NAMES[k] for k in shown) + f" | total | fits in {usable / GB:g} GB |",
+        "|---|" + "---|" * (len(shown) + 2),
     ]
-    for r in table.itertuples():
-        quant = r.target_quantization or "fp16"
-        lines.append(
-            f"| {r.draft} -> {r.target} | {r.target_weights_gb:.2f} ({quant}) | {r.draft_weights_gb:.2f} | "
-            f"{r.target_kv_gb:.3f} + {r.draft_kv_gb:.3f} | {r.logits_gb:.3f} | **{r.total_gb:.2f}** | "
-            f"{'yes' if r.fits else 'NO'} |"
-        )
-    across = [p for p in profile_pairs(profile, files) if not p.shares_vocabulary]
+    for r in rows:
+        parts = " | ".join(gb(r.parts()[k]) if r.parts()[k] else "" for k in shown)
+        fits = "yes" if r.total <= usable else "**NO**"
+        lines.append(f"| {r.notebook} | {parts} | **{gb(r.total)}** | {fits} |")
+    notes = [f"{r.notebook}: {'; '.join(r.notes)}." for r in rows if r.notes]
     lines += [
         "",
-        f"GB = 10^9 bytes. Tokens per sequence: {budget.total} = the longest prompt, assumed "
-        f"{budget.prompt} + max_new_tokens {budget.new_tokens} + the root + the largest tree, "
-        f"{budget.tree} nodes (the largest of any notebook of profile `{profile}`, custom trees included), in both "
-        "caches. Logits: "
-        f"one forward over prompt + generated tokens in float16 (perplexity scoring).",
+        f"GB = 10^9 bytes; profile `{profile}` on CUDA, models in {rows[0].dtype if rows else 'float16'} (4-bit "
+        f"where the profile quantizes them); the longest prompt assumed {LONGEST_PROMPT} tokens (05 and 06: at "
+        "most their max_prompt_tokens); runtime: the CUDA context. `specnb.notebook.run_memory` sizes each part; "
+        "the same estimate refuses a run that does not fit the machine, before any model loads.",
+        *notes,
     ]
-    if "03_tree_attention_timing" in resolved(profile, files):
-        lines.append(
-            f"Notebook 03's largest attention-grid point, run before its models load: "
-            f"{grid_bytes(profile, files) / GB:.2f} GB."
-        )
-    if across:
-        lines.append(
-            "Across tokenizers (cross-tokenizer methods only; the shared-vocabulary ones are refused before "
-            "any weights load): "
-            + "; ".join(f"{p.draft} -> {p.target}" for p in across)
-            + ". Their draft cache is counted at the same number of tokens "
-            "(its own tokenizer's count differs a little)."
-        )
     return "\n".join(lines)
 
 
@@ -291,11 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("profile", nargs="?", default="t4")
     ap.add_argument("-f", dest="files", action="append", default=[], help="a parameter file on top (custom_trees)")
-    ap.add_argument("--prompt", type=int, default=LONGEST_PROMPT, help="the longest prompt, tokens")
     ap.add_argument("--usable-gb", type=float, default=T4_USABLE / GB, help="GB the device offers")
     args = ap.parse_args(argv)
     try:
-        print(memory_markdown(args.profile, args.prompt, int(args.usable_gb * GB), args.files))
+        print(memory_markdown(args.profile, int(args.usable_gb * GB), args.files))
         print("\nDownloads:\n\n" + download_markdown(args.profile))
     except (RunnerError, KeyError, TreeSpecError) as e:
         print(f"profile_memory: {e}", file=sys.stderr)

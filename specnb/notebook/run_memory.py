@@ -7,6 +7,7 @@ What it holds:
     LONGEST_PROMPT, RUNTIME, SUPER_CHUNK, SOFTMAX_COPIES, REPLAY_COPIES, ADAM_COPIES, ...
                       the assumptions, each with its reason where it is set
     RunMemory         one notebook's estimate, bytes per part; `total`, `describe()` (one line)
+    PART_NAMES, gb    each part's name in words; bytes in GB as the estimates print them
     model_config_of   a model's transformers config without its weights, or why there is none
     forward_bytes     the activations of one forward pass: hidden states, mask, attention scores, logits
     widest_rank       the widest sibling rank of a preset tree (what a collection's top_k must hold)
@@ -173,12 +174,12 @@ class RunMemory:
 
     def describe(self) -> str:
         """One line: the total and its non-zero parts in GB, the device and dtype, the notes."""
-        parts = " + ".join(f"{PART_NAMES[k]} {_gb(v)}" for k, v in self.parts().items() if v)
+        parts = " + ".join(f"{PART_NAMES[k]} {gb(v)}" for k, v in self.parts().items() if v)
         notes = f"; {'; '.join(self.notes)}" if self.notes else ""
-        return f"{self.notebook}: ~{_gb(self.total)} GB = {parts or '0'} ({self.device}, {self.dtype}{notes})"
+        return f"{self.notebook}: ~{gb(self.total)} GB = {parts or '0'} ({self.device}, {self.dtype}{notes})"
 
 
-def _gb(n: int) -> str:
+def gb(n: int) -> str:
     """Bytes in GB: one decimal from 0.1 GB, two below, "<0.01" under that."""
     return f"{n / GB:.1f}" if n >= 0.1 * GB else f"{n / GB:.2f}" if n >= 0.01 * GB else "<0.01"
 
@@ -705,8 +706,8 @@ def refusal(memory: RunMemory, limit: int, where: str) -> str:
     lower = LOWER.get(memory.notebook, {})
     parts = memory.parts()
     largest = sorted(((v, k) for k, v in parts.items() if k in lower and v >= 0.05 * memory.total), reverse=True)[:3]
-    advice = "; ".join(f"{PART_NAMES[k]} {_gb(v)} GB: {', '.join(lower[k])}" for v, k in largest)
+    advice = "; ".join(f"{PART_NAMES[k]} {gb(v)} GB: {', '.join(lower[k])}" for v, k in largest)
     return (
-        f"{memory.describe()}\n  does not fit: this machine has {_gb(limit)} GB ({where}); nothing was started. "
+        f"{memory.describe()}\n  does not fit: this machine has {gb(limit)} GB ({where}); nothing was started. "
         f"Lower the parameters that size the largest parts ({advice})."
     )
