@@ -408,16 +408,6 @@ def selection(held: HeldOut, curve: pd.DataFrame, target: str, draft: str) -> pd
     return pd.DataFrame(rows)
 
 
-def selection_speedup(folds_table: pd.DataFrame, curve: pd.DataFrame, target: str, draft: str) -> float:
-    """The held-out choice's pooled expected speed-up over every fold: all tokens over the time of
-    every step at its fold's choice, against the target alone."""
-    if folds_table.empty:
-        return float("nan")
-    base = step_cost(curve, target, draft).t_verify(0)
-    seconds = float((folds_table["steps"] * folds_table["t_step_s"]).sum())
-    return float(folds_table["tokens"].sum()) / seconds * base if seconds else float("nan")
-
-
 def _fitted(held: HeldOut) -> set[tuple[str, int]]:
     return {(r.shape, int(r.budget)) for r in held.table.itertuples() if r.fitted}
 

@@ -51,6 +51,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
+from .storage import read_json, write_json
+
 _CHUNK = 1 << 22  # bytes per read when copying and hashing parts
 
 
@@ -238,26 +240,14 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified.json")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`, or {} if it is missing or unreadable (a stamp to be rewritten)."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
 def _is_verified(path: Path, sha256: str) -> bool:
     """True if `path` exists and its stamp records `sha256` at its current size (no re-hashing)."""
-    record = _read_json(_stamp_path(path))
+    record = read_json(_stamp_path(path))
     return path.is_file() and record.get("sha256") == sha256 and record.get("size") == path.stat().st_size
 
 
 def _write_stamp(path: Path, sha256: str) -> None:
-    stamp = _stamp_path(path)
-    tmp = stamp.with_name(stamp.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"sha256": sha256, "size": path.stat().st_size}))
-    os.replace(tmp, stamp)
+    write_json(_stamp_path(path), {"sha256": sha256, "size": path.stat().st_size})
 
 
 def _reinstall_hint(model: EmbeddedModel) -> str:
@@ -492,7 +482,7 @@ def _write_float_folder(model: EmbeddedModel, gguf: Path, dest: Path) -> None:
 
 
 def _float_folder_built(model: EmbeddedModel, dest: Path) -> bool:
-    return _read_json(dest / "specnb-source.json").get("gguf_sha256") == model.sha256
+    return read_json(dest / "specnb-source.json").get("gguf_sha256") == model.sha256
 
 
 def model_config(model: EmbeddedModel) -> PretrainedConfig:

@@ -70,6 +70,15 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def read_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object in `path`, or {} if it is missing, unreadable, half-written or not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     """Write JSON atomically (a temporary file of this writer's own, then rename)."""
     path = Path(path)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from ..core.engines import ENGINE_NAMES, deploy_lines
 from ..core.trees import Tree
-from .storage import write_json
+from .storage import read_json, write_json
 
 RESULTS_FILE = "tree_results.json"
 DEPLOY_FILE = "deploy.txt"
@@ -215,10 +215,7 @@ def latest(outputs: str | Path, pair: str, notebook: str = NOTEBOOK) -> Path | N
     then path), None if there is none."""
     found = []
     for path in sorted(Path(outputs).glob(f"{notebook}/*/{RESULTS_FILE}")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a half-written or foreign file is no result
+        data = read_json(path)  # {}: a half-written or foreign file is no result
         if data.get("pair") == pair:
             found.append((str(data.get("written", "")), str(path), path))
     return max(found)[2] if found else None

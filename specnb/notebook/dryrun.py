@@ -66,6 +66,7 @@ from ..io.medusa_checkpoint import PublishedHeads, save_checkpoint
 from ..io.model_configs import FAMILIES, HubModel, config_of, hub_model, known_models
 from ..io.prompts import BUILTIN
 from ..io.published import published_checkpoints
+from ..io.storage import read_json, write_json
 
 STAMP = "specnb-standins.json"  # in <home>/hub: what was built, from which code
 MARKER = "specnb-standin.json"  # in every stand-in snapshot: never overwrite a folder without it
@@ -292,7 +293,7 @@ def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> 
     hub.mkdir(parents=True, exist_ok=True)
     with _locked(hub / ".specnb-standins.lock"):
         snapshots = {h: repo_folder(home, h) / "snapshots" / commit for h in hub_ids}
-        stamp = _read_json(hub / STAMP)
+        stamp = read_json(hub / STAMP)
         if stamp.get("digest") == digest and all((s / MARKER).is_file() for s in snapshots.values()):
             return snapshots
         for h in hub_ids:
@@ -306,7 +307,7 @@ def install_standins(home: str | Path, hub_ids: Iterable[str] | None = None) -> 
             if family not in tokenizers:
                 tokenizers[family] = family_tokenizer(family, model.vocab_size)
             _install_repo(home, h, commit, partial(_fill_model, model, tokenizers[family]))
-        _write_json(hub / STAMP, {"digest": digest, "models": hub_ids})
+        write_json(hub / STAMP, {"digest": digest, "models": hub_ids})
     return snapshots
 
 
@@ -320,7 +321,7 @@ def _install_repo(home: Path, hub_id: str, commit: str, fill: Callable[[Path], s
         snapshot = tmp / "snapshots" / commit
         snapshot.mkdir(parents=True)
         what = fill(snapshot)
-        _write_json(snapshot / MARKER, {"hub_id": hub_id, "what": what, "commit": commit})
+        write_json(snapshot / MARKER, {"hub_id": hub_id, "what": what, "commit": commit})
         (tmp / "refs").mkdir()
         (tmp / "refs" / "main").write_text(commit)
         if repo.exists():
@@ -339,15 +340,15 @@ def _fill_model(model: HubModel, tokenizer: PreTrainedTokenizerFast, snapshot: P
     net.to(dtype).save_pretrained(snapshot)
     (snapshot / "generation_config.json").unlink(missing_ok=True)  # only the real one, where recorded
     if model.generation_config is not None:
-        _write_json(snapshot / "generation_config.json", model.generation_config)
+        write_json(snapshot / "generation_config.json", model.generation_config)
     facts = model.tokenizer
     tokenizer.chat_template = facts.chat_template
     if facts.pad_token is not None:
         tokenizer.pad_token = facts.pad_token
     tokenizer.save_pretrained(snapshot)
-    settings = _read_json(snapshot / "tokenizer_config.json")
+    settings = read_json(snapshot / "tokenizer_config.json")
     settings.update(tokenizer_class=facts.tokenizer_class, add_bos_token=facts.add_bos_token)
-    _write_json(snapshot / "tokenizer_config.json", settings)
+    write_json(snapshot / "tokenizer_config.json", settings)
     return config.specnb_standin
 
 
@@ -426,20 +427,6 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def _write_json(path: Path, record: dict) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

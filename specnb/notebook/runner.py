@@ -64,7 +64,7 @@ from ..experiments.checks import ParameterError
 from ..io.embedded import EMBEDDED_MODELS, NotEnoughDiskError, install
 from ..io.model_configs import hub_model
 from ..io.sources import TOKEN_HELP, offline, token_visible
-from ..io.storage import environment, write_json
+from ..io.storage import environment, read_json, write_json
 from . import estimate, parameters, run_memory
 from .dryrun import install_standins
 from .estimate import Progress
@@ -118,7 +118,7 @@ def run_folder_for(outputs: Path, notebook: str, base_id: str) -> tuple[Path, bo
     while True:
         rid = base_id if n == 1 else f"{base_id}-{n}"
         folder = outputs / notebook / rid
-        status = _status(folder)
+        status = _notebook_records(folder).get("status")
         if status is None:
             return folder, False
         if status != "finished":
@@ -405,17 +405,7 @@ def check_tokens(resolved: dict[str, dict[str, Any]]) -> None:
 
 def _notebook_records(folder: Path) -> dict[str, Any]:
     """The keys a notebook added to its params.json while it ran (`session.record`)."""
-    try:
-        return json.loads((folder / "params.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def _status(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / "params.json").read_text()).get("status")
-    except (OSError, json.JSONDecodeError):
-        return None
+    return read_json(folder / "params.json")
 
 
 def main(argv: list[str] | None = None) -> int:
