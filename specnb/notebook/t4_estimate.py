@@ -131,6 +131,21 @@ class Costs:
         )
         return fixed + tokens / self.f.tau * per_step
 
+    def collection(
+        self, target: str, quantization: str | None, draft: str, tokens: int, draft_pass: bool = True
+    ) -> float:
+        """One prompt of a collection: an exact chain:4 run and (draft_pass) the teacher-forced draft pass."""
+        run = self.generation(target, quantization, draft, Tree.chain(4), tokens, self.f.prompt_tokens)
+        return run + (self.draft(draft) if draft_pass else 0.0)
+
+    def super_trees(self, draft: str, tokens: int, depth: int) -> float:
+        """One prompt's super-trees: a draft forward per depth for each chunk of 8 positions."""
+        return math.ceil(tokens / 8) * depth * self.draft(draft)
+
+    def curve(self, target: str, quantization: str | None, draft: str, nodes: Sequence[int], rows: int = 1) -> float:
+        """One pass of a verify-cost curve: a verify of rows x (n + 1) and a draft forward per point n."""
+        return sum(self.verify(target, quantization, rows * (n + 1)) for n in nodes) + len(nodes) * self.draft(draft)
+
     def load(self, name: str) -> float:
         """Reading (and quantizing) a model's hub files, or a published head checkpoint's."""
         if name in published_checkpoints():
@@ -177,17 +192,12 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
     verify_nodes = budget_axis(a["verify_nodes"], custom)  # the curve at the custom trees' sizes too
     rows += [
         _row("01", "load target and draft", 1, c.load(t) + c.load(d)),
-        _row(
-            "01",
-            "collection: chain:4 run + teacher-forced draft pass",
-            prompts,
-            c.generation(t, tq, d, Tree.chain(4), n, prompt) + c.draft(d),
-        ),
+        _row("01", "collection: chain:4 run + teacher-forced draft pass", prompts, c.collection(t, tq, d, n)),
         _row(
             "01",
             f"super-trees (depth {a['super_depth']}, chunks of 8 positions)",
             min(a["super_prompts"] or prompts, prompts),
-            math.ceil(n / 8) * a["super_depth"] * c.draft(d),
+            c.super_trees(d, n, a["super_depth"]),
         ),
         _row("01", "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, n, prompt)),
         _row(
@@ -202,12 +212,7 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
             a["measure_prompts"],
             c.generation(t, tq, None, None, n, prompt) + c.generation(t, tq, d, Tree.sparse(16), n, prompt),
         ),
-        _row(
-            "01",
-            "verify-cost curve",
-            (a["verify_repeats"] + 1),
-            sum(c.verify(t, tq, k + 1) for k in verify_nodes) + len(verify_nodes) * c.draft(d),
-        ),
+        _row("01", "verify-cost curve", a["verify_repeats"] + 1, c.curve(t, tq, d, verify_nodes)),
     ]
     if extra:
         rows.append(
@@ -263,7 +268,7 @@ def _pairs_rows(b: dict, c: Costs) -> list[dict]:
                     "02",
                     f"{label}: one collection for {len(replayed)} replayed trees",
                     prompts2,
-                    c.generation(t, tq, d, Tree.chain(4), n2, prompt) + c.draft(d) * (1 + math.ceil(n2 / 8) * 6),
+                    c.collection(t, tq, d, n2) + c.super_trees(d, n2, 6),
                 )
             )
         if b.get("grid"):
@@ -277,14 +282,7 @@ def _grid_rows(b: dict, c: Costs, label: str, models: tuple, shared: bool, custo
     tree re-drafted (about max_new_tokens / 2 steps a prompt, one draft forward per level)."""
     t, tq, d = models
     n, prompts = b["max_new_tokens"], b["max_prompts"]
-    rows = [
-        _row(
-            "02",
-            f"{label}: the grid's collection",
-            prompts,
-            c.generation(t, tq, d, Tree.chain(4), n, c.f.prompt_tokens) + (c.draft(d) if shared else 0.0),
-        )
-    ]
+    rows = [_row("02", f"{label}: the grid's collection", prompts, c.collection(t, tq, d, n, draft_pass=shared))]
     if shared:
         if b["super_k"]:
             rows.append(
@@ -292,7 +290,7 @@ def _grid_rows(b: dict, c: Costs, label: str, models: tuple, shared: bool, custo
                     "02",
                     f"{label}: the grid's super-trees (depth {b['super_depth']})",
                     min(b["super_prompts"] or prompts, prompts),
-                    math.ceil(n / 8) * b["super_depth"] * c.draft(d),
+                    c.super_trees(d, n, b["super_depth"]),
                 )
             )
         return rows
@@ -333,12 +331,7 @@ def _attention_rows(g: dict, c: Costs) -> list[dict]:
         _row("03", "attention grid (every implementation, warm-up and repeats)", 1, calls),
         _row("03", "FlexAttention compile (assumption)", int("flex" in g["impls"]), f.flex_compile_s),
         _row("03", "load target and draft", 1, c.load(t) + c.load(d)),
-        _row(
-            "03",
-            "verify-cost curve",
-            g["verify_repeats"] + 1,
-            sum(c.verify(t, tq, k + 1) for k in verify_nodes) + len(verify_nodes) * c.draft(d),
-        ),
+        _row("03", "verify-cost curve", g["verify_repeats"] + 1, c.curve(t, tq, d, verify_nodes)),
     ]
     return rows
 
@@ -391,7 +384,7 @@ def _learned_rows(m: dict, c: Costs) -> list[dict]:
             "05",
             "draft-model collection (the measured prompts)",
             measured if d else 0,
-            c.generation(t, tq, d, Tree.chain(4), n5, prompt) + c.draft(d or t),
+            c.collection(t, tq, d, n5) if d else 0.0,
         ),
         # one head forward (a decoder layer and the LM head) per depth and position: two layers' launches (assumption)
         _row(
@@ -430,12 +423,7 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
     widest = max(sizes)
     rows += [
         _row("06", "load target and draft", 1, c.load(t) + c.load(d)),
-        _row(
-            "06",
-            "collection for tau (chain:4 run per prompt)",
-            z["max_prompts"],
-            c.generation(t, tq, d, Tree.chain(4), n6, prompt) + c.draft(d),
-        ),
+        _row("06", "collection for tau (chain:4 run per prompt)", z["max_prompts"], c.collection(t, tq, d, n6)),
         _row(
             "06",
             "each row's batch-1 greedy reference (the target alone)",
@@ -446,12 +434,7 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
     for b in z["batches"]:
         nodes = sorted({0, *sizes})
         rows.append(
-            _row(
-                "06",
-                f"batched cost curves at batch {b}",
-                z["curve_repeats"] + 1,
-                sum(c.verify(t, tq, b * (n + 1)) for n in nodes) + len(nodes) * c.draft(d),
-            )
+            _row("06", f"batched cost curves at batch {b}", z["curve_repeats"] + 1, c.curve(t, tq, d, nodes, b))
         )
         alone = n6 * c.verify(t, tq, b)  # one decoding step of b rows per token
         spec = sum(
