@@ -32,19 +32,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import defaultdict
 
-import pandas as pd
 import torch
-from end_to_end import TARGET_ALONE, Method, cost_report, interleaved_runs, per_category, pooled_speed
+from end_to_end import (
+    TARGET_ALONE,
+    Method,
+    cost_report,
+    measured_runs,
+    per_category,
+    pooled_speed,
+    print_categories,
+    write_csv,
+)
 from options import chosen_prompts, model_arguments, parsed, prompt_arguments
 
-from specnb import autoregressive_generate, speculative_generate, summarize
-from specnb.analysis.quality import greedy_equal
+from specnb import autoregressive_generate, speculative_generate
 from specnb.bench.baselines import hf_uag_generate
 from specnb.drafters.methods import build_drafter, parse_method
 from specnb.drafters.retokenize import TokenText
-from specnb.io.models import load_pair, load_tokenizer, prompt_ids
+from specnb.io.models import load_pair, load_tokenizer
 from specnb.kernels.cpu_linear import linear_path
 
 
@@ -79,48 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     methods = build_methods(target, draft, target_tokenizer, draft_tokenizer, args)
 
-    warm = prompt_ids(target_tokenizer, "Say hello.")  # every method once, so no measured call pays one-off costs
-    for m in methods:
-        m.run(warm, 3)
-
-    runs: list[dict] = []
-    for i, prompt in enumerate(prompts):
-        ids = prompt_ids(target_tokenizer, prompt.text)
-        results = interleaved_runs(methods, ids, args.max_new_tokens, args.repeats, rotation=i)
-        reference = results[TARGET_ALONE].tokens
-        for m in methods:
-            r = results[m.name]
-            runs.append(
-                {
-                    "category": prompt.category,
-                    "prompt_id": prompt.id,
-                    "prompt_tokens": ids.shape[1],
-                    "method": m.name,
-                    "kind": m.kind,
-                    "depth": m.depth,
-                    "nodes": m.nodes,
-                    "result": r,
-                    "greedy_equal": greedy_equal(r.tokens, reference),
-                    "perplexity": float("nan"),
-                }
-            )
-        line = " ".join(f"{m.name}={summarize(results[m.name]).tokens_per_s:.2f}" for m in methods)
-        print(
-            f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}",
-            flush=True,
-        )
-
-    table = per_category(runs, [m.name for m in methods]).drop(columns="perplexity")
-    table.insert(5, "draft_tokens_per_accepted", draft_cost(runs, table))
-    pd.set_option("display.width", 200)
-    print(
-        "\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = target tokens per target call (bonus INCLUDED);"
+    runs = measured_runs(methods, prompts, target_tokenizer, args)
+    print_categories(
+        per_category(runs, [m.name for m in methods]).drop(columns="perplexity"),
+        "greedy; tokens/s = tokens / wall time incl. prefill; tau = target tokens per target call (bonus INCLUDED);"
         " acceptance = accepted / drafted (target tokens); draft_tokens_per_accepted = the draft's own tokens per"
-        " accepted target token; speedup over the target alone in this run"
+        " accepted target token; speedup over the target alone in this run",
     )
-    for category, t in table.groupby("category", sort=False):
-        print(f"\n== {category}")
-        print(t.drop(columns="category").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print()
     # draft forwards per step: k for the chains; the draft tree's depth for a static tree (a dynamic
     # tree's varies: no c for it)
@@ -138,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         f"against {pooled_speed(runs, TARGET_ALONE):.2f} "
         f"for the target alone: speculation {'pays' if y > 1 else 'does NOT pay'} here)"
     )
-    if args.csv:
-        flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
-        pd.DataFrame(flat).to_csv(args.csv, index=False)
+    write_csv(args.csv, runs)
     print(f"elapsed_s={time.perf_counter() - started:.0f}")
     print(f"xtok_chain_over_hf_uag={x:.3f} xtok_best_over_target={y:.3f} greedy_outputs_equal={equal}/{len(greedy)}")
     return 0 if equal == len(greedy) else 1
@@ -177,15 +146,6 @@ def build_methods(target, draft, target_tokenizer, draft_tokenizer, args: argpar
             )
         )
     return methods
-
-
-def draft_cost(runs: list[dict], table: pd.DataFrame) -> list[float]:
-    """Draft tokens per accepted target token for each row of `table` (category, method)."""
-    groups: dict[tuple[str, str], list] = defaultdict(list)
-    for r in runs:
-        groups[(r["category"], r["method"])].append(r["result"])
-        groups[("all", r["method"])].append(r["result"])
-    return [summarize(groups[(c, m)]).draft_tokens_per_accepted for c, m in zip(table["category"], table["method"])]
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ method before the next prompt starts, in an order rotated from prompt to prompt)
     specnb ngram tree L   specnb's NgramDrafter, several continuations in the same L-node budget
 
 Per category: tokens/s (all tokens / all wall time, prefill included), speedup over the target
-alone, tau (tokens per target call, bonus INCLUDED), acceptance rate (accepted / drafted),
-greedy-equal count, and the perplexity of the output under the target. Then the cost model that
-says where speculation pays: c = one draft forward / one target decoding forward, and the
-verify cost of each tree (verify step / target decoding step), both from the measured steps
+alone, tau (tokens per target call, bonus INCLUDED), draft tokens per accepted token, acceptance
+rate (accepted / drafted), greedy-equal count, and the perplexity of the output under the target.
+Then the cost model that says where speculation pays: c = one draft forward / one target decoding
+forward, and the verify cost of each tree (verify step / target decoding step), both from the measured steps
 (first steps excluded: transformers puts the prompt in them). A step costs about
 verify_ratio + depth * c target forwards and yields tau tokens, so the predicted speedup is
 tau / (verify_ratio + depth * c) (Leviathan et al. 2023, section 3.4).
@@ -123,51 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     methods = build_methods(target, draft, args)
 
-    # warm-up: every method once on a short prompt, so no measured call pays one-off costs
-    warm = prompt_ids(tokenizer, "Say hello.")
-    for m in methods:
-        m.run(warm, 3)
-
-    runs: list[dict] = []
-    scored: dict[tuple[str, tuple[int, ...]], float] = {}  # perplexity per distinct output
-    for i, prompt in enumerate(prompts):
-        ids = prompt_ids(tokenizer, prompt.text)
-        results = interleaved_runs(methods, ids, args.max_new_tokens, args.repeats, rotation=i)
-        reference = results[TARGET_ALONE].tokens
-        for m in methods:
-            r = results[m.name]
-            out = (prompt.id, tuple(r.tokens.tolist()))
-            if out not in scored:
-                scored[out] = perplexity(target, ids, r.tokens)
-            runs.append(
-                {
-                    "category": prompt.category,
-                    "prompt_id": prompt.id,
-                    "prompt_tokens": ids.shape[1],
-                    "method": m.name,
-                    "kind": m.kind,
-                    "depth": m.depth,
-                    "nodes": m.nodes,
-                    "result": r,
-                    "greedy_equal": greedy_equal(r.tokens, reference),
-                    "perplexity": scored[out],
-                }
-            )
-        line = " ".join(f"{m.name}={summarize(results[m.name]).tokens_per_s:.2f}" for m in methods)
-        print(
-            f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}",
-            flush=True,
-        )
-
+    runs = measured_runs(methods, prompts, tokenizer, args, score=lambda ids, out: perplexity(target, ids, out))
     table = per_category(runs, [m.name for m in methods])
-    pd.set_option("display.width", 200)
-    print(
-        "\ngreedy; tokens/s = tokens / wall time incl. prefill; tau = tokens per target call (bonus INCLUDED);"
-        " acceptance = accepted / drafted; speedup over the target alone in this run"
+    print_categories(
+        table,
+        "greedy; tokens/s = tokens / wall time incl. prefill; tau = tokens per target call (bonus INCLUDED);"
+        " acceptance = accepted / drafted; draft_tokens_per_accepted = drafted / accepted; speedup over the target"
+        " alone in this run",
     )
-    for category, t in table.groupby("category", sort=False):
-        print(f"\n== {category}")
-        print(t.drop(columns="category").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     best = best_per_category(table)
     print("\nbest specnb method / best transformers method, per category (tokens/s):")
     print(best.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -185,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: no {'/'.join(LOOKUP_CATEGORIES)} prompts: ngram_over_hf_prompt_lookup is nan")
     else:
         y = pooled_speed(runs, ngram_chain, LOOKUP_CATEGORIES) / pooled_speed(runs, lookup, LOOKUP_CATEGORIES)
-    if args.csv:
-        flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
-        pd.DataFrame(flat).to_csv(args.csv, index=False)
+    write_csv(args.csv, runs)
     own = pooled_speed(runs, f"{chain} own head") / pooled_speed(runs, assisted)
     print(
         f"chain {args.k} with the draft's own LM head over hf_assisted {args.k}: {own:.3f} (TopKHead: {x:.3f}); "
@@ -331,6 +292,68 @@ def build_methods(target: torch.nn.Module, draft: torch.nn.Module, args: argpars
     return methods
 
 
+def measured_runs(
+    methods: list[Method],
+    prompts: list,
+    tokenizer,
+    args: argparse.Namespace,
+    score: Callable[[torch.Tensor, torch.Tensor], float] | None = None,
+) -> list[dict]:
+    """Every method on every prompt (`interleaved_runs`, after one warm-up run of each on a short
+    prompt, so no measured call pays one-off costs), one record a run, a progress line a prompt;
+    score(ids, output): the output's perplexity, once per distinct output (None: nan)."""
+    warm = prompt_ids(tokenizer, "Say hello.")
+    for m in methods:
+        m.run(warm, 3)
+    runs: list[dict] = []
+    scored: dict[tuple[str, tuple[int, ...]], float] = {}
+    for i, prompt in enumerate(prompts):
+        ids = prompt_ids(tokenizer, prompt.text)
+        results = interleaved_runs(methods, ids, args.max_new_tokens, args.repeats, rotation=i)
+        reference = results[TARGET_ALONE].tokens
+        for m in methods:
+            r = results[m.name]
+            out = (prompt.id, tuple(r.tokens.tolist()))
+            if out not in scored:
+                scored[out] = score(ids, r.tokens) if score else math.nan
+            runs.append(
+                {
+                    "category": prompt.category,
+                    "prompt_id": prompt.id,
+                    "prompt_tokens": ids.shape[1],
+                    "method": m.name,
+                    "kind": m.kind,
+                    "depth": m.depth,
+                    "nodes": m.nodes,
+                    "result": r,
+                    "greedy_equal": greedy_equal(r.tokens, reference),
+                    "perplexity": scored[out],
+                }
+            )
+        line = " ".join(f"{m.name}={summarize(results[m.name]).tokens_per_s:.2f}" for m in methods)
+        print(
+            f"[{i + 1}/{len(prompts)}] {prompt.category} #{prompt.id} ({ids.shape[1]} prompt tokens) tok/s: {line}",
+            flush=True,
+        )
+    return runs
+
+
+def print_categories(table: pd.DataFrame, header: str) -> None:
+    """`per_category`'s table, one block a category, under `header` (the conventions)."""
+    pd.set_option("display.width", 200)
+    print("\n" + header)
+    for category, t in table.groupby("category", sort=False):
+        print(f"\n== {category}")
+        print(t.drop(columns="category").to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+def write_csv(path: str | None, runs: list[dict]) -> None:
+    """One row a run (`measured_runs`' records with the run's summary), if a path is given."""
+    if path:
+        flat = [{k: v for k, v in r.items() if k != "result"} | summarize(r["result"]).row() for r in runs]
+        pd.DataFrame(flat).to_csv(path, index=False)
+
+
 def per_category(runs: list[dict], order: list[str]) -> pd.DataFrame:
     """One row per (category, method), pooled over the category's prompts, plus an "all" block."""
     rows = []
@@ -351,6 +374,7 @@ def per_category(runs: list[dict], order: list[str]) -> pd.DataFrame:
                     "tokens_per_s": s.tokens_per_s,
                     "speedup": s.tokens_per_s / base,
                     "tau": s.tau,
+                    "draft_tokens_per_accepted": s.draft_tokens_per_accepted,
                     "acceptance_rate": s.acceptance_rate,
                     "greedy_equal": f"{sum(r['greedy_equal'] for r in rs)}/{len(rs)}",
                     "perplexity": sum(r["perplexity"] for r in rs) / len(rs),
