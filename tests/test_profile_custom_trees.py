@@ -19,7 +19,13 @@ def test_a_custom_tree_larger_than_every_budget_costs_memory_and_time(tmp_path):
     mine.write_text("all:\n  custom_trees: {big: {branching: [12, 12]}}\n")
     plain = {r.notebook: r for r in profile_memory("t4")}
     big = {r.notebook: r for r in profile_memory("t4", files=[mine])}
-    for notebook in ("01_tree_shapes", "03_tree_attention_timing", "06_batch_size"):  # they verify it at its size
+    for notebook in (
+        "01_tree_shapes",
+        "02_model_pairs",
+        "03_tree_attention_timing",
+        "05_learned_drafters",
+        "06_batch_size",
+    ):
         assert big[notebook].kv_cache > plain[notebook].kv_cache and big[notebook].total > plain[notebook].total
     assert big["03_tree_attention_timing"].grid > plain["03_tree_attention_timing"].grid  # timed at every point
     assert big["04_long_generation"] == plain["04_long_generation"]  # 04 takes no trees of the user's

@@ -42,7 +42,7 @@ from pathlib import Path
 import pandas as pd
 from transformers import Qwen2Config
 
-from ..analysis.memory import FLOAT16_BYTES, download_bytes, weight_bytes
+from ..analysis.memory import FLOAT16_BYTES, LONGEST_PROMPT, download_bytes, weight_bytes
 from ..bench.attention_grid import head_shape
 from ..core.tree_spec import TreeSpecError
 from ..core.trees import Tree
@@ -50,7 +50,7 @@ from ..drafters.methods import budget_axis, parse_method, trees_for, with_custom
 from ..experiments.long_generation import TARGET_ALONE
 from ..io.model_configs import config_of, hub_model
 from ..io.published import published_checkpoints
-from .profile_memory import LONGEST_PROMPT, custom_trees_of, profile_downloads, published_download, resolved
+from .profile_memory import custom_trees_of, profile_downloads, published_download, resolved
 from .profiles import RunnerError
 
 FIGURES_FILE = Path(__file__).with_name("t4_figures.json")  # the inputs, each with its source (`T4Figures`)
