@@ -230,7 +230,7 @@ def sglang_pool(
     (nodes in score order, `super_*` arrays cut to its size), best first: the root's top-`topk`
     children, then for `steps` - 1 more levels every frontier node's top-`topk` children, of which
     the `topk` best by cumulative probability form the next frontier (SGLang's select_top_k_tokens
-    and organize_draft_results, python/sglang/srt/speculative/eagle_utils.py, commit 003ddbc). The
+    and organize_draft_results: docs/engines.md). The
     first num_draft_tokens - 1 of the pool are verified. Also the frontier nodes whose children were
     drafted (levels 1 .. steps - 1). Nodes the super-tree lacks score below all it holds, so the pool's
     head is exact wherever the pool holds at least the nodes verified."""

@@ -1,39 +1,9 @@
 """What each serving engine accepts of a draft tree, as rules read from the engine's own source, and
-the line to paste where it does (`deploy_lines`). A line an engine would refuse, or would draft as
-another tree than the one verified, is never given: the entry says why and what to use instead.
-
-    vLLM          `speculative_config={"num_speculative_tokens": N, "speculative_token_tree": "[(0,), ...]"}`
-                  for its EAGLE proposer (methods eagle, eagle3, mtp) with the TREE_ATTN backend. The
-                  proposer drafts level by level, `child_drafts_per_level[d]` = the level's node count //
-                  the previous level's, the top-k children of EVERY node of the previous level
-                  (vllm/v1/spec_decode/eagle.py, EagleProposer.__init__ and propose_tree, commit 008603a;
-                  the rank values in the paths are not read), while its tree-attention mask is built from
-                  the paths themselves (vllm/v1/attention/backends/tree_attn.py, _prepare_tree_attn_bias,
-                  commit 00c457b). So a tree is drafted as verified only if it is a product tree: every
-                  node of depth d - 1 has the same k_d children, of ranks 0..k_d - 1
-                  (`Tree.from_branching`). vLLM's main branch removed `speculative_token_tree` and tree
-                  attention on 2026-05-08 (PR #42121); the line is for the releases that carry it.
-    TensorRT-LLM  `EagleDecodingConfig(eagle_choices=[[0], [1], [0, 0]])` (tensorrt_llm/llmapi/llm_args.py,
-                  check_eagle_choices, commit 0004396: sorted, prefix-closed; max_total_draft_tokens =
-                  len(choices)); its static-tree drafter gives each node as many top children as it has
-                  children (_torch/speculative/spec_tree_manager.py, commit 040bc9a), so any branching
-                  without rank gaps is drafted as given. `MedusaDecodingConfig(medusa_choices=...)`
-                  (TRT engine flow only): depth at most the number of Medusa heads.
-    Medusa, EAGLE-1  the `choices` list (Medusa medusa/model/utils.py, commit e2a5d20; EAGLE v1 branch
-                  eagle/model/utils.py, commit 4a9cf3a): sorted by (length, path) internally,
-                  prefix-closed, every rank below TOPK = 10 (each head's or node's top 10 is drafted),
-                  depth at most the number of Medusa heads.
-    SGLang        takes no tree: it grows one each step from three flags (python/sglang/srt/speculative/
-                  spec_utils.py and eagle_utils.py, commits 00731f0 and 003ddbc): the root's top-k, then
-                  for steps - 1 more levels every frontier node's top-k of which the k best by cumulative
-                  probability stay; the num-draft-tokens - 1 best of those k + (steps - 1) k^2 nodes are
-                  verified (the count includes the root). `sglang_flags` gives the flags of this tree's
-                  depth, widest branching and node count within that pool: a budget, not this shape.
-                  Notebook 01 chooses the flags by replaying that rule instead (`analysis.replay.replay_sglang`,
-                  `analysis.heldout.sglang_choice`), and deploy.txt gives those.
-    llama.cpp     its server drafts and verifies chains only (common/speculative.cpp, commit 001d906;
-                  `--draft-p-split` is the standalone example's, not the server's): `--draft-max N` for a
-                  chain of N; a tree is not accepted.
+the line to paste where it does (`deploy_lines`): vLLM's speculative_token_tree (product trees only),
+TensorRT-LLM's and Medusa / EAGLE-1's choices lists, SGLang's three flags (a budget, not a shape) and
+llama.cpp's chain. A line an engine would refuse, or would draft as another tree than the one verified,
+is never given: the entry says why and what to use instead. Each rule, and where in the engine's
+source it was read: docs/engines.md.
 """
 
 from __future__ import annotations
@@ -74,7 +44,7 @@ def level_widths(tree: Tree) -> tuple[int, ...] | None:
 
 
 def vllm_line(tree: Tree) -> EngineLine:
-    """vLLM's speculative_config for a product tree (module docstring); else what it would draft."""
+    """vLLM's speculative_config for a product tree (docs/engines.md); else what it would draft."""
     widths = level_widths(tree)
     if widths is None:
         return EngineLine(
