@@ -11,7 +11,7 @@ import torch
 from specnb.experiments.checks import ParameterError
 from specnb.experiments.executors import executor_for
 from specnb.io.models import model_dtype
-from specnb.notebook import profiles, runner
+from specnb.notebook import places, runner
 from specnb.notebook.parameters import (
     EXECUTORS,
     LOSS_VOCABS,
@@ -27,7 +27,7 @@ from specnb.training.medusa import TrainConfig
 
 BOOKS = runner.notebooks()
 BY_STEM = {nb.stem: nb for nb in BOOKS}
-PROFILE_NAMES = sorted(p.stem for p in profiles.PROFILES.glob("*.yaml"))
+PROFILE_NAMES = sorted(p.stem for p in places.PROFILES.glob("*.yaml"))
 TREES_EXAMPLE = runner.NOTEBOOKS / "my_trees.example.yaml"
 
 
@@ -73,7 +73,7 @@ def profile_cases() -> list[tuple[str, list[Path]]]:
 def test_every_profile_passes(profile: str, extra: list[Path]):
     chosen = runner.runner_settings(profile).notebooks
     books = runner.notebooks(only=list(chosen) or None)
-    resolved = runner.resolve(profile, {}, extra, books, profiles.PROFILES)
+    resolved = runner.resolve(profile, {}, extra, books, places.PROFILES)
     for nb in books:
         check_parameters(nb, resolved[nb.stem])
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specnb.notebook import estimate, profiles, runner
+from specnb.notebook import estimate, places, profiles, runner
 from specnb.notebook.report import BIBTEX, DRAFT_MARK, LAST_WRITTEN, Report, latest_run, pivot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -641,7 +641,7 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
 
 def test_record_reads_the_runs_where_the_runner_writes_them(tmp_path, monkeypatch, capsys):
     """`estimate record` without --outputs looks where the runner writes ($SPECNB_OUTPUTS, else the
-    project's outputs/: `profiles.default_outputs`), never the working folder's outputs/."""
+    project's outputs/: `places.default_outputs`), never the working folder's outputs/."""
     elsewhere = tmp_path / "drive" / "specnb-outputs"
     monkeypatch.setenv("SPECNB_OUTPUTS", str(elsewhere))
     monkeypatch.chdir(tmp_path)
@@ -651,7 +651,7 @@ def test_record_reads_the_runs_where_the_runner_writes_them(tmp_path, monkeypatc
         in capsys.readouterr().err
     )
     monkeypatch.delenv("SPECNB_OUTPUTS")
-    monkeypatch.setattr(profiles, "ROOT", tmp_path / "project")  # never the real project's outputs/
+    monkeypatch.setattr(places, "ROOT", tmp_path / "project")  # never the real project's outputs/
     assert estimate.main(["record"]) == 2
     project = tmp_path / "project" / "outputs" / runner.SUMMARY_FILE
     assert f"not recorded: [Errno 2] No such file or directory: '{project}'" in capsys.readouterr().err

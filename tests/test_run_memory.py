@@ -10,7 +10,8 @@ from transformers import LlamaConfig
 from specnb.analysis.memory import weight_bytes
 from specnb.core.trees import Tree
 from specnb.experiments.checks import ParameterError
-from specnb.notebook.profiles import PROFILES, declared_parameters, notebooks, resolve
+from specnb.notebook.places import PROFILES
+from specnb.notebook.profiles import declared_parameters, notebooks, resolve
 from specnb.notebook.run_memory import (
     RUNTIME,
     RunMemory,

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .places import default_outputs
+
 DECODE_PREFIX = 256
 DECODE_WARMUP = 2
 DECODE_REPEATS = 8
@@ -314,8 +316,6 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> R
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-
-    from .profiles import default_outputs  # here: profiles brings torch, which this module imports only where used
 
     ap = argparse.ArgumentParser(prog="python -m specnb.notebook.estimate", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)

@@ -32,6 +32,8 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
+from .places import default_outputs
+
 SLACK = 0.25  # an axis may run this fraction of the data's span past it (margins, rounded ticks)
 PAD = 1.0  # pixels two texts may share before they count as overlapping
 
@@ -220,11 +222,9 @@ def saved_problems(path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m specnb.notebook.legibility [FOLDER...]`: every PNG's recorded problems (default: where
-    runs are written, `profiles.default_outputs`); exit 1 if any, 2 for a folder that is not there."""
+    runs are written, `places.default_outputs`); exit 1 if any, 2 for a folder that is not there."""
     import sys
     from pathlib import Path
-
-    from .profiles import default_outputs  # here: profiles brings torch, which this module needs nowhere else
 
     folders = [Path(f) for f in (argv if argv is not None else sys.argv[1:])] or [default_outputs()]
     if missing := [str(f) for f in folders if not f.is_dir()]:

@@ -8,7 +8,6 @@
                            values, every name checked against what the notebooks declare
     hub_models, published_heads, strings_in   the hub models and published heads parameters name
     parse_value            a -p value as YAML reads it
-    default_outputs        where runs are written ($SPECNB_OUTPUTS, else outputs/)
 
 `notebook.runner` documents the profile format; `notebook.profile_memory` and `notebook.t4_estimate`
 read profiles through this module too.
@@ -27,21 +26,13 @@ import yaml
 
 from ..experiments.checks import ParameterError
 from . import parameters
+from .places import NOTEBOOKS, PROFILES
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
-PROFILES = NOTEBOOKS / "profiles"
 RESERVED = ("run_dir",)  # set by the runner, never by a profile
 PROFILE_KEYS = ("extends", "runner")  # keys of a profile that are not parameter sections
 RUNNER_KEYS = ("env", "standins", "notebooks")
 SECTION = re.compile(r"^\d\d_\w+$")  # a notebook's section in a parameter file: 01_tree_shapes
 AUTO = "auto"  # `extends: auto`: t4 where CUDA is present, else cpu
-
-
-def default_outputs() -> Path:
-    """Where runs are written: $SPECNB_OUTPUTS (e.g. a folder on Google Drive, so a Colab run survives
-    a disconnect and resumes), else outputs/ in the project."""
-    return Path(os.environ.get("SPECNB_OUTPUTS") or ROOT / "outputs").expanduser()
 
 
 class RunnerError(Exception):

@@ -47,6 +47,7 @@ from typing import Any
 import nbformat
 
 from . import glossary, references
+from .places import default_outputs
 
 REPORT_SUFFIX = ".report.html"
 HIDDEN_CELL_TAGS = ("parameters", "injected-parameters")  # their values go into the parameters table
@@ -1048,8 +1049,6 @@ def print_pdf(page: Path, browser: str, timeout: int = 180) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-
-    from .profiles import default_outputs  # here: profiles' imports bring torch, which the report needs nowhere else
 
     ap = argparse.ArgumentParser(
         prog="python -m specnb.notebook.report",

@@ -69,13 +69,12 @@ from . import estimate, parameters, run_memory
 from .dryrun import install_standins
 from .estimate import Progress
 from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
+from .places import NOTEBOOKS, default_outputs
 from .profile_memory import drive_warning
 from .profiles import (
-    NOTEBOOKS,
     RunnerError,
     RunnerSettings,
     declared_parameters,
-    default_outputs,
     hub_models,
     notebooks,
     parse_value,

@@ -43,7 +43,8 @@ from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
 from .parameters import check_parameters
-from .profiles import NOTEBOOKS, declared_parameters, default_outputs, resolve, strings_in
+from .places import NOTEBOOKS, default_outputs
+from .profiles import declared_parameters, resolve, strings_in
 from .run_memory import check_run_memory
 from .runner import SHARED_RUN_ENV
 
