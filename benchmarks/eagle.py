@@ -50,7 +50,7 @@ from specnb.drafters.dynamic import DynamicTreeDrafter
 from specnb.drafters.eagle import EagleDrafter, EagleDynamicDrafter
 from specnb.drafters.medusa import MedusaDrafter
 from specnb.experiments.collect import collect
-from specnb.experiments.learned_study import DESIGNED, DYNAMIC, EAGLE, MEDUSA, budget_trees, tau_table
+from specnb.experiments.learned_study import DESIGNED, DYNAMIC, EAGLE, MEDUSA, budget_trees, eagle_config, tau_table
 from specnb.io.models import load_model, prompt_ids
 from specnb.io.prompts import load_prompts, spec_bench_task
 from specnb.training.eagle import EagleConfig, collect_eagle
@@ -76,8 +76,6 @@ def training_prompts(train: list, quick: bool) -> list:
 def recipes(quick: bool) -> tuple[TrainConfig, EagleConfig]:
     """(Medusa's, the EAGLE head's) training recipes; benchmarks/eagle_learning_curve.py trains the same."""
     medusa_config = medusa_recipe(quick)  # benchmarks/medusa.py's (same parameters, same cache)
-    # the EAGLE head: the same continuations' parameters, the prompts' rows kept
-    data = replace(medusa_config.distill_config(), prompt_rows=True)
     # --quick, measured on its held-out greedy rows (top-1 by depth 1-3; tau proxy = 1 + mean accepted
     # length of Tree.sparse(64) on every position's rank path; 1 thread, benchmarks/eagle_learning_curve.py):
     #   2 epochs, batch 2048, lr 1e-3 (54 steps):    0.165 / 0.068 / 0.040
@@ -87,15 +85,10 @@ def recipes(quick: bool) -> tuple[TrainConfig, EagleConfig]:
     # lr 1e-3 and 4e-3, p_weight 0.5 and 1.0, noise 0 and 1.0, 64 CE rows for more steps, and a layer
     # initialised from the target's last layer all did worse or no better; steps bind first in this budget,
     # then data (the fit on training prompts is 0.63-0.75 top-1 against 0.30 held out)
-    if quick:
-        eagle_config = EagleConfig(
-            data=data, heldout=0.1, epochs=9, batch_rows=1024, max_len=1024, lr=2e-3, ce_rows=256
-        )
-    else:  # 12 epochs of 2048 rows on the full data (not re-measured with the study above)
-        eagle_config = EagleConfig(
-            data=data, heldout=0.1, epochs=12, batch_rows=2048, max_len=1024, lr=2e-3, ce_rows=256
-        )
-    return medusa_config, eagle_config
+    # 12 epochs of 2048 rows on the full data (not re-measured with the study above); the EAGLE head reads
+    # the same continuations as Medusa's heads, the prompts' rows kept (`learned_study.eagle_config`)
+    epochs, batch_rows = (9, 1024) if quick else (12, 2048)
+    return medusa_config, eagle_config(medusa_config, epochs, batch_rows, lr=2e-3, ce_rows=256)
 
 
 def main() -> None:
@@ -119,14 +112,14 @@ def main() -> None:
     max_new = 48 if args.quick else 64
 
     train = training_prompts(train, args.quick)
-    medusa_config, eagle_config = recipes(args.quick)
+    medusa_config, head_config = recipes(args.quick)
     train_ids = [p for _, _, p in train]
     medusa = train_medusa(target, args.target, train_ids, medusa_config)
     print(
         f"medusa heads: {'loaded' if medusa.log['cached'] else 'trained'} ({medusa.folder}); "
         f"distill {medusa.log['distill_seconds']:.0f} s, train {medusa.log['seconds']:.0f} s, {medusa.log['rows']} rows"
     )
-    eagle = train_eagle(target, args.target, train_ids, eagle_config, depth=EAGLE_DEPTH)
+    eagle = train_eagle(target, args.target, train_ids, head_config, depth=EAGLE_DEPTH)
     print(
         f"eagle head: {'loaded' if eagle.log['cached'] else 'trained'} ({eagle.folder}); "
         f"distill {eagle.log['distill_seconds']:.0f} s, "

@@ -28,15 +28,12 @@ import time
 import numpy as np
 import torch
 
-from specnb import autoregressive_generate, speculative_generate
+from specnb import autoregressive_generate
 from specnb.analysis.collection import CollectConfig
 from specnb.analysis.head_collection import accuracy_by_depth
-from specnb.analysis.quality import perplexity
 from specnb.analysis.replay import replay, replay_steps
-from specnb.core.sampling import SamplingConfig, TypicalAcceptance
-from specnb.drafters.medusa import MedusaDrafter
 from specnb.experiments.collect import collect
-from specnb.experiments.learned_study import MEDUSA, budget_trees, tau_table
+from specnb.experiments.learned_study import LOSSY, MEDUSA, budget_trees, tau_table, typical_quality, typical_summary
 from specnb.io.models import load_model, prompt_ids
 from specnb.io.prompts import load_prompts, spec_bench_task
 from specnb.training.medusa import (
@@ -179,36 +176,14 @@ def main() -> None:
         )
         print(taus.pivot_table(index="shape", columns=["drafter", "budget"], values="tau").round(3).to_string())
 
-    drafter = MedusaDrafter(target, trained.heads)
-    taus, ppl_typ, ppl_exact = [], [], []
-    for _, _, ids in test[:n_typ]:
-        typ = speculative_generate(
-            target,
-            drafter,
-            ids[None],
-            tree,
-            max_new,
-            eos_token_id=(),
-            sampling=SamplingConfig(temperature=args.temperature, seed=1, typical=TypicalAcceptance()),
-        )
-        exact = speculative_generate(
-            target,
-            drafter,
-            ids[None],
-            tree,
-            max_new,
-            eos_token_id=(),
-            sampling=SamplingConfig(temperature=args.temperature, seed=1),
-        )
-        taus.append(sum(s.num_tokens for s in typ.steps) / len(typ.steps))
-        ppl_typ.append(perplexity(target, ids, typ.tokens))
-        ppl_exact.append(perplexity(target, ids, exact.tokens))
-    typical_tau = float(np.mean(taus))
-    ratio = float(np.exp(np.mean(np.log(ppl_typ)) - np.mean(np.log(ppl_exact))))
+    typical = typical_quality(target, trained.heads, tree, test[:n_typ], args.temperature, max_new, seed=1)
+    quality = typical_summary(typical).set_index("rule")
+    typical_tau = float(quality.loc[LOSSY, "tau"])
+    ppl_typ, ppl_exact = quality.loc[LOSSY, "perplexity_geomean"], quality.loc["lossless", "perplexity_geomean"]
+    ratio = float(ppl_typ / ppl_exact)
     print(
-        f"typical_lossy at T={args.temperature}: tau {typical_tau:.3f}; perplexity (geometric mean over "
-        f"{len(taus)} prompts) typical_lossy {np.exp(np.mean(np.log(ppl_typ))):.2f} vs lossless "
-        f"{np.exp(np.mean(np.log(ppl_exact))):.2f}"
+        f"{LOSSY} at T={args.temperature}: tau {typical_tau:.3f}; perplexity (geometric mean over "
+        f"{int(quality.loc[LOSSY, 'prompts'])} prompts) {LOSSY} {ppl_typ:.2f} vs lossless {ppl_exact:.2f}"
     )
     print(f"total {time.perf_counter() - t_start:.0f} s")
     print(
