@@ -58,6 +58,7 @@ from options import chosen_prompts, model_arguments, parsed, prompt_arguments
 from specnb import AdaptiveLength, Tree, autoregressive_generate, speculative_generate, summarize
 from specnb.analysis.quality import greedy_equal, perplexity
 from specnb.bench.baselines import hf_assisted_generate, hf_prompt_lookup_generate
+from specnb.bench.timing import fastest_rounds
 from specnb.core.drafting import ModelDrafter
 from specnb.core.generation import GenerationResult
 from specnb.drafters.methods import method_trees
@@ -76,21 +77,6 @@ class Method:
     run: Callable[[torch.Tensor, int], GenerationResult]  # (input ids, max new tokens) -> result
     depth: int = 0  # draft forwards per step (model drafts), for the cost model
     nodes: int = 0  # tree size verified per step (upper bound for lookup)
-
-
-def interleaved_runs(
-    methods: list[Method], ids: torch.Tensor, max_new_tokens: int, repeats: int, rotation: int
-) -> dict[str, GenerationResult]:
-    """Every method on one prompt, `repeats` rounds, the order rotated by `rotation` (so no method
-    always runs first); per method the fastest round's result."""
-    order = methods[rotation % len(methods) :] + methods[: rotation % len(methods)]
-    results: dict[str, GenerationResult] = {}
-    for _ in range(repeats):
-        for m in order:
-            r = m.run(ids, max_new_tokens)
-            if m.name not in results or r.total_time < results[m.name].total_time:
-                results[m.name] = r
-    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +285,7 @@ def measured_runs(
     args: argparse.Namespace,
     score: Callable[[torch.Tensor, torch.Tensor], float] | None = None,
 ) -> list[dict]:
-    """Every method on every prompt (`interleaved_runs`, after one warm-up run of each on a short
+    """Every method on every prompt (`bench.timing.fastest_rounds`, after one warm-up run of each on a short
     prompt, so no measured call pays one-off costs), one record a run, a progress line a prompt;
     score(ids, output): the output's perplexity, once per distinct output (None: nan)."""
     warm = prompt_ids(tokenizer, "Say hello.")
@@ -307,9 +293,10 @@ def measured_runs(
         m.run(warm, 3)
     runs: list[dict] = []
     scored: dict[tuple[str, tuple[int, ...]], float] = {}
+    by_name = {m.name: m for m in methods}
     for i, prompt in enumerate(prompts):
         ids = prompt_ids(tokenizer, prompt.text)
-        results = interleaved_runs(methods, ids, args.max_new_tokens, args.repeats, rotation=i)
+        results, _ = fastest_rounds(list(by_name), lambda n: by_name[n].run(ids, args.max_new_tokens), args.repeats, i)
         reference = results[TARGET_ALONE].tokens
         for m in methods:
             r = results[m.name]

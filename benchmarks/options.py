@@ -36,7 +36,7 @@ def model_arguments(
 
 
 def prompt_arguments(ap: argparse.ArgumentParser) -> None:
-    """The options of a per-category, interleaved run (`chosen_prompts`, `interleaved_runs`)."""
+    """The options of a per-category, interleaved run (`chosen_prompts`, `timing.fastest_rounds`)."""
     ap.add_argument("--prompts", default="spec_bench", help="spec_bench, builtin, or a JSONL path")
     ap.add_argument("--categories", nargs="*", default=None, help="default: all (--quick: coding summarization rag)")
     ap.add_argument("--per-category", type=int, default=2)

@@ -25,7 +25,7 @@ from specnb.bench.attention_grid import (
     run_grid,
     speedup_table,
 )
-from specnb.bench.timing import environment_row, measure, measure_interleaved
+from specnb.bench.timing import environment_row, fastest_rounds, measure, measure_interleaved
 from specnb.bench.verify_curve import CURVE_KEY, CurveConfig, curve_shape, curve_table, verify_curve
 from specnb.io.storage import Sweep
 from specnb.notebook.readings import curve_reading, recommendation
@@ -50,6 +50,20 @@ def test_measure_interleaved_runs_each_in_every_round():
     rounds = [c for c in calls if c != "setup b"]
     assert all(sorted(rounds[i : i + 3]) == list("abc") for i in range(0, 15, 3))
     assert calls[calls.index("setup b") + 1] == "b"
+
+
+def test_fastest_rounds_rotates_the_order_and_keeps_each_keys_fastest_result():
+    calls, times = [], iter([3.0, 2.0, 9.0, 1.0])  # b, a, b, a: c is refused (no time)
+
+    def run(key):
+        calls.append(key)
+        return "refused" if key == "c" else SimpleNamespace(total_time=next(times), key=key)
+
+    best, seconds = fastest_rounds(["a", "b", "c"], run, rounds=2, rotation=1)
+    assert calls == ["b", "c", "a"] * 2  # rotated by 1, the same order every round
+    assert list(seconds) == ["a", "b", "c"] and seconds == {"a": [2.0, 1.0], "b": [3.0, 9.0], "c": []}
+    assert best["a"].total_time == 1.0 and best["b"].total_time == 3.0 and best["c"] == "refused"
+    assert fastest_rounds([], run, rounds=3, rotation=5) == ({}, {})
 
 
 def test_environment_row_names_device_dtype_and_torch():

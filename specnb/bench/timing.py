@@ -4,6 +4,8 @@
                                synchronised around each call; median, quartiles, min and max
     measure_interleaved        several callables round-robin (shuffled order per round), so drifts
                                of the machine fall on all of them alike
+    fastest_rounds             whole generations round-robin (order rotated per prompt): each one's
+                               fastest result and every round's seconds
     device_name, environment_row   what every timed row carries: device, dtype, torch, threads
 
 No timing is asserted anywhere: tables are measurements of this machine, with the machine named.
@@ -15,9 +17,9 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -100,6 +102,29 @@ def measure_interleaved(
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
     return {name: Timing.of(t, warmup) for name, t in times.items()}
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def fastest_rounds(
+    keys: Sequence[K], run: Callable[[K], Any], rounds: int, rotation: int
+) -> tuple[dict[K, Any], dict[K, list[float]]]:
+    """`run(key)` for every key, `rounds` times, interleaved in an order rotated by `rotation` (so no
+    key always runs first): per key its fastest result (by `total_time`; a result without one, such
+    as a refusal's text, is kept as it is) and every round's seconds, keyed in the order of `keys`."""
+    best: dict[K, Any] = {}
+    seconds: dict[K, list[float]] = {k: [] for k in keys}
+    shift = rotation % len(keys) if keys else 0
+    for _ in range(rounds):
+        for k in [*keys[shift:], *keys[:shift]]:
+            result = run(k)
+            took = getattr(result, "total_time", None)
+            if took is not None:
+                seconds[k].append(took)
+            if k not in best or took is None or took < best[k].total_time:
+                best[k] = result
+    return best, seconds
 
 
 def device_name(device: torch.device | str) -> str:

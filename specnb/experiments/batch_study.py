@@ -34,7 +34,7 @@ from ..analysis.quality import compare_greedy, score
 from ..analysis.replay import replay, replay_steps
 from ..bench.baselines import hf_assisted_generate, hf_assisted_refusal, hf_generate_batch
 from ..bench.batch_curve import batch_curve, batch_curve_table
-from ..bench.timing import environment_row
+from ..bench.timing import environment_row, fastest_rounds
 from ..bench.verify_curve import CurveConfig
 from ..core.batch import BatchResult, autoregressive_generate_batch, speculative_generate_batch
 from ..core.generation import autoregressive_generate
@@ -197,13 +197,7 @@ def measure_batches(
     rows = []
     for b in batches:
         names = [TARGET_ALONE, HF_BATCH, *specs[b], f"{HF_ASSISTED}:{methods.k}"]
-        order = names[b % len(names) :] + names[: b % len(names)]
-        best: dict[str, BatchResult | str] = {}
-        for _ in range(rounds):
-            for name in order:
-                result = methods.run(name, prompts[:b], max_new_tokens)
-                if isinstance(result, str) or name not in best or result.total_time < best[name].total_time:
-                    best[name] = result
+        best, _ = fastest_rounds(names, lambda name: methods.run(name, prompts[:b], max_new_tokens), rounds, b)
         for name in names:
             rows.append(_row(b, name, best[name], target, prompts[:b], references[:b]))
     out = pd.DataFrame(rows)

@@ -36,6 +36,7 @@ from ..analysis.heldout import Choice, HeldOut, measurement_prediction
 from ..analysis.metrics import step_row, summarize
 from ..analysis.quality import Score, compare_greedy, logit_gap, score
 from ..bench.baselines import hf_assisted_generate, hf_prompt_lookup_generate, hf_uag_generate
+from ..bench.timing import fastest_rounds
 from ..bench.verify_curve import StepPoints
 from ..core.drafting import Drafter
 from ..core.generation import GenerationResult, autoregressive_generate, speculative_generate
@@ -181,28 +182,13 @@ def _sweep(store: Sweep, units: _Units, prompts: Sequence[Prompt], baseline_of: 
             )
             keys = [k for k in keys if k is not None]
             bar.update()
-        best, seconds = _timed_rounds(units, ids_of[prompt.id], keys, i)
-        _store_prompt(store, units, prompt, ids_of[prompt.id], best, seconds)
+        ids = ids_of[prompt.id]
+        best, seconds = fastest_rounds(
+            keys, lambda k: units.generate(ids, k, units.config.max_new_tokens), units.config.rounds, i
+        )
+        _store_prompt(store, units, prompt, ids, best, seconds)
         bar.update(len(keys))
     bar.close()
-
-
-def _timed_rounds(
-    units: _Units, ids: torch.Tensor, keys: list, start: int
-) -> tuple[dict[tuple[str, int] | None, GenerationResult], dict[tuple[str, int] | None, list[float]]]:
-    """Every key run `config.rounds` times, interleaved in an order rotated by `start` (no method
-    always first): per key its fastest result (greedy: every round gives the same tokens) and every
-    round's seconds, in the order of `keys`."""
-    best: dict = {}
-    seconds: dict = {k: [] for k in keys}
-    order = keys[start % len(keys) :] + keys[: start % len(keys)] if keys else []
-    for _ in range(units.config.rounds):
-        for k in order:
-            result = units.generate(ids, k, units.config.max_new_tokens)
-            seconds[k].append(result.total_time)
-            if k not in best or result.total_time < best[k].total_time:
-                best[k] = result
-    return best, seconds
 
 
 def _store_prompt(
