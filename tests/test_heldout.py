@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from specnb import Tree
-from specnb.analysis import heldout, replay
+from specnb.analysis import heldout, replay, spread
 from specnb.analysis.collection import CollectConfig, Collection, PromptData
 from specnb.core.engines import ENGINES, level_widths
 from specnb.experiments import replay_study
@@ -94,7 +94,7 @@ def curve(verify: float = 1.0, slope: float = 0.02, spread: float = 0.0, draft: 
     ],
 )
 def test_verdict_needs_an_interval_that_excludes_one(low, high, expected):
-    assert heldout.verdict(low, high) == expected
+    assert spread.verdict(low, high, spread.PAYS) == expected
 
 
 def test_choice_straddling_one_cannot_tell():

@@ -249,14 +249,6 @@ class Choice:
     verdict: str  # "pays off", "does not pay off" or "cannot tell"
 
 
-def verdict(low: float, high: float) -> str:
-    """ "pays off" where the speed-up interval lies above 1, "does not pay off" below 1, else
-    (it holds 1, or there is no interval) "cannot tell"."""
-    if not (low == low and high == high):
-        return "cannot tell"
-    return "pays off" if low > 1 else "does not pay off" if high < 1 else "cannot tell"
-
-
 def choose(
     table: pd.DataFrame, trees: Mapping[tuple[str, int], Tree], curve: pd.DataFrame, target: str, draft: str
 ) -> tuple[pd.DataFrame, Choice | None]:
@@ -286,7 +278,9 @@ def choose(
         speedup_ci_low=lows,
         speedup_ci_high=highs,
     )
-    speed["verdict"] = [verdict(lo, hi) for lo, hi in zip(speed["speedup_ci_low"], speed["speedup_ci_high"])]
+    speed["verdict"] = [
+        spread.verdict(lo, hi, spread.PAYS) for lo, hi in zip(speed["speedup_ci_low"], speed["speedup_ci_high"])
+    ]
     best = speed.iloc[0]
     key = (str(best["shape"]), int(best["budget"]))
     choice = Choice(
@@ -524,6 +518,8 @@ def sglang_choice(
             }
         )
     out = pd.DataFrame(rows)
-    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(out["speedup_ci_low"], out["speedup_ci_high"])]
+    out["verdict"] = [
+        spread.verdict(lo, hi, spread.PAYS) for lo, hi in zip(out["speedup_ci_low"], out["speedup_ci_high"])
+    ]
     out.attrs["skipped"] = per.attrs.get("skipped", [])
     return out

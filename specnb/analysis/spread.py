@@ -9,7 +9,8 @@ look like information and is not. The resampling is seeded, so a table is reprod
 
 Speed comparisons (`speed_ratio_interval`) resample prompts paired: both methods ran on the same
 prompts in the same process, interleaved, so a ratio's interval excludes what they share; `verdict`
-names a winner only where the interval excludes 1.
+names a winner only where the interval excludes 1, in the words of a speed comparison (`SPEED`) or of a
+tree to deploy (`PAYS`).
 """
 
 from __future__ import annotations
@@ -69,12 +70,17 @@ def speed_ratio_interval(
     return _percentiles(_divide(_divide(ta, sa), _divide(tb, sb)), level)
 
 
-def verdict(low: float, high: float) -> str:
-    """What an interval of a ratio says: "faster" (it lies above 1), "slower" (below 1), "within the
-    spread" (it holds 1), or "too few prompts" (no interval)."""
+SPEED = ("faster", "slower", "within the spread", "too few prompts")  # above 1, below 1, holding 1, none
+PAYS = ("pays off", "does not pay off", "cannot tell", "cannot tell")  # a tree to deploy (`heldout`)
+
+
+def verdict(low: float, high: float, words: tuple[str, str, str, str] = SPEED) -> str:
+    """What an interval of a ratio says, in `words`: it lies above 1 ("faster"), below 1 ("slower"),
+    holds 1 ("within the spread"), or there is none ("too few prompts")."""
+    above, below, holds, none = words
     if not (low == low and high == high):
-        return "too few prompts"
-    return "faster" if low > 1 else "slower" if high < 1 else "within the spread"
+        return none
+    return above if low > 1 else below if high < 1 else holds
 
 
 def _divide(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
