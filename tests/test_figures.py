@@ -136,6 +136,16 @@ def test_every_helper_saves_a_legible_figure(tmp_path, tables):
     assert main([str(tmp_path)]) == 0
 
 
+def test_a_panel_figures_legend_names_the_series_of_every_panel(tables):
+    """One legend beside the last panel, one entry per series of any panel: a shape the last panel
+    lacks (no steps at that budget) is still named."""
+    _, depths, _, _ = tables
+    fig = plots.depth_acceptance(depths[(depths["budget"] != 64) | (depths["shape"] != SHAPES[0])])
+    entries = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert sorted(entries) == sorted(SHAPES) and SHAPES[0] not in [line.get_label() for line in fig.axes[-1].lines]
+    plt.close(fig)
+
+
 def test_a_bad_figure_is_recorded_and_reported(tmp_path, capsys):
     plots.save(bad_figure(), tmp_path / "bad.png")
     assert saved_problems(tmp_path / "bad.png")

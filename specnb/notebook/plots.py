@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -53,8 +54,15 @@ def styles(names) -> dict[str, dict]:
     return out
 
 
-def legend_outside(ax: plt.Axes, title: str | None = None, **kwargs) -> None:
-    """The legend to the right of the axes, never over the data."""
+def legend_outside(ax: plt.Axes, title: str | None = None, panels: Sequence[plt.Axes] = (), **kwargs) -> None:
+    """The legend to the right of the axes, never over the data; with `panels`, one entry per label
+    drawn in any of them (a series missing from the last panel still has its entry)."""
+    if len(panels):
+        shown: dict[str, Any] = {}
+        for panel in panels:
+            for handle, label in zip(*panel.get_legend_handles_labels()):
+                shown.setdefault(label, handle)
+        kwargs.update(handles=list(shown.values()), labels=list(shown))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, title=title, **kwargs)
 
 
@@ -72,10 +80,7 @@ def depth_acceptance(depths: pd.DataFrame, path=None) -> plt.Figure:
         ax.set_title(f"{budget} draft tokens", fontsize=10)
         ax.set_xlabel("depth d")
     axes[0][0].set_ylabel("P(accepted >= d draft tokens)")
-    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
-    axes[0][-1].legend(
-        handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="shape"
-    )
+    legend_outside(axes[0][-1], "shape", axes[0])
     fig.suptitle("per-depth acceptance: steps that accepted at least d draft tokens / steps", fontsize=10)
     return save(fig, path)
 
@@ -99,28 +104,23 @@ def _layout(tree: Tree) -> tuple[dict[int, float], int]:
     return x, slots
 
 
+def _node_link(ax: plt.Axes, tree: Tree, x: dict[int, float], root: float, **nodes) -> Any:
+    """`tree` at the x of `_layout`, depth downward: its edges, the root (black, area `root`) and the
+    nodes (`nodes`: scatter's keywords); the nodes' scatter."""
+    for i, parent in enumerate(tree.parents):
+        ax.plot([x[parent + 1], x[i + 1]], [1 - tree.depths[i], -tree.depths[i]], color="0.6", lw=0.8, zorder=1)
+    ax.scatter([x[0]], [0], s=root, color="black", zorder=2)
+    return ax.scatter([x[i + 1] for i in range(tree.num_nodes)], [-d for d in tree.depths], zorder=3, **nodes)
+
+
 def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Figure:
     """The tree, root at the top; each node coloured and labelled by how often it was accepted."""
     x, slots = _layout(tree)
     width = max(float(slots), 1.0)
     fig, ax = plt.subplots(figsize=(min(max(6.0, 2 + 0.45 * width), 18), min(2.0 + 0.6 * max(tree.depth, 1), 10.0)))
-    cmap = plt.get_cmap("viridis")
-    for i, parent in enumerate(tree.parents):
-        ax.plot([x[parent + 1], x[i + 1]], [-tree.depths[i] + 1, -tree.depths[i]], color="0.7", lw=1, zorder=1)
-    ax.scatter([x[0]], [0], s=160, color="black", zorder=2)
-    ax.annotate("root", (x[0], 0), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=8)
     freqs = [frequency.get(p, 0.0) for p in tree.paths]
-    sc = ax.scatter(
-        [x[i + 1] for i in range(tree.num_nodes)],
-        [-d for d in tree.depths],
-        c=freqs,
-        cmap=cmap,
-        vmin=0,
-        vmax=1,
-        s=160,
-        edgecolors="black",
-        zorder=3,
-    )
+    sc = _node_link(ax, tree, x, 160, c=freqs, cmap="viridis", vmin=0, vmax=1, s=160, edgecolors="black")
+    ax.annotate("root", (x[0], 0), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=8)
     if tree.num_nodes <= 40:
         for i, f in enumerate(freqs):
             ax.annotate(
@@ -186,18 +186,8 @@ def tree_gallery(trees: Mapping[str, Sequence[Tree]], path=None) -> plt.Figure:
             # a node's diameter in points: below the gap between leaf slots and between levels
             gap = 72 * min(col_in[c] / (slots + 0.2), row_in[r] / (row_depth[r] + 0.8))
             size = min(14.0, 0.8 * gap)
-            for i, parent in enumerate(tree.parents):
-                ax.plot([x[parent + 1], x[i + 1]], [1 - tree.depths[i], -tree.depths[i]], color="0.6", lw=0.8, zorder=1)
-            ax.scatter([x[0]], [0], s=size**2 * 0.6, color="black", zorder=2)
-            ax.scatter(
-                [x[i + 1] for i in range(tree.num_nodes)],
-                [-d for d in tree.depths],
-                s=size**2,
-                c=["#c6dbef" if rank == 0 else "white" for rank in tree.ranks],
-                edgecolors="0.3",
-                linewidths=0.6,
-                zorder=3,
-            )
+            shade = ["#c6dbef" if rank == 0 else "white" for rank in tree.ranks]
+            _node_link(ax, tree, x, size**2 * 0.6, s=size**2, c=shade, edgecolors="0.3", linewidths=0.6)
             font = 7 if size >= 11 else 6 if size >= 8 else 5
             for i, rank in enumerate(tree.ranks):
                 ax.text(x[i + 1], -tree.depths[i], str(rank), ha="center", va="center", fontsize=font, zorder=4)
@@ -229,17 +219,7 @@ def tree_mask(tree: Tree, prefix: int = 3, path=None) -> plt.Figure:
         1, 2, figsize=(3.2 + 0.42 * mask.shape[1], 1.6 + 0.38 * mask.shape[0]), width_ratios=[1.0, 1.6]
     )
     x, slots = _layout(tree)
-    for i, parent in enumerate(tree.parents):
-        left.plot([x[parent + 1], x[i + 1]], [1 - tree.depths[i], -tree.depths[i]], color="0.6", lw=0.8, zorder=1)
-    left.scatter([x[0]], [0], s=220, color="black", zorder=2)
-    left.scatter(
-        [x[i + 1] for i in range(tree.num_nodes)],
-        [-d for d in tree.depths],
-        s=420,
-        color="#c6dbef",
-        edgecolors="0.3",
-        zorder=3,
-    )
+    _node_link(left, tree, x, 220, s=420, color="#c6dbef", edgecolors="0.3")
     for i, rank in enumerate(tree.ranks):
         left.text(x[i + 1], -tree.depths[i], f"n{i}\nr{rank}", ha="center", va="center", fontsize=6.5, zorder=4)
     left.set_xlim(-0.7, max(slots, 1) - 0.3)
@@ -586,15 +566,7 @@ def grid_vs_budget(
         ax.set_title(f"{pair}\n({kind})" if kind else pair, fontsize=8.5)
     axes[0][0].set_ylabel(label)
     fig.suptitle(title, fontsize=10)
-    handles, labels = [], []
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    axes[0][-1].legend(
-        handles, labels, title="shape", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8
-    )
+    legend_outside(axes[0][-1], "shape", axes[0])
     return save(fig, path)
 
 
@@ -714,7 +686,7 @@ def depth_accuracy(accuracy: pd.DataFrame, ks: tuple[int, ...] = (1, 5), path=No
         ax.set_xlabel("depth in the tree (the token d after the root)")
         ax.set_title(f"top-{k}", fontsize=10)
     axes[0][0].set_ylabel("share of steps whose depth-d token\nis in the drafter's top k")
-    legend_outside(axes[0][-1], "drafter")
+    legend_outside(axes[0][-1], "drafter", axes[0])
     fig.suptitle("accuracy by depth along the accepted path, on the held-out test prompts (greedy)", fontsize=10)
     return save(fig, path)
 
@@ -745,8 +717,7 @@ def learned_drafters(taus: pd.DataFrame, path=None) -> plt.Figure:
         ax.set_xlabel("draft tokens in the tree (N)")
         ax.set_title(title, fontsize=10)
     axes[0][0].set_ylabel(TAU)
-    shown = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
-    legend_outside(axes[0][-1], "drafter", handles=list(shown.values()), labels=list(shown))
+    legend_outside(axes[0][-1], "drafter", axes[0])
     fig.suptitle("learned drafters vs the draft model: the same target and held-out prompts (greedy)", fontsize=10)
     return save(fig, path)
 
@@ -765,7 +736,7 @@ def tau_by_shape(table: pd.DataFrame, path=None) -> plt.Figure:
         ax.set_xlabel("draft tokens in the tree (N)")
         ax.set_title(drafter, fontsize=10)
     axes[0][0].set_ylabel(TAU)
-    legend_outside(axes[0][-1], "shape")
+    legend_outside(axes[0][-1], "shape", axes[0])
     fig.suptitle("every tree by drafter: the same target, prompts and trees (greedy)", fontsize=10)
     return save(fig, path)
 
