@@ -94,7 +94,7 @@ def curve(verify: float = 1.0, slope: float = 0.02, spread: float = 0.0, draft: 
     ],
 )
 def test_verdict_needs_an_interval_that_excludes_one(low, high, expected):
-    assert spread.verdict(low, high, spread.PAYS) == expected
+    assert spread.verdict(low, high, heldout.PAYS) == expected
 
 
 def test_choice_straddling_one_cannot_tell():

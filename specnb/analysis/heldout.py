@@ -232,6 +232,9 @@ def preset_gaps(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PAYS = ("pays off", "does not pay off", "cannot tell", "cannot tell")  # `spread.verdict`'s words for a tree
+
+
 @dataclass(frozen=True)
 class Choice:
     """The tree and budget to deploy, its held-out tau and speed-up with intervals, and the verdict."""
@@ -279,7 +282,7 @@ def choose(
         speedup_ci_high=highs,
     )
     speed["verdict"] = [
-        spread.verdict(lo, hi, spread.PAYS) for lo, hi in zip(speed["speedup_ci_low"], speed["speedup_ci_high"])
+        spread.verdict(lo, hi, PAYS) for lo, hi in zip(speed["speedup_ci_low"], speed["speedup_ci_high"])
     ]
     best = speed.iloc[0]
     key = (str(best["shape"]), int(best["budget"]))
@@ -518,8 +521,6 @@ def sglang_choice(
             }
         )
     out = pd.DataFrame(rows)
-    out["verdict"] = [
-        spread.verdict(lo, hi, spread.PAYS) for lo, hi in zip(out["speedup_ci_low"], out["speedup_ci_high"])
-    ]
+    out["verdict"] = [spread.verdict(lo, hi, PAYS) for lo, hi in zip(out["speedup_ci_low"], out["speedup_ci_high"])]
     out.attrs["skipped"] = per.attrs.get("skipped", [])
     return out

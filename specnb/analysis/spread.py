@@ -9,8 +9,8 @@ look like information and is not. The resampling is seeded, so a table is reprod
 
 Speed comparisons (`speed_ratio_interval`) resample prompts paired: both methods ran on the same
 prompts in the same process, interleaved, so a ratio's interval excludes what they share; `verdict`
-names a winner only where the interval excludes 1, in the words of a speed comparison (`SPEED`) or of a
-tree to deploy (`PAYS`).
+names a winner only where the interval excludes 1, in the words of a speed comparison (`SPEED`) or the
+caller's (`heldout.PAYS`: a tree to deploy).
 """
 
 from __future__ import annotations
@@ -71,7 +71,6 @@ def speed_ratio_interval(
 
 
 SPEED = ("faster", "slower", "within the spread", "too few prompts")  # above 1, below 1, holding 1, none
-PAYS = ("pays off", "does not pay off", "cannot tell", "cannot tell")  # a tree to deploy (`heldout`)
 
 
 def verdict(low: float, high: float, words: tuple[str, str, str, str] = SPEED) -> str:

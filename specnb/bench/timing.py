@@ -4,8 +4,8 @@
                                synchronised around each call; median, quartiles, min and max
     measure_interleaved        several callables round-robin (shuffled order per round), so drifts
                                of the machine fall on all of them alike
-    fastest_rounds             whole generations round-robin (order rotated per prompt): each one's
-                               fastest result and every round's seconds
+    fastest_rounds             whole generations round-robin, the order rotated by the caller (per
+                               prompt, per batch size): each one's fastest result and every round's seconds
     device_name, environment_row   what every timed row carries: device, dtype, torch, threads
 
 No timing is asserted anywhere: tables are measurements of this machine, with the machine named.

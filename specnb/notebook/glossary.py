@@ -50,7 +50,7 @@ TERMS: dict[str, str] = {
     "verify cost": "the target's time for one call verifying N nodes, over its time for one decoded token",
     "speed-up": "tokens/s of a method over the target alone, measured in the same run (wall clock)",
     "pays off / cannot tell": "a predicted or measured speed-up whose 95% interval lies above 1 (pays off), below 1 "
-    "(slower), or straddles 1 (cannot tell)",
+    "(does not pay off), or straddles 1 (cannot tell)",
     "per_sequence_over_tree": "time of one attention call per root-to-leaf sequence over one tree-masked call: how "
     "much the tree mask saves (above 1: the tree call is faster)",
     "mask_overhead": "a tree-masked call's time over plain causal attention on the same number of tokens (1: free)",
