@@ -165,7 +165,7 @@ def deploy_text(results: TreeResults) -> str:
         f"{rec.speedup:.2f}x [{rec.speedup_low:.2f}, {rec.speedup_high:.2f}] the target alone (95% intervals; "
         f"nan: too few prompts for one): {rec.verdict}",
         f"# rank paths: {[list(p) for p in rec.tree.paths]}",
-        "# each engine's line, or why it cannot take this tree as verified (specnb/core/engines.py)",
+        "# each engine's line, or why it cannot take this tree as verified (rules and sources: docs/engines.md)",
         "",
     ]
     blocks = [
