@@ -67,7 +67,6 @@ from ..io.sources import TOKEN_HELP, offline, token_visible
 from ..io.storage import environment, read_json, write_json
 from . import estimate, parameters, run_memory
 from .dryrun import install_standins
-from .estimate import Progress
 from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
 from .places import NOTEBOOKS, default_outputs
 from .profile_memory import drive_warning
@@ -209,7 +208,7 @@ def _run_books(
     interrupted (the notebooks after it are not started). Whatever happened, each run's record is
     written and the index rewritten; 07's run is published as the report."""
     failures, stopped = [], False
-    progress = Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
+    progress = estimate.Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
     summary = {"profile": profile, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {}}
     summary |= {"plan": plan.to_json()} if plan is not None else {}
     os.environ["SPECNB_HEADLESS"] = "1"  # the kernels inherit it: figures without widgets (`session.interact`)
