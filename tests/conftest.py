@@ -31,6 +31,7 @@ from specnb.notebook import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 Loaded = TypeVar("Loaded")
+pytest_plugins = ["working_folder"]  # every test leaves the process in the folder it found it in
 
 # notebook runs in the tests: a cell that runs past this fails its run with a clear error
 # (specnb.notebook.runner.cell_timeout) instead of waiting on a kernel that stopped answering
@@ -269,10 +270,41 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shuffle",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="run the files, and the tests in each file, in an order shuffled by SEED (the same on every "
+        "worker): a test that depends on what ran before it fails in some order",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps the files' order
+    seed = config.getoption("shuffle")
+    if seed is not None:
+        shuffle(items, seed)
+        print(f"[tests] order shuffled with --shuffle {seed}")
+    elif os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps the files' order
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the order within a file kept
+
+
+def shuffle(items: list, seed: int) -> None:
+    """`items` reordered in place: the files in a random order, each file's tests shuffled among
+    themselves and kept together (xdist's --dist loadfile hands a file to one worker)."""
+    import random
+
+    rng = random.Random(seed)
+    files: dict[Path, list] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    order = list(files)
+    rng.shuffle(order)
+    for path in order:
+        rng.shuffle(files[path])
+    items[:] = [item for path in order for item in files[path]]
 
 
 @contextlib.contextmanager

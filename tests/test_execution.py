@@ -28,6 +28,7 @@ TINY = """import os, signal, time
 from pathlib import Path
 folder = Path(run_dir)
 (folder / "kernel.pid").write_text(str(os.getpid()))
+(folder / "kernel.cwd").write_text(os.getcwd())
 if mode == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "sleep" and not (folder / "slept").exists():  # once: the resumed run goes on
@@ -120,6 +121,39 @@ def rerun(books: Path, outputs: Path, monkeypatch) -> int:
     for name, value in RUN_ENV.items():
         monkeypatch.setenv(name, value)
     return runner.main(run_args(books, outputs, "sleep"))
+
+
+def test_a_run_leaves_the_process_where_it_stood_and_its_kernel_in_the_notebooks_folder(tmp_path, books, monkeypatch):
+    """The runner in this process (as a test worker runs it): the kernel starts in the notebooks'
+    folder, and the process never leaves its own, so nothing it removes later can be under it."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for name, value in RUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert runner.main(run_args(books, tmp_path / "out", "ok")) == 0
+    assert os.getcwd() == str(here)
+    (folder,) = (tmp_path / "out" / "01_tiny").iterdir()
+    assert (folder / "kernel.cwd").read_text() == str(books.resolve())
+
+
+def test_a_run_started_from_a_removed_folder_runs_from_the_notebooks_folder(tmp_path, books, monkeypatch, capsys):
+    """A process standing in a folder that was removed (a test worker once was, after another test's
+    folder went): papermill, and any process started from there (torch's import among them), fail on
+    the missing folder. The runner moves to the notebooks' folder, says so, and runs."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    for name, value in RUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert runner.main(run_args(books, tmp_path / "out", "ok")) == 0
+    assert f"the current folder was removed; running from {books}" in capsys.readouterr().out
+    assert os.getcwd() == str(books) and record_of(tmp_path / "out")["status"] == "finished"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch, os; print(os.getcwd())"], capture_output=True, text=True
+    )
+    assert probe.returncode == 0 and probe.stdout.strip() == str(books), probe.stderr[-2000:]
 
 
 def test_a_killed_runner_leaves_no_kernel_behind(tmp_path, books):

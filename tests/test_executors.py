@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from transformers import PreTrainedTokenizerFast
 
 from specnb.analysis.collection import CollectConfig, Collection, units_of
 from specnb.experiments.collect import collect_units
-from specnb.experiments.executors import LocalExecutor, RayExecutor, executor_for
+from specnb.experiments.executors import LocalExecutor, RayExecutor, executor_for, start_ray
 from specnb.io.models import ModelPair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +105,7 @@ def test_a_local_ray_start_that_times_out_is_tried_once_more():
     ray = FlakyRay(failures=2)
     with pytest.raises(RuntimeError, match="Ray could not start on this machine: .*timed out during startup"):
         RayExecutor()._init(ray)
-    assert ray.inits == 2
+    assert ray.inits == 2 and ray.shutdowns == 2  # each failed start stopped before the next step
     ray = FlakyRay(failures=1)  # a cluster's address: its own start is not ours to retry
     with pytest.raises(RuntimeError, match="at address 'ray://head:10001'"):
         RayExecutor(address="ray://head:10001")._init(ray)
@@ -200,14 +201,50 @@ def test_two_concurrent_collections_into_one_folder_leave_one_file_per_unit(tmp_
 # ---- a local Ray instance ----------------------------------------------------------------------
 
 
+class _Clock:
+    """node.py's `time` for a start that times out at once: every reading 100 s after the last."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        self.now += 100.0
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_a_ray_start_that_times_out_leaves_no_server_running(tmp_path_factory, monkeypatch):
+    """A real local start whose raylet never registers (Ray's own 30 s wait, run out at once): the GCS
+    server and the raylet it spawned are stopped before the error is raised, by the executor's start and
+    by this module's fixture alike (`start_ray`). `ray.shutdown()` alone leaves them running."""
+    ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "specnb[ray]")')
+    import psutil
+    import ray._private.node as node
+    import ray._private.services as services
+
+    def never_up(*args, **kwargs):
+        raise RuntimeError("node info not available yet")
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with machine_lock(tmp_path_factory, "ray"):
+        monkeypatch.setattr(services, "get_node", never_up)
+        monkeypatch.setattr(node, "time", _Clock())
+        with pytest.raises(RuntimeError, match="Ray could not start on this machine: .*timed out during startup"):
+            RayExecutor(workers=1)._init(ray)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], [" ".join(p.cmdline())[:80] for p in left]
+
+
 @pytest.fixture(scope="module")
 def ray_local(tmp_path_factory):
     """A local Ray instance with 2 CPUs for this module (stopped after it); skipped where Ray is not
     installed or cannot start. One at a time on this machine (machine_lock: two test workers)."""
     ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "specnb[ray]")')
     with machine_lock(tmp_path_factory, "ray"):
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
+        try:  # a start that fails leaves nothing running (the session's check for leftover processes)
+            start_ray(ray, num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
         except Exception as e:  # no shared memory, no ports...: the tests cannot say anything here
             pytest.skip(f"Ray cannot start here: {type(e).__name__}: {e}")
         yield ray

@@ -6,6 +6,7 @@
     RayExecutor     Ray actors, each calling `load()` once and `work` for many units; `num_gpus` per
                     actor where the cluster has GPUs (Ray is an optional dependency: `specnb[ray]`)
     executor_for    the notebooks' parameters ("local" / "ray", the Ray address) -> an executor
+    start_ray       `ray.init` that, when it fails, stops the servers it started
     Progress, Failure, WorkerInfo, Outcome
 
 Both executors retry a unit that fails (it raised, or its worker died) up to their `retries` more times,
@@ -168,6 +169,29 @@ class LocalExecutor(Executor):
         return ledger.outcome(me, 0, ready)
 
 
+def start_ray(ray: Any, **init: Any) -> None:
+    """`ray.init(**init)`; if it raises, what it started is stopped before the error goes on. Ray's own
+    `shutdown` cannot do it after a local start fails: the node that started the GCS server, the raylet
+    and their monitors is registered only once it is up, so a start that times out (a machine busy on
+    every core) leaves them running. They are this process's children that were not there before."""
+    import psutil  # a dependency of accelerate, hence always installed with specnb
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    try:
+        ray.init(**init)
+    except BaseException:
+        ray.shutdown()
+        started = [p for p in me.children(recursive=True) if p.pid not in before]
+        for p in started:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(started, timeout=10)
+        raise
+
+
 def import_ray() -> Any:
     """The `ray` module, or an ImportError that says how to install it."""
     try:
@@ -242,7 +266,8 @@ class RayExecutor(Executor):
 
     def _init(self, ray: Any) -> None:
         """Connect to `address`, or start a local instance. A local start that times out waiting for its
-        raylet (Ray waits a fixed 30 s, which a machine busy on every core can exceed) is tried once more."""
+        raylet (Ray waits a fixed 30 s, which a machine busy on every core can exceed) is tried once more.
+        A start that fails leaves nothing running (`start_ray`)."""
         job: dict[str, Any] = {"log_to_driver": False}
         if self.ship_code:
             job["runtime_env"] = {"py_modules": [str(Path(__file__).resolve().parents[1])]}
@@ -250,14 +275,13 @@ class RayExecutor(Executor):
         for attempt in (1, 2):
             try:
                 if self.address:
-                    ray.init(address=self.address, **job)
+                    start_ray(ray, address=self.address, **job)
                 else:  # a local instance sized for the actors asked for; units never pass through its object store
                     cpus = int(self.workers * self.num_cpus) if self.workers else None
-                    ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=256 * 2**20, **job)
+                    start_ray(ray, num_cpus=cpus, include_dashboard=False, object_store_memory=256 * 2**20, **job)
                 return
             except Exception as e:
                 if attempt == 1 and not self.address and "timed out during startup" in str(e):
-                    ray.shutdown()  # what the failed start left running
                     continue
                 raise RuntimeError(f"Ray could not start {where}: {_one_line(e)}") from e
 

@@ -14,6 +14,11 @@ whatever ends the run, the kernel ends with it and the way it ended is known:
                    else went wrong around it (the exception's type and message)
     interrupted    Ctrl-C, SIGTERM or SIGHUP reached the runner
 
+The kernel starts in `cwd` (the notebooks' folder, where their relative paths point); the runner's own
+process never changes its current folder, so no path of a run (a failure, a signal) can leave it
+standing elsewhere. Started from a folder that has since been removed, it moves to `cwd` first:
+papermill and every process started from there would fail on the missing folder.
+
 The kernel runs in a session of its own (jupyter_client starts it so), so a signal to the runner's
 process group does not reach it; `execute` shuts it down in every case, at once. If the runner is
 killed outright (SIGKILL), ipykernel's parent poller ends the kernel within about a second.
@@ -174,12 +179,13 @@ def execute(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path,
     km = AsyncKernelManager(kernel_name="python3")
     oom_before, start = oom_kills(), time.perf_counter()
     status, error = "failed", None
+    standing_somewhere(cwd)
     try:
         papermill.execute_notebook(
-            str(notebook),
-            str(output),
+            str(Path(notebook).resolve()),
+            str(Path(output).resolve()),
             parameters=parameters,
-            cwd=str(cwd),
+            resources={"metadata": {"path": str(Path(cwd).resolve())}},  # the kernel's folder (nbclient), not ours
             progress_bar=False,
             log_output=True,
             kernel_name="python3",
@@ -204,6 +210,15 @@ def execute(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path,
             _cancel_pending()
             run_sync(_shut_down)(km)
     return Outcome(status, error, round(time.perf_counter() - start, 1))
+
+
+def standing_somewhere(fallback: Path) -> None:
+    """This process's current folder, if it still exists; else it moves to `fallback` and says so."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        os.chdir(fallback)
+        print(f"the current folder was removed; running from {fallback}", flush=True)
 
 
 def _exit_code(km: Any) -> int | None:
