@@ -307,19 +307,28 @@ def shuffle(items: list, seed: int) -> None:
     items[:] = [item for path in order for item in files[path]]
 
 
+_HELD: set[str] = set()  # the machine locks this process holds
+
+
 @contextlib.contextmanager
 def machine_lock(tmp_path_factory, name: str):
     """Held by one test worker at a time, across workers (a file lock in the folder their temporary
     folders share): what two workers must not do at once on one machine, such as each starting a
-    local Ray instance."""
+    local Ray instance. Re-entrant within a process: a worker that holds it (a module's Ray instance)
+    and asks again goes on, where a second flock of its own would wait on itself for ever."""
+    if name in _HELD:
+        yield
+        return
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # shared by the workers of this run
     with open(root / f"{name}.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
+        _HELD.add(name)
         try:
             yield
         finally:
+            _HELD.discard(name)
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
