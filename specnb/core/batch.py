@@ -6,7 +6,8 @@ loop and the step are batch 1's (`generation.generate_rows`); this module gives 
                                     accept different lengths (a per-row commit) and leave the batch
                                     when they reach EOS or their length
     autoregressive_generate_batch   the target alone on the same batch: one forward per token for
-                                    every row (the baseline a batched speculative run must beat)
+                                    every row (the baseline a batched speculative run must beat; with
+                                    each greedy token's top-2 margin, `MarginRows`)
     RaggedTarget                    the target's side of a batch step: verify, commit, rows leaving
     BatchModelDrafter               a draft model drafting every row's tree together: one draft
                                     forward per depth for the whole batch, on its own ragged cache
@@ -40,7 +41,7 @@ from .acceptance import Acceptance
 from .drafting import Draft, Drafter, NoDraft, fill_levels
 from .generation import DrafterRows, GenerationResult, Meter, RowDrafting, generate_rows
 from .masks import attention_implementation, rooted_ancestor_mask
-from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows
+from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows, stack, truncate
 from .runtime import eos_ids, make_generator, peak_memory, reset_peak_memory
 from .sampling import GREEDY, SamplingConfig, sample_without_replacement
 from .streaming import kv_bytes
@@ -88,12 +89,41 @@ def draw_rows(probs: torch.Tensor, level: Level, generators: Sequence[torch.Gene
 
 
 def prefill_batch(model: torch.nn.Module, ragged: RaggedCache, sequences: Sequence[Sequence[int]]) -> None:
-    """Append each row's tokens (any lengths, >= 0) as committed tokens, causally, in one forward."""
-    if not max(map(len, sequences)):
+    """Append each row's tokens (any lengths, >= 0) as committed tokens, causally. One forward pads every
+    row to the longest; into an empty cache, rows of very different lengths (the padded block at least
+    `PADDING` times their tokens) are prefilled in groups of similar length instead, each its own
+    forward, and the groups' caches are put side by side in row order (`ragged.stack`)."""
+    rows = [list(seq) for seq in sequences]
+    longest = max(map(len, rows))
+    if not longest:
         return
-    block, columns = causal_block(ragged, [list(seq) for seq in sequences])
-    block_forward(model, ragged, *block, logits_to_keep=1)
-    commit(ragged, columns)
+    if ragged.width or len(rows) * longest <= PADDING * sum(map(len, rows)):
+        block, columns = causal_block(ragged, rows)
+        block_forward(model, ragged, *block, logits_to_keep=1)
+        commit(ragged, columns)
+        return
+    order = sorted(range(len(rows)), key=lambda b: len(rows[b]))
+    groups, start = [], 0
+    while start < len(order):  # the next group: rows while the group's padded block stays within PADDING
+        end = start + 1
+        while end < len(order) and (end + 1 - start) * len(rows[order[end]]) <= PADDING * sum(
+            len(rows[b]) for b in order[start : end + 1]
+        ):
+            end += 1
+        groups.append(order[start:end])
+        start = end
+    parts = []
+    for group in groups:
+        part = RaggedCache.empty(model, len(group))
+        prefill_batch(model, part, [rows[b] for b in group])
+        parts.append(part)
+    placed = stack(model, parts)
+    where = [b for group in groups for b in group]  # row of `placed` -> row of the batch
+    select_rows(placed, [where.index(b) for b in range(len(rows))])
+    ragged.cache, ragged.lengths, ragged.base = placed.cache, placed.lengths, placed.base
+
+
+PADDING = 1.5  # prefill groups: the padded block at most this many times the rows' own tokens
 
 
 @dataclass
@@ -127,6 +157,36 @@ class RaggedTarget:
 
     def kv_bytes(self) -> int:
         return kv_bytes(self.ragged.cache)
+
+
+class MarginRows:
+    """A `generation.Rows` over another (`inner`) that keeps, for every row the batch started with,
+    the top-1 minus top-2 logit at each root it verified: how near a tie each greedy token of the
+    target's own decoding was. Where that margin is below the dtype's tie margin, the same row decoded
+    alone may take the other token (`analysis.quality.compare_greedy` calls such a difference a tie)."""
+
+    def __init__(self, inner: RaggedTarget, rows: int) -> None:
+        self.inner, self.active = inner, list(range(rows))
+        self.margins: list[list[float]] = [[] for _ in range(rows)]
+
+    def verify(
+        self, target: torch.nn.Module, roots: list[int], trees: list[Tree], tokens: torch.Tensor
+    ) -> torch.Tensor:
+        logits = self.inner.verify(target, roots, trees, tokens)  # [B, N + 1, V]
+        top = logits[:, 0].topk(2, dim=-1).values  # [B, 2]
+        for row, margin in zip(self.active, (top[:, 0] - top[:, 1]).tolist()):
+            self.margins[row].append(margin)
+        return logits
+
+    def commit(self, paths: list[tuple[int, ...]]) -> None:
+        self.inner.commit(paths)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.inner.keep_rows(rows)
+        self.active = [self.active[r] for r in rows]
+
+    def kv_bytes(self) -> int:
+        return self.inner.kv_bytes()
 
 
 class BatchModelDrafter(Drafter):
@@ -176,10 +236,12 @@ class BatchModelDrafter(Drafter):
         tree: Tree,
         sampling: SamplingConfig,
         generators: Sequence[torch.Generator | None],
+        depths: Sequence[int] | None = None,
     ) -> list[Draft]:
         """Each row's draft (tokens long [N], q float32 [N + 1, V] or None when greedy) for the rows'
         sequences (each ending with its root). The first call after `reset` starts the batch: its
-        rows' prompts go into the draft's cache."""
+        rows' prompts go into the draft's cache. depths: unused (a row's draft of a cut tree is the
+        first nodes of its draft of the whole: the loop cuts them)."""
         self.check_request(tree, sampling)
         if self.ragged is None:
             self.ragged = RaggedCache.empty(self.model, len(sequences))
@@ -204,13 +266,18 @@ class BatchModelDrafter(Drafter):
 
     def _advance(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
         """Feed each row what its cache lacks (at least its root); float32 logits [B, V] at each
-        root."""
+        root. A row whose sequence departs from what its cache holds (a text re-encoded from an
+        earlier point) keeps the common prefix and is fed from there."""
         new = []
         for b, seq in enumerate(sequences):
-            held = self.committed[b]
-            if seq[: len(held)] != held or len(seq) <= len(held):
-                raise ValueError("a row's sequence must extend what its draft cache holds")
-            new.append(list(seq[len(held) :]))
+            held, same = self.committed[b], 0
+            for a, c in zip(self.committed[b], seq[:-1]):  # the root is fed again in any case
+                if a != c:
+                    break
+                same += 1
+            if same < len(held):
+                truncate(self.ragged, b, same)
+            new.append(list(seq[same:]))
         block, columns = causal_block(self.ragged, new)
         root_logits = block_forward(self.model, self.ragged, *block, logits_to_keep=1)[
             :, -1
@@ -252,15 +319,26 @@ def autoregressive_generate_batch(
     max_new_tokens: int = 64,
     sampling: SamplingConfig = GREEDY,
     eos_token_id: int | Sequence[int] | None = None,
+    margins: bool = False,
 ) -> BatchResult:
     """The target alone on a batch: each step one forward of one token per active row (the first
     after the prompts' ragged prefill), the loop of `speculative_generate_batch` with drafters that
-    draft nothing. Row b samples with its own generator seeded `sampling.seed` + b."""
+    draft nothing. Row b samples with its own generator seeded `sampling.seed` + b. margins: each
+    row's result carries meta["margins"], the top-1 minus top-2 logit at each of its tokens
+    (`MarginRows`: where a greedy token was a near tie)."""
     sequences = check_prompts(prompts, max_new_tokens)
     drafters = DrafterRows([NoDraft() for _ in sequences])
     sampling = dataclasses.replace(sampling, typical=None)
     return generate_batch(
-        target, drafters, sequences, NoDraft.empty, max_new_tokens, sampling, eos_token_id, "autoregressive_batch"
+        target,
+        drafters,
+        sequences,
+        NoDraft.empty,
+        max_new_tokens,
+        sampling,
+        eos_token_id,
+        "autoregressive_batch",
+        margins,
     )
 
 
@@ -273,17 +351,20 @@ def generate_batch(
     sampling: SamplingConfig,
     eos_token_id: int | Sequence[int] | None,
     method: str,
+    margins: bool = False,
 ) -> BatchResult:
     """The rows through `generate_rows`, the target on a `RaggedTarget` after the prompts' ragged
-    prefill (all but each root); each row's `GenerationResult` in prompt order, with the batch's times."""
+    prefill (all but each root); each row's `GenerationResult` in prompt order, with the batch's times
+    (and with `margins`, its roots' top-1 minus top-2 logits in meta["margins"], `MarginRows`)."""
     attention_implementation(target)
     eos, generators = eos_ids(target, eos_token_id), row_generators(sampling.seed, len(sequences), target.device)
     meter = Meter(target.device)
     reset_peak_memory(target.device)
     start = meter.now()
-    state = RaggedTarget(RaggedCache.empty(target, len(sequences)))
-    prefill_batch(target, state.ragged, [seq[:-1] for seq in sequences])
+    ragged = RaggedTarget(RaggedCache.empty(target, len(sequences)))
+    prefill_batch(target, ragged.ragged, [seq[:-1] for seq in sequences])
     prefill_time = meter.now() - start
+    state = MarginRows(ragged, len(sequences)) if margins else ragged
     new, steps = generate_rows(
         target, state, drafters, sequences, tree, max_new_tokens, sampling, eos, generators, meter
     )
@@ -297,7 +378,7 @@ def generate_batch(
             total_time=total,
             peak_memory_bytes=peak_memory(target.device),
             method=method,
-            meta={"batch_size": len(sequences)},
+            meta={"batch_size": len(sequences)} | ({"margins": state.margins[i]} if margins else {}),
             kv_peak_bytes=meter.peak(),  # the batch's: target + draft caches of all its rows, inside a step
         )
         for i in range(len(sequences))

@@ -95,8 +95,15 @@ class RowDrafting(Protocol):
     """The drafting side of a step for B rows: `DrafterRows` or `batch.BatchModelDrafter`."""
 
     def draft_rows(
-        self, sequences: list[list[int]], tree: Tree, sampling: SamplingConfig, generators: list[torch.Generator]
-    ) -> list[Draft]: ...
+        self,
+        sequences: list[list[int]],
+        tree: Tree,
+        sampling: SamplingConfig,
+        generators: list[torch.Generator],
+        depths: list[int] | None = None,
+    ) -> list[Draft]:
+        """Each row's draft of `tree`; given `depths`, as the row would draft alone with `tree` cut to
+        depths[r] (the loop itself cuts each drafted tree to its row's depth afterwards)."""
 
     def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None: ...
 
@@ -203,10 +210,18 @@ class DrafterRows:
         self.drafters = list(drafters)
 
     def draft_rows(
-        self, sequences: list[list[int]], tree: Tree, sampling: SamplingConfig, generators: list[torch.Generator]
+        self,
+        sequences: list[list[int]],
+        tree: Tree,
+        sampling: SamplingConfig,
+        generators: list[torch.Generator],
+        depths: list[int] | None = None,
     ) -> list[Draft]:
+        """Each row's draft of `tree` (or, given `depths`, of `tree` cut to the row's depth: what it
+        drafts alone near its end)."""
         ids = [torch.tensor(seq) for seq in sequences]  # host ids: drafters read them there
-        return [d.draft(x, tree, sampling, g) for d, x, g in zip(self.drafters, ids, generators)]
+        trees = [tree] * len(ids) if depths is None else [tree.truncated(d) for d in depths]
+        return [d.draft(x, t, sampling, g) for d, x, t, g in zip(self.drafters, ids, trees, generators)]
 
     def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
         for drafter, draft, result in zip(self.drafters, drafts, results):

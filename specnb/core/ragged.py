@@ -12,6 +12,8 @@ commit (a tree being drafted level by level, a tree being verified).
                     padding entries see only themselves and are never shown to a real token
     commit          per row, move chosen scratch columns to the end of its committed tokens, then
                     crop the cache to the longest row: the scratch is gone
+    stack           several ragged caches' rows side by side in one
+    truncate        a row keeps only its first tokens (the rest turn stale)
     discard         crop the scratch (a drafted tree whose nodes are not kept)
     select_rows     keep some rows only (finished rows leave the batch)
 
@@ -142,6 +144,41 @@ def commit(ragged: RaggedCache, keep: list[list[int]]) -> None:
     ragged.lengths = [n + len(cols) for n, cols in zip(ragged.lengths, keep)]
     ragged.base = max(ragged.lengths, default=0)
     crop(ragged.cache, ragged.base)
+
+
+@torch.inference_mode()
+def stack(model: torch.nn.Module, parts: list[RaggedCache]) -> RaggedCache:
+    """One ragged cache holding the rows of `parts` in order (each part's scratch empty): every part's
+    keys and values padded with stale columns to the widest, then put side by side on the batch."""
+    if any(p.width != p.base for p in parts):
+        raise ValueError("stack caches between steps only (a scratch is not empty)")
+    out = RaggedCache.empty(model, sum(p.rows for p in parts))
+    out.lengths = [n for p in parts for n in p.lengths]
+    out.base = max(out.lengths, default=0)
+    held = [p for p in parts if p.cache.layers and p.cache.layers[0].is_initialized]
+    for i in range(len(held[0].cache.layers) if held else 0):
+        like = held[0].cache.layers[i].keys  # [B, heads, width, dim]
+        keys, values = [], []
+        for p in parts:
+            layer = p.cache.layers[i]
+            if not layer.is_initialized:  # a part of empty rows: stale columns only
+                empty = like.new_zeros(p.rows, like.shape[1], out.base, like.shape[3])
+                keys.append(empty)
+                values.append(empty)
+                continue
+            pad = out.base - layer.keys.shape[-2]
+            keys.append(torch.nn.functional.pad(layer.keys, (0, 0, 0, pad)))
+            values.append(torch.nn.functional.pad(layer.values, (0, 0, 0, pad)))
+        out.cache.update(torch.cat(keys), torch.cat(values), i)
+    return out
+
+
+def truncate(ragged: RaggedCache, row: int, length: int) -> None:
+    """Row `row` keeps its first `length` committed tokens; the rest become stale columns that no mask
+    shows (a row whose text was re-encoded from an earlier point: `drafters.cross_tokenizer`)."""
+    if not 0 <= length <= ragged.lengths[row]:
+        raise ValueError(f"row {row} holds {ragged.lengths[row]} tokens; cannot keep {length}")
+    ragged.lengths[row] = length
 
 
 def discard(ragged: RaggedCache) -> None:
