@@ -525,6 +525,33 @@ def test_redraft_takes_the_steps_of_a_real_run(vocabs, kind, tree_name):
         assert len(again.draft_paths) == len(again.steps)
 
 
+@pytest.mark.parametrize("kind", ["bigram_other_word", "random"])
+@pytest.mark.parametrize("tree_name", ["chain4", "kary2x10", "sparse12"])
+def test_prompts_redrafted_together_take_each_prompts_own_steps(vocabs, kind, tree_name):
+    """Three prompts of different lengths re-drafted at once (`CrossTokenizerRows`: one draft forward
+    per depth for every row, rows leaving as they finish, a row's view re-encoded from an earlier
+    point fed again there) take, prompt by prompt, the steps of that prompt re-drafted alone, which a
+    test above holds equal to a real run's, up to the continuation's end and its last short steps."""
+    from specnb.analysis.redraft import redraft, redraft_rows
+    from specnb.drafters.cross_tokenizer import CrossTokenizerRows
+
+    t, d, tt, dt = vocabs
+    target, draft = pair(kind, t, d)
+    tree = TREES[tree_name]
+    texts = [" hello the", " the cat sat on the ma", " a"]
+    prompts = [ids_of(t, text) for text in texts]
+    conts = [
+        speculative_generate(
+            target, cross_drafter(draft, "chain4", dt, tt), torch.tensor([p]), max_new_tokens=n, eos_token_id=()
+        ).tokens.tolist()
+        for p, n in zip(prompts, (MAX_NEW, MAX_NEW - 7, MAX_NEW))
+    ]  # one continuation shorter than max_new_tokens: its row leaves first
+    together = redraft_rows(CrossTokenizerRows(draft, dt, tt, 3), prompts, conts, tree, MAX_NEW, [frozenset()] * 3)
+    for p, c, mine in zip(prompts, conts, together):
+        alone = redraft(cross_drafter(draft, tree_name, dt, tt), p, c, tree, MAX_NEW)
+        assert mine.steps == alone.steps and mine.draft_paths == alone.draft_paths
+
+
 def test_redraft_of_a_same_vocabulary_drafter_equals_the_replay(tiny_target, tiny_draft):
     """On a shared vocabulary the re-draft is what `replay` computes from ranks (and a real run)."""
     from conftest import random_prompt

@@ -24,7 +24,7 @@ import torch
 
 from ..core.acceptance import greedy_accept
 from ..core.drafting import Drafter
-from ..core.generation import Step
+from ..core.generation import DrafterRows, RowDrafting, Step
 from ..core.runtime import cut_at_eos
 from ..core.sampling import SamplingConfig
 from ..core.trees import Tree
@@ -54,33 +54,68 @@ def redraft(
 ) -> Redrafted:
     """The steps `speculative_generate(target, drafter, prompt, tree, max_new_tokens)` takes when
     the target's greedy output is `continuation` (module docstring). eos: the stop tokens."""
-    continuation = [int(c) for c in continuation]
-    seq = [int(p) for p in prompt]
-    steps: list[Step] = []
-    paths: list[tuple[int, ...]] = []
     drafter.reset()
-    made = 0
-    while made < min(max_new_tokens, len(continuation)):
-        step_tree = tree.truncated(max_new_tokens - made - 1)
-        draft = drafter.draft(torch.tensor(seq), step_tree, GREEDY)  # host: drafters read ids there
-        drafted = draft.tree if draft.tree is not None else step_tree
-        tokens = draft.tokens.tolist()
-        argmax = [continuation[made]] + [-1] * drafted.num_nodes
-        for i in range(drafted.num_nodes):
-            path = drafted.node_path(i)
-            end = made + len(path)
-            if end < len(continuation) and [tokens[j] for j in path] == continuation[made:end]:
-                argmax[i + 1] = continuation[end]
-        result = greedy_accept(drafted, draft.tokens, torch.tensor(argmax))  # host: as the tokens
-        drafter.observe(draft, result)
-        added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos)
-        steps.append(_step(made, drafted, result.path[: len(added)], len(added), draft.draft_tokens))
-        seq += added
-        made += len(added)
-        paths.append(_draft_path(drafter, seq, steps[-1]))
-        if stopped:
-            break
-    return Redrafted(tuple(steps), tuple(paths))
+    return redraft_rows(DrafterRows([drafter]), [prompt], [continuation], tree, max_new_tokens, [eos])[0]
+
+
+def redraft_rows(
+    drafting: RowDrafting,
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    tree: Tree,
+    max_new_tokens: int,
+    eos: Sequence[frozenset[int]],
+) -> list[Redrafted]:
+    """`redraft` for B prompts at once: `drafting` drafts every row still going in one call (a
+    batched drafter, e.g. `drafters.cross_tokenizer.CrossTokenizerRows`, drafts them in one forward per
+    depth), each row accepts against its own continuation, and a row that has its tokens leaves the
+    batch. Each row drafts as it would alone (its tree cut to the tokens it has left: `depths`), so its
+    steps are its own `redraft`'s. drafting.drafters[r]: row r's own drafter (its draft-side accepted path)."""
+    rows = len(prompts)
+    conts = [[int(c) for c in x] for x in continuations]
+    seqs = [[int(p) for p in x] for x in prompts]
+    made = [0] * rows
+    steps: list[list[Step]] = [[] for _ in range(rows)]
+    paths: list[list[tuple[int, ...]]] = [[] for _ in range(rows)]
+    active = [i for i in range(rows) if min(max_new_tokens, len(conts[i]))]
+    if len(active) < rows:
+        drafting.keep_rows(active)
+    while active:
+        caps = [max_new_tokens - made[i] - 1 for i in active]
+        request = tree.truncated(max(caps))
+        drafts = drafting.draft_rows([seqs[i] for i in active], request, GREEDY, [None] * len(active), caps)
+        trees, results = [], []
+        for i, draft, cap in zip(active, drafts, caps):
+            drafted = (draft.tree if draft.tree is not None else request).truncated(cap)
+            tokens = draft.tokens[: drafted.num_nodes]
+            trees.append(drafted)
+            results.append(greedy_accept(drafted, tokens, _argmax(drafted, tokens.tolist(), conts[i], made[i])))
+        drafting.observe_rows(drafts, results)
+        stay = []
+        for r, (i, draft, drafted, result) in enumerate(zip(active, drafts, trees, results)):
+            added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos[i])
+            steps[i].append(_step(made[i], drafted, result.path[: len(added)], len(added), draft.draft_tokens))
+            seqs[i] += added
+            made[i] += len(added)
+            paths[i].append(_draft_path(drafting.drafters[r], seqs[i], steps[i][-1]))
+            if not stopped and made[i] < min(max_new_tokens, len(conts[i])):
+                stay.append(r)
+        if len(stay) < len(active):
+            drafting.keep_rows(stay)
+            active = [active[r] for r in stay]
+    return [Redrafted(tuple(steps[i]), tuple(paths[i])) for i in range(rows)]
+
+
+def _argmax(tree: Tree, tokens: list[int], continuation: list[int], made: int) -> torch.Tensor:
+    """The target's argmax at the root and at each node, read from its continuation: c_t at the root,
+    c_{t+d} at a node whose path is c_t .. c_{t+d-1}, -1 (no child accepted) anywhere else."""
+    argmax = [continuation[made]] + [-1] * tree.num_nodes
+    for k in range(tree.num_nodes):
+        path = tree.node_path(k)
+        end = made + len(path)
+        if end < len(continuation) and [tokens[j] for j in path] == continuation[made:end]:
+            argmax[k + 1] = continuation[end]
+    return torch.tensor(argmax)  # host: as the tokens
 
 
 def _step(position: int, tree: Tree, path: tuple[int, ...], added: int, draft_tokens: int | None) -> Step:

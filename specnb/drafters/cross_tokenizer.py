@@ -40,12 +40,14 @@ from typing import Any
 import torch
 
 from ..core.acceptance import Acceptance
-from ..core.drafting import Draft, Drafter, as_drafter
+from ..core.batch import BatchModelDrafter
+from ..core.drafting import Draft, Drafter, NoDraft, as_drafter
 from ..core.sampling import SamplingConfig
 from ..core.trees import TokenTrie, Tree
 from .retokenize import Mirror, TokenText, continue_text, map_specials, window_start
 
 GREEDY = SamplingConfig()
+EMPTY = Draft(torch.zeros(0, dtype=torch.long), None, Tree(()), draft_tokens=0)  # host: as the ids
 LOOKBEHIND = 64  # tokens searched back for a safe boundary (target side); transformers uses 10
 
 
@@ -122,11 +124,15 @@ class CrossTokenizerDrafter(Drafter):
         docstring)."""
         seq = tokens.reshape(-1).tolist()
         view = self.draft_view(seq)
-        empty = Draft(torch.zeros(0, dtype=torch.long), None, Tree(()), draft_tokens=0)  # host: as the ids
         if not view or tree.num_nodes == 0:
             self.last_draft = None
-            return empty
+            return EMPTY
         drafted = self.inner.draft(torch.tensor(view), tree, GREEDY)  # host: drafters read ids there
+        return self.propose(seq, view, drafted, tree)
+
+    def propose(self, seq: list[int], view: list[int], drafted: Draft, tree: Tree) -> Draft:
+        """The target-token trie of `drafted` (the draft's tree after `view`, the draft tokens of the
+        target's sequence `seq`), remembered as the last draft (step 3)."""
         own = drafted.tree if drafted.tree is not None else tree
         self.last_draft, self._drafted_from = Draft(drafted.tokens, None, own), view
         trie = self._target_trie(seq, own, drafted.tokens.tolist(), own.num_nodes, tree.depth)
@@ -181,6 +187,55 @@ class CrossTokenizerDrafter(Drafter):
             if len(trie) == budget:
                 break
         return trie
+
+
+class CrossTokenizerRows:
+    """B rows drafted across tokenizers at once (a `core.generation.RowDrafting`): each row's text work
+    is its own `CrossTokenizerDrafter`'s (`drafters[r]`: its view of the target's sequence in draft
+    tokens, the target-token trie of its draft tree), and the draft model drafts every row's tree in
+    one forward per depth (`core.batch.BatchModelDrafter`, a view re-encoded from an earlier point
+    fed again from there). Each row's drafts equal its own `CrossTokenizerDrafter(model, ...)`'s, up to
+    the float rounding of another batch shape."""
+
+    def __init__(self, model: torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any, rows: int) -> None:
+        draft_text = draft_tokenizer if isinstance(draft_tokenizer, TokenText) else TokenText.of(draft_tokenizer)
+        target_text = target_tokenizer if isinstance(target_tokenizer, TokenText) else TokenText.of(target_tokenizer)
+        self.batch = BatchModelDrafter(model)
+        self.drafters = [CrossTokenizerDrafter(NoDraft(), draft_text, target_text) for _ in range(rows)]
+
+    def draft_rows(
+        self,
+        sequences: list[list[int]],
+        tree: Tree,
+        sampling: SamplingConfig,
+        generators: list,
+        depths: list[int] | None = None,
+    ) -> list[Draft]:
+        """Each row's target-token trie (`CrossTokenizerDrafter.draft`); given `depths`, row r's as
+        drafted alone with `tree` cut to depths[r] (its draft tree is a prefix of the whole one)."""
+        views = [d.draft_view(list(seq)) for d, seq in zip(self.drafters, sequences)]
+        if not all(views):
+            raise ValueError("every row needs a sequence of at least one draft token")
+        cuts = [tree] * len(views) if depths is None else [tree.truncated(d) for d in depths]
+        drafted = self.batch.draft_rows(views, tree, GREEDY, [None] * len(views)) if tree.num_nodes else None
+        out = []
+        for r, (d, seq, v, cut) in enumerate(zip(self.drafters, sequences, views, cuts)):
+            if cut.num_nodes == 0:  # as `CrossTokenizerDrafter.draft` of an empty tree
+                d.last_draft = None
+                out.append(EMPTY)
+            else:
+                out.append(d.propose(list(seq), v, Draft(drafted[r].tokens[: cut.num_nodes], None), cut))
+        return out
+
+    def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
+        """Nothing to learn: each row finds its accepted draft nodes in its next view."""
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.batch.keep_rows(rows)
+        self.drafters = [self.drafters[r] for r in rows]
+
+    def kv_bytes(self) -> int:
+        return self.batch.kv_bytes()
 
 
 def _walk(tree: Tree, tokens: list[int], sequence: list[int]) -> list[int]:
