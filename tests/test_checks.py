@@ -18,18 +18,6 @@ from specnb.notebook.session import record, show_prompts
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_per_category_figure_needs_three_prompts_in_each_category():
-    short = describe_prompts(load_prompts("builtin", categories=["coding", "writing"]), "builtin")
-    with pytest.raises(checks.ParameterError) as refused:
-        checks.per_category_figure(short)
-    message = str(refused.value)
-    assert "writing has 1, coding has 1" in message
-    assert "per_category=3 and max_prompts=6" in message and "category_figure=False" in message
-    checks.per_category_figure(
-        describe_prompts(load_prompts("spec_bench", per_category=3, categories=["coding", "writing"]), "spec_bench")
-    )  # 3 each: accepted
-
-
 def test_study_prompts_refuses_a_short_split_and_keeps_them_disjoint():
     from specnb.experiments.learned_study import study_prompts
 
@@ -72,7 +60,6 @@ def test_record_adds_to_params_json(tmp_path, capsys):
 
 
 IMPOSSIBLE = [
-    ("02_model_pairs", {"per_category": 1, "max_prompts": 2}, "the per-category figure needs at least 3"),
     (
         "02_model_pairs",
         {"max_prompts": 9},

@@ -103,20 +103,23 @@ def tables():
             for m in methods
         ]
     )
+    categories = ["coding", "math", "rag", "summarization", "writing"]
     category = pd.DataFrame(
         [
             {
                 "pair": pair,
-                "shape": "chain",
-                "budget": 4,
+                "budget": budget,
                 "category": c,
-                "prompts": n,
-                "tau": 2.0 + 0.1 * k,
-                "tau_ci_low": 1.8,
-                "tau_ci_high": 2.4,
+                "winner": "kary2" if k % 3 else "chain",
+                "winner_tau": 2.0 + 0.1 * k + 0.05 * budget,
+                "overall_winner": "kary2",
+                "overall_winner_tau": 2.0 + 0.1 * k,
+                "same_winner": bool(k % 3),
+                "prompts": 2,
             }
-            for pair in ("A -> B", "C -> B")
-            for k, (c, n) in enumerate([("coding", 3), ("math", 4), ("rag", 1)])
+            for pair in ("Qwen2.5-Coder-0.5B -> Qwen2.5-Coder-1.5B", "SmolLM2-135M -> Qwen2.5-Coder-1.5B")
+            for budget in (4, 8, 16)
+            for k, c in enumerate(categories)
         ]
     )
     return replay, depths, speed, category
@@ -130,7 +133,7 @@ def test_every_helper_saves_a_legible_figure(tmp_path, tables):
     )
     plots.depth_acceptance(depths, tmp_path / "depth.png")
     plots.speed_bars(speed, tmp_path / "speed.png")
-    plots.category_bars(category, "tau", path=tmp_path / "category.png")
+    plots.category_winners(category, path=tmp_path / "category.png")
     for png in sorted(tmp_path.glob("*.png")):
         assert saved_problems(png) == [], png.name
     assert main([str(tmp_path)]) == 0

@@ -1,12 +1,16 @@
 """The brief's grid across pairs (`experiments.grid`, notebook 02): one collection per pair answers
 every shape x budget, and on every kind of pair (same tokenizer, another tokenizer, a self-draft)
-its rows equal real end-to-end runs of the same trees; a user's shape rule is filled to each budget."""
+its rows equal real end-to-end runs of the same trees, step by step, the target's continuations decoded
+once for the three pairs; every row's metrics are its counts' ratios; the shapes ranked paired and the
+headline's winner one could deploy; a user's shape rule is filled to each budget."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from vocabularies import D_VOCAB, T_VOCAB, TEXT, bigram_llama, draft_tokenizer, target_tokenizer
 
+from specnb.analysis import ranking
 from specnb.core.tree_spec import ShapeRule, parse_custom_shapes
 from specnb.drafters.methods import DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K
 from specnb.experiments import grid, tables
@@ -59,7 +63,9 @@ def test_the_grid_of_every_kind_of_pair_equals_real_runs(folders, tmp_path):
         {},
         ex.SweepConfig(MAX_NEW, progress=False),
         each_pair=lambda pair, models: parts.append(
-            grid.pair_grid(models, pair, PROMPTS, custom, config, tmp_path / "grid")
+            grid.pair_grid(
+                models, pair, PROMPTS, custom, config, tmp_path / "grid", tmp_path / "continuations", store, MAX_NEW
+            )
         ),
     )
     table = grid.grid_table(parts)
@@ -87,6 +93,14 @@ def test_the_grid_of_every_kind_of_pair_equals_real_runs(folders, tmp_path):
         compared += 1
     assert compared == sum(len(v) for v in real.values())
     assert measured["greedy_equal"].astype(bool).all()
+    # the same runs, step by step (the pairs sharing a target read one set of continuations, decoded once)
+    agreement = grid.agreement(parts)
+    assert set(agreement["pair"]) == {p.label for p in pairs}
+    assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and agreement["steps_compared"].gt(
+        0
+    ).all()
+    assert len(list((tmp_path / "continuations").glob("*.npz"))) == len(PROMPTS)
+    assert all(p.report.collection.config.continuation == "target" for p in parts)
 
     # the user's shape rule, filled to every budget as the presets are
     grow = table[table["shape"] == "grow"]
@@ -125,15 +139,25 @@ def test_the_grid_of_every_kind_of_pair_equals_real_runs(folders, tmp_path):
     self_ranks = shared[shared["kind"] == grid.SELF_DRAFT].set_index("rank")["share"]
     assert self_ranks[0] == pytest.approx(1.0)  # the target drafting for itself: its top token is always next
 
-    # the best tree per pair and budget: the highest held-out tau among deployable trees
-    best = grid.best_per_budget(table)
-    usable = table[~table["shape"].isin(["hindsight", "oracle"])]
-    scored = usable.groupby(["pair", "budget"])["tau_heldout"].max().dropna()
-    assert sorted(zip(best["pair"], best["budget"])) == sorted(scored.index)
+    # every row's metrics are its counts' ratios: rate = accepted / drafted, tau = 1 + length - no bonus
+    counted = table[table["steps"] > 0]
+    assert len(counted) == table["tau"].notna().sum()
+    assert np.allclose(counted["acceptance_rate"], counted["accepted"] / counted["drafted"])
+    assert np.allclose(counted["acceptance_length"], counted["accepted"] / counted["steps"])
+    assert np.allclose(counted["tau"], 1 + counted["acceptance_length"] - counted["no_bonus_steps"] / counted["steps"])
+
+    # shapes ranked paired on the same prompts; per pair and budget the headline's winner, one one could deploy
+    ranked = grid.shape_ranking(parts)
+    best = grid.best_per_budget(table, ranking.headline(ranked))
+    usable = table[~table["shape"].isin(["hindsight", "oracle"]) & table["tau_heldout"].notna()]
+    assert sorted(zip(best["pair"], best["budget"])) == sorted(set(zip(usable["pair"], usable["budget"])))
     reading = readings.grid_reading(best, ranks)
     assert reading.count("**") == 2 * len(parts) and "going deeper pays first" in reading
     for row in best.itertuples():
-        rows = table[(table["pair"] == row.pair) & (table["budget"] == row.budget)]
-        usable = rows[~rows["shape"].isin(["hindsight", "oracle"])]
-        assert row.tau_heldout == pytest.approx(usable["tau_heldout"].max())
-        assert row.best_shape not in ("hindsight", "oracle")
+        assert row.best_shape not in ("hindsight", "oracle") and row.verdict in ("wins", "tied", "")
+        mine = ranked[(ranked["pair"] == row.pair) & (ranked["budget"] == row.budget)]
+        assert mine.iloc[0]["shape"] == row.best_shape and (mine["difference"] <= 1e-12).all()
+    # a preset's tau in the ranking is its grid row's (the same prompts, the same counts)
+    merged = ranked.merge(table, on=["pair", "shape", "budget"], suffixes=("", "_grid"))
+    presets = merged[merged["shape"].isin(["chain", "kary2"])]
+    assert len(presets) and np.allclose(presets["tau"], presets["tau_grid"])

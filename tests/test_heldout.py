@@ -354,3 +354,20 @@ def test_a_measurement_is_checked_against_the_prediction_priced_while_it_ran(tmp
         text = readings.check_reading(check.reset_index())
         assert f"{steady['measured']:.2f}x against {steady['predicted']:.2f}x" in text and steady["check"] in text
     assert sweeps.prediction_check(held, None, points, store, measured, ("t", "d")).empty
+
+
+def test_the_choice_is_set_against_the_runner_up_paired():
+    """The choice's and the runner-up's expected speed-ups, their difference computed from per-prompt
+    counts (each tree's held-out tau priced by its cost factor) equal to the difference of the rows, and
+    its paired interval: on prompts where both trees accept alike the difference is a constant, so the
+    interval is a point; a verdict of "ahead" or "tied"."""
+    c = collection(odd=2, same=4)
+    held = heldout.score(c, PRESETS, [2, 4], k=3, seed=0)
+    speed, choice = heldout.choose(held.table, held.trees, curve(), "t", "d")
+    row = heldout.versus_runner_up(held, speed).iloc[0]
+    assert row["choice"] == f"{choice.shape}:{choice.budget}" and row["prompts"] == 6
+    assert row["difference"] == pytest.approx(speed.iloc[0]["speedup"] - speed.iloc[1]["speedup"])
+    assert row["difference_ci_low"] <= row["difference"] <= row["difference_ci_high"]
+    assert row["verdict"] in ("ahead", "tied")
+    assert (row["verdict"] == "tied") == (row["difference_ci_low"] <= 0 <= row["difference_ci_high"])
+    assert heldout.versus_runner_up(held, speed.head(1)).empty

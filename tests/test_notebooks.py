@@ -116,8 +116,8 @@ def test_smoke_runs_say_which_prompts_they_ran_on(smoke):
     medusa = records["05_learned_drafters"]
     assert medusa["training_prompts"]["source"] == "spec_bench" and medusa["training_prompts"]["count"] == 16
     assert medusa["test_prompts"]["count"] == 2
-    by_category = (next((outputs / "02_model_pairs").iterdir()) / "by_category.csv").read_text()
-    assert "coding" in by_category and "writing" in by_category
+    categories = (next((outputs / "02_model_pairs").iterdir()) / "grid_categories.csv").read_text()
+    assert "coding" in categories and "writing" in categories
 
 
 def test_appendices_come_in_two_forms_and_the_index_shows_the_headlines(smoke):
@@ -274,7 +274,17 @@ def test_model_pairs_tables(smoke):
     baseline = pd.read_csv(folder / "baseline.csv")
     assert (baseline["tokens_per_s"] > 0).all() and (baseline["ttft_s"] > 0).all() and (baseline["tpot_s"] > 0).all()
     assert set(pd.read_csv(folder / "pairs.csv")["status"]) == {"measured"}
-    assert pd.read_csv(folder / "by_category.csv")["category"].nunique() == 2
+    winners = pd.read_csv(folder / "grid_categories.csv")
+    assert winners["category"].nunique() == 2 and (winners["prompts"] == 3).all()
+    # the pair's end-to-end runs of trees the grid answers agree with the replay, step by step
+    agreement = pd.read_csv(folder / "replay_agreement.csv")
+    assert (
+        set(agreement["method"]) == {"chain:2"} and (agreement["identical_steps"] == agreement["steps_compared"]).all()
+    )
+    # shapes ranked paired: per budget the best first, every other's difference <= 0 with its interval
+    ranking = pd.read_csv(folder / "grid_ranking.csv")
+    assert set(ranking["budget"]) == {2, 4} and (ranking["difference"] <= 1e-12).all()
+    assert not set(ranking["shape"]) & {"hindsight", "oracle"}
 
     # the brief's grid: every tree of the pair at every budget, the shape rule filled to each, equal to
     # the methods run end to end (and replayed from the methods' own collection)
@@ -295,7 +305,8 @@ def test_model_pairs_tables(smoke):
     assert grid["tau"].notna().all() and (grid["tau"] >= 1).all()
     best = pd.read_csv(folder / "grid_best.csv")
     assert set(best["budget"]) == {2, 4} and not set(best["best_shape"]) & {"hindsight", "oracle"}
-    for name in ("grid_tau.png", "grid_rate.png", "grid_length.png", "grid_best.png"):
+    assert set(best["verdict"]) <= {"wins", "tied"}
+    for name in ("grid_tau.png", "grid_rate.png", "grid_length.png", "grid_best.png", "grid_categories.png"):
         assert (folder / name).exists(), name
 
 

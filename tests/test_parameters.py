@@ -84,7 +84,7 @@ BAD = [
     ("01_tree_shapes", {"budgets": [-4, 8]}, ["budgets=[-4, 8]", f"1..{MAX_TREE_NODES}", "item 0 is -4"]),
     ("01_tree_shapes", {"budgets": [100000]}, ["budgets=[100000]", f"1..{MAX_TREE_NODES}"]),
     ("01_tree_shapes", {"budgets": []}, ["budgets=[]", "non-empty"]),
-    ("01_tree_shapes", {"max_new_tokens": 0}, ["max_new_tokens=0", f"1..{MAX_NEW_TOKENS}", "e.g. max_new_tokens=36"]),
+    ("01_tree_shapes", {"max_new_tokens": 0}, ["max_new_tokens=0", f"1..{MAX_NEW_TOKENS}", "e.g. max_new_tokens=128"]),
     ("01_tree_shapes", {"max_new_tokens": "abc"}, ["max_new_tokens='abc'", f"1..{MAX_NEW_TOKENS}", "string"]),
     ("01_tree_shapes", {"max_new_tokens": 100_000}, ["max_new_tokens=100000", f"1..{MAX_NEW_TOKENS}"]),
     ("01_tree_shapes", {"top_k": 1}, ["oracle_k=8", "top_k=1", "1..top_k"]),

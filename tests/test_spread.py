@@ -64,3 +64,38 @@ def test_speed_ratio_interval_is_paired_and_the_verdict_needs_it_to_exclude_one(
     assert verdict(*speed_ratio_interval(tokens[:2], fast[:2], tokens[:2], slow[:2])) == "too few prompts"
     with pytest.raises(ValueError, match="one entry per prompt"):
         speed_ratio_interval([1, 2, 3], [1, 2, 3], [1, 2], [1, 2])
+
+
+def test_a_paired_difference_sees_a_constant_edge_that_spread_prompts_hide():
+    """Two trees on the same six prompts whose tau spans 1.5 to 4.5 (easy and hard prompts), one 0.1
+    ahead on every prompt: the paired interval is that 0.1 exactly (each resample moves both alike),
+    where the two unpaired intervals overlap almost wholly. Equal trees: 0, a tie."""
+    from specnb.analysis.spread import paired_difference, tie
+
+    steps = np.array([40.0, 30.0, 50.0, 25.0, 35.0, 45.0])
+    tau = np.array([1.5, 4.5, 2.0, 3.0, 2.5, 3.5])
+    diff, low, high = paired_difference((tau + 0.1) * steps, steps, tau * steps, steps)
+    assert diff == pytest.approx(0.1) and low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    assert not tie(low, high)
+    a, b = ratio_interval((tau + 0.1) * steps, steps), ratio_interval(tau * steps, steps)
+    assert a[0] < b[1]  # unpaired, the two intervals overlap
+    assert paired_difference(tau * steps, steps, tau * steps, steps) == (0.0, 0.0, 0.0)
+    assert tie(0.0, 0.0) and tie(-0.1, 0.2) and tie(float("nan"), float("nan"))
+    diff, low, high = paired_difference(tau[:2] * steps[:2], steps[:2], tau[:2] * steps[:2], steps[:2])
+    assert diff == 0.0 and math.isnan(low) and math.isnan(high)  # below three prompts: no interval
+
+
+def test_the_paired_interval_of_a_mean_difference_has_the_normal_width():
+    """Per-prompt differences d ~ N(0.2, 0.5) on 400 prompts, one target call each: the pooled
+    difference is the mean of d, and its 95% interval is about mean +- 1.96 sd / sqrt(400)."""
+    from specnb.analysis.spread import paired_difference
+
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.2, 0.5, size=400)
+    ones = np.ones(400)
+    diff, low, high = paired_difference(3.0 + d, ones, np.full(400, 3.0), ones)
+    half = 1.96 * d.std(ddof=1) / np.sqrt(400)
+    assert diff == pytest.approx(d.mean())
+    assert low == pytest.approx(d.mean() - half, abs=0.2 * half) and high == pytest.approx(
+        d.mean() + half, abs=0.2 * half
+    )

@@ -43,6 +43,11 @@ class CollectConfig:
     max_new_tokens: int = 64  # target tokens per prompt (fewer if EOS ends the continuation)
     top_k: int = 16  # greedy: ranks >= top_k are stored as "out"; replayed trees use ranks < top_k
     run_tree: str = "chain:4"  # shape:budget of the exact speculative run that makes the continuation
+    #                            (continuation "run")
+    continuation: str = "run"  # "run": from an exact speculative run of run_tree, its steps kept (a real
+    #                            run to check the replay against); "target": the target's own greedy
+    #                            decoding, given with each unit (`experiments.continuations`: decoded in
+    #                            batches, once per target, shared by every pair with that target)
     eos_token_id: tuple[int, ...] | None = None  # None: the target's generation config; () = never stop
     super_k: int = 0  # super-tree children per node; 0 = no super-trees (they cost draft forwards)
     super_depth: int = 6  # D, super-tree depth
@@ -67,6 +72,10 @@ class CollectConfig:
         if self.super_k and self.sampling:
             raise ValueError("super-trees are collected in greedy mode only")
         _ = self.run  # an unknown or non-model method fails here
+        if self.continuation not in ("run", "target"):
+            raise ValueError(f"continuation is 'run' or 'target', got {self.continuation!r}")
+        if self.continuation == "target" and self.sampling:
+            raise ValueError("a sampled continuation depends on the tree: sampling collections make their own (run)")
         if self.cross_tokenizer and (self.sampling or self.super_k):
             raise ValueError("a cross-tokenizer collection is greedy and holds the continuation only (no super-trees)")
         if self.sampling and self.cover.has_rank_gaps:
@@ -203,6 +212,9 @@ class Unit:
     category: str
     prompt: tuple[int, ...]  # the prompt's input ids
     super_trees: bool = True  # collect its super-trees (when the config has super_k > 0)
+    continuation: tuple[int, ...] | None = None  # the target's continuation (config.continuation "target")
+    stopped: bool = False  # it ended at a stop token
+    seconds: float = 0.0  # what decoding it cost (its share of its batch)
 
 
 def units_of(
@@ -210,36 +222,57 @@ def units_of(
     config: CollectConfig,
     describe: Mapping[str, Any] | None = None,
     categories: Mapping[str, str] | None = None,
+    continuations: Mapping[str, Any] | None = None,
 ) -> list[Unit]:
     """The units of a collection: prompts maps prompt id -> input ids ([1, P] tensor or a sequence).
-    A description naming "super_prompts" (`collect.collect_units`) limits super-trees to those."""
+    A description naming "super_prompts" (`collect.collect_units`) limits super-trees to those.
+    continuations: prompt id -> the target's `experiments.continuations.Continuation` (config.continuation
+    "target": every prompt needs one)."""
     subset = (describe or {}).get("super_prompts")
+    if config.continuation == "target":
+        missing = [p for p in prompts if str(p) not in (continuations or {})]
+        if missing:
+            raise ValueError(
+                f"a collection of the target's continuations needs one for every prompt: none for {missing}"
+            )
     out = []
     for pid, ids in prompts.items():
         flat = tuple(int(i) for i in (ids.reshape(-1).tolist() if hasattr(ids, "reshape") else ids))
+        given = (continuations or {}).get(str(pid)) if config.continuation == "target" else None
+        tokens = None if given is None else tuple(int(t) for t in given.tokens)
         out.append(
             Unit(
-                unit_name(str(pid), flat, config, describe),
+                unit_name(str(pid), flat, config, describe, tokens),
                 str(pid),
                 (categories or {}).get(pid, ""),
                 flat,
                 super_trees=subset is None or str(pid) in subset,
+                continuation=tokens,
+                stopped=bool(given.stopped) if given is not None else False,
+                seconds=float(given.seconds) if given is not None else 0.0,
             )
         )
     return out
 
 
 def unit_name(
-    prompt_id: str, prompt: Sequence[int], config: CollectConfig, describe: Mapping[str, Any] | None = None
+    prompt_id: str,
+    prompt: Sequence[int],
+    config: CollectConfig,
+    describe: Mapping[str, Any] | None = None,
+    continuation: Sequence[int] | None = None,
 ) -> str:
     """A unit's file name: a readable prefix of the prompt id, then a content hash of what decides
-    its data: the description (the pair), the config, the prompt id and its ids."""
+    its data: the description (the pair), the config, the prompt id and its ids (and the given
+    continuation, where the target's own is given)."""
     content = {
-        "describe": _params(config, describe)["describe"],
+        "describe": collection_params(config, describe)["describe"],
         "config": _config_to_json(config),
         "prompt_id": prompt_id,
         "prompt": [int(i) for i in prompt],
     }
+    if continuation is not None:
+        content["continuation"] = [int(t) for t in continuation]
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prompt_id)[:40].lstrip(".")
     return f"{safe}-{digest}{UNIT_SUFFIX}"
@@ -255,7 +288,7 @@ def open_folder(
     """The collection folder made with `config` and `describe` (recorded by the first writer); a
     folder made with other parameters or another description, or in the legacy layout, is refused."""
     store = as_folder(folder)
-    params = _params(config, describe)
+    params = collection_params(config, describe)
     if store.exists(LEGACY_UNITS_FILE):
         raise ValueError(
             f"{store} holds a collection in the earlier layout (prompts.jsonl): it still loads "
@@ -305,8 +338,8 @@ def _read_params(folder: ResultFolder) -> tuple[CollectConfig, dict[str, Any]]:
     return _config_from_json(params["config"]), params.get("describe", {})
 
 
-def _params(config: CollectConfig, describe: Mapping[str, Any] | None) -> dict:
-    """collection.json's content, as JSON reads it back."""
+def collection_params(config: CollectConfig, describe: Mapping[str, Any] | None) -> dict:
+    """collection.json's content, as JSON reads it back: what decides a collection."""
     return json.loads(json.dumps({"config": _config_to_json(config), "describe": dict(describe or {})}, default=str))
 
 
@@ -347,6 +380,8 @@ def _config_to_json(config: CollectConfig) -> dict:
     out = asdict(config)
     if not out["cross_tokenizer"]:  # written only when set: the keys of collections without it are unchanged
         del out["cross_tokenizer"]
+    if out["continuation"] == "run":  # likewise
+        del out["continuation"]
     out["eos_token_id"] = None if config.eos_token_id is None else list(config.eos_token_id)
     return out
 

@@ -20,6 +20,7 @@ one prompt are not independent; `analysis.spread`). Presets are fitted to nothin
     score        in-sample and held-out tau of every preset and design (`HeldOut`)
     choose       the tree and budget to deploy by expected tokens/s with held-out tau (cost model),
                  with an interval and a verdict (`Choice`)
+    versus_runner_up   the choice against the next tree, their speed-ups' difference paired on the same prompts
     selection    the choice itself held out: made on each fold's training prompts, scored on the fold
     measurement_prediction   what a run of the choice on k prompts should measure, priced on the
                  points timed while it ran, with the interval of a k-prompt mean
@@ -300,6 +301,55 @@ def choose(
         str(best["verdict"]),
     )
     return speed, choice
+
+
+def versus_runner_up(held: HeldOut, speed: pd.DataFrame) -> pd.DataFrame:
+    """The choice against the runner-up (`choose`'s first two rows, each an expected speed-up = its
+    held-out tau x a cost factor from the curves), paired on the same prompts: the difference of the two
+    speed-ups, each prompt's tokens and target calls resampled together for both (`spread.paired_difference`
+    on the tokens scaled by each tree's cost factor), and "ahead" or "tied" (the interval holds 0). One
+    row; empty without a runner-up, and without an interval where per-prompt counts are missing (a
+    cross-tokenizer pair's presets)."""
+    if len(speed) < 2:
+        return pd.DataFrame()
+    first, second = speed.iloc[0], speed.iloc[1]
+    sums = []
+    for row in (first, second):
+        mine = _scored_rows(held, str(row["shape"]), int(row["budget"]))
+        sums.append(mine.groupby("prompt_id")[["tokens", "steps"]].sum())
+    both = sums[0].index.intersection(sums[1].index)
+    factors = [float(r["speedup"]) / float(r["expected_tau"]) for r in (first, second)]
+    diff, low, high = float(first["speedup"] - second["speedup"]), float("nan"), float("nan")
+    if len(both):
+        a, b = sums[0].loc[both], sums[1].loc[both]
+        diff, low, high = spread.paired_difference(
+            a["tokens"] * factors[0], a["steps"], b["tokens"] * factors[1], b["steps"]
+        )
+    return pd.DataFrame(
+        [
+            {
+                "choice": f"{first['shape']}:{int(first['budget'])}",
+                "runner_up": f"{second['shape']}:{int(second['budget'])}",
+                "choice_speedup": float(first["speedup"]),
+                "runner_up_speedup": float(second["speedup"]),
+                "difference": diff,
+                "difference_ci_low": low,
+                "difference_ci_high": high,
+                "prompts": len(both),
+                "verdict": "cannot tell" if low != low else ("tied" if spread.tie(low, high) else "ahead"),
+            }
+        ]
+    )
+
+
+def _scored_rows(held: HeldOut, shape: str, budget: int) -> pd.DataFrame:
+    """A tree's per-prompt rows as its held-out tau counts them: a design's held out, a preset's in-sample."""
+    pp = held.per_prompt
+    if pp.empty:
+        return pd.DataFrame(columns=["prompt_id", "tokens", "steps"])
+    mine = pp[(pp["shape"] == shape) & (pp["budget"] == budget)]
+    scored = "heldout" if (shape, budget) in _fitted(held) else "in_sample"
+    return mine[mine["scored"] == scored]
 
 
 def _speedup_interval(

@@ -40,7 +40,11 @@ positions. EOS inside a step is not modelled in sampling mode.
 
 Metric conventions (`analysis.metrics`): acceptance_rate = accepted / drafted, acceptance_length =
 accepted draft tokens per step (bonus EXCLUDED), tau = tokens per target call (bonus INCLUDED),
-depth_d_acceptance = P(accepted >= d), rank_r_acceptance = Sequoia's acceptance vector.
+depth_d_acceptance = P(accepted >= d), rank_r_acceptance = Sequoia's acceptance vector. The end of
+the generation enters two columns: `cut_steps`, steps whose tree the depth cap cut (they draft fewer
+nodes: "drafted" counts the nodes verified, so rate = accepted / drafted still holds), and
+`no_bonus_steps`, steps that accepted up to the continuation's end (EOS) and so added no bonus token:
+tau = 1 + acceptance_length - no_bonus_steps / steps, exactly, on every row.
 """
 
 from __future__ import annotations
@@ -406,6 +410,8 @@ class _PerPosition:
     depth_hits: np.ndarray  # [T, D]: P(accepted >= d)
     rank_hits: np.ndarray  # [T, K]: accepted nodes of rank r
     rank_visits: np.ndarray  # [T, K]: visited nodes (root or accepted) with a rank-r child
+    cut: np.ndarray  # bool [T]: the end of the generation cut the tree (depth cap max_new_tokens - t - 1)
+    no_bonus: np.ndarray  # bool [T]: the step added no bonus token (it accepted up to the continuation's end)
 
 
 def _per_position(nodes: _Nodes, cap: np.ndarray) -> _PerPosition:
@@ -429,14 +435,17 @@ def _per_position(nodes: _Nodes, cap: np.ndarray) -> _PerPosition:
     rank_visits = (
         np.stack([(weight * (children > r)).sum(1) for r in range(max_rank)], axis=1) if max_rank else np.zeros((n, 0))
     )
+    accepted = prob.sum(1)
     return _PerPosition(
         drafted=in_tree.sum(1).astype(float),
-        accepted=prob.sum(1),
+        accepted=accepted,
         tokens=nodes.tokens,
         tree_depth=np.where(in_tree, nodes.depth, 0).max(1) if width else np.zeros(n, dtype=np.int64),
         depth_hits=depth_hits,
         rank_hits=rank_hits,
         rank_visits=rank_visits,
+        cut=(nodes.valid & (nodes.depth > cap[:, None])).any(1),
+        no_bonus=nodes.tokens < accepted + 1 - 1e-9,
     )
 
 
@@ -463,6 +472,8 @@ def _pool(per: _PerPosition, keep: np.ndarray, sampling: bool) -> dict[str, floa
         "acceptance_rate": accepted / drafted if drafted else float("nan"),
         "acceptance_length": accepted / steps if steps else float("nan"),
         "tau": tokens / steps if steps else float("nan"),
+        "cut_steps": int(per.cut[keep].sum()),
+        "no_bonus_steps": int(per.no_bonus[keep].sum()),
     }
     if sampling:  # normal approximation over positions (each the mean of its draft samples)
         se = float(np.std(per.tokens[keep], ddof=1) / np.sqrt(steps)) if steps > 1 else float("nan")

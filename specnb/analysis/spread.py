@@ -7,10 +7,11 @@ with replacement and recomputes the pooled ratio (Efron & Tibshirani 1993, perce
 With fewer than `MIN_PROMPTS` prompts there is no interval (NaN): a band from two prompts would
 look like information and is not. The resampling is seeded, so a table is reproducible.
 
-Speed comparisons (`speed_ratio_interval`) resample prompts paired: both methods ran on the same
-prompts in the same process, interleaved, so a ratio's interval excludes what they share; `verdict`
-names a winner only where the interval excludes 1, in the words of a speed comparison (`SPEED`) or the
-caller's (`heldout.PAYS`: a tree to deploy).
+Comparisons of two methods on the same prompts resample prompts paired: a difference of pooled
+ratios (`paired_difference`, e.g. two trees' tau: a tie where its interval holds 0) or a speed ratio
+(`speed_ratio_interval`: both ran in the same process, interleaved), so the interval excludes what
+the two share; `verdict` names a winner only where the interval excludes 1, in the words of a speed
+comparison (`SPEED`) or the caller's (`heldout.PAYS`: a tree to deploy).
 """
 
 from __future__ import annotations
@@ -68,6 +69,39 @@ def speed_ratio_interval(
     picks = np.random.default_rng(seed).integers(0, len(arrays[0]), size=(resamples, len(arrays[0])))  # [B, P]
     ta, sa, tb, sb = (a[picks].sum(1) for a in arrays)
     return _percentiles(_divide(_divide(ta, sa), _divide(tb, sb)), level)
+
+
+def paired_difference(
+    numerator_a: Sequence[float],
+    denominator_a: Sequence[float],
+    numerator_b: Sequence[float],
+    denominator_b: Sequence[float],
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float, float]:
+    """(difference, low, high): sum(num_a) / sum(den_a) - sum(num_b) / sum(den_b), two methods
+    measured on the same prompts (one entry of each per prompt, in the same order), with its
+    percentile-bootstrap interval resampling prompts together (paired): what both share (a prompt
+    every tree accepts much of) cancels, so the interval is of the difference, not of two spreads.
+    An interval that holds 0 is a tie. (difference, nan, nan) below MIN_PROMPTS prompts."""
+    arrays = [np.asarray(x, dtype=float) for x in (numerator_a, denominator_a, numerator_b, denominator_b)]  # [P]
+    if len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 1:
+        raise ValueError(f"one entry per prompt for each of the four, got shapes {[a.shape for a in arrays]}")
+    na, da, nb, db = arrays
+    whole = _divide(np.array([na.sum(), nb.sum()]), np.array([da.sum(), db.sum()]))  # [2]: a's and b's pooled ratio
+    whole = float(whole[0] - whole[1])
+    if len(na) < MIN_PROMPTS:
+        return whole, float("nan"), float("nan")
+    picks = np.random.default_rng(seed).integers(0, len(na), size=(resamples, len(na)))  # [B, P]
+    diffs = _divide(na[picks].sum(1), da[picks].sum(1)) - _divide(nb[picks].sum(1), db[picks].sum(1))
+    low, high = _percentiles(diffs, level)
+    return whole, low, high
+
+
+def tie(low: float, high: float) -> bool:
+    """A difference whose interval holds 0 (or that has none): the two cannot be told apart."""
+    return not (low == low and high == high) or low <= 0.0 <= high
 
 
 SPEED = ("faster", "slower", "within the spread", "too few prompts")  # above 1, below 1, holding 1, none

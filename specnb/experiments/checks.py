@@ -1,8 +1,7 @@
 """What a notebook refuses before any model loads: parameters that cannot give what the notebook
-promises (an empty training split, a per-category figure with too few prompts per category), each
-refused with a `ParameterError` whose message names the parameters to change and to what.
+promises (an empty training split, a budget timed that is not replayed), each refused with a
+`ParameterError` whose message names the parameters to change and to what.
 
-    per_category_figure   02: every category the run measures has enough prompts for its interval
     medusa_split          05: the training and test splits hold the prompts asked for
     speed_budget          05: the budget timed is one of the budgets replayed
 
@@ -14,28 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..analysis.spread import MIN_PROMPTS
-from ..io.prompts import PromptSummary
-
 
 class ParameterError(ValueError):
     """Notebook parameters that cannot give what the notebook promises; nothing was loaded."""
-
-
-def per_category_figure(summary: PromptSummary, minimum: int = MIN_PROMPTS) -> None:
-    """Refuse a per-category figure where a category has fewer than `minimum` prompts (below it a
-    category's value is one or two prompts' value and has no interval: `analysis.spread`)."""
-    short = [(c, n) for c, n in summary.per_category if n < minimum]
-    if not short:
-        return
-    categories = [c for c, _ in summary.per_category]
-    raise ParameterError(
-        f"the per-category figure needs at least {minimum} prompts in each category, but "
-        + ", ".join(f"{c} has {n}" for c, n in short)
-        + f" ({summary.line()}). Set per_category={minimum} and max_prompts={minimum * len(categories)} "
-        f"(or categories to fewer of {categories}), or category_figure=False to pool every prompt into the "
-        "overall tables only"
-    )
 
 
 def medusa_split(

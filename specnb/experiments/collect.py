@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path as FilePath
 from typing import Any
@@ -58,6 +58,7 @@ from ..core.trees import Level, Tree
 from ..core.verification import prefill, verify
 from ..io.models import ModelPair
 from ..io.storage import ResultFolder
+from .continuations import Continuation, tie_table
 from .executors import Executor, LocalExecutor, Outcome, Progress
 
 Models = tuple[torch.nn.Module, torch.nn.Module, Drafter]  # (target, draft, the draft's drafter): what a worker keeps
@@ -100,6 +101,13 @@ class CollectReport:
     units: tuple[Unit, ...]  # every unit asked for
     present: int  # units already in the folder before this call
     outcome: Outcome
+    # the target's continuations the units read (continuation "target"), by prompt id
+    continuations: Mapping[str, Continuation] = field(default_factory=dict)
+
+    def ties(self, dtype: torch.dtype) -> pd.DataFrame:
+        """Per prompt, the continuation's tokens chosen by a margin below the tie margin of `dtype`
+        (`continuations.tie_table`: where decoding that prompt alone may take the other token)."""
+        return tie_table(self.continuations, dtype)
 
     def check(self) -> CollectReport:
         """Itself, if no unit failed; else the first failed unit's error is raised."""
@@ -144,6 +152,7 @@ def collect_units(
     describe: Mapping[str, Any] | None = None,
     executor: Executor = LocalExecutor(),
     progress: bool | Callable[[Progress], None] = True,
+    continuations: Mapping[str, Any] | None = None,
 ) -> CollectReport:
     """Collect every unit (prompt) not yet in `folder` with `executor`, which retries a failed unit
     up to its `retries` more times, then reports it (`CollectReport`) without stopping the others.
@@ -155,7 +164,9 @@ def collect_units(
     a worker whose draft loads in another dtype refuses to start; if it names "super_prompts" (prompt
     ids), only those get super-trees when config.super_k > 0 (they cost draft forwards; default
     every prompt), and resuming with another subset raises too. progress: a bar over units done /
-    total with failures (True), or a callback taking each `Progress`."""
+    total with failures (True), or a callback taking each `Progress`. continuations: prompt id -> the
+    target's own continuation (`experiments.continuations`), which config.continuation "target" reads
+    instead of running the target: each unit carries its continuation to its worker."""
     describe = dict(describe or {})
     subset = describe.pop("super_prompts", None)
     if subset is not None and config.super_k:
@@ -163,13 +174,13 @@ def collect_units(
         unknown = sorted(set(describe["super_prompts"]) - {str(p) for p in prompts})
         if unknown:
             raise ValueError(f"super_prompts names prompts that are not collected: {unknown}")
-    if config.cross_tokenizer and (isinstance(models, ModelPair) or len(models) != 3):
+    if config.cross_tokenizer and config.continuation == "run" and (isinstance(models, ModelPair) or len(models) != 3):
         raise ValueError(
             "a cross-tokenizer collection runs in this process with its drafter: "
             "models=(target, draft, CrossTokenizerDrafter(...)), executor local"
         )
     store = open_folder(folder, config, describe)
-    units = units_of(prompts, config, describe, categories)
+    units = units_of(prompts, config, describe, categories, continuations)
     todo = [u for u in units if not store.exists(u.name)]
     if isinstance(models, ModelPair):
         load: Callable[[], Models] = partial(load_models, models, (describe or {}).get("draft_dtype"))
@@ -185,7 +196,7 @@ def collect_units(
             f"(e.g. {absent[0]}): give them a folder this process shares (a shared file system, an fsspec URL)"
         )
     collection = Collection.load_units(store, [u.name for u in units if u.name not in failed])
-    return CollectReport(collection, tuple(units), len(units) - len(todo), outcome)
+    return CollectReport(collection, tuple(units), len(units) - len(todo), outcome, dict(continuations or {}))
 
 
 def collect_unit(models: Models, unit: Unit, folder: ResultFolder, config: CollectConfig) -> dict[str, Any]:
@@ -197,12 +208,11 @@ def collect_unit(models: Models, unit: Unit, folder: ResultFolder, config: Colle
         return {"status": "found", "seconds": 0.0}
     target, draft, drafter = models
     ids = torch.tensor([unit.prompt], dtype=torch.long)  # host: the generation loop moves it
+    given = None if unit.continuation is None else Given(list(unit.continuation), unit.stopped, unit.seconds)
     save_unit(
         folder,
         unit.name,
-        collect_prompt(
-            target, draft, drafter, unit.prompt_id, unit.category, ids, config, super_trees=unit.super_trees
-        ),
+        collect_prompt(target, draft, drafter, unit.prompt_id, unit.category, ids, config, unit.super_trees, given),
     )
     return {"status": "written", "seconds": time.perf_counter() - start}
 
@@ -246,6 +256,15 @@ class _ProgressBar:
         self.bar.close()
 
 
+@dataclass(frozen=True)
+class Given:
+    """The target's own continuation of a prompt, decoded before (`experiments.continuations`)."""
+
+    tokens: list[int]
+    stopped: bool
+    seconds: float  # what decoding it cost
+
+
 def collect_prompt(
     target: torch.nn.Module,
     draft: torch.nn.Module,
@@ -255,37 +274,21 @@ def collect_prompt(
     input_ids: torch.Tensor,
     config: CollectConfig,
     super_trees: bool = True,
+    given: Given | None = None,
 ) -> PromptData:
     """One prompt's data (the continuation; ranks and super-trees when config.super_k and
-    `super_trees`, or sampled alphas)."""
+    `super_trees`, or sampled alphas). given: the target's continuation (config.continuation
+    "target"); else a speculative run makes it and its steps are kept."""
     ids = input_ids.reshape(1, -1).long()
-    eos = config.eos_token_id
     times: dict[str, float] = {}
-    start = time.perf_counter()
-    run = speculative_generate(
-        target,
-        drafter,
-        ids,
-        tree=config.run,
-        max_new_tokens=config.max_new_tokens,
-        eos_token_id=eos,
-        sampling=SamplingConfig(
-            temperature=config.temperature,
-            top_k=config.sample_top_k,
-            top_p=config.sample_top_p,
-            seed=_seed(config.seed, prompt_id),
-        ),
-    )
-    times["continuation"] = time.perf_counter() - start
-    tokens = run.tokens.tolist()
-    stopped = bool(tokens) and tokens[-1] in eos_ids(target, eos)
-    out: dict[str, Any] = {
-        "prompt": ids[0].numpy().astype(np.int64),
-        "tokens": np.array(tokens, dtype=np.int64),
-        "run_steps": np.array(
-            [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps], dtype=np.int32
-        ).reshape(-1, 4),
-    }
+    if config.continuation == "target":
+        if given is None:
+            raise ValueError("this collection reads the target's continuation: give it (experiments.continuations)")
+        tokens, stopped, times["continuation"] = list(given.tokens), given.stopped, given.seconds
+        out: dict[str, Any] = {}
+    else:
+        tokens, stopped, out = _run_continuation(target, drafter, ids, prompt_id, config, times)
+    out |= {"prompt": ids[0].numpy().astype(np.int64), "tokens": np.array(tokens, dtype=np.int64)}
     if config.cross_tokenizer:
         pass  # the continuation and its steps only
     elif config.sampling:
@@ -303,6 +306,37 @@ def collect_prompt(
             out.update(_super_trees(draft, cache, ids.shape[1], tokens, logp, config))
             times["super_tree"] = time.perf_counter() - start
     return PromptData(prompt_id=prompt_id, category=category, stopped=stopped, times=times, **out)
+
+
+def _run_continuation(
+    target: torch.nn.Module,
+    drafter: Drafter,
+    ids: torch.Tensor,
+    prompt_id: str,
+    config: CollectConfig,
+    times: dict[str, float],
+) -> tuple[list[int], bool, dict[str, np.ndarray]]:
+    """The continuation from an exact speculative run of config.run: (tokens, stopped, {"run_steps"})."""
+    start = time.perf_counter()
+    run = speculative_generate(
+        target,
+        drafter,
+        ids,
+        tree=config.run,
+        max_new_tokens=config.max_new_tokens,
+        eos_token_id=config.eos_token_id,
+        sampling=SamplingConfig(
+            temperature=config.temperature,
+            top_k=config.sample_top_k,
+            top_p=config.sample_top_p,
+            seed=_seed(config.seed, prompt_id),
+        ),
+    )
+    times["continuation"] = time.perf_counter() - start
+    tokens = run.tokens.tolist()
+    steps = [(s.position, s.num_drafted, s.num_accepted, s.num_tokens) for s in run.steps]
+    stopped = bool(tokens) and tokens[-1] in eos_ids(target, config.eos_token_id)
+    return tokens, stopped, {"run_steps": np.array(steps, dtype=np.int32).reshape(-1, 4)}
 
 
 def _ranks(

@@ -7,31 +7,39 @@ hindsight; scored held out, `replay_study.heldout_scores`), dynamic trees and th
 pair of two tokenizers is re-drafted instead (exact too); the designs and the oracle need the
 draft's rank of every target token, which such a draft does not have, so their rows say so in
 `note` rather than being left out or empty. `pair_grid` measures one loaded pair, `grid_table`
-stacks the pairs, `best_per_budget` names the best tree of each budget per pair and `rank_table`
+stacks the pairs, `shape_ranking` compares every pair's trees per budget paired on the same prompts
+(`analysis.ranking`), `best_per_budget` names the winner of each budget per pair and `rank_table`
 gives each pair's acceptance by sibling rank (why the winners win)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from ..analysis import heldout, replay
+from ..analysis import heldout, ranking, replay
+from ..analysis.collection import Collection
 from ..core.tree_spec import ShapeRule
 from ..core.trees import Tree
-from ..drafters.methods import budget_axis, trees_for
+from ..drafters.methods import CROSS, DYNAMIC, budget_axis, parse_method, trees_for
 from ..io.prompts import Prompt
+from ..io.storage import Sweep
 from .collect import CollectReport
 from .pairs import Pair, PairModels
-from .redraft_study import redrafter
-from .replay_study import PairCollectConfig, collect_pair, collection_folder, heldout_scores, replay_table
+from .redraft_study import Redrafter, redrafter
+from .replay_study import PairCollectConfig, collect_pair, heldout_scores, replay_agreement, replay_table
+from .tables import steps_frame
 
 ORACLE = "oracle"
 SAME_FAMILY, OTHER_TOKENIZER, SELF_DRAFT = "same tokenizer", "other tokenizer", "self-draft"
 METRICS = ("acceptance_rate", "acceptance_length", "tau")  # each with _ci_low, _ci_high
+# what the metrics pool, so each row can be checked: rate = accepted / drafted, acceptance length =
+# accepted / steps, tau = tokens / steps = 1 + acceptance length - no_bonus_steps / steps (`analysis.replay`)
+COUNTS = ("steps", "drafted", "accepted", "tokens", "cut_steps", "no_bonus_steps")
 COLUMNS = [
     "pair",
     "kind",
@@ -41,6 +49,7 @@ COLUMNS = [
     "depth",
     "fitted",
     *[c for m in METRICS for c in (m, f"{m}_ci_low", f"{m}_ci_high")],
+    *COUNTS,
     "tau_heldout",
     "tau_heldout_ci_low",
     "tau_heldout_ci_high",
@@ -75,6 +84,12 @@ class PairGrid:
     held: heldout.HeldOut
     report: CollectReport
     ranks: tuple[float, ...] = ()  # share of positions whose next target token is the draft's rank-r token
+    # per deployable tree and prompt: tokens and target calls on the run trajectory (a design's held
+    # out), what `analysis.ranking` compares shapes by (`ranking.PER_PROMPT`)
+    per_prompt: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the pair's end-to-end runs of the trees the grid replays, checked against the replay step by
+    # step (`replay_study.replay_agreement`: one row per method)
+    agreement: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def pair_kind(pair: Pair, cross: bool) -> str:
@@ -92,19 +107,31 @@ def pair_grid(
     custom: Mapping[str, Tree | ShapeRule],
     config: GridConfig,
     folder: str | Path,
+    continuations: str | Path | None = None,
+    runs: Sweep | None = None,
+    run_tokens: int | None = None,
 ) -> PairGrid:
-    """Every tree of one loaded pair from one collection of it (made, or resumed, in `folder`):
+    """Every tree of one loaded pair from one collection of it (made, or resumed, under `folder`,
+    `replay_study.collection_folder`; the target's continuations read from, or decoded into,
+    `continuations`: `replay_study.collect_pair`):
     the presets and the user's shapes at every budget (a fixed tree at its node count), the
     designs fitted on every prompt (rows: in-sample) and scored held out (`tau_heldout`), dynamic
     trees and the oracle bound at the collection's dynamic budgets. A cross-tokenizer pair is
-    re-drafted (`redraft_study`); its design and oracle rows carry the reason in `note`."""
+    re-drafted (`redraft_study`); its design and oracle rows carry the reason in `note`. runs: a sweep
+    holding the pair's end-to-end runs (`sweeps.run_pairs`' store), of `run_tokens` tokens each: those
+    of trees the grid answers (the draft model's, dynamic, or across tokenizers) are checked against
+    the replay step by step (`agreement`)."""
     cross = models.draft_tokenizer is not None and models.draft_tokenizer.get_vocab() != models.tokenizer.get_vocab()
+    config = for_pair(config, pair)
+    prompts = prompts[: pair.grid_prompts] if pair.grid_prompts else prompts
     budgets = budget_axis(config.budgets, custom)
     trees = trees_for(config.shapes, budgets, custom)
-    report = collect_pair(collection_folder(folder, models.label), models, prompts, trees, config.collect, pair=pair)
+    report = collect_pair(folder, models, prompts, trees, config.collect, pair=pair, continuations=continuations)
     collection = report.check().collection
     again = redrafter(models.draft, models.tokenizer, models.draft_tokenizer) if cross else None
-    table, _ = replay_table(collection, trees, budgets, config.collect.dynamic_budgets, config.oracle_k, again)
+    table, _ = replay_table(
+        collection, trees, budgets, config.collect.dynamic_budgets, config.oracle_k, again, config.collect.super_prompts
+    )
     held = heldout_scores(collection, trees, budgets, table, config.heldout_folds, config.seed)
     rows = _rows(table, held.table, fitted=set(heldout.DESIGNERS))
     if cross:
@@ -112,7 +139,93 @@ def pair_grid(
     rows.insert(0, "kind", pair_kind(pair, cross))
     rows.insert(0, "pair", models.label)
     ranks = () if cross else replay.acceptance_vector(collection, RANKS)
-    return PairGrid(rows.reindex(columns=COLUMNS), held, report, ranks)
+    per_prompt = table.attrs["per_prompt"] if cross else _per_prompt(collection, held, config.collect.dynamic_budgets)
+    per_prompt = per_prompt.assign(pair=models.label).reindex(columns=ranking.PER_PROMPT)
+    agreement = _agreement(runs, models.label, collection, again, custom, run_tokens)
+    return PairGrid(rows.reindex(columns=COLUMNS), held, report, ranks, per_prompt, agreement)
+
+
+def _agreement(
+    runs: Sweep | None,
+    label: str,
+    collection: Collection,
+    again: Redrafter | None,
+    custom: Mapping[str, Tree | ShapeRule],
+    run_tokens: int | None,
+) -> pd.DataFrame:
+    """The pair's end-to-end runs in `runs` of trees its collection answers, against the replay."""
+    if runs is None or not len(runs):
+        return pd.DataFrame()
+    steps = steps_frame(runs)
+    real = steps["source"] != "replay" if "source" in steps else True  # units replayed from a collection: no runs
+    mine = steps[(steps["pair"] == label) & real][["shape", "budget"]].drop_duplicates()
+    fixed = {n: t for n, t in custom.items() if isinstance(t, Tree)}
+    kinds = (CROSS,) if collection.config.cross_tokenizer else ("draft", DYNAMIC)
+    specs = [f"{shape}:{int(budget)}" for shape, budget in zip(mine["shape"], mine["budget"])]
+    specs = [s for s in specs if _drafter(s, fixed) in kinds]
+    if not specs:
+        return pd.DataFrame()
+    return replay_agreement(runs, label, collection, specs, again, fixed, run_tokens)
+
+
+def _drafter(spec: str, custom: Mapping[str, Tree]) -> str:
+    """The drafter a stored unit's spec names ("" for the target alone and transformers' methods)."""
+    try:
+        return parse_method(spec, custom).drafter
+    except ValueError:
+        return ""
+
+
+def for_pair(config: GridConfig, pair: Pair) -> GridConfig:
+    """The grid of `pair`: the notebook's, with the shapes, budgets and dynamic budgets the pair sets."""
+    dynamic = pair.dynamic_budgets if pair.dynamic_budgets is not None else config.collect.dynamic_budgets
+    return dataclasses.replace(
+        config,
+        shapes=pair.shapes or config.shapes,
+        budgets=pair.budgets or config.budgets,
+        collect=dataclasses.replace(config.collect, dynamic_budgets=tuple(dynamic)),
+    )
+
+
+def _per_prompt(collection: Collection, held: heldout.HeldOut, dynamic_budgets: Sequence[int]) -> pd.DataFrame:
+    """Per deployable tree and prompt, tokens and target calls on the run trajectory: the presets'
+    and the user's, the designs' held out (each prompt scored by the trees of the fold that left it
+    out), dynamic trees on their super-tree prompts; not the hindsight tree (in-sample) nor the oracle."""
+    rows = held.per_prompt
+    fitted = rows["shape"].isin(list(heldout.DESIGNERS))
+    keep = (~fitted & (rows["scored"] == "in_sample")) | (fitted & (rows["scored"] == "heldout"))
+    keep &= rows["shape"] != "hindsight"
+    parts = [rows[keep]]
+    if collection.has_super_trees and dynamic_budgets:
+        parts.append(replay.replay_dynamic(collection, dynamic_budgets, mode="trajectory", per_prompt=True))
+    out = pd.concat(parts, ignore_index=True)
+    categories = {p.prompt_id: p.category for p in collection.prompts}
+    return out.assign(category=out["prompt_id"].map(categories))[
+        ["shape", "budget", "prompt_id", "category", "tokens", "steps"]
+    ]
+
+
+def per_prompt(parts: Sequence[PairGrid]) -> pd.DataFrame:
+    """Every pair's deployable trees per prompt (`PairGrid.per_prompt`), stacked."""
+    frames = [p.per_prompt for p in parts if not p.per_prompt.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ranking.PER_PROMPT)
+
+
+def shape_ranking(parts: Sequence[PairGrid]) -> pd.DataFrame:
+    """Every pair's deployable trees ranked per budget, paired on the same prompts (`analysis.ranking`)."""
+    return ranking.paired_ranking(per_prompt(parts))
+
+
+def category_winners(parts: Sequence[PairGrid]) -> pd.DataFrame:
+    """Per pair, budget and category, the winning shape and the overall winner's tau there."""
+    frame = per_prompt(parts)
+    return ranking.category_winners(frame) if len(frame) else pd.DataFrame()
+
+
+def agreement(parts: Sequence[PairGrid]) -> pd.DataFrame:
+    """Every pair's end-to-end runs against the replay (`PairGrid.agreement`), one row per pair and method."""
+    frames = [p.agreement.assign(pair=p.table["pair"].iloc[0]) for p in parts if len(p.agreement)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _rows(table: pd.DataFrame, held: pd.DataFrame, fitted: set[str]) -> pd.DataFrame:
@@ -180,30 +293,38 @@ def rank_table(parts: Sequence[PairGrid]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["pair", "kind", "rank", "share", "note"])
 
 
-def best_per_budget(table: pd.DataFrame) -> pd.DataFrame:
-    """Per pair and budget, the tree with the highest held-out tau among those one could deploy
-    (presets, the user's, the held-out designs and dynamic trees; not the hindsight tree, which is
-    in-sample, nor the oracle bound), with the runner-up's tau and the oracle's at that budget."""
-    usable = table[~table["shape"].isin(["hindsight", ORACLE]) & table["tau_heldout"].notna()]
+def best_per_budget(table: pd.DataFrame, headline: pd.DataFrame) -> pd.DataFrame:
+    """Per pair and budget, the paired comparison's winner (`analysis.ranking.headline`: among the trees
+    one could deploy, the presets, the user's, the held-out designs and dynamic trees; not the
+    in-sample hindsight tree nor the oracle bound) with its row of the grid (held-out tau and its
+    interval over its prompts, acceptance rate and length), the runner-up and its tau on the prompts
+    they were compared on, the winner's lead with its paired interval and verdict ("wins" / "tied"),
+    and the oracle's tau at that budget."""
+    rows = table.set_index(["pair", "shape", "budget"])
     oracle = table[table["shape"] == ORACLE].set_index(["pair", "budget"])["tau"]
-    rows = []
-    for (pair, budget), part in usable.groupby(["pair", "budget"], sort=False):
-        ranked = part.sort_values("tau_heldout", ascending=False, kind="stable")  # ties: the first by shape name
-        best = ranked.iloc[0]
-        rows.append(
+    out = []
+    for h in headline.itertuples(index=False):
+        best = rows.loc[(h.pair, h.winner, h.budget)]
+        out.append(
             {
-                "pair": pair,
+                "pair": h.pair,
                 "kind": best["kind"],
-                "budget": int(budget),
-                "best_shape": best["shape"],
+                "budget": int(h.budget),
+                "best_shape": h.winner,
                 "tau_heldout": best["tau_heldout"],
                 "tau_heldout_ci_low": best["tau_heldout_ci_low"],
                 "tau_heldout_ci_high": best["tau_heldout_ci_high"],
                 "acceptance_rate": best["acceptance_rate"],
                 "acceptance_length": best["acceptance_length"],
-                "runner_up": ranked.iloc[1]["shape"] if len(ranked) > 1 else "",
-                "runner_up_tau": ranked.iloc[1]["tau_heldout"] if len(ranked) > 1 else math.nan,
-                "oracle_tau": oracle.get((pair, budget), math.nan),
+                "runner_up": h.runner_up,
+                "runner_up_tau": h.runner_up_tau,
+                "winner_tau_compared": h.winner_tau,
+                "lead": h.difference,
+                "lead_ci_low": h.difference_ci_low,
+                "lead_ci_high": h.difference_ci_high,
+                "verdict": h.verdict,
+                "prompts_compared": h.prompts,
+                "oracle_tau": oracle.get((h.pair, h.budget), math.nan),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(out)

@@ -21,6 +21,12 @@ class Pair(ModelPair):
     """A draft -> target pair as named in parameter files (`ModelPair`), with its own methods."""
 
     methods: tuple[str, ...] | None = None  # this pair's method specs; None: the sweep's own
+    # this pair's grid where it differs from the notebook's (None: the notebook's): a pair whose trees cost
+    # more to answer (a draft of another tokenizer is re-drafted, one draft forward per level) may ask less
+    shapes: tuple[str, ...] | None = None
+    budgets: tuple[int, ...] | None = None
+    dynamic_budgets: tuple[int, ...] | None = None
+    grid_prompts: int | None = None  # the grid on the first N prompts only
     # the user's trees and shape rules its methods may name ((name, Tree or ShapeRule) pairs; given
     # as a mapping of names to those or to specs, `core.tree_spec`)
     custom_trees: tuple[tuple[str, Tree | ShapeRule], ...] = ()
@@ -34,6 +40,9 @@ class Pair(ModelPair):
         if self.methods is not None:
             object.__setattr__(self, "methods", tuple(self.methods))
             method_trees(self.methods, trees)  # refuse a bad spec before any model loads
+        for name in ("shapes", "budgets", "dynamic_budgets"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def draft_label(self) -> str:
@@ -78,3 +87,8 @@ class PairModels:
     tokenizer: Any  # the target's
     draft_tokenizer: Any = None  # the draft's: needed by the cross-tokenizer methods (xtok, hf_uag) only
     texts: tuple[TokenText, TokenText] | None = None  # both tokenizers read as bytes (`TokenText`), when already made
+
+    @property
+    def target_label(self) -> str:
+        """The target as tables name it (`Pair.target_label`: the label's part after the arrow)."""
+        return self.label.rsplit(" -> ", 1)[-1]

@@ -8,6 +8,8 @@ replay step by step (`replay_agreement`). A cross-tokenizer collection is re-dra
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ import pandas as pd
 import torch
 
 from ..analysis import heldout, replay
-from ..analysis.collection import CollectConfig, Collection
+from ..analysis.collection import CollectConfig, Collection, collection_params
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row
 from ..analysis.quality import TIE_MARGIN
@@ -33,6 +35,7 @@ from ..io.prompts import Prompt
 from ..io.storage import Sweep
 from ..kernels.cpu_linear import effective_path, linear_path
 from .collect import CollectReport, collect_units
+from .continuations import continue_prompts, target_description
 from .executors import Executor, LocalExecutor
 from .pairs import Pair, PairModels
 from .redraft_study import Redrafter, needs_redrafter, redraft_table, redrafts, steps_of
@@ -50,16 +53,18 @@ class PairCollectConfig:
     top_k: int = 16  # ranks kept per position (at least the widest rank any tree uses; the oracle's limit K)
     super_prompts: int | None = None  # super-trees on the first prompts only; None: every prompt
     dtype: str | None = None  # the dtype a worker loads the pair in (`io.models.model_dtype`)
+    batch: int = 16  # prompts whose continuations the target decodes at once (`experiments.continuations`)
 
 
 def collect_pair(
-    folder,
+    root: str | Path,
     models: PairModels,
     prompts: Sequence[Prompt],
     trees: dict[tuple[str, int], Tree],
     config: PairCollectConfig,
     pair: Pair | None = None,
     executor: Executor | None = None,
+    continuations: str | Path | None = None,
 ) -> CollectReport:
     """`experiments.collect.collect_units` for a prompt set: ranks kept up to config.top_k (at least
     the widest rank any tree uses; the oracle's limit K), super-trees (when config.super_k > 0) as
@@ -72,38 +77,65 @@ def collect_pair(
 
     `models.tokenizer` is the target's; with the draft's (`models.draft_tokenizer`) and a different
     vocabulary, the collection is a cross-tokenizer one, made in this process: the continuation
-    from an exact cross-tokenizer chain:4 run, nothing else (`redrafter` answers it)."""
+    only (`redrafter` answers it).
+
+    continuations: a folder of the target's own greedy continuations (`experiments.continuations`):
+    those missing are decoded there first, `config.batch` prompts at once, by the loaded target, and
+    every unit reads its prompt's (continuation "target"): a pair that shares its target with another,
+    or a notebook that asks for the prompts another already decoded, decodes nothing. None (or no
+    target loaded here): each unit makes its own continuation by an exact chain:4 run, whose steps
+    it keeps."""
     executor = executor or LocalExecutor()
     target, draft, tokenizer = models.target, models.draft, models.tokenizer
     ids = {p.id: prompt_ids(tokenizer, p.text) for p in prompts}
     draft_dtype = draft.dtype if draft is not None else model_dtype(config.dtype) or default_dtype(default_device())
     describe = {"pair": models.label, "draft_dtype": str(draft_dtype).removeprefix("torch.")}
     categories = {p.id: p.category for p in prompts}
+    given = continuations is not None and target is not None
+    decoded = (
+        continue_prompts(
+            continuations,
+            target,
+            target_description(models.target_label, target, linear_path(target)),
+            ids,
+            config.max_new_tokens,
+            batch=config.batch,
+        )
+        if given
+        else None
+    )
+    source = "target" if given else "run"
     if models.draft_tokenizer is not None and models.draft_tokenizer.get_vocab() != tokenizer.get_vocab():
         if target is None or draft is None:
             raise ValueError("a cross-tokenizer collection runs in this process: pass the loaded target and draft")
-        cross = CollectConfig(max_new_tokens=config.max_new_tokens, run_tree="chain:4", cross_tokenizer=True)
+        cross = CollectConfig(config.max_new_tokens, run_tree="chain:4", continuation=source, cross_tokenizer=True)
         drafter = CrossTokenizerDrafter(draft, models.draft_tokenizer, tokenizer)
         here = LocalExecutor(executor.retries)  # in this process, whatever executor was given
-        return collect_units(folder, (target, draft, drafter), ids, cross, categories, describe, here)
+        folder = collection_folder(root, models.label, cross, describe)
+        return collect_units(folder, (target, draft, drafter), ids, cross, categories, describe, here, True, decoded)
     widest = max((max(path) for tree in trees.values() for path in tree.paths), default=0)
     collect = CollectConfig(
         max_new_tokens=config.max_new_tokens,
         top_k=max(widest + 1, config.super_k, config.top_k),
+        continuation=source,
         super_k=config.super_k,
         super_depth=config.super_depth,
         super_size=max(config.dynamic_budgets, default=1),
     )
     if config.super_prompts is not None:
         describe["super_prompts"] = [p.id for p in prompts[: config.super_prompts]]
-    return collect_units(
-        folder, _collecting_models(models, pair, executor, config.dtype), ids, collect, categories, describe, executor
-    )
+    workers = _collecting_models(models, pair, executor, config.dtype)
+    folder = collection_folder(root, models.label, collect, describe)
+    return collect_units(folder, workers, ids, collect, categories, describe, executor, True, decoded)
 
 
-def collection_folder(folder: str | Path, label: str) -> Path:
-    """A pair's collection folder under `folder`, named after its label (`Pair.label`)."""
-    return Path(folder) / re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+def collection_folder(root: str | Path, label: str, config: CollectConfig, describe: Mapping) -> str | Path:
+    """A pair's collection folder under `root` (a path, or an fsspec URL): named after its label
+    (`Pair.label`) and a digest of its config and description, so two notebooks that collect the
+    same pair alike (01 and 02 under one run of the runner) share one, and never one made otherwise."""
+    digest = hashlib.sha256(json.dumps(collection_params(config, describe), sort_keys=True).encode()).hexdigest()[:10]
+    name = f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', label)}-{digest}"
+    return f"{str(root).rstrip('/')}/{name}" if "://" in str(root) else Path(root) / name
 
 
 def _collecting_models(
@@ -190,6 +222,7 @@ def replay_table(
     dynamic_budgets: Sequence[int],
     oracle_k: int | None = None,
     redraft_with: Redrafter | None = None,
+    dynamic_prompts: int | None = None,
 ) -> tuple[pd.DataFrame, dict[tuple[str, int], Tree]]:
     """Every shape x budget replayed, plus the data-driven trees (`designed_trees`), "dynamic"
     (super-trees needed; on the prompts collected with them) and the per-position "oracle"
@@ -206,9 +239,11 @@ def replay_table(
     A cross-tokenizer collection (`redraft_with`: `redrafter(...)` of the pair) is re-drafted
     instead (`analysis.redraft`): every shape x budget drafted in draft tokens and "dynamic", on the
     run trajectory, exact; no designed trees, no oracle and no tau_all (they need draft ranks of the
-    target's tokens): those columns are NaN."""
+    target's tokens): those columns are NaN; its dynamic trees on the first `dynamic_prompts` prompts
+    (None: every one), as a shared vocabulary's are on the prompts with super-trees."""
     if collection.config.cross_tokenizer:
-        return redraft_table(collection, trees, dynamic_budgets, needs_redrafter(redraft_with)), dict(trees)
+        again = needs_redrafter(redraft_with)
+        return redraft_table(collection, trees, dynamic_budgets, again, dynamic_prompts), dict(trees)
     every = {**trees, **designed_trees(collection, budgets)}
     hindsight = {k: t for k, t in every.items() if k[0] == "hindsight"}
 
@@ -255,19 +290,24 @@ def replay_agreement(
     specs: Sequence[str],
     redraft_with: Redrafter | None = None,
     custom: Mapping[str, Tree] | None = None,
+    max_new_tokens: int | None = None,
 ) -> pd.DataFrame:
-    """Real runs against the replay, step by step: one row per method with the steps compared and
+    """Real runs against the replay, step by step (the replay cut to the runs' `max_new_tokens`,
+    default the collected length): one row per method with the steps compared and
     how many were identical (position, drafted, accepted and tokens added). The collection's own
-    run (its `run_tree`, on every prompt) is always compared, as source "collection run"; `specs`
+    run (its `run_tree`, on every prompt), where it made its continuation, as source "collection run"; `specs`
     are end-to-end units in `store` (source "end to end"). A cross-tokenizer collection is
     re-drafted (`redraft_with`) instead of replayed; its specs are xtok methods. custom: the user's
     trees by name, which specs may name (`drafters.methods.parse_method`)."""
     rows = []
-    run_spec = collection.config.run_tree
-    replayed = steps_of(collection, "chain", collection.config.run, redraft_with)
-    real = {p.prompt_id: [tuple(int(x) for x in row) for row in p.run_steps] for p in collection.prompts}
-    rows.append(_agreement_row(run_spec, "collection run", replayed, real, collection))
+    if collection.config.continuation == "run":  # the continuation's own run (none where the target's is read)
+        run_spec = collection.config.run_tree
+        replayed = steps_of(collection, "chain", collection.config.run, redraft_with)
+        real = {p.prompt_id: [tuple(int(x) for x in row) for row in p.run_steps] for p in collection.prompts}
+        rows.append(_agreement_row(run_spec, "collection run", replayed, real, collection))
     steps = steps_frame(store) if store is not None and len(store) else pd.DataFrame()
+    if "source" in steps:
+        steps = steps[steps["source"] != "replay"]  # units replayed from a collection are no real runs
     for spec in specs:
         method = parse_method(spec, custom)
         dynamic = method.drafter == "dynamic" or method.shape == DYNAMIC
@@ -277,11 +317,7 @@ def replay_agreement(
         prompts = set(mine["prompt_id"])
         shape = DYNAMIC if dynamic else method.shape
         tree = method.budget if dynamic and not collection.config.cross_tokenizer else method.tree
-        replayed = {
-            pid: s
-            for pid, s in steps_of(collection, shape, tree, redraft_with, method.budget).items()
-            if pid in prompts
-        }
+        replayed = steps_of(collection, shape, tree, redraft_with, method.budget, max_new_tokens, sorted(prompts))
         real = {
             pid: [
                 tuple(int(x) for x in r)

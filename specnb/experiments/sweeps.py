@@ -59,7 +59,7 @@ from ..io.sources import check_sources
 from ..io.storage import Sweep
 from .executors import LocalExecutor
 from .pairs import Pair, PairModels, pair_keys
-from .replay_study import PairCollectConfig, collect_pair, collection_folder
+from .replay_study import PairCollectConfig, collect_pair
 from .tables import BASELINE, shape_table, step_costs, steps_frame, unit_table
 
 WARMUP_TOKENS = 4  # tokens of each method's untimed warm-up run (`run_sweep`)
@@ -277,8 +277,7 @@ def run_pairs(
             store, _Units(models, measured, config, methods=plan.methods), prompts, first_of_target[pair_keys(pair)[0]]
         )
         if replayed:
-            folder = collection_folder(collections, pair.label)
-            replay_units(store, models, folder, prompts, replayed, config.max_new_tokens)
+            replay_units(store, models, collections, prompts, replayed, config.max_new_tokens)
         if each_pair is not None:
             each_pair(pair, models)
     return pd.DataFrame([plans[pair].status for pair in pairs])
@@ -450,9 +449,10 @@ def replay_units(
     trees: dict[tuple[str, int], Tree],
     max_new_tokens: int,
 ) -> None:
-    """Units of replayable methods from one collection of the pair (collected, or resumed, in
-    `folder`): the steps a real greedy run would make (`replay.replay_steps`), the output (the
-    target's continuation) checked against the stored target-alone unit, times left empty.
+    """Units of replayable methods from one collection of the pair (collected, or resumed, under
+    `folder`: `replay_study.collection_folder`): the steps a real greedy run would make
+    (`replay.replay_steps`), the output (the target's continuation) checked against the stored
+    target-alone unit, times left empty.
     Needs the target-alone units of `run_sweep` in `store` first."""
     dynamic = [k[1] for k in trees if k[0] == DYNAMIC]
     static = {k: t for k, t in trees.items() if k[0] != DYNAMIC}

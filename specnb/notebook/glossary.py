@@ -11,9 +11,21 @@ TERMS: dict[str, str] = {
     "draft's top-k first tokens, SpecInfer-style), sparse (Medusa-style: the N nodes with the largest product of a "
     "fixed per-rank acceptance along their path); your own trees and shape rules (`custom_trees`)",
     "rank": "a node's place among its siblings by the draft's probability (0: the draft's most likely token)",
-    "acceptance rate": "accepted draft tokens / drafted tokens",
-    "acceptance length": "accepted draft tokens per target call (verification step), the bonus token excluded",
-    "tau": "tokens per target call, the bonus token included (1 + acceptance length, except where EOS cut a step)",
+    "acceptance rate": "accepted draft tokens / drafted tokens, drafted counting the nodes actually verified (a "
+    "tree the end of the generation cut counts its kept nodes): columns accepted / drafted on every row",
+    "acceptance length": "accepted draft tokens per target call (verification step), the bonus token excluded: "
+    "accepted / steps",
+    "tau": "tokens per target call, the bonus token included: tokens / steps = 1 + acceptance length - "
+    "no_bonus_steps / steps (a step that accepts up to the target's stop token adds no bonus token)",
+    "cut_steps": "steps whose tree the end of the generation cut (the loop verifies no node past max_new_tokens): "
+    "they draft fewer nodes; at 128 tokens and budgets up to 32 they are a few steps per prompt",
+    "no_bonus_steps": "steps that accepted up to the continuation's stop token (EOS) and so added no bonus token",
+    "paired difference": "two trees measured on the same prompts compared per prompt: tau of one minus tau of the "
+    "other, with the 95% bootstrap interval of the difference (prompts resampled together); an interval that holds "
+    "0 is a tie",
+    "winner, runner-up, lead": "per pair and budget the best tree one could deploy, the next, and the best's tau "
+    "minus the runner-up's on the prompts both answer, with its paired interval: 'wins' where it excludes 0, "
+    "else 'tied'",
     "bonus token": "the target's own next token after the accepted branch: every step yields it, speculation or not",
     "run trajectory": "the positions a real run with that tree visits (it skips the positions inside accepted "
     "branches): what a run measures; the rows of the tables are on it",

@@ -64,6 +64,10 @@ PAIR_TYPES: Mapping[str, str] = MappingProxyType(
         "draft_quantization": "Optional[str]",
         "draft_layers": "Optional[int]",
         "methods": "Optional[list]",
+        "shapes": "Optional[list]",  # this pair's grid, where it differs from the notebook's
+        "budgets": "Optional[list]",
+        "dynamic_budgets": "Optional[list]",
+        "grid_prompts": "Optional[int]",
     }
 )
 EXAMPLE_CHARS = 80  # longest example and value shown in a message
@@ -412,7 +416,10 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "check_prompts": SOME,
         "measure_prompts": COUNT,
         "heldout_folds": COUNT,
-        "category_figure": Flag(),
+        "method_prompts": COUNT,
+        "grid_prompts": COUNT,
+        "run_tokens": Whole(1, MAX_NEW_TOKENS),
+        "batch": COUNT,
         # collection (01)
         "executor": OneOf(EXECUTORS),
         "ray_address": Text(),
@@ -479,6 +486,12 @@ NOTEBOOK_RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
     }
 )
 CROSSES: tuple[Cross, ...] = (
+    Cross(
+        ("run_tokens", "max_new_tokens"),
+        lambda run_tokens, max_new_tokens: run_tokens <= max_new_tokens,
+        "run_tokens={run_tokens} with max_new_tokens={max_new_tokens}: the end-to-end runs are checked against the "
+        "replay cut to their length, which the collection must hold; set run_tokens to at most {max_new_tokens}",
+    ),
     Cross(
         ("oracle_k", "top_k"),
         lambda oracle_k, top_k: oracle_k <= top_k,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from ..analysis.spread import MIN_PROMPTS
 from ..core.trees import Tree
 from .legibility import problems
 
@@ -282,55 +282,51 @@ def _speedup_bars(data: pd.DataFrame, hue: str, ylabel: str, title: str, path) -
     return save(fig, path)
 
 
-def category_bars(table: pd.DataFrame, metric: str = "tau", min_prompts: int = MIN_PROMPTS, path=None) -> plt.Figure:
-    """A pooled metric per prompt category, per pair and method, from a table of
-    `tables.shape_table(units, by=(pair, shape, budget, category))`, with its 95% interval
-    across prompts (`<metric>_ci_low/high`) as error bars; only categories with at least
-    `min_prompts` prompts (fewer make one prompt's value look like a category's: the notebook says
-    which were pooled instead)."""
-    data = table[table["prompts"] >= min_prompts]
-    data = data.assign(method=data["shape"] + ":" + data["budget"].astype(str))
-    pairs = list(dict.fromkeys(data["pair"]))
-    fig, axes = plt.subplots(1, max(len(pairs), 1), figsize=(5.2 * max(len(pairs), 1) + 2.2, 4.4), squeeze=False)
-    for ax, pair in zip(axes[0], pairs):
-        d = data[data["pair"] == pair]
-        categories, methods = list(dict.fromkeys(d["category"])), list(dict.fromkeys(d["method"]))
-        width = 0.8 / len(methods)
-        for i, (method, style) in enumerate(styles(methods).items()):
-            m = d[d["method"] == method].set_index("category").reindex(categories)
-            x = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
-            err = (
-                [(m[metric] - m[f"{metric}_ci_low"]).clip(lower=0), (m[f"{metric}_ci_high"] - m[metric]).clip(lower=0)]
-                if f"{metric}_ci_low" in m
-                else None
+def category_winners(winners: pd.DataFrame, budgets: Sequence[int] = (4, 8, 16), path=None) -> plt.Figure:
+    """Per prompt category (rows) and pair (columns), at each of `budgets` (a panel each, those the
+    table has): the tau of the shape that wins on that category's prompts, written with its name, the
+    colour its tau (`analysis.ranking.category_winners`). A cell whose winner is not the pair's overall
+    winner at that budget is framed in black: where the answer changes with the task."""
+    shown = [b for b in budgets if b in set(winners["budget"])] or sorted(set(winners["budget"]))[-1:]
+    pairs = list(dict.fromkeys(winners["pair"]))
+    categories = list(dict.fromkeys(winners["category"]))
+    fig, axes = plt.subplots(
+        1,
+        len(shown) + 1,
+        figsize=(2.6 + 2.6 * len(pairs) * len(shown), 1.2 + 0.42 * len(categories)),
+        squeeze=False,
+        gridspec_kw={"width_ratios": [len(pairs)] * len(shown) + [0.12]},
+    )
+    low, high = winners["winner_tau"].min(), winners["winner_tau"].max()
+    for ax, budget in zip(axes[0][:-1], shown):
+        d = winners[winners["budget"] == budget]
+        tau = d.pivot(index="category", columns="pair", values="winner_tau").reindex(index=categories, columns=pairs)
+        image = ax.imshow(tau.to_numpy(dtype=float), cmap="viridis", vmin=low, vmax=high, aspect="auto")
+        for r in d.itertuples():
+            i, j = categories.index(r.category), pairs.index(r.pair)
+            bright = (r.winner_tau - low) > 0.6 * (high - low)  # viridis turns yellow: dark text there
+            ax.text(
+                j,
+                i,
+                f"{r.winner}\n{r.winner_tau:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if bright else "white",
             )
-            ax.bar(
-                x,
-                m[metric],
-                width,
-                yerr=err,
-                color=style["color"],
-                label=method,
-                capsize=2,
-                error_kw={"elinewidth": 0.8, "ecolor": "0.25"},
-            )
-        ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
-        ax.set_title(pair, fontsize=9)
-        ax.set_xlabel("prompt category")
-        ax.set_ylabel(TAU if metric == "tau" else metric)
-        legend_outside(ax, "method")
-    if not pairs:
-        axes[0][0].text(0.5, 0.5, f"no category has {min_prompts} prompts", ha="center", transform=axes[0][0].transAxes)
-        axes[0][0].set_axis_off()
+            if not r.same_winner:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+        ax.set_xticks(range(len(pairs)), [textwrap.fill(p, 18) for p in pairs], fontsize=7)
+        ax.set_yticks(range(len(categories)), categories, fontsize=8)
+        ax.set_title(f"{budget} draft tokens", fontsize=9)
+    fig.colorbar(image, cax=axes[0][-1], label="tau (bonus included)")
     fig.suptitle(
-        f"{'tau' if metric == 'tau' else metric} per category, pooled over its prompts\n"
-        f"95% bootstrap intervals over prompts; categories with >= {min_prompts} prompts",
-        fontsize=10,
+        "The winning shape per prompt category (framed: not the pair's overall winner); "
+        f"{int(winners['prompts'].max())} prompts per category, no interval",
+        fontsize=9,
     )
     return save(fig, path)
 
-
-# ---- tree attention timing (notebook 03): tables from `bench.timing` -----------------------
 
 IMPL_ORDER = ("eager", "per_sequence", "sdpa", "flex", "causal")
 IMPL_LABEL = {

@@ -18,7 +18,6 @@ acceptance rate = accepted / drafted.
                        tokenizer pay where the same-tokenizer draft does not?)
     recommendation     the budget the cost model picks on this device (notebooks 01 and 03)
     curve_reading      the verify curve's shape as measured: its step and its slope (01 and 03)
-    categories_note    which categories a per-category figure shows and which it pools, and why
     collection_reading notebook 01: units collected / total, the workers, failed units by name
     analysis           the report's (notebook 07) drafted analysis in paragraphs across pairs: which shape
                        wins and why, where tokens stop paying, how the pairs differ, what tree attention
@@ -283,22 +282,6 @@ def engine_reading(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def categories_note(table: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> str:
-    """Which categories of a per-category table (column `prompts`) are plotted, and which are only
-    pooled into the overall tables because they have fewer than `min_prompts` prompts."""
-    counts = table.groupby("category")["prompts"].max()
-    shown = counts[counts >= min_prompts]
-    pooled = counts[counts < min_prompts]
-    lines = [
-        f"Per-category values need at least {min_prompts} prompts in a category (below that a "
-        "category's value is one or two prompts' value, and its interval is not defined)."
-    ]
-    lines.append("- plotted: " + (", ".join(f"{c} ({n} prompts)" for c, n in shown.items()) or "none"))
-    if len(pooled):
-        lines.append("- pooled into the overall tables only: " + ", ".join(f"{c} ({n})" for c, n in pooled.items()))
-    return "\n".join(lines)
-
-
 def pairs_reading(table: pd.DataFrame, versus: pd.DataFrame | None = None) -> str:
     """A short markdown reading of a shape table, computed from it (no fixed conclusions); with the
     head-to-head table (`tables.head_to_head`), each matchup's verdict: a winner only where the
@@ -506,14 +489,12 @@ def grid_reading(best: pd.DataFrame, ranks: pd.DataFrame | None = None, saturati
     for pair, b in best.groupby("pair", sort=False):
         b = b.sort_values("budget")
         top = b.loc[b["tau_heldout"].idxmax()]
-        winners = ", ".join(
-            f"{r.budget}: {r.best_shape}" + (" (tied)" if r.runner_up_tau >= r.tau_heldout - 1e-9 else "")
-            for r in b.itertuples()
-        )
+        winners = ", ".join(_winner(r) for r in b.itertuples())
         line = (
             f"- **{pair}** ({top['kind']}): highest held-out tau {top['tau_heldout']:.2f}"
             f"{_bracket(top['tau_heldout_ci_low'], top['tau_heldout_ci_high'])} with {top['best_shape']} at "
-            f"{top['budget']} draft tokens. Best shape per budget: {winners}."
+            f"{top['budget']} draft tokens. The winner per budget against its runner-up, tau's difference "
+            f"paired on the same prompts: {winners}."
         )
         mine = ranks[(ranks["pair"] == pair) & ranks["share"].notna()] if ranks is not None else pd.DataFrame()
         if len(mine) >= 2:
@@ -553,6 +534,42 @@ def grid_reading(best: pd.DataFrame, ranks: pd.DataFrame | None = None, saturati
             + ". tau counts target tokens per target call; what a step costs differs by pair (notebook 01 prices it)."
         )
     return "\n".join(lines)
+
+
+def _winner(r) -> str:
+    """'8: kary2 ahead of chain by 0.21 [0.12, 0.30]', or '... tied with chain (+0.03 [-0.02, 0.08])'."""
+    if not r.runner_up:
+        return f"{r.budget}: {r.best_shape}"
+    lead = f"{r.lead:+.2f}{_bracket(r.lead_ci_low, r.lead_ci_high)}"
+    if r.verdict == "tied":
+        return f"{r.budget}: {r.best_shape} tied with {r.runner_up} ({lead})"
+    return f"{r.budget}: {r.best_shape} ahead of {r.runner_up} by {lead}"
+
+
+def categories_reading(winners: pd.DataFrame) -> str:
+    """Whether the winning shape changes with the prompt's category (`analysis.ranking.category_winners`):
+    per pair and budget, the categories whose own winner is another shape, with both taus there."""
+    lines = []
+    for (pair, budget), part in winners.groupby(["pair", "budget"], sort=False):
+        other = part[~part["same_winner"]]
+        n = int(part["prompts"].max())
+        if other.empty:
+            lines.append(
+                f"- **{pair}**, {budget} draft tokens: {part['overall_winner'].iloc[0]} wins in every category."
+            )
+            continue
+        said = "; ".join(
+            f"{r.category}: {r.winner} {r.winner_tau:.2f} against {r.overall_winner} {r.overall_winner_tau:.2f}"
+            for r in other.itertuples()
+        )
+        lines.append(
+            f"- **{pair}**, {budget} draft tokens: {part['overall_winner'].iloc[0]} wins overall; another shape "
+            f"leads in {len(other)} of {len(part)} categories ({said})."
+        )
+    if not lines:
+        return ""
+    note = f"A category holds {n} prompts here: its taus carry no interval, and a lead inside one is a hint."
+    return "\n".join(lines) + "\n\n" + note
 
 
 KIND_READING = {  # what a pair's kind says about its draft, where the pairs are compared

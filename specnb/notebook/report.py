@@ -220,7 +220,7 @@ PRINT_CSS = (  # report.html on paper (report.pdf): nothing cut at a page edge, 
 )
 LAST_WRITTEN = {  # the file each notebook writes last: an interactive run that has it ran to the end
     "01_tree_shapes": "tree_results.json",
-    "02_model_pairs": "by_category.csv",
+    "02_model_pairs": "step_costs.csv",
     "03_tree_attention_timing": "cost_model.csv",
 }
 

@@ -29,6 +29,8 @@ How the parts are sized (GB = 10^9 bytes; `analysis.memory` does the weight and 
     verify            the largest single forward (`forward_bytes`): the largest tree verified on the
                       longest cache, or the perplexity score of prompt + output in one forward without
                       a cache (`analysis.quality.score`, every notebook that generates).
+    continuations     01's and 02's target decoding `batch` prompts at once: their caches of LONGEST_PROMPT
+                      + max_new_tokens each and the forward that prefills them (`experiments.continuations`).
     super_trees       01's (and 05's) super-trees: SUPER_CHUNK positions' off-path nodes, up to
                       super_size = max(dynamic_budgets) each, fed to the draft in one forward per depth
                       (`experiments.collect`), and the draft's cache growing by them.
@@ -96,6 +98,7 @@ PART_NAMES = {
     "weights": "weights",
     "kv_cache": "KV cache",
     "verify": "verify activations",
+    "continuations": "batched continuations",
     "super_trees": "super-trees",
     "arrays": "collection/replay arrays",
     "grid": "attention grid",
@@ -109,6 +112,7 @@ LOWER: dict[str, dict[str, tuple[str, ...]]] = {
         "weights": ("target", "draft", "target_quantization", "draft_quantization"),
         "kv_cache": ("max_new_tokens", "budgets", "dynamic_budgets"),
         "verify": ("budgets", "dynamic_budgets", "verify_nodes", "custom_trees", "check_methods", "max_new_tokens"),
+        "continuations": ("batch", "max_new_tokens"),
         "super_trees": ("dynamic_budgets", "super_k", "super_depth"),
         "arrays": ("budgets", "shapes", "custom_trees", "top_k", "max_prompts", "max_new_tokens"),
     },
@@ -116,6 +120,7 @@ LOWER: dict[str, dict[str, tuple[str, ...]]] = {
         "weights": ("pairs", "target_quantization"),
         "kv_cache": ("max_new_tokens", "methods"),
         "verify": ("methods", "pairs' methods", "custom_trees", "max_new_tokens"),
+        "continuations": ("batch", "max_new_tokens"),
         "super_trees": ("methods (dynamic:N)", "replay"),
         "arrays": ("methods", "max_prompts", "max_new_tokens"),
     },
@@ -157,6 +162,7 @@ class RunMemory:
     weights: int = 0
     kv_cache: int = 0
     verify: int = 0
+    continuations: int = 0  # the target decoding `batch` prompts at once: their caches and prefill
     super_trees: int = 0
     arrays: int = 0
     grid: int = 0
@@ -461,9 +467,18 @@ def _tree_shapes(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
         weights=target.weights(s.db) + draft.weights(s.db),
         kv_cache=target.kv(cache + 1 + nodes, s.db) + draft.kv(cache + 1 + nodes, s.db),
         verify=_verify(target.config, nodes, cache, new, s.db, LONGEST_PROMPT),
+        continuations=_continuations(p, target, s),
         super_trees=_super_tree_bytes(draft, target, size, k, _int(p, "super_depth"), cache, s.db),
         arrays=_replay_bytes(_int(p, "max_prompts") * new, new, vocab, replayed, top_k, sequoia=True),
     )
+
+
+def _continuations(p: Mapping[str, Any], target: _Model, s: _Setting) -> int:
+    """The target decoding `batch` prompts' continuations together (`experiments.continuations`): their
+    caches, and the forward that prefills them (rows of similar length together: the longest at worst)."""
+    batch = min(_int(p, "batch", 1), _int(p, "max_prompts", 1))
+    cache = batch * target.kv(LONGEST_PROMPT + _int(p, "max_new_tokens") + 1, s.db)
+    return cache + forward_bytes(target.config, LONGEST_PROMPT, 0, s.db, logits_rows=1, batch=batch)
 
 
 def _model_pairs(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
@@ -498,6 +513,7 @@ def _model_pairs(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
             weights=sum(models[key].weights(s.db) for key in held),
             kv_cache=target.kv(cache + 1 + nodes, s.db) + draft.kv(cache + 1 + nodes, s.db),
             verify=_verify(target.config, nodes, cache, new, s.db, LONGEST_PROMPT),
+            continuations=_continuations(p, target, s) if grid else 0,
             super_trees=_super_tree_bytes(draft, target, dynamic, max(k, DYNAMIC_TOP_K), depth, cache, s.db),
             arrays=_replay_bytes(
                 _int(p, "max_prompts") * new, new, target.vocab or draft.vocab, nodes, top_k, sequoia=bool(grid)

@@ -134,9 +134,16 @@ class Costs:
     def collection(
         self, target: str, quantization: str | None, draft: str, tokens: int, draft_pass: bool = True
     ) -> float:
-        """One prompt of a collection: an exact chain:4 run and (draft_pass) the teacher-forced draft pass."""
+        """One prompt of a collection that makes its own continuation: an exact chain:4 run and
+        (draft_pass) the teacher-forced draft pass."""
         run = self.generation(target, quantization, draft, Tree.chain(4), tokens, self.f.prompt_tokens)
         return run + (self.draft(draft) if draft_pass else 0.0)
+
+    def continuations(self, target: str, quantization: str | None, tokens: int, batch: int) -> float:
+        """One batch of `batch` prompts' continuations decoded together (`experiments.continuations`):
+        the ragged prefill, then one verify of `batch` rows per token."""
+        prefill = self.verify(target, quantization, batch * self.f.prompt_tokens)
+        return prefill + tokens * self.verify(target, quantization, batch)
 
     def super_trees(self, draft: str, tokens: int, depth: int) -> float:
         """One prompt's super-trees: a draft forward per depth for each chunk of 8 positions."""
@@ -171,7 +178,8 @@ def estimate(profile: str = "t4", figures: T4Figures | None = None, files: Seque
         _row("set-up", "downloads", sum(d.bytes for d in profile_downloads(profile)) / f.download_bytes_per_s, 1.0),
     ]
     rows += _tree_shapes_rows(p["01_tree_shapes"], c)
-    rows += _pairs_rows(p["02_model_pairs"], c)
+    first = p["01_tree_shapes"]
+    rows += _pairs_rows(p["02_model_pairs"], c, {(first["target"], first["target_quantization"])})
     rows += _attention_rows(p["03_tree_attention_timing"], c)
     rows += _long_rows(p["04_long_generation"], c)
     rows += _learned_rows(p["05_learned_drafters"], c)
@@ -190,27 +198,35 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
     named = {parse_method(m, custom).shape for m in a["check_methods"]}
     extra = [tree for name, tree in custom.items() if name not in named]  # with_custom_trees: each checked
     verify_nodes = budget_axis(a["verify_nodes"], custom)  # the curve at the custom trees' sizes too
+    r = a["run_tokens"]
+    batch = a["batch"]
     rows += [
         _row("01", "load target and draft", 1, c.load(t) + c.load(d)),
-        _row("01", "collection: chain:4 run + teacher-forced draft pass", prompts, c.collection(t, tq, d, n)),
+        _row(
+            "01",
+            f"the target's continuations, {batch} prompts at once (02 reads them)",
+            math.ceil(prompts / batch),
+            c.continuations(t, tq, n, batch),
+        ),
+        _row("01", "teacher-forced draft pass (ranks)", prompts, c.draft(d)),
         _row(
             "01",
             f"super-trees (depth {a['super_depth']}, chunks of 8 positions)",
             min(a["super_prompts"] or prompts, prompts),
             c.super_trees(d, n, a["super_depth"]),
         ),
-        _row("01", "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, n, prompt)),
+        _row("01", "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, r, prompt)),
         _row(
             "01",
             "check runs: methods",
             a["check_prompts"] * len(a["check_methods"]),
-            c.generation(t, tq, d, Tree.sparse(16), n, prompt),
+            c.generation(t, tq, d, Tree.sparse(16), r, prompt),
         ),
         _row(
             "01",
             "recommended tree run end to end, the target alone beside it (a 16-node tree assumed)",
             a["measure_prompts"],
-            c.generation(t, tq, None, None, n, prompt) + c.generation(t, tq, d, Tree.sparse(16), n, prompt),
+            c.generation(t, tq, None, None, r, prompt) + c.generation(t, tq, d, Tree.sparse(16), r, prompt),
         ),
         _row("01", "verify-cost curve", a["verify_repeats"] + 1, c.curve(t, tq, d, verify_nodes)),
     ]
@@ -220,18 +236,20 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
                 "01",
                 f"check runs: {len(extra)} custom trees",
                 a["check_prompts"],
-                sum(c.generation(t, tq, d, tree, n, prompt) for tree in extra),
+                sum(c.generation(t, tq, d, tree, r, prompt) for tree in extra),
             )
         )
     return rows
 
 
-def _pairs_rows(b: dict, c: Costs) -> list[dict]:
-    """Notebook 02 (parameters `b`): per pair its loads, target alone, methods end to end, collection."""
+def _pairs_rows(b: dict, c: Costs, decoded: set[str] = frozenset()) -> list[dict]:
+    """Notebook 02 (parameters `b`): per pair its loads, target alone, methods end to end on the first
+    method_prompts prompts, the grid; decoded: targets whose continuations 01 decoded already."""
     prompt = c.f.prompt_tokens
     rows: list[dict] = []
-    n2, prompts2, rounds2 = b["max_new_tokens"], b["max_prompts"], b["rounds"]  # every timed run, rounds times
+    n2, prompts2, rounds2 = b["run_tokens"], b["method_prompts"], b["rounds"]  # every timed run, rounds times
     targets_seen: set[str] = set()
+    decoded = set(decoded)
     loaded: set[str] = set()  # run_pairs keeps a model loaded while a later pair still uses it
     custom = custom_trees_of(b)
     everyone = with_custom_trees(b["methods"], custom)  # the notebook adds each custom tree no method names
@@ -272,18 +290,34 @@ def _pairs_rows(b: dict, c: Costs) -> list[dict]:
                 )
             )
         if b.get("grid"):
-            rows += _grid_rows(b, c, label, (t, tq, d), shared, custom)
+            mine = {**b, **{k: pair[k] for k in ("shapes", "budgets", "dynamic_budgets") if pair.get(k) is not None}}
+            mine["max_prompts"] = min(pair.get("grid_prompts") or b["max_prompts"], b["max_prompts"])
+            rows += _grid_rows(mine, c, label, (t, tq, d), shared, custom, (t, tq) in decoded)
+            decoded.add((t, tq))
     return rows
 
 
-def _grid_rows(b: dict, c: Costs, label: str, models: tuple, shared: bool, custom: dict) -> list[dict]:
-    """Notebook 02's grid of one pair: its collection (chain:4 run, teacher-forced draft pass,
-    super-trees on super_prompts); across tokenizers, the collection's xtok run and every distinct
-    tree re-drafted (about max_new_tokens / 2 steps a prompt, one draft forward per level)."""
+def _grid_rows(
+    b: dict, c: Costs, label: str, models: tuple, shared: bool, custom: dict, decoded: bool = False
+) -> list[dict]:
+    """Notebook 02's grid of one pair: the target's continuations (unless 01 or an earlier pair decoded
+    them), the teacher-forced draft pass, super-trees on super_prompts; across tokenizers, every
+    distinct tree re-drafted for every prompt at once (about max_new_tokens / 2 steps, one batched draft
+    forward per level) and the dynamic trees on super_prompts, one prompt at a time."""
     t, tq, d = models
-    n, prompts = b["max_new_tokens"], b["max_prompts"]
-    rows = [_row("02", f"{label}: the grid's collection", prompts, c.collection(t, tq, d, n, draft_pass=shared))]
+    n, prompts, batch = b["max_new_tokens"], b["max_prompts"], b["batch"]
+    rows = []
+    if not decoded:
+        rows.append(
+            _row(
+                "02",
+                f"{label}: the target's continuations, {batch} prompts at once",
+                math.ceil(prompts / batch),
+                c.continuations(t, tq, n, batch),
+            )
+        )
     if shared:
+        rows.append(_row("02", f"{label}: teacher-forced draft pass (ranks)", prompts, c.draft(d)))
         if b["super_k"]:
             rows.append(
                 _row(
@@ -296,13 +330,22 @@ def _grid_rows(b: dict, c: Costs, label: str, models: tuple, shared: bool, custo
         return rows
     trees = trees_for(b["shapes"], b["budgets"], custom)
     distinct = {tuple(sorted(tree.paths)): tree for tree in trees.values()}
-    levels = sum(tree.depth for tree in distinct.values()) + len(b["dynamic_budgets"]) * b["super_depth"]
+    levels = sum(tree.depth + 1 for tree in distinct.values())  # each step feeds the accepted tokens, then a level
     rows.append(
         _row(
             "02",
-            f"{label}: the grid re-drafted across tokenizers ({len(distinct)} trees, {levels} levels in all)",
-            prompts * math.ceil(n / 2),
+            f"{label}: the grid re-drafted across tokenizers, every prompt at once ({len(distinct)} trees)",
+            math.ceil(n / 2),
             levels * c.draft(d),
+        )
+    )
+    dynamic = len(b["dynamic_budgets"]) * (b["super_depth"] + 1)
+    rows.append(
+        _row(
+            "02",
+            f"{label}: dynamic trees re-drafted, one prompt at a time",
+            min(b["super_prompts"] or prompts, prompts) * math.ceil(n / 2),
+            dynamic * c.draft(d),
         )
     )
     return rows
