@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from specnb import Tree
-from specnb.analysis import heldout, replay, spread
+from specnb.analysis import engine_choice, heldout, replay, spread
 from specnb.analysis.collection import CollectConfig, Collection, PromptData
 from specnb.core.engines import ENGINES, level_widths
 from specnb.experiments import replay_study
@@ -199,16 +199,21 @@ def test_a_measured_speed_outside_the_expected_interval_is_said():
 
 
 def test_each_engine_gets_the_fastest_tree_it_drafts_as_verified():
-    """`heldout.per_engine`: per engine that takes a static tree, the fastest row whose tree it drafts
+    """`engine_choice.static_trees`: per engine that takes a static tree, the fastest row whose tree it drafts
     as verified (`core.engines`), and what that gives up against the fastest row of all."""
     trees = {**PRESETS, ("wide", 4): Tree.wide(4), ("two_two", 4): Tree.from_branching([2, 1])}
     c = collection(odd=2, same=4)
     held = heldout.score(c, trees, [4], k=3, seed=0)
     speed, _ = heldout.choose(held.table, held.trees, curve(), "t", "d")
-    table = heldout.per_engine(speed, held.trees).set_index("engine")
-    assert list(table.index) == list(heldout.STATIC_ENGINES)
+    table = engine_choice.static_trees(speed, held.trees).set_index("engine")
+    assert list(table.index) == [*engine_choice.STATIC_ENGINES, "vllm_chain"]
     ranked = speed.sort_values("tokens_per_s", ascending=False)
-    for engine, row in table.iterrows():
+    chains = ranked[ranked["shape"] == "chain"]  # current vLLM: the fastest chain, num_speculative_tokens
+    assert (table.loc["vllm_chain", "shape"], table.loc["vllm_chain", "budget"]) == tuple(
+        chains.iloc[0][["shape", "budget"]]
+    )
+    assert f"'num_speculative_tokens': {chains.iloc[0]['budget']}" in table.loc["vllm_chain", "line"]
+    for engine, row in table.drop("vllm_chain").iterrows():
         takes = [
             ENGINES[engine](held.trees[(s, int(b))]).line is not None for s, b in zip(ranked["shape"], ranked["budget"])
         ]
@@ -222,24 +227,25 @@ def test_each_engine_gets_the_fastest_tree_it_drafts_as_verified():
     assert "kary2" not in set(table.loc[["vllm", "llama_cpp"], "shape"])  # kary2:4 is no product tree
     from specnb.notebook import readings
 
-    reading = readings.engine_reading(heldout.per_engine(speed, held.trees))
-    assert "vLLM:" in reading and "llama.cpp server: chain with 4 draft tokens" in reading and "SGLang grows" in reading
+    reading = readings.engine_reading(engine_choice.engine_table(held, speed, held.trees))
+    assert "- vLLM (0.21 on (current); a chain" in reading and "- llama.cpp server (current; a chain" in reading
+    assert "- SGLang (current; a dynamic tree: three flags): no tree of this pair's fits it" in reading
 
 
 def test_deploy_txt_gives_an_engine_that_refuses_the_recommendation_its_own_fastest_tree(tmp_path):
     """The recommended kary2:4 is no product tree: vLLM's block in deploy.txt says so and gives the fastest
-    tree vLLM drafts as verified (`heldout.per_engine`), with what it gives up and its line; the results
+    tree vLLM drafts as verified (`engine_choice.static_trees`), with what it gives up and its line; the results
     file keeps it; an engine that takes the recommendation gets the recommendation's line."""
     trees = {("kary2", 4): Tree.kary(2, 4), ("chain", 4): Tree.chain(4)}
     c = collection(odd=2, same=4)
     held = heldout.score(c, trees, [4], k=3, seed=0)
     fast_tree_curve = curve(slope=0.0, draft=0.0)  # drafting and width cost nothing: the widest tree wins
     speed, choice = heldout.choose(held.table, held.trees, fast_tree_curve, "t", "d")
-    engines = heldout.per_engine(speed, held.trees)
+    engines = engine_choice.static_trees(speed, held.trees)
     results = replay_study.tree_results("d -> t", c, held, choice, device="cpu", engines=engines)
     tree_results.write(tmp_path, results)
     back = tree_results.read(tmp_path)
-    assert back.engines == results.engines and set(back.engines) == set(heldout.STATIC_ENGINES)
+    assert back.engines == results.engines and set(back.engines) == {*engine_choice.STATIC_ENGINES, "vllm_chain"}
     deploy = (tmp_path / tree_results.DEPLOY_FILE).read_text()
     assert choice.shape == "kary2" and level_widths(choice.tree) is None  # the recommendation: no product tree
     vllm = engines.set_index("engine").loc["vllm"]
@@ -249,11 +255,11 @@ def test_deploy_txt_gives_an_engine_that_refuses_the_recommendation_its_own_fast
 
 
 def test_sglang_flags_pass_into_the_results_and_deploy_txt(tmp_path):
-    """The fastest of SGLang's replayed flags (`heldout.sglang_choice`) is what tree_results.json and
+    """The fastest of SGLang's replayed flags (`engine_choice.grown_tree`) is what tree_results.json and
     deploy.txt give for SGLang, in place of the flags of the recommended tree's size; a collection
     without super-trees has no SGLang rows."""
     c = collection(odd=2, same=4)
-    assert heldout.sglang_choice(c, [2, 4], curve(), "t", "d").empty
+    assert engine_choice.grown_tree("sglang", c, [2, 4], curve(), "t", "d").empty
     held = heldout.score(c, PRESETS, [2, 4], k=3, seed=5)
     _, choice = heldout.choose(held.table, held.trees, curve(), "t", "d")
     flags = pd.DataFrame(
@@ -276,7 +282,7 @@ def test_sglang_flags_pass_into_the_results_and_deploy_txt(tmp_path):
             for n, s, k, tau, x in ((2, 2, 1, 2.1, 1.2), (4, 3, 2, 2.6, 1.4))
         ]
     )
-    results = replay_study.tree_results("d -> t", c, held, choice, device="cpu", sglang=flags)
+    results = replay_study.tree_results("d -> t", c, held, choice, device="cpu", grown={"sglang": flags})
     assert results.sglang["num_steps"] == 3 and results.deploy["sglang"].endswith("--speculative-num-draft-tokens 5")
     tree_results.write(tmp_path, results)
     back = tree_results.read(tmp_path)

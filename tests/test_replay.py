@@ -33,6 +33,7 @@ from specnb.analysis.replay import (
     sampled_accepted,
     sglang_flags,
     sglang_tree,
+    trtllm_flags,
 )
 from specnb.analysis.tree_design import hindsight_trees, prefix_value, sequoia_trees
 from specnb.core.drafting import ModelDrafter
@@ -669,3 +670,113 @@ def test_sglang_flags_reduce_to_a_chain_and_to_the_dynamic_tree(super_collection
     assert (2, 1, 2) in flags and (1, 2, 2) in flags and (3, 2, 4) in flags
     assert (3, 1, 2) not in flags, "topk 1: SGLang sets num-draft-tokens to num-steps + 1"
     assert (1, 2, 4) not in flags, "the pool of one level of 2 holds 2 nodes, not 4"
+
+
+# ---- TensorRT-LLM's dynamic tree replayed (replay.trtllm_flags; its rule is SGLang's) ----
+
+
+@torch.inference_mode()
+def brute_force_trtllm(draft, seq, depth, topk, total):
+    """TensorRT-LLM's EAGLE-2 dynamic tree as its code builds it (tensorrt_llm/_torch/speculative/
+    eagle3_dynamic_tree.py, commit 057c8a6: `update_draft_tokens_and_scores`, `_select_topk_draft_tokens`,
+    `_resample_final_tokens`), one plain draft forward per node: the history holds the root's top-K
+    (scores: their softmax probabilities), then for each of max_draft_len - 1 levels every frontier
+    node's top-K children, K x K of them, scored by the product of probabilities; the next frontier is
+    the top K of those K x K; the final tree is the top max_total_draft_tokens of the whole history by
+    score. Ties broken as specnb's order (TensorRT-LLM leaves them to torch.topk)."""
+
+    def top(tokens):
+        p = torch.softmax(draft(input_ids=torch.tensor([seq + tokens])).logits[0, -1].float(), -1)
+        v, x = torch.topk(p, topk)
+        return v.tolist(), x.tolist()
+
+    order = lambda c: (-c[0], len(c[1]), c[1])  # noqa: E731
+    v, x = top([])
+    history = [(v[r], (r,), [x[r]]) for r in range(topk)]  # level 1: all K kept
+    frontier = list(history)
+    for _ in range(1, depth):
+        candidates = []  # K x K: each frontier node's own top-K children
+        for score, path, tokens in frontier:
+            v, x = top(tokens)
+            candidates += [(score * v[r], path + (r,), tokens + [x[r]]) for r in range(topk)]
+        history += candidates
+        frontier = sorted(candidates, key=order)[:topk]
+    return {path: tokens[-1] for _, path, tokens in sorted(history, key=order)[:total]}
+
+
+def test_trtllm_dynamic_trees_equal_its_own_rule_run_on_the_draft(drafts, super_collection):
+    """At several positions and flag settings TensorRT-LLM accepts (max_total_draft_tokens in
+    [max_draft_len, topK x max_draft_len]), the tree replayed from the collected super-tree is the one
+    TensorRT-LLM's code grows from the draft model itself, token for token."""
+    c, draft = super_collection, drafts["early"]
+    p = c.prompts[1]
+    flags = [f for f in trtllm_flags(2, 3, [2, 3, 4]) if f[1] > 1]
+    assert (2, 2, 3) in flags and (3, 2, 4) in flags and all(d <= n <= k * d for d, k, n in flags)
+    compared = 0
+    for depth, topk, total in flags:
+        for t in (0, 5, 11):
+            seq = p.prompt.tolist() + p.tokens[:t].tolist()
+            tree, tokens = sglang_tree(c, p.prompt_id, t, depth, topk, total)
+            if tree.num_nodes < total:
+                continue  # the 9-node super-tree holds too few of this pool (replay_sglang refuses such flags)
+            assert dict(zip(tree.paths, tokens)) == brute_force_trtllm(draft, seq, depth, topk, total)
+            compared += 1
+    assert compared >= 10
+
+
+def test_trtllm_flags_are_the_ones_its_config_accepts():
+    """max_draft_len <= max_total_draft_tokens <= topK x max_draft_len (llm_args.py), topK 1 only as its
+    linear worker (a chain, N = D), within the super-trees' depth and children."""
+    flags = trtllm_flags(4, 3, [2, 4, 8])
+    assert (1, 2, 2) in flags and (2, 2, 4) in flags and (2, 4, 8) in flags and (3, 1, 3) not in flags
+    assert (1, 2, 4) not in flags and (3, 2, 2) not in flags  # 4 > 2 x 1; 2 < max_draft_len 3
+    assert all((k > 1 and d <= n <= k * d) or (k == 1 and n == d) for d, k, n in flags)
+    assert all(d <= 3 and k <= 4 for d, k, n in flags)
+
+
+def test_each_engine_gets_its_setting_and_its_difference_from_the_best_tree(tmp_path, super_collection):
+    """`engine_choice`: TensorRT-LLM's dynamic-tree flags by replaying its rule (within its config's
+    bounds, its line), SGLang's likewise, current vLLM's chain, and the static engines' trees, each in
+    the engine table with its speed-up's difference from the best tree of all, paired on the prompts
+    both answer (a dynamic tree on the super-tree prompts); deploy.txt carries the vLLM chain and
+    TensorRT-LLM's dynamic flags beside the static lines."""
+    from test_heldout import curve
+
+    from specnb.analysis import engine_choice, heldout
+    from specnb.experiments import replay_study
+    from specnb.io import tree_results
+
+    c = super_collection
+    trees = trees_for(["chain", "kary2", "wide"], [2, 3, 4], {})
+    held = heldout.score(c, trees, [2, 3, 4], k=3, seed=0)
+    speed, choice = heldout.choose(held.table, held.trees, curve(), "t", "d")
+    grown = {e: engine_choice.grown_tree(e, c, [2, 3, 4], curve(), "t", "d") for e in engine_choice.GROWN}
+    trt = grown["tensorrt_llm_dynamic"]
+    assert set(trt["budget"]) <= {2, 3, 4} and len(trt)
+    assert all(
+        (k > 1 and s <= n <= k * s) or (k == 1 and n == s)
+        for s, k, n in zip(trt["num_steps"], trt["topk"], trt["budget"])
+    )
+    for r in trt.itertuples():
+        assert ("use_dynamic_tree=True" in r.line) == (r.topk > 1) and f"max_draft_len={r.num_steps}" in r.line
+    per = trt.attrs["per_prompt"]
+    assert set(per["budget"]) == set(trt["budget"]) and per["prompt_id"].nunique() == len(
+        c.super_tree_prompts().prompts
+    )
+    table = engine_choice.engine_table(held, speed, held.trees, grown).set_index("setting")
+    assert list(table.index) == list(engine_choice.RELEASES)
+    best = table[table["verdict"] == "the best tree"]
+    assert len(best) >= 1 and (best["versus_best"] == 0).all()
+    for key in ("tensorrt_llm_dynamic", "sglang", "vllm_chain"):
+        row = table.loc[key]
+        assert row["versus_best_ci_low"] <= row["versus_best"] <= row["versus_best_ci_high"]
+        assert row["verdict"] in ("tied", "behind", "ahead", "the best tree")
+    assert table.loc["tensorrt_llm_dynamic", "prompts_compared"] == len(c.super_tree_prompts().prompts)
+    engines = engine_choice.static_trees(speed, held.trees)
+    results = replay_study.tree_results("d -> t", c, held, choice, device="cpu", grown=grown, engines=engines)
+    tree_results.write(tmp_path, results)
+    deploy = (tmp_path / tree_results.DEPLOY_FILE).read_text()
+    assert "# vLLM 0.21 on (current" in deploy and "num_speculative_tokens" in deploy
+    assert (
+        "# TensorRT-LLM, EAGLE-2 dynamic tree" in deploy and results.engines["tensorrt_llm_dynamic"]["line"] in deploy
+    )

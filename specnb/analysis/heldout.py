@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.engines import ENGINES
 from ..core.trees import Tree
 from . import replay, spread, tree_design
 from .collection import Collection
@@ -152,10 +151,10 @@ def _table(
     rows = []
     for (shape, budget), tree in trees.items():
         mine = per_prompt[(per_prompt["shape"] == shape) & (per_prompt["budget"] == budget)]
-        inside = _by_prompt(mine[mine["scored"] == "in_sample"], ids)
+        inside = by_prompt(mine[mine["scored"] == "in_sample"], ids)
         is_fitted = (shape, budget) in fitted
-        held = _by_prompt(mine[mine["scored"] == "heldout"], ids) if is_fitted else inside
-        tau_in, tau_out = _ratio(inside), (_ratio(held) if split or not is_fitted else float("nan"))
+        held = by_prompt(mine[mine["scored"] == "heldout"], ids) if is_fitted else inside
+        tau_in, tau_out = pooled_tau(inside), (pooled_tau(held) if split or not is_fitted else float("nan"))
         low, high = spread.ratio_interval(held["tokens"], held["steps"]) if tau_out == tau_out else (np.nan, np.nan)
         rows.append(
             {
@@ -176,12 +175,12 @@ def _table(
     return pd.DataFrame(rows)
 
 
-def _by_prompt(rows: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
+def by_prompt(rows: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
     """tokens and steps per prompt id, in `ids`' order (0 for a prompt without rows)."""
     return rows.groupby("prompt_id")[["tokens", "steps"]].sum().reindex(ids, fill_value=0)
 
 
-def _ratio(rows: pd.DataFrame) -> float:
+def pooled_tau(rows: pd.DataFrame) -> float:
     steps = float(rows["steps"].sum())
     return float(rows["tokens"].sum()) / steps if steps else float("nan")
 
@@ -265,7 +264,7 @@ def choose(
         return pd.DataFrame(), None
     speed = tree_design.recommend_budget(usable.assign(tau=usable["tau_heldout"]), trees, curve, target, draft)
     keyed = usable.set_index(["shape", "budget"])
-    fast, slow = _quartile_costs(curve, target, draft)
+    fast, slow = quartile_costs(curve, target, draft)
     lows, highs, tau_lows, tau_highs = [], [], [], []
     for r in speed.itertuples():
         row, tree = keyed.loc[(r.shape, r.budget)], trees[(r.shape, r.budget)]
@@ -315,7 +314,7 @@ def versus_runner_up(held: HeldOut, speed: pd.DataFrame) -> pd.DataFrame:
     first, second = speed.iloc[0], speed.iloc[1]
     sums = []
     for row in (first, second):
-        mine = _scored_rows(held, str(row["shape"]), int(row["budget"]))
+        mine = scored_rows(held, str(row["shape"]), int(row["budget"]))
         sums.append(mine.groupby("prompt_id")[["tokens", "steps"]].sum())
     both = sums[0].index.intersection(sums[1].index)
     factors = [float(r["speedup"]) / float(r["expected_tau"]) for r in (first, second)]
@@ -342,7 +341,7 @@ def versus_runner_up(held: HeldOut, speed: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _scored_rows(held: HeldOut, shape: str, budget: int) -> pd.DataFrame:
+def scored_rows(held: HeldOut, shape: str, budget: int) -> pd.DataFrame:
     """A tree's per-prompt rows as its held-out tau counts them: a design's held out, a preset's in-sample."""
     pp = held.per_prompt
     if pp.empty:
@@ -390,7 +389,7 @@ def measurement_prediction(
         tau_low, tau_high = choice.tau_low, choice.tau_high
         interval = "the mean's over every prompt (no per-prompt taus: narrower than a few prompts' would be)"
     cost = step_cost(points, target, draft)
-    fast, slow = _quartile_costs(points, target, draft)
+    fast, slow = quartile_costs(points, target, draft)
     row = cost.row(choice.tree, choice.tau)
     low, high = _speedup_interval(choice.tree, tau_low, tau_high, fast, slow)
     return {
@@ -407,7 +406,7 @@ def measurement_prediction(
     }
 
 
-def _quartile_costs(curve: pd.DataFrame, target: str, draft: str) -> tuple[StepCost, StepCost]:
+def quartile_costs(curve: pd.DataFrame, target: str, draft: str) -> tuple[StepCost, StepCost]:
     """(fast, slow): the step-time model from the curves' first and third quartiles (the median
     where a curve has no quartiles)."""
     out = []
@@ -457,120 +456,3 @@ def selection(held: HeldOut, curve: pd.DataFrame, target: str, draft: str) -> pd
 
 def _fitted(held: HeldOut) -> set[tuple[str, int]]:
     return {(r.shape, int(r.budget)) for r in held.table.itertuples() if r.fitted}
-
-
-STATIC_ENGINES = (
-    "vllm",
-    "tensorrt_llm",
-    "medusa_eagle1",
-    "llama_cpp",
-)  # they take a static tree (SGLang grows its own)
-
-
-def per_engine(speed: pd.DataFrame, trees: Mapping[tuple[str, int], Tree]) -> pd.DataFrame:
-    """For each engine that takes a static tree (`core.engines`), the fastest row of `speed` (`choose`:
-    expected tokens/s with held-out tau) whose tree the engine drafts as verified, its line, and what
-    it gives up against the fastest row of all (speed-up and expected tau); a row with no shape where
-    the engine takes none of the trees."""
-    ranked = speed.sort_values("tokens_per_s", ascending=False) if len(speed) else speed
-    rows = []
-    for engine in STATIC_ENGINES:
-        row: dict = {"engine": engine}
-        for r in ranked.itertuples():
-            line = ENGINES[engine](trees[(r.shape, int(r.budget))])
-            if line.line is None:
-                continue
-            best = ranked.iloc[0]
-            row |= {
-                "shape": r.shape,
-                "budget": int(r.budget),
-                "expected_tau": float(r.expected_tau),
-                "speedup": float(r.speedup),
-                "speedup_ci_low": float(r.speedup_ci_low),
-                "speedup_ci_high": float(r.speedup_ci_high),
-                "verdict": r.verdict,
-                "speedup_given_up": float(best["speedup"]) - float(r.speedup),
-                "tau_given_up": float(best["expected_tau"]) - float(r.expected_tau),
-                "line": line.line,
-            }
-            break
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-SGLANG_RULE = (
-    "SGLang's EAGLE tree (python/sglang/srt/speculative/eagle_utils.py and spec_utils.py, commits 003ddbc and "
-    "00731f0): the root's top-k, then num-steps - 1 levels keeping the k best of the frontier's top-k children, "
-    "the num-draft-tokens - 1 best of that pool verified"
-)
-
-
-def sglang_choice(
-    collection: Collection,
-    budgets: Sequence[int],
-    curve: pd.DataFrame,
-    target: str,
-    draft: str,
-    k: int = 3,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """SGLang's three flags per budget, chosen by replaying its own tree rule (`replay.replay_sglang`,
-    SGLANG_RULE) on the prompts collected with super-trees: every (num-steps, topk) SGLang accepts at
-    num-draft-tokens = budget + 1, the flags of highest tau chosen on all prompts (what to deploy), and
-    the choice held out (made on each fold's training prompts, scored on the fold; `folds`) for its tau
-    and 95% interval. The expected speed-up prices a step as the draft's forwards (the root's, then
-    num-steps - 1 of topk tokens) plus the target's verify of budget nodes, from the measured curves,
-    the interval as `choose`'s. One row per budget, with the SGLang line."""
-    if collection.config.cross_tokenizer or not collection.has_super_trees:
-        return pd.DataFrame()  # no draft ranks of the target's tokens, or no super-trees collected
-    sup = collection.super_tree_prompts()
-    flags = replay.sglang_flags(sup.config.super_k, sup.config.super_depth, budgets)
-    per = replay.replay_sglang(sup, flags, mode="trajectory", per_prompt=True)
-    if per.empty:
-        return pd.DataFrame()
-    ids = [p.prompt_id for p in sup.prompts]
-    splits = folds(ids, k, seed)
-    cost = step_cost(curve, target, draft)
-    fast, slow = _quartile_costs(curve, target, draft)
-    t_step = lambda c, steps, topk, n: (  # noqa: E731
-        c.t_draft_width(1) + (steps - 1) * c.t_draft_width(topk) + c.t_verify(n)
-    )
-    rows = []
-    for n, mine in per.groupby("budget", sort=True):
-        taus = mine.groupby("shape")[["tokens", "steps"]].sum()
-        best = (taus["tokens"] / taus["steps"]).idxmax()
-        held = []
-        for test in splits:
-            train = mine[~mine["prompt_id"].isin(test)].groupby("shape")[["tokens", "steps"]].sum()
-            chosen = (train["tokens"] / train["steps"]).idxmax() if len(train) else best
-            held.append(mine[(mine["shape"] == chosen) & mine["prompt_id"].isin(test)])
-        held_rows = _by_prompt(pd.concat(held) if held else mine[mine["shape"] == best], ids)
-        tau = _ratio(held_rows) if splits else float("nan")
-        low, high = spread.ratio_interval(held_rows["tokens"], held_rows["steps"]) if tau == tau else (np.nan, np.nan)
-        row = mine[mine["shape"] == best].iloc[0]
-        steps, topk = int(row["num_steps"]), int(row["topk"])
-        median = t_step(cost, steps, topk, n)
-        rows.append(
-            {
-                "budget": int(n),
-                "num_steps": steps,
-                "topk": topk,
-                "num_draft_tokens": int(n) + 1,
-                "tau_in_sample": float(taus.loc[best, "tokens"] / taus.loc[best, "steps"]),
-                "tau_heldout": tau,
-                "tau_heldout_ci_low": low,
-                "tau_heldout_ci_high": high,
-                "flags_tried": len(taus),
-                "prompts": len(ids),
-                "t_step_s": median,
-                "speedup": tau * cost.t_verify(0) / median,
-                "speedup_ci_low": low * fast.t_verify(0) / t_step(slow, steps, topk, n),
-                "speedup_ci_high": high * slow.t_verify(0) / t_step(fast, steps, topk, n),
-                "line": f"--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
-                f"--speculative-num-draft-tokens {int(n) + 1}",
-            }
-        )
-    out = pd.DataFrame(rows)
-    out["verdict"] = [spread.verdict(lo, hi, PAYS) for lo, hi in zip(out["speedup_ci_low"], out["speedup_ci_high"])]
-    out.attrs["skipped"] = per.attrs.get("skipped", [])
-    return out

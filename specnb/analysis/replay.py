@@ -316,23 +316,40 @@ def sglang_flags(super_k: int, super_depth: int, budgets: Iterable[int]) -> list
     return out
 
 
+def trtllm_flags(super_k: int, super_depth: int, budgets: Iterable[int]) -> list[tuple[int, int, int]]:
+    """(max_draft_len, dynamic_tree_max_topK, max_total_draft_tokens) TensorRT-LLM's dynamic tree accepts
+    and these super-trees can replay: depth D in 1..super_depth, K in 2, 4, ... up to super_k (K = 1 runs
+    its linear worker instead: a chain of D, with N = D), N = budget in [D, K x D] (its config's check,
+    `llm_args.py`). Its tree is SGLang's rule (docs/engines.md), so `replay_sglang` replays it."""
+    widths = [k for k in (1, 2, 4, 8, 16, 32) if k <= super_k]
+    out = []
+    for n in budgets:
+        for depth in range(1, super_depth + 1):
+            for k in widths:
+                if (k > 1 and depth <= n <= k * depth) or (k == 1 and n == depth):
+                    out.append((depth, k, int(n)))
+    return out
+
+
 def replay_sglang(
     collection: Collection,
     flags: Iterable[tuple[int, int, int]],
     mode: str = "all",
     max_new_tokens: int | None = None,
     per_prompt: bool = False,
+    engine: str = "sglang",
 ) -> pd.DataFrame:
     """Metrics of SGLang's trees, one row per (steps, topk, budget) of `flags` (`sglang_flags`), shape
-    "sglang:<steps>x<topk>", on the prompts collected with super-trees. One level (steps 1) is the
-    root's top n, the static wide:n, and topk 1 a chain of n: both replayed from the collected ranks.
-    Other flags the super-trees are too small to replay exactly are left out, each said in the
-    frame's attrs["skipped"]."""
+    "<engine>:<steps>x<topk>", on the prompts collected with super-trees (TensorRT-LLM's dynamic tree is
+    the same rule: engine "tensorrt_llm", flags `trtllm_flags`). One level (steps 1) is the root's top
+    n, the static wide:n, and topk 1 a chain of n: both replayed from the collected ranks. Other flags
+    the super-trees are too small to replay exactly are left out, each said in the frame's
+    attrs["skipped"]."""
     collection = collection.super_tree_prompts()
     positions = _positions(collection, max_new_tokens)
     rows, skipped = [], []
     for steps, topk, n in flags:
-        label = {"shape": f"sglang:{steps}x{topk}", "budget": n, "nodes": n, "depth": steps}
+        label = {"shape": f"{engine}:{steps}x{topk}", "budget": n, "nodes": n, "depth": steps}
         try:
             if steps == 1 or topk == 1:  # the root's top n (wide:n), or a chain of n: static, from the ranks
                 nodes = _nodes(collection, Tree.wide(n) if steps == 1 else Tree.chain(n), positions)

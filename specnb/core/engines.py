@@ -59,7 +59,8 @@ def vllm_line(tree: Tree) -> EngineLine:
         "vllm",
         f"speculative_config={config!r}",
         f"branching {list(widths)}; EAGLE methods (eagle, eagle3, mtp) with the TREE_ATTN attention backend, in vLLM "
-        "releases that carry speculative_token_tree (removed from vLLM's main branch on 2026-05-08, PR #42121)",
+        "0.10.1 to 0.20.x, the releases that carry speculative_token_tree (0.21 on drafts chains only: "
+        "num_speculative_tokens; docs/engines.md)",
     )
 
 
@@ -87,6 +88,17 @@ def trtllm_line(tree: Tree) -> EngineLine:
         f"EagleDecodingConfig(eagle_choices={tree.to_choices()!r})",
         "max_total_draft_tokens becomes the node count, max_draft_len the depth; deprecated in TensorRT-LLM ("
         "static trees to be removed in release 1.4)",
+    )
+
+
+def trtllm_dynamic_line(depth: int, topk: int, tokens: int) -> str:
+    """TensorRT-LLM's EAGLE-2 dynamic tree: `depth` levels of `topk`, the `tokens` best verified (its check:
+    depth <= tokens <= topk x depth); topk 1 is its linear worker, a chain of `depth`."""
+    if topk == 1:
+        return f"EagleDecodingConfig(max_draft_len={depth})  # a chain: the linear worker"
+    return (
+        f"EagleDecodingConfig(max_draft_len={depth}, use_dynamic_tree=True, dynamic_tree_max_topK={topk}, "
+        f"max_total_draft_tokens={tokens})"
     )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analysis import heldout, replay
+from ..analysis import engine_choice, heldout, replay
 from ..analysis.collection import CollectConfig, Collection, collection_params
 from ..analysis.cost_model import draft_widths
 from ..analysis.metrics import step_row
@@ -423,16 +423,18 @@ def tree_results(
     choice: heldout.Choice | None,
     measured: pd.DataFrame | None = None,
     device: str = "",
-    sglang: pd.DataFrame | None = None,
+    grown: Mapping[str, pd.DataFrame] | None = None,
     check: pd.DataFrame | None = None,
     engines: pd.DataFrame | None = None,
 ) -> tree_store.TreeResults:
     """What notebook 01 passes on (`io.tree_results`): the acceptance vectors (none for a
     cross-tokenizer collection), per budget the best preset and every design with in-sample and
     held-out tau, the choice with its intervals and verdict, its measured speed-up if run, and
-    SGLang's flags of highest expected speed-up (`heldout.sglang_choice`) where replayed, and the
-    prediction checked against the measurement (`sweeps.prediction_check`'s steady-state row), and
-    per engine the fastest tree it drafts as verified (`heldout.per_engine`'s rows)."""
+    SGLang's and TensorRT-LLM's dynamic-tree flags of highest expected speed-up (`grown`:
+    `engine_choice.grown_tree` per engine) where replayed, and the prediction checked against the
+    measurement (`sweeps.prediction_check`'s steady-state row), and per engine the fastest tree it drafts
+    as verified (`engines`: `engine_choice.static_trees`' rows, with current vLLM's chain,
+    `engine_choice.vllm_chain`, as "vllm_chain")."""
     cross = collection.config.cross_tokenizer
     acceptance = () if cross else replay.acceptance_vector(collection)
     by_depth = () if cross else replay.rank_accuracy_by_depth(collection, heldout.MEDUSA_DEPTH)
@@ -458,13 +460,15 @@ def tree_results(
             check=_check_record(check),
         )
     flags = {}
-    if sglang is not None and len(sglang) and sglang["speedup"].notna().any():
-        best = sglang.loc[sglang["speedup"].idxmax()]
-        flags = _plain(best) | {"rule": heldout.SGLANG_RULE}
+    for engine, table in (grown or {}).items():
+        if len(table) and table["speedup"].notna().any():
+            flags[engine] = _plain(table.loc[table["speedup"].idxmax()]) | {"rule": engine_choice.RULES[engine]}
     best_per_engine = {
         str(r["engine"]): _plain(r.drop("engine"))
         for _, r in (engines.dropna(subset=["line"]).iterrows() if engines is not None and "line" in engines else [])
     }
+    if "tensorrt_llm_dynamic" in flags:
+        best_per_engine["tensorrt_llm_dynamic"] = flags["tensorrt_llm_dynamic"]
     return tree_store.TreeResults(
         pair,
         tuple(acceptance),
@@ -472,7 +476,7 @@ def tree_results(
         tuple(found.values()),
         recommendation,
         held.record(),
-        sglang=flags,
+        sglang=flags.get("sglang", {}),
         engines=best_per_engine,
     )
 

@@ -79,8 +79,12 @@ class TreeResults:
     recommendation: Recommendation | None
     split: Mapping[str, Any] = field(default_factory=dict)  # k, folds, seed and each fold's prompt ids
     written: str = ""  # when (ISO time); `latest` orders by it
-    sglang: Mapping[str, Any] = field(default_factory=dict)  # SGLang's flags chosen by replay (`heldout.sglang_choice`)
-    # per engine taking static trees, the fastest tree it drafts as verified and what it gives up (`heldout.per_engine`)
+    sglang: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # SGLang's flags chosen by replay (`engine_choice.grown_tree`)
+    # per engine taking static trees, the fastest tree it drafts as verified and what it gives up
+    # (`engine_choice.static_trees`); "vllm_chain": current vLLM's chain, "tensorrt_llm_dynamic": TensorRT-LLM's
+    # dynamic tree's flags by replay (`engine_choice.vllm_chain`, `grown_tree`)
     engines: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
@@ -176,12 +180,38 @@ def deploy_text(results: TreeResults) -> str:
         + "\n"
         for name, line in deploy_lines(rec.tree.tree).items()
     ]
+    blocks += [block(results.engines[key]) for key, block in CURRENT.items() if results.engines.get(key)]
     return "\n".join(head + blocks)
+
+
+def vllm_chain_block(best: Mapping[str, Any]) -> str:
+    """deploy.txt's block for current vLLM (0.21 on), which drafts a chain of num_speculative_tokens."""
+    return (
+        "# vLLM 0.21 on (current; the tree line above is for 0.10.1 to 0.20.x): EAGLE, EAGLE-3, MTP and a draft model "
+        f"draft a chain; the fastest chain here: {best['budget']} tokens, tau {best['expected_tau']:.2f}, expected "
+        f"{best['speedup']:.2f}x [{best['speedup_ci_low']:.2f}, {best['speedup_ci_high']:.2f}]: {best['verdict']}\n"
+        f"{best['line']}\n"
+    )
+
+
+def trtllm_dynamic_block(flags: Mapping[str, Any]) -> str:
+    """deploy.txt's block for TensorRT-LLM's dynamic tree, its flags chosen by replaying its rule."""
+    return (
+        "# TensorRT-LLM, EAGLE-2 dynamic tree (its direction: the static eagle_choices above are deprecated, "
+        "removed in 1.4): its own tree each step, the flags chosen by replaying its rule on this pair "
+        f"({flags['rule']}): held-out tau {flags['tau_heldout']:.2f} "
+        f"[{flags['tau_heldout_ci_low']:.2f}, {flags['tau_heldout_ci_high']:.2f}], "
+        f"expected {flags['speedup']:.2f}x [{flags['speedup_ci_low']:.2f}, {flags['speedup_ci_high']:.2f}]: "
+        f"{flags['verdict']}\n{flags['line']}\n"
+    )
+
+
+CURRENT = {"vllm_chain": vllm_chain_block, "tensorrt_llm_dynamic": trtllm_dynamic_block}  # beside the static lines
 
 
 def refused(best: Mapping[str, Any] | None) -> str:
     """deploy.txt's lines for an engine that cannot take the recommended tree: the fastest tree it drafts
-    as verified (`heldout.per_engine`), with what it gives up, and its line; or only that it is refused."""
+    as verified (`engine_choice.static_trees`), with what it gives up, and its line; or only that it is refused."""
     if not best or not best.get("line"):
         return "# not accepted"
     return (
@@ -193,7 +223,7 @@ def refused(best: Mapping[str, Any] | None) -> str:
 
 
 def sglang_block(flags: Mapping[str, Any]) -> str:
-    """deploy.txt's SGLang block for the flags chosen by replaying SGLang's rule (`heldout.sglang_choice`)."""
+    """deploy.txt's SGLang block for the flags chosen by replaying SGLang's rule (`engine_choice.grown_tree`)."""
     return (
         f"# {ENGINE_NAMES['sglang']}: its own tree each step, the flags chosen by replaying its rule on this pair "
         f"({flags['rule']}): held-out tau {flags['tau_heldout']:.2f} [{flags['tau_heldout_ci_low']:.2f}, "

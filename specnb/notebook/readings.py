@@ -261,24 +261,24 @@ def deploy_reading(choice: Choice) -> str:
 
 
 def engine_reading(table: pd.DataFrame) -> str:
-    """`heldout.per_engine` as sentences: per engine the fastest tree it drafts as verified, and what it
-    gives up against the fastest tree of all."""
-    lines = ["The fastest tree each engine drafts as it is verified (`specnb/core/engines.py`):"]
+    """`engine_choice.engine_table` as sentences: per engine setting and releases, what it takes, its
+    expected speed-up and how it compares with the best tree of all on the same prompts (paired)."""
+    lines = ["Each serving engine's setting for this pair (rules and sources: docs/engines.md):"]
     for r in table.itertuples():
-        name = ENGINE_NAMES[r.engine]
+        head = f"- {r.engine} ({r.releases}; {r.takes})"
         if not isinstance(getattr(r, "shape", None), str):
-            lines.append(f"- {name}: none of the trees scored")
+            lines.append(f"{head}: {r.line}")
             continue
-        given = (
-            "the fastest of all"
-            if r.speedup_given_up <= 0
-            else f"{r.speedup_given_up:.2f}x below the fastest (expected tau {r.tau_given_up:.2f} lower)"
+        paired = f"{r.versus_best:+.2f}x{_bracket(r.versus_best_ci_low, r.versus_best_ci_high)}"
+        against = (
+            "the best tree of all"
+            if r.verdict == "the best tree"
+            else f"{r.verdict} the best tree ({paired} on {r.prompts_compared} prompts, paired)"
         )
         lines.append(
-            f"- {name}: {r.shape} with {r.budget} draft tokens, expected {r.speedup:.2f}x "
-            f"[{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}] ({r.verdict}), {given}: `{r.line}`"
+            f"{head}: expected {r.speedup:.2f}x{_bracket(r.speedup_ci_low, r.speedup_ci_high)}, held-out tau "
+            f"{r.tau_heldout:.2f}, {against}: `{r.line}`"
         )
-    lines.append("- SGLang grows its own tree every step from three flags: no static tree to choose")
     return "\n".join(lines)
 
 
@@ -860,7 +860,7 @@ def _pays_off(row: pd.Series) -> str:
 
 
 def sglang_reading(table: pd.DataFrame, skipped: list[str] | None = None) -> str:
-    """Markdown: SGLang's flags chosen by replay (`heldout.sglang_choice`), the fastest by expected
+    """Markdown: SGLang's flags chosen by replay (`engine_choice.grown_tree`), the fastest by expected
     speed-up, and how tau moves with the budget; why there are none where the table is empty."""
     if table is None or table.empty:
         return (

@@ -629,9 +629,14 @@ class Report:
             trees = trees.drop(columns="paths")  # the recommended tree's paths are in its deploy lines below
             trees = trees.assign(**{c: trees[c].map(_number) for c in ("tau_in_sample", "tau_heldout")})
             doc.table(pd.DataFrame(trees), "01: every tree scored, per budget (tau in-sample and on held-out prompts)")
-        engines = _csv(folder, "engine_choice.csv")
+        engines = _csv(folder, "engine_table.csv")
         if engines is not None and len(engines):
-            doc.table(engines, "01: the fastest tree each serving engine drafts as verified, and what it gives up")
+            doc.table(
+                engines.drop(columns=["takes"], errors="ignore"),
+                "01: each serving engine's setting (release range), held-out tau, expected speed-up over the target "
+                "alone [95% interval], and its speed-up's difference from the best tree of all on the same prompts "
+                "(paired: 'tied' where the interval holds 0)",
+            )
         flags = _csv(folder, "sglang_flags.csv")
         if flags is not None and len(flags):
             shown = flags.assign(
