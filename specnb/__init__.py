@@ -88,6 +88,7 @@ LAZY = {
     "check_sources": "io.sources",
     "Sweep": "io.storage",
     "interact": "notebook.session",
+    "record": "notebook.session",
     "shared_folder": "notebook.session",
     "show_prompts": "notebook.session",
     "show_trees": "notebook.session",

@@ -425,7 +425,7 @@ def test_tree_shapes_collects_on_ray(smoke):
     assert params["parameters"]["executor"] == "ray" and params["status"] == "finished"
     units = pd.read_csv(folder / "collection_units.csv")
     assert list(units["status"]) == ["written", "written"]
-    assert sorted(p.name for p in (folder / "collection").glob("*.npz")) == sorted(units["unit"])
+    assert sorted(p.name for p in Path(params["collection"]).glob("*.npz")) == sorted(units["unit"])
     agreement = pd.read_csv(folder / "replay_agreement.csv")
     assert (agreement["identical_steps"] == agreement["steps_compared"]).all() and (
         agreement["steps_compared"] > 0
@@ -558,6 +558,8 @@ def test_t4_dryrun_is_t4_with_smaller_sizes():
     sizes = {
         "max_prompts",
         "max_new_tokens",
+        "run_tokens",
+        "method_prompts",
         "check_prompts",
         "measure_prompts",
         "verify_prefix",

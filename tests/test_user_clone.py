@@ -60,7 +60,7 @@ def killed_and_resumed(clone: Path, env: dict[str, str], logs: Path) -> None:
         first = subprocess.Popen(cmd, cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         collected, deadline = [], time.time() + 1800
         while not collected and first.poll() is None and time.time() < deadline:
-            collected = list(clone.glob("outputs/01_tree_shapes/*/collection/*.npz"))  # a unit's file is its record
+            collected = list(clone.glob("outputs/_shared/*/collections/*/*.npz"))  # a unit's file is its record
             time.sleep(0.2)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
@@ -92,10 +92,10 @@ def killed_and_resumed(clone: Path, env: dict[str, str], logs: Path) -> None:
     # resuming (how many the killed run finished depends on the machine's speed, not on specnb)
     assert record["parameters"]["executor"] == "local"
     table = pd.read_csv(folder / "collection_units.csv")
-    files = sorted(p.name for p in (folder / "collection").glob("*.npz"))
+    files = sorted(p.name for p in Path(record["collection"]).glob("*.npz"))  # the run's shared collection
     assert sorted(table["unit"]) == files and len(files) == 2 and set(kept) <= set(files)
     assert table.set_index("unit")["status"].to_dict() == {u: "present" if u in kept else "written" for u in files}
-    assert len({p.prompt_id for p in Collection.load(folder / "collection").prompts}) == 2
+    assert len({p.prompt_id for p in Collection.load(record["collection"]).prompts}) == 2
     # its replay equal to the real runs step by step; the first check_prompts (2) prompts run end to
     # end, each once: the target alone, 3 methods, smoke's own tree and its shape rule (at 4 nodes);
     # greedy output the target's

@@ -293,7 +293,7 @@ def category_winners(winners: pd.DataFrame, budgets: Sequence[int] = (4, 8, 16),
     fig, axes = plt.subplots(
         1,
         len(shown) + 1,
-        figsize=(2.6 + 2.6 * len(pairs) * len(shown), 1.2 + 0.42 * len(categories)),
+        figsize=(2.6 + 2.6 * len(pairs) * len(shown), 1.8 + 0.45 * len(categories)),
         squeeze=False,
         gridspec_kw={"width_ratios": [len(pairs)] * len(shown) + [0.12]},
     )
@@ -320,11 +320,11 @@ def category_winners(winners: pd.DataFrame, budgets: Sequence[int] = (4, 8, 16),
         ax.set_yticks(range(len(categories)), categories, fontsize=8)
         ax.set_title(f"{budget} draft tokens", fontsize=9)
     fig.colorbar(image, cax=axes[0][-1], label="tau (bonus included)")
-    fig.suptitle(
+    title = (
         "The winning shape per prompt category (framed: not the pair's overall winner); "
-        f"{int(winners['prompts'].max())} prompts per category, no interval",
-        fontsize=9,
+        f"{int(winners['prompts'].max())} prompts per category, no interval"
     )
+    fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 11)), fontsize=9)  # ~11 characters an inch at 9 pt
     return save(fig, path)
 
 
