@@ -24,6 +24,7 @@ from specnb.bench.attention_grid import (
     head_shape,
     run_grid,
     speedup_table,
+    visiting_order,
 )
 from specnb.bench.timing import environment_row, fastest_rounds, measure, measure_interleaved
 from specnb.bench.verify_curve import CURVE_KEY, CurveConfig, curve_shape, curve_table, verify_curve
@@ -50,6 +51,23 @@ def test_measure_interleaved_runs_each_in_every_round():
     rounds = [c for c in calls if c != "setup b"]
     assert all(sorted(rounds[i : i + 3]) == list("abc") for i in range(0, 15, 3))
     assert calls[calls.index("setup b") + 1] == "b"
+
+
+def test_measure_interleaved_warms_up_until_every_callable_settles(monkeypatch):
+    # a callable whose first calls are slow (a kernel chosen for new shapes): warm-up goes on until
+    # its last two untimed calls are within 10% of each other, then the timed rounds start
+    clock = iter(range(10**6))
+    monkeypatch.setattr("specnb.bench.timing.time.perf_counter", lambda: next(clock) * 0.001)
+    slow = iter([50, 30, 10, 1, 1] + [1] * 100)  # a call's cost in clock ticks
+    fns = {"cold": lambda: [next(clock) for _ in range(next(slow))], "warm": lambda: None}
+    timings = measure_interleaved(fns, "cpu", warmup=2, repeats=3, settle=0.1)
+    assert timings["cold"].warmup == 5  # 50, 30, 10, 1 still falling; the 5th equals the 4th
+    assert timings["cold"].max_s < 0.003  # no slow call among the timed ones
+    fixed = measure_interleaved({"a": lambda: None}, "cpu", warmup=2, repeats=3)  # settle=None: as given
+    assert fixed["a"].warmup == 2
+    never = iter([5, 4] * 100)
+    capped = measure_interleaved({"x": lambda: [next(clock) for _ in range(next(never))]}, "cpu", 1, 2, settle=0.01, most_warmup=6)
+    assert capped["x"].warmup == 6  # an alternating cost never settles: the cap ends warm-up
 
 
 def test_fastest_rounds_rotates_the_order_and_keeps_each_keys_fastest_result():
@@ -98,6 +116,9 @@ def test_grid_is_the_product_cheapest_first():
     assert len(points) == 16 and len(set(points)) == 16
     costs = [p.batch * (p.prefix + p.nodes) * p.nodes for p in points]
     assert costs == sorted(costs)
+    shuffled = visiting_order(points, 3)
+    assert sorted(shuffled, key=points.index) == points and shuffled != points  # every point, once
+    assert visiting_order(points, 3) == shuffled and visiting_order(points, None) == points  # a seed is an order
 
 
 def test_head_shapes_from_config():

@@ -5,13 +5,15 @@ prefix length, draft tokens and tree shape.
                                (any embedded model, hub id or folder; no weights), or given
     GridPoint, grid, run_grid  the grid (batch x prefix x draft tokens x tree shape; a custom tree,
                                `core.tree_spec`, at its own node count), stored in a resumable
-                               `Sweep`, one row per (point, implementation)
+                               `Sweep`, one row per (point, implementation); visited in a shuffled
+                               order, each point warmed up until its calls settle
     grid_table, speedup_table  per grid point: per-sequence / tree time, tree / plain causal time
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,10 +144,12 @@ class GridConfig:
     impls: tuple[str, ...] = IMPLEMENTATIONS + (CAUSAL,)  # the implementations timed (`bench.attention`)
     dtype: torch.dtype = torch.float32  # of the random queries, keys and values
     device: torch.device | str = "cpu"
-    warmup: int = 2  # untimed calls of each implementation per point
+    warmup: int = 2  # untimed calls of each implementation per point, at least
     repeats: int = 7  # timed calls, interleaved between implementations
     ragged: bool = True  # prefix lengths spread from `prefix` down to about prefix / 2 (batch > 1)
     progress: bool = True  # a progress bar over the points
+    settle: float | None = 0.1  # more untimed calls until each one's last is within 10% of its fastest
+    order: int | None = 0  # the points visited shuffled by this seed (None: cheapest first)
 
     def __post_init__(self) -> None:  # a notebook's list, kept as a tuple
         object.__setattr__(self, "impls", tuple(self.impls))
@@ -153,11 +157,14 @@ class GridConfig:
 
 def run_grid(store: Sweep, points: Sequence[GridPoint], heads: HeadShape, config: GridConfig = GridConfig()) -> None:
     """Time every implementation at every point not yet in `store` (key `GRID_KEY`); one row per
-    (point, implementation). An implementation that cannot run is stored as skipped, with why,
-    and is not tried again in this call (a failed compile can take as long as a working one)."""
+    (point, implementation). Each point is warmed up on its own (`config.settle`) and the points are
+    visited in a shuffled order (`config.order`), so that no point's time depends on which one ran
+    before it (a new batch x prefix after another, a first call of a shape). An implementation that
+    cannot run is stored as skipped, with why, and is not tried again in this call (a failed compile
+    can take as long as a working one)."""
     env = environment_row(config.device, config.dtype)
     unsupported: dict[str, str] = {}
-    todo = [p for p in points if p.key() not in store]
+    todo = visiting_order([p for p in points if p.key() not in store], config.order)
     for i, point in enumerate(tqdm(todo, desc="attention grid", disable=not config.progress)):
         batch = point.tree_batch(config.ragged)
         rows = _time_point(batch, heads, config, i, unsupported)
@@ -172,6 +179,15 @@ def run_grid(store: Sweep, points: Sequence[GridPoint], heads: HeadShape, config
                 "ragged": config.ragged,
             },
         )
+
+
+def visiting_order(points: Sequence[GridPoint], order: int | None) -> list[GridPoint]:
+    """`points` shuffled by the seed `order` (the same seed, the same order: a resumed run keeps it);
+    None keeps them as given (`grid`: cheapest first)."""
+    todo = list(points)
+    if order is not None:
+        random.Random(order).shuffle(todo)
+    return todo
 
 
 def _time_point(
@@ -194,7 +210,8 @@ def _time_point(
             unsupported[impl] = str(e)
             rows[impl].update(status="skipped", note=str(e))
     try:
-        for impl, t in measure_interleaved(runs, config.device, config.warmup, config.repeats).items():
+        timings = measure_interleaved(runs, config.device, config.warmup, config.repeats, settle=config.settle)
+        for impl, t in timings.items():
             rows[impl].update(t.row())
     except torch.OutOfMemoryError as e:
         for impl in runs:

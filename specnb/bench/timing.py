@@ -3,7 +3,7 @@
     Timing, measure            seconds per call of a callable: warm-up, repeated runs, the device
                                synchronised around each call; median, quartiles, min and max
     measure_interleaved        several callables round-robin (shuffled order per round), so drifts
-                               of the machine fall on all of them alike
+                               of the machine fall on all of them alike; warmed up until settled
     fastest_rounds             whole generations round-robin, the order rotated by the caller (per
                                prompt, per batch size): each one's fastest result and every round's seconds
     device_name, environment_row   what every timed row carries: device, dtype, torch, threads
@@ -77,31 +77,50 @@ def measure_interleaved(
     warmup: int = 2,
     repeats: int = 7,
     setups: Mapping[str, Callable[[], Any]] | None = None,
+    settle: float | None = None,
+    most_warmup: int = 20,
 ) -> dict[str, Timing]:
     """Time several callables round-robin (each round runs every one once), so that a drift in the
     machine's speed (other load, clocks) falls on all of them alike and their ratios stay fair. The
     order within a round is shuffled (seeded), so that the effect of what ran just before a call
     (e.g. the caches it left) lands on every callable alike.
-    setups[name]() runs, untimed, before each call of fns[name]."""
+    setups[name]() runs, untimed, before each call of fns[name].
+    Warm-up: `warmup` untimed rounds; with `settle`, more until every callable's last two untimed
+    calls are within `settle` (0.1: 10%) of each other, at most `most_warmup` rounds: a first
+    call's costs (allocations, a kernel picked for new shapes) stay out of the timed rounds however
+    long they last. Each Timing records the warm-up rounds made."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     setups = setups or {}
-    times: dict[str, list[float]] = {name: [] for name in fns}
     order = list(fns)
     rng = random.Random(0)
-    for i in range(warmup + repeats):
-        rng.shuffle(order)
-        for name in order:
-            fn = fns[name]
-            if name in setups:
-                setups[name]()
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: Timing.of(t, warmup) for name, t in times.items()}
+    untimed: dict[str, list[float]] = {name: [] for name in fns}
+    rounds = 0
+    while rounds < max(warmup, 0) or (settle is not None and rounds < most_warmup and not _settled(untimed, settle)):
+        _round(fns, setups, device, order, rng, untimed)
+        rounds += 1
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        _round(fns, setups, device, order, rng, times)
+    return {name: Timing.of(t, rounds) for name, t in times.items()}
+
+
+def _round(fns, setups, device, order: list[str], rng: random.Random, into: dict[str, list[float]]) -> None:
+    """Every callable once, in a freshly shuffled order; its seconds appended to `into[name]`."""
+    rng.shuffle(order)
+    for name in order:
+        if name in setups:
+            setups[name]()
+        synchronize(device)
+        start = time.perf_counter()
+        fns[name]()
+        synchronize(device)
+        into[name].append(time.perf_counter() - start)
+
+
+def _settled(untimed: dict[str, list[float]], settle: float) -> bool:
+    """Every callable's last two calls within `settle` of each other (a time still falling is not settled)."""
+    return all(len(t) >= 2 and max(t[-2:]) <= (1 + settle) * min(t[-2:]) for t in untimed.values())
 
 
 K = TypeVar("K", bound=Hashable)
