@@ -27,7 +27,16 @@ PNG = bytes.fromhex(
 )
 SHAPES = [f"shape{i}" for i in range(14)]
 BUDGETS = [2, 4, 8, 16, 32]
-SECTIONS = ["1 Method", "2 Results", "3 Analysis", "4 Reproduce", "5 Limitations", "6 References", "7 Glossary"]
+SECTIONS = [
+    "Summary",
+    "1 Method",
+    "2 Results",
+    "3 Analysis",
+    "4 Reproduce",
+    "5 Limitations",
+    "6 References",
+    "7 Glossary",
+]
 
 
 def run_folder(outputs: Path, notebook: str, name: str = "cpu-0000", status: str = "finished") -> Path:
@@ -348,22 +357,50 @@ def test_the_published_report_is_a_notebook_the_student_edits(full):
     tags = [set(c.metadata.get("tags", [])) for c in nb.cells]
     assert not any(t & {"parameters", "injected-parameters", "notebook-only"} for t in tags)
     drafts = [c for c in nb.cells if "draft" in c.metadata.get("tags", [])]
-    assert len(drafts) == 1 and drafts[0].cell_type == "markdown"
-    assert drafts[0].source.startswith(DRAFT_MARK) and "**How the pairs differ.**" in drafts[0].source
+    assert len(drafts) == 2 and all(d.cell_type == "markdown" and d.source.startswith(DRAFT_MARK) for d in drafts)
+    assert "**The shape, with few draft tokens" in drafts[0].source and "**How the pairs differ.**" in drafts[1].source
     assert any(c.cell_type == "markdown" and c.source.startswith("## 1 Method") for c in nb.cells)
     shown = [c for c in nb.cells if c.cell_type == "code"]
     assert shown and all(c.outputs for c in shown), "every code cell left shows something"
 
 
-def test_every_number_of_the_drafted_analysis_is_in_a_table_of_the_report(full):
+@pytest.mark.parametrize("part", ["summary", "analysis"])
+def test_every_number_of_the_summary_and_the_analysis_is_in_a_table_of_the_report(full, part):
     _, files = full
     text = files[".md"].read_text()
-    analysis = text.split("## 3 Analysis")[1].split("## 4 Reproduce")[0]
+    if part == "summary":  # the findings (the framing paragraph before them names models and devices)
+        drafted = text.split("## Summary")[1].split("## 1 Method")[0]
+        drafted = drafted[drafted.index("\n- ") :]
+    else:
+        drafted = text.split("## 3 Analysis")[1].split("## 4 Reproduce")[0]
     tables = "\n".join(line for line in text.splitlines() if line.startswith("|"))
     cells = set(re.findall(r"\d+(?:\.\d+)?%?", tables))
-    said = re.findall(r"(?<![\w.-])\d+(?:\.\d+|%)", analysis)  # not inside a model name
-    assert said, "the analysis says no number"
-    assert [n for n in said if n not in cells] == [], "numbers of the analysis in no table"
+    said = re.findall(r"(?<![\w.-])\d+(?:\.\d+|%)", drafted)  # not inside a model name
+    assert said, f"the {part} says no number"
+    assert [n for n in said if n not in cells] == [], f"numbers of the {part} in no table"
+
+
+def test_the_summary_opens_with_what_ran_and_its_verdicts_agree_with_the_grid(full):
+    outputs, files = full
+    text = files[".md"].read_text()
+    summary = text.split("## Summary")[1].split("## 1 Method")[0]
+    framing = summary[: summary.index("\n- ")]
+    assert (
+        "cpu (2 cores)" in framing and "not the brief's Llama pairs" in framing and "not run for this report" in framing
+    )
+    best = pd.read_csv(next((outputs / "02_model_pairs").glob("*/grid_best.csv")))
+    lines = [line for line in summary.splitlines() if line.startswith("- **The shape")]
+    assert len(lines) == 2, "one finding at the smallest budget, one at the largest"
+    for line, budget in zip(lines, (best["budget"].min(), best["budget"].max())):
+        assert f"({budget})" in line
+        for r in best[best["budget"] == budget].itertuples():
+            said = line.split(f"{r.pair}: ")[1].split(";")[0]
+            assert said.startswith(r.best_shape)
+            assert ("tied with" in said) == (r.verdict == "tied") and ("ahead of" in said) == (r.verdict == "wins"), (
+                said
+            )
+    assert "**Tree attention**: one tree-masked call runs 0.50x to 8.00x as fast" in summary
+    assert "**Does it pay on this device?**" in summary
 
 
 def test_the_report_prints_to_pdf_where_a_headless_chromium_is(full, chromium):

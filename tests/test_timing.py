@@ -66,7 +66,9 @@ def test_measure_interleaved_warms_up_until_every_callable_settles(monkeypatch):
     fixed = measure_interleaved({"a": lambda: None}, "cpu", warmup=2, repeats=3)  # settle=None: as given
     assert fixed["a"].warmup == 2
     never = iter([5, 4] * 100)
-    capped = measure_interleaved({"x": lambda: [next(clock) for _ in range(next(never))]}, "cpu", 1, 2, settle=0.01, most_warmup=6)
+    capped = measure_interleaved(
+        {"x": lambda: [next(clock) for _ in range(next(never))]}, "cpu", 1, 2, settle=0.01, most_warmup=6
+    )
     assert capped["x"].warmup == 6  # an alternating cost never settles: the cap ends warm-up
 
 

@@ -19,6 +19,8 @@ acceptance rate = accepted / drafted.
     recommendation     the budget the cost model picks on this device (notebooks 01 and 03)
     curve_reading      the verify curve's shape as measured: its step and its slope (01 and 03)
     collection_reading notebook 01: units collected / total, the workers, failed units by name
+    findings           the report's (notebook 07) summary: 3-5 findings, each with its number and
+                       interval as a table of the report writes it, answering the brief
     analysis           the report's (notebook 07) drafted analysis in paragraphs across pairs: which shape
                        wins and why, where tokens stop paying, how the pairs differ, what tree attention
                        costs, whether speculation pays here; each number as one of the report's tables
@@ -674,6 +676,101 @@ def analysis(
     if verdict is not None and len(verdict):
         paragraphs.append(_pays_off(verdict.iloc[0]))
     return "\n\n".join(p for p in paragraphs if p)
+
+
+def findings(
+    best: pd.DataFrame | None,
+    ranks: pd.DataFrame | None = None,
+    speed: pd.DataFrame | None = None,
+    verdict: pd.DataFrame | None = None,
+    methods: pd.DataFrame | None = None,
+) -> str:
+    """The report's findings, one bullet each, computed from the tables the report shows: the shape
+    that wins at the smallest and the largest budget per pair (paired against the runner-up, "tied"
+    where the interval holds 0: `best`, 02's grid_best.csv); why (`ranks`: the draft's top token
+    against its second); what one tree call saves over one call per sequence and how that moves
+    (`speed`, 03); whether speculation pays on this device, measured (`verdict`, 01's recommendation;
+    `methods`, 02's end-to-end runs). A bullet whose table is missing is left out."""
+    bullets = []
+    if best is not None and len(best):
+        for budget, label in ((best["budget"].min(), "few"), (best["budget"].max(), "many")):
+            rows = best[best["budget"] == budget].sort_values("pair")
+            bullets.append(
+                f"**The shape, with {label} draft tokens ({budget})**, paired on the same prompts (tau, bonus "
+                "included): " + "; ".join(_finding_winner(r) for r in rows.itertuples()) + "."
+            )
+    shares = rank_shares(ranks) if ranks is not None and ranks["share"].notna().any() else pd.DataFrame()
+    if len(shares) and "rank 1" in shares:
+        deeper = [r["pair"] for _, r in shares.iterrows() if float(r["rank 0 squared"][:-1]) > float(r["rank 1"][:-1])]
+        bullets.append(
+            "**Why**: the draft's top token is the target's next at "
+            + _names([f"{r['rank 0']} ({r['pair']})" for _, r in shares.iterrows()])
+            + " of positions, its second at "
+            + _names(list(shares["rank 1"]))
+            + "; a node one level under the top token is accepted at about the top share squared ("
+            + _names(list(shares["rank 0 squared"]))
+            + "), so "
+            + (
+                "a node spent deeper on the top path earns more than one spent beside it, for every pair with ranks."
+                if len(deeper) == len(shares)
+                else f"depth pays first for {_names(deeper)} only, width for the others."
+                if deeper
+                else "a second sibling earns more than a deeper node: width pays first."
+            )
+        )
+    if speed is not None and "per_sequence_over_tree" in speed and speed["per_sequence_over_tree"].notna().any():
+        s = speed.dropna(subset=["per_sequence_over_tree"])
+        moves = []
+        for axis, t in trend_table(speed).groupby("axis", sort=False):
+            if len(t) > 1:
+                first, last = t["median speed-up"].iloc[0], t["median speed-up"].iloc[-1]
+                word = "flat" if first == last else "up" if float(last) > float(first) else "down"
+                moves.append(f"{word} with {axis} ({first} -> {last})")
+        bullets.append(
+            f"**Tree attention**: one tree-masked call runs {s['per_sequence_over_tree'].min():.2f}x to "
+            f"{s['per_sequence_over_tree'].max():.2f}x as fast as one call per root-to-leaf sequence over 03's grid"
+            + (f"; its median moves {_names(moves)}" if moves else "")
+            + "."
+        )
+    pays = []
+    if verdict is not None and len(verdict):
+        row = verdict.iloc[0]
+        measured = str(row.get("measured speed-up") or "")
+        pays.append(
+            f"01's choice, {row['tree']}, is expected at {row['expected speed-up']} the target alone"
+            + (f" and ran at {measured} end to end" if measured else "")
+            + f" (verdict: {row['verdict']})"
+        )
+    if methods is not None and len(methods) and "speedup" in methods:
+        for pair, t in methods.dropna(subset=["speedup"]).groupby("pair", sort=False):
+            top = t.loc[t["speedup"].idxmax()]
+            low, high = top.get("speedup_ci_low"), top.get("speedup_ci_high")
+            has = low == low and high == high and low is not None and high is not None
+            side = (
+                ""
+                if not has
+                else "; its interval holds 1: cannot tell"
+                if low <= 1 <= high
+                else "; faster"
+                if low > 1
+                else "; slower"
+            )
+            shown = f"{top['speedup']:.2f}" + (f" [{low:.2f}, {high:.2f}]" if has else "")
+            pays.append(f"02's fastest method for {pair}, {top['shape']}, ran at {shown}x the target alone{side}")
+    if pays:
+        bullets.append("**Does it pay on this device?** " + "; ".join(pays) + ".")
+    return "\n".join(f"- {b}" for b in bullets)
+
+
+def _finding_winner(r) -> str:
+    """'a -> b: kary2 (3.10 [2.80, 3.30]) ahead of chain by +0.21 [0.12, 0.30]', or '... tied with chain'."""
+    out = f"{r.pair}: {r.best_shape} ({r.tau_heldout:.2f}{_bracket(r.tau_heldout_ci_low, r.tau_heldout_ci_high)})"
+    if not isinstance(r.runner_up, str) or not r.runner_up:
+        return out
+    lead = f"{r.lead:+.2f}{_bracket(r.lead_ci_low, r.lead_ci_high)}"
+    if r.verdict == "tied":
+        return out + f" tied with {r.runner_up} ({lead})"
+    return out + f" ahead of {r.runner_up} by {lead}"
 
 
 def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFrame | None) -> str:

@@ -366,6 +366,7 @@ class Report:
         self.info = {nb: json.loads((f / "params.json").read_text()) for nb, f in self.runs.items() if f is not None}
 
     PARTS = (  # in the report's order; each is built by the method of its name with a leading "_"
+        "summary",
         "sources",
         "tree_mask",
         "trees",
@@ -408,6 +409,49 @@ class Report:
             f"Run it with `./run_notebooks.sh course --notebook {notebook}`, then this notebook again."
         )
         return True
+
+    def _summary(self, doc: _Doc) -> None:
+        """What was run, on what, and the findings (`readings.findings`) from the tables below."""
+        from . import readings
+
+        doc.text(self._framing())
+        one, pairs, attention = (self.runs[nb] for nb in REPORT_NOTEBOOKS)
+        inputs = (
+            _csv(pairs, "grid_best.csv"),
+            _csv(pairs, "grid_ranks.csv"),
+            _csv(attention, "speedup.csv"),
+            _verdict_table(one) if one is not None else None,
+            _csv(pairs, "pairs_methods.csv"),
+        )
+        _reading(
+            doc,
+            "The findings",
+            lambda: readings.findings(*inputs) or "*No findings: 01, 02 and 03 wrote none of its tables.*",
+        )
+
+    def _framing(self) -> str:
+        """The models run, the device and its decode step, the profiles; whether these are the brief's pairs."""
+        models = sorted(
+            {str(p.get(k)) for i in self.info.values() for p in _pairs_of(i) for k in ("target", "draft") if p.get(k)}
+        )
+        devices = sorted({str(i.get("environment", {}).get("device")) for i in self.info.values()} - {"None"})
+        profiles = sorted({str(i.get("profile")) for i in self.info.values()})
+        decodes = sorted({str(i["timing"]["decode"]) for i in self.info.values() if i.get("timing", {}).get("decode")})
+        brief = any(b in m for m in models for b in BRIEF_PAIRS)
+        out = (
+            f"Measured with the {', '.join(profiles) or 'no'} profile on {', '.join(devices) or 'an unrecorded device'}"
+            + (f" (decode step: {'; '.join(decodes)})" if decodes else "")
+            + f", models {', '.join(models) or 'not recorded'}. "
+        )
+        if brief:
+            return out + "These are the brief's Llama models."
+        return out + (
+            "These are not the brief's Llama pairs (4-bit Llama-2-7B and Llama-3.2-3B targets on a T4): they are "
+            "embedded stand-ins of the same kinds (a smaller draft of the family, a draft of another tokenizer, a "
+            "quantized self-draft), run where there is no model hub. The brief's pairs are the t4 profile's "
+            "(`./run_notebooks.sh t4` on Colab), not run for this report. Acceptance (rate, length, tau) does not "
+            "depend on the device; speed does."
+        )
 
     def _sources(self, doc: _Doc) -> None:
         """Which run of each notebook the report reads."""
@@ -813,6 +857,18 @@ def _best_table(best: Any) -> Any:
             "acceptance rate": best["acceptance_rate"].map(_number),
             "runner-up": best["runner_up"],
             "its tau": best["runner_up_tau"].map(_number),
+            "lead, paired [95%]": [
+                f"{r['lead']:+.2f}"
+                + (
+                    f" [{r['lead_ci_low']:.2f}, {r['lead_ci_high']:.2f}]"
+                    if r["lead_ci_low"] == r["lead_ci_low"]
+                    else ""
+                )
+                if r.get("lead") == r.get("lead") and r.get("lead") is not None
+                else ""
+                for _, r in best.iterrows()
+            ],
+            "verdict": best["verdict"].fillna("") if "verdict" in best else "",
             "oracle tau": best["oracle_tau"].map(_number),
             "of oracle": [
                 percent(t / o) if o == o and o else "" for t, o in zip(best["tau_heldout"], best["oracle_tau"])
