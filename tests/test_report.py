@@ -209,6 +209,23 @@ def fake_02(outputs: Path) -> Path:
             )
         )
     best_per_budget(table, pd.DataFrame(headline)).to_csv(folder / "grid_best.csv", index=False)
+    categories = [  # `analysis.ranking.category_winners`: per pair, budget and category
+        dict(
+            pair=p,
+            budget=b,
+            category=c,
+            winner=w,
+            winner_tau=t,
+            overall_winner="chain",
+            overall_winner_tau=2.1,
+            same_winner=w == "chain",
+            prompts=2,
+        )
+        for p in ("a -> b", "c -> b")
+        for b in (2, 4, 8)
+        for c, w, t in (("coding", "chain", 2.5), ("qa", "kary2", 1.7))
+    ]
+    pd.DataFrame(categories).to_csv(folder / "grid_categories.csv", index=False)
     return folder
 
 
@@ -312,16 +329,23 @@ def test_report_from_fake_runs_has_every_section_and_whole_tables(full):
     assert re.search(r"!\[[^\]]*\]\(report_files/[^)]+\.png\)", method), "the mask figure in the method"
     limits = text.split("## 5 Limitations")[1].split("## 6 References")[0]
     assert "cpu (2 cores)" in limits and "40 new tokens" not in limits  # the fakes name no prompts count
-    assert "| shape | 2 | 4 | 8 | 16 | 32 |" in text
-    for i, shape in enumerate(SHAPES):  # all 70 rows of the replay table: every shape, every budget, intervals
-        assert f"| {shape} | " + " | ".join(f"{tau(i, b):.2f} [1.90, 2.50]" for b in BUDGETS) + " |" in text
-    assert "3.10 [2.80, 3.30]" in text and "a -> b" in text
+    # 01's 70-row tables, 03's other implementations and 02's metrics per method: in the appendices, linked
+    for nb in ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"):
+        assert f"[{nb}.report.html]({nb}/cpu-0000/{nb}.report.html)" in text, nb
+    assert "| shape | 2 | 4 | 8 | 16 | 32 |" not in text and "| shape0 |" not in text
+    assert "| a -> b | chain | 4 | 6 | 1.25 | 6/6 |" in text, "02's methods: speed-up and greedy equality"
     assert "| 4 | 1024 | 3.200 [0.090, 0.200] |" in text, "03's grid: batch x prefix x draft tokens"
-    # the brief's grid across pairs: per pair, shape x budget with intervals; a row without values says why
-    assert "02: a -> b (same tokenizer)" in text and "02: c -> b (other tokenizer)" in text
-    assert "| chain | 2.20 [2.15, 2.25] | 2.40 [2.35, 2.45] |" in text
+    assert "03: sdpa, ms by draft tokens" in text and "03: eager, ms" not in text
+    # the brief's grid across pairs: per pair, shape x budget, rate / length [interval]; a row without values says why
+    assert "02, a -> b (same tokenizer)" in text and "02, c -> b (other tokenizer)" in text
+    assert "| chain | 0.30 / 1.20 [1.15, 1.25] | 0.50 / 1.40 [1.35, 1.45] |" in text
     assert "sequoia: not measurable across tokenizers: because." in text
-    assert "the best tree per budget, per pair" in text and "| 4 | chain | 2.40 [2.35, 2.45] |" in text
+    assert "paired against the runner-up" in text and "| 4 | chain | 2.40 [2.35, 2.45] |" in text
+    assert "| +0.00 [-0.10, 0.10] | tied |" in text, "the paired lead and its verdict"
+    assert "| category | a -> b, 4 tokens | c -> b, 4 tokens |" in text, "per category, at the middle budget"
+    assert "| qa | kary2 1.70* | kary2 1.70* |" in text and "| coding | chain 2.50 | chain 2.50 |" in text
+    body = text.split("## Summary")[1].split("## 6 References")[0]
+    assert len(body) <= 20_000, f"the body a grader reads is {len(body)} characters"
     # tree attention as the brief frames it: one tree call against one call per sequence
     assert "speed-up of one tree call over one call per sequence" in text
     assert "| 1 | 256 | 2.00 | 8.00 |" in text and "| 4 | 1024 | 0.50 | 2.00 |" in text

@@ -832,19 +832,30 @@ def _where_it_stops(best: pd.DataFrame, flat: float) -> str:
     if stops:
         out += f"Doubling the draft tokens adds under a twentieth of tau {'; '.join(stops)}. "
     if grows:
-        out += f"Tau still grows at the largest budget for {_names(grows)}: a larger budget may pay more. "
-    rates = []
+        out += (
+            f"Tau still grows at the largest budget measured for {_names(grows)}; whether a larger budget pays is "
+            "a question of its cost, not of tau: each added token lengthens the verify and, for deep trees, the "
+            "draft (the verify cost and 01's verdict below). "
+        )
+    falls, rises = [], []
     for pair, b in best.groupby("pair", sort=False):
         b = b.sort_values("budget")
-        rates.append(
-            f"{b['acceptance_rate'].iloc[0]:.2f} at {b['budget'].iloc[0]} to {b['acceptance_rate'].iloc[-1]:.2f} at "
-            f"{b['budget'].iloc[-1]} ({pair})"
+        first, last = b["acceptance_rate"].iloc[0], b["acceptance_rate"].iloc[-1]
+        said = f"{first:.2f} at {b['budget'].iloc[0]} to {last:.2f} at {b['budget'].iloc[-1]} ({pair})"
+        (falls if round(last, 2) < round(first, 2) else rises).append(said)
+    if falls:
+        out += (
+            f"The acceptance rate of the best tree falls, from {'; '.join(falls)}: each added node sits at a rank or "
+            "depth the target takes less often. "
+        )
+    if rises:
+        out += (
+            f"The acceptance rate of the best tree does not fall for {'; '.join(rises)}: the best shape at the "
+            "larger budget is another one, which spends its nodes where they are accepted more. "
         )
     out += (
-        f"Meanwhile the acceptance rate of the best tree falls, from {'; '.join(rates)}: each added node sits at a "
-        "rank or depth the target takes less often. On a GPU, where verifying more tokens costs little until it "
-        "saturates, tau decides; on a CPU each node costs time, and the verify cost below decides (notebook 01 "
-        "prices it)."
+        "On a GPU, where verifying more tokens costs little until it saturates, tau decides; on a CPU each node "
+        "costs time, and the verify cost below decides (notebook 01 prices it)."
     )
     return out
 

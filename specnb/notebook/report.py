@@ -399,6 +399,13 @@ class Report:
             getattr(self, "_" + part)(doc)
         return doc
 
+    def _appendix(self, notebook: str) -> str:
+        """A markdown link to `notebook`'s appendix (its executed notebook as HTML), relative to the report."""
+        folder = self.runs.get(notebook)
+        if folder is None:
+            return f"{notebook} did not run"
+        return f"[{notebook}{REPORT_SUFFIX}]({notebook}/{folder.name}/{notebook}{REPORT_SUFFIX})"
+
     def _not_run(self, doc: _Doc, notebook: str) -> bool:
         """Says that `notebook` did not run (True), or nothing (False)."""
         if self.runs[notebook] is not None:
@@ -554,12 +561,14 @@ class Report:
         best = _csv(folder, "grid_best.csv")
         doc.text(
             f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each, replayed from one collection "
-            "per pair (re-drafted across tokenizers). Rows: tree shape, columns: draft tokens (budget); each cell "
-            "value [95% interval over prompts]. Designs (sequoia, medusa) are fitted to these prompts: their held-out "
-            "tau is in the best-tree table; hindsight is the in-sample ceiling, oracle a bound."
+            "per pair (re-drafted across tokenizers). First the paired comparison: per pair and budget the winner "
+            "(held-out tau), the runner-up, and the winner's lead measured per prompt on the same prompts with its "
+            "95% interval (tied where it holds 0). Designs (sequoia, medusa) are fitted to these prompts and scored "
+            "held out; hindsight is fitted and scored on the same prompts (in-sample: a design's optimism, not a "
+            "bound on the others); the oracle is a bound, not a method."
         )
         if best is not None and len(best):
-            doc.table(_best_table(best), "02: the best tree per budget, per pair (held-out tau, bonus included)")
+            doc.table(_best_table(best), "02: the best tree per budget, per pair, paired against the runner-up")
         ranks = _csv(folder, "grid_ranks.csv")
         if ranks is not None and ranks["share"].notna().any():
             doc.table(
@@ -567,14 +576,35 @@ class Report:
                 "02: how often the draft's rank-r token is the target's next token, per pair (rank 0 squared: about "
                 "what a second level under the top token is accepted at, Sequoia's positional assumption)",
             )
+        categories = _csv(folder, "grid_categories.csv")
+        if categories is not None and len(categories):
+            doc.table(
+                _category_table(categories),
+                "02: the winning shape and its tau per Spec-Bench category, at each pair's middle budget "
+                f"({int(categories['prompts'].max())} prompts a category: no interval; * where it is not the overall "
+                "winner)",
+            )
         doc.figure(folder / "grid_best.png", "02: the best tree per budget, the pairs compared")
+        doc.text(
+            "The grid itself, per pair: each cell is acceptance rate (accepted / drafted) / acceptance length "
+            "(accepted per target call, bonus excluded) [95% interval of the length]. tau = 1 + acceptance length on "
+            "every row but for the steps with no bonus token (the generation ended on an accepted token), counted "
+            "below each table; the oracle's rate is 1 by definition and not shown. Every metric with its interval, "
+            f"tau included: 02's appendix ({self._appendix('02_model_pairs')})."
+        )
         for pair, t in grid.groupby("pair", sort=False):
-            doc.heading(4, f"02: {pair} ({t['kind'].iloc[0]})")
-            for metric, label in METRICS:
-                doc.table(pivot(t, metric), f"{label}; 02, {pair}")
+            doc.table(_compact_grid(t), f"02, {pair} ({t['kind'].iloc[0]}): rate / length [interval], by draft tokens")
+            counted = {"steps", "no_bonus_steps", "cut_steps"} <= set(t)
+            steps, no_bonus, cut = (int(t[c].sum()) if counted else 0 for c in ("steps", "no_bonus_steps", "cut_steps"))
             notes = t[t["tau"].isna() & t["note"].notna()].drop_duplicates("shape")
-            for r in notes.itertuples():
-                doc.text(f"{r.shape}: {r.note}.")
+            said = [f"{r.shape}: {r.note}." for r in notes.itertuples()]
+            if steps:
+                said.append(
+                    f"Steps over the table: {steps}; without a bonus token: {no_bonus}; drafted short by the end of "
+                    f"the generation: {cut}."
+                )
+            if said:
+                doc.text(" ".join(said))
         doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
         doc.figure(folder / "grid_rate.png", "02: acceptance rate by budget per shape, one panel per pair")
 
@@ -590,13 +620,11 @@ class Report:
         else:
             pair = _pair_of(f)
             doc.text(
-                f"Pair {pair}: {int(table['prompts'].max())} prompts; rows: tree shape, columns: draft tokens "
-                "(budget). dynamic: a tree grown per step from the draft's confidence; oracle: the best tree "
-                "drawn from the draft's top-k in hindsight of every step (a bound, not a method)."
+                f"Pair {pair}: {int(table['prompts'].max())} prompts, every shape and budget replayed; dynamic: a tree "
+                "grown per step from the draft's confidence; oracle: the best tree drawn from the draft's top-k in "
+                "hindsight of every step (a bound, not a method). Its tables (rate, length and tau per shape and "
+                f"budget, with intervals): 01's appendix ({self._appendix('01_tree_shapes')})."
             )
-            for metric, label in METRICS:
-                if metric in table:
-                    doc.table(pivot(table, metric), f"{label}; 01, {pair}")
         depth = _csv(f, "depth_acceptance.csv")
         if depth is not None and (depth["shape"] == "chain").any():
             doc.table(
@@ -609,6 +637,8 @@ class Report:
             doc.table(_speed_table(measured), "01: run end to end on the check prompts (wall clock on this device)")
 
     def _pairs(self, doc: _Doc) -> None:
+        import pandas as pd
+
         if self._not_run(doc, "02_model_pairs"):
             return
         f = self.runs["02_model_pairs"]
@@ -616,11 +646,14 @@ class Report:
         status = _csv(f, "pairs.csv")
         if status is not None and len(status):
             doc.table(status, "02: the pairs and whether each was measured")
-        for pair, t in table.groupby("pair", sort=False) if table is not None else ():
-            doc.heading(4, f"02: {pair}")
-            for metric, label in METRICS:
-                doc.table(pivot(t, metric), f"{label}; 02, {pair}")
-            doc.table(_speed_table(t), f"02, {pair}: speed and greedy equality")
+        if table is not None and len(table):
+            doc.table(
+                pd.concat([_speed_table(t).assign(pair=pair) for pair, t in table.groupby("pair", sort=False)])[
+                    ["pair", "shape", "budget", "prompts", "speed-up", "greedy equal"]
+                ],
+                "02: each method run end to end, speed-up over the target alone [95% interval] and greedy equality "
+                f"(tokens/s and acceptance per method: 02's appendix, {self._appendix('02_model_pairs')})",
+            )
         doc.figure(f / "speedup.png", "02: tokens/s over the target alone per pair and method")
 
     def _attention(self, doc: _Doc) -> None:
@@ -635,7 +668,8 @@ class Report:
         doc.figure(f / "tree_speedup.png", "03: one tree-masked call against one call per root-to-leaf sequence")
         grid = _csv(f, "attention_grid.csv")
         if grid is not None:
-            _grid_tables(doc, grid)
+            _grid_tables(doc, grid[grid["impl"] == "sdpa"] if (grid["impl"] == "sdpa").any() else grid)
+            doc.text(f"Every implementation's times: 03's appendix ({self._appendix('03_tree_attention_timing')}).")
         doc.figure(f / "time_vs_nodes.png", "03: attention time by draft tokens")
         doc.figure(f / "time_vs_prefix_batch.png", "03: attention time by prefix length and batch size")
         curve = _csv(f, "verify_curve.csv")
@@ -647,7 +681,6 @@ class Report:
         doc.figure(f / "verify_cost.png", "03: a real target's verify cost by tree size, and the cost model")
 
     def _best_tree(self, doc: _Doc) -> None:
-        import pandas as pd
 
         from ..io.tree_results import DEPLOY_FILE, RESULTS_FILE, read
 
@@ -667,11 +700,6 @@ class Report:
                 f"01: the tree to deploy for {results.pair}, expected speed-up over the target alone from the cost "
                 "model [95% interval], and as measured end to end (empty interval: too few prompts)",
             )
-        trees = results.table()
-        if len(trees):
-            trees = trees.drop(columns="paths")  # the recommended tree's paths are in its deploy lines below
-            trees = trees.assign(**{c: trees[c].map(_number) for c in ("tau_in_sample", "tau_heldout")})
-            doc.table(pd.DataFrame(trees), "01: every tree scored, per budget (tau in-sample and on held-out prompts)")
         engines = _csv(folder, "engine_table.csv")
         if engines is not None and len(engines):
             doc.table(
@@ -680,20 +708,10 @@ class Report:
                 "alone [95% interval], and its speed-up's difference from the best tree of all on the same prompts "
                 "(paired: 'tied' where the interval holds 0)",
             )
-        flags = _csv(folder, "sglang_flags.csv")
-        if flags is not None and len(flags):
-            shown = flags.assign(
-                tau_heldout=[with_interval(r, "tau_heldout") for _, r in flags.iterrows()],
-                speedup=[with_interval(r, "speedup") for _, r in flags.iterrows()],
-            )
-            doc.table(
-                shown[["budget", "num_steps", "topk", "num_draft_tokens", "tau_heldout", "speedup", "verdict"]],
-                "01: SGLang's three flags per budget, chosen by replaying its own tree rule on the prompts with "
-                "super-trees (tau held out, bonus included; expected speed-up over the target alone)",
-            )
-        if (folder / DEPLOY_FILE).exists():
-            doc.text(f"Deploy lines ({DEPLOY_FILE} in 01's run folder):")
-            doc.code((folder / DEPLOY_FILE).read_text())
+        doc.text(
+            f"Every tree scored, SGLang's flags per budget and the deploy lines ({DEPLOY_FILE}): 01's appendix "
+            f"({self._appendix('01_tree_shapes')}) and its run folder."
+        )
         doc.figure(folder / "tree_best.png", "01: the tree of highest held-out tau")
 
     def _analysis(self, doc: _Doc) -> None:
@@ -765,10 +783,7 @@ class Report:
             env = first.get("environment", {})
             versions = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v)
             doc.text(f"Python {env.get('python')} on {env.get('platform')}; {versions}.")
-        for nb, i in self.info.items():
-            params = {k: v for k, v in i.get("parameters", {}).items() if k != "run_dir"}
-            table = pd.DataFrame({"parameter": list(params), "value": [_short(v, 100_000) for v in params.values()]})
-            doc.table(table, f"{nb}: parameters (params.json in its run folder)")
+        doc.text("Each run's parameters: the top of its appendix, and params.json in its run folder.")
 
     def _limitations(self, doc: _Doc) -> None:
         """What the runs cannot say, read from their records: the device, the models against the
@@ -874,6 +889,36 @@ def _best_table(best: Any) -> Any:
             ],
         }
     )
+
+
+def _compact_grid(grid: Any) -> Any:
+    """A pair's grid as shape x budget, each cell 'rate / length [low, high]' (the oracle: its length
+    only, its rate being 1 by definition); rows in the table's order."""
+    cells = grid.copy()
+    cells["_cell"] = [
+        (f"{_number(r['acceptance_rate'])} / " if r["shape"] != "oracle" else "")
+        + with_interval(r, "acceptance_length")
+        if _number(r.get("acceptance_length"))
+        else ""
+        for _, r in grid.iterrows()
+    ]
+    return pivot(cells.assign(_shown=cells["_cell"]), "_shown")
+
+
+def _category_table(categories: Any) -> Any:
+    """Per pair, at its middle budget: each category's winning shape and tau ('*' where it is not the
+    overall winner), the categories as rows, the pairs as columns."""
+    import pandas as pd
+
+    columns = {}
+    for pair, t in categories.groupby("pair", sort=False):
+        budgets = sorted(t["budget"].unique())
+        mid = budgets[len(budgets) // 2]
+        at = t[t["budget"] == mid].set_index("category")
+        columns[f"{pair}, {mid} tokens"] = {
+            c: f"{r.winner} {r.winner_tau:.2f}" + ("" if r.same_winner else "*") for c, r in at.iterrows()
+        }
+    return pd.DataFrame(columns).fillna("").rename_axis("category").reset_index()
 
 
 def _verdict_table(folder: Path) -> Any:
