@@ -139,6 +139,37 @@ def test_every_helper_saves_a_legible_figure(tmp_path, tables):
     assert main([str(tmp_path)]) == 0
 
 
+def test_budget_figures_hold_at_most_six_series_a_panel_and_the_oracle_apart(tables):
+    replay = tables[0]
+    assert replay["shape"].nunique() > 6 and (replay["shape"] == "oracle").any()
+    grid = pd.concat([replay.assign(pair=p, kind="same tokenizer") for p in ("A -> B", "C -> B")])
+    for fig in (plots.replay_vs_budget(replay, "tau"), plots.grid_vs_budget(grid, "tau")):
+        shown = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+        series = [{line.get_label() for line in ax.lines} for ax in shown]
+        assert all(len(s) <= plots.PER_PANEL for s in series), series
+        with_oracle = [s for s in series if "oracle" in s]
+        assert with_oracle and all(len(s) == 2 for s in with_oracle), "the oracle beside the best shape only"
+        drawn = set().union(*series) - {"oracle"}
+        assert drawn == set(replay["shape"]) - {"oracle"}, "every shape in some panel"
+        plt.close(fig)
+
+
+def test_speed_bars_error_bars_sit_on_their_bars(tables):
+    speed = tables[2].copy()
+    speed["speedup_ci_low"], speed["speedup_ci_high"] = speed["speedup"] - 0.1, speed["speedup"] + 0.1
+    fig = plots.speed_bars(speed)
+    ax = fig.axes[0]
+    bars = [(round(p.get_y() + p.get_height() / 2, 6), round(p.get_width(), 6)) for p in ax.patches]
+    caps = set()
+    for collection in ax.collections:  # the error bars' segments: (x low, y) to (x high, y)
+        for segment in collection.get_segments():
+            (x0, y0), (x1, y1) = segment
+            if y0 == y1:
+                caps.add((round(y0, 6), round((x0 + x1) / 2, 6)))
+    assert len(bars) == len(speed) and set(bars) == caps, "every error bar centred on its bar"
+    plt.close(fig)
+
+
 def test_a_panel_figures_legend_names_the_series_of_every_panel(tables):
     """One legend beside the last panel, one entry per series of any panel: a shape the last panel
     lacks (no steps at that budget) is still named."""

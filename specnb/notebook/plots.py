@@ -141,25 +141,28 @@ def draw_tree(tree: Tree, frequency: dict, title: str = "", path=None) -> plt.Fi
     return save(fig, path)
 
 
-def tree_gallery(trees: Mapping[str, Sequence[Tree]], path=None) -> plt.Figure:
+def tree_gallery(trees: Mapping[str, Sequence[Tree | tuple[str, Tree]]], path=None) -> plt.Figure:
     """Trees side by side: one row per shape name, one panel per tree (e.g. one shape at budgets 4, 8,
-    16), each a node-link diagram with the root at the top and depth increasing downward (the y axis),
-    each node labelled with its sibling rank, the panel titled "<name>, N nodes, depth D".
+    16; or a row of several shapes, each given as (name, tree)), each a node-link diagram with the
+    root at the top and depth increasing downward (the y axis), each node labelled with its sibling
+    rank, the panel titled "<name>, N nodes, depth D".
 
     As in `draw_tree`, leaves are spread evenly in depth-first rank order and a parent is centred
     over its children, so nodes of one depth are at least one leaf slot apart and their labels never
     overlap; a column is as wide as its widest tree or title needs (`leaf` inches per leaf slot), a
     row as tall as its deepest tree (`depth_in` inches per level), and the panels of a row share the
     depth axis."""
-    rows = [(str(name), list(row)) for name, row in trees.items()]
-    if not rows or any(not row for _, row in rows):
-        raise ValueError(f"tree_gallery needs at least one tree per name, got {[(n, len(r)) for n, r in rows]}")
+    given = [(str(name), list(row)) for name, row in trees.items()]
+    if not given or any(not row for _, row in given):
+        raise ValueError(f"tree_gallery needs at least one tree per name, got {[(n, len(r)) for n, r in given]}")
+    named = [[item if isinstance(item, tuple) else (name, item) for item in row] for name, row in given]
+    rows = [(name, [tree for _, tree in row]) for (name, _), row in zip(given, named)]
     leaf, depth_in, title_char = 0.2, 0.3, 0.064  # inches per leaf slot, per depth level, per title character
 
     layouts = [[_layout(t) for t in row] for _, row in rows]
     titles = [
-        [f"{name}, {t.num_nodes} node{'' if t.num_nodes == 1 else 's'}, depth {t.depth}" for t in row]
-        for name, row in rows
+        [f"{name}, {t.num_nodes} node{'' if t.num_nodes == 1 else 's'}, depth {t.depth}" for name, t in row]
+        for row in named
     ]
     columns = max(len(row) for _, row in rows)
     col_in = [
@@ -236,15 +239,21 @@ def tree_mask(tree: Tree, prefix: int = 3, path=None) -> plt.Figure:
     return save(fig, path)
 
 
-def shapes_gallery(trees: Mapping[tuple[str, int], Tree], path=None, budgets: int = 3, largest: int = 16) -> plt.Figure:
+def shapes_gallery(
+    trees: Mapping[tuple[str, int], Tree], path=None, budgets: int = 1, largest: int = 16, per_row: int = 5
+) -> plt.Figure:
     """`tree_gallery` of a sweep's trees keyed (shape, budget): each shape at up to `budgets` of its
     budgets no larger than `largest` nodes (the largest such; its smallest where it has none), so
-    that every shape the sweep measures is seen before it is measured."""
+    that every shape the sweep measures is seen before it is measured. With one budget a shape, the
+    shapes are packed `per_row` to a row: a compact page, not a column of tall panels."""
     by_shape: dict[str, list[tuple[int, Tree]]] = {}
     for (shape, budget), tree in sorted(trees.items()):
         by_shape.setdefault(shape, []).append((budget, tree))
     shown = {shape: [t for b, t in rows if b <= largest][-budgets:] or [rows[0][1]] for shape, rows in by_shape.items()}
-    return tree_gallery(shown, path)
+    if budgets > 1:
+        return tree_gallery(shown, path)
+    items = sorted(((shape, row[0]) for shape, row in shown.items()), key=lambda item: -item[1].depth)  # deep together
+    return tree_gallery({f"row {i}": items[i : i + per_row] for i in range(0, len(items), per_row)}, path)
 
 
 def speed_bars(table: pd.DataFrame, path=None) -> plt.Figure:
@@ -264,16 +273,32 @@ def _speedup_bars(data: pd.DataFrame, hue: str, ylabel: str, title: str, path) -
     """Column "speedup" as horizontal bars, one per "method" (side by side per `hue` where a method
     has several), the 1x line dashed; with columns "speedup_ci_low" / "speedup_ci_high" (one row
     per method), their interval as error bars."""
+    methods = list(dict.fromkeys(data["method"]))
+    hues = list(dict.fromkeys(data[hue]))
     dodge = data.groupby("method")[hue].nunique().max() > 1
-    rows = data["method"].nunique() * (data[hue].nunique() if dodge else 1)
-    fig, ax = plt.subplots(figsize=(8.8, max(2.6, 0.32 * rows + 1.6)))
-    sns.barplot(data=data, y="method", x="speedup", hue=hue, dodge=dodge, orient="h", ax=ax)
-    if "speedup_ci_low" in data and data["speedup_ci_low"].notna().any():
-        ok = data["speedup_ci_low"].notna().to_numpy()
-        d = data[ok]
-        y = pd.Index(data["method"].unique()).get_indexer(d["method"])  # the bars' positions, top down
-        xerr = [d["speedup"] - d["speedup_ci_low"], d["speedup_ci_high"] - d["speedup"]]
-        ax.errorbar(d["speedup"], y, xerr=xerr, fmt="none", color="black", lw=1)
+    height = 0.8 / len(hues) if dodge else 0.8
+    fig, ax = plt.subplots(figsize=(8.8, max(2.6, 0.32 * len(methods) * (len(hues) if dodge else 1) + 1.6)))
+    colours = dict(zip(hues, sns.color_palette("tab10", len(hues))))
+    for j, name in enumerate(hues):
+        d = data[data[hue] == name]
+        offset = (j - (len(hues) - 1) / 2) * height if dodge else 0.0
+        y = [methods.index(m) + offset for m in d["method"]]  # each bar's centre: its error bar on it
+        xerr = None
+        if "speedup_ci_low" in d and d["speedup_ci_low"].notna().any():
+            low = (d["speedup"] - d["speedup_ci_low"]).fillna(0).clip(lower=0)
+            high = (d["speedup_ci_high"] - d["speedup"]).fillna(0).clip(lower=0)
+            xerr = [low, high]
+        ax.barh(
+            y,
+            d["speedup"],
+            height=height,
+            color=colours[name],
+            label=str(name),
+            xerr=xerr,
+            error_kw={"ecolor": "black", "elinewidth": 1, "capsize": 2},
+        )
+    ax.set_yticks(range(len(methods)), methods)
+    ax.invert_yaxis()  # the first method on top
     ax.axvline(1.0, color="black", lw=1, ls="--")
     ax.set_ylabel(ylabel)
     ax.set_xlabel("speedup over the target alone (x)")
@@ -533,36 +558,51 @@ DESIGNED = ("sequoia", "medusa", "hindsight", "dynamic", "oracle")
 def replay_vs_budget(
     table: pd.DataFrame, metric: str = "tau", label: str = TAU, title: str = "", path=None
 ) -> plt.Figure:
-    """A replayed metric against the budget: preset shapes thin, data-driven trees bold, the
-    per-position oracle dashed; with `<metric>_ci_low` / `_ci_high` columns, their band (95%
-    bootstrap interval over prompts)."""
-    fig, ax = plt.subplots(figsize=(8.6, 4.6))
-    _budget_lines(ax, table, metric, _shape_styles(table))
-    ax.set_ylabel(label)
-    ax.set_title(title, fontsize=10)
-    legend_outside(ax, "shape", ncol=1 if table["shape"].nunique() <= 14 else 2)
+    """A replayed metric against the budget: preset shapes thin, data-driven trees bold; with
+    `<metric>_ci_low` / `_ci_high` columns, their band (95% bootstrap interval over prompts). At most
+    `PER_PANEL` shapes a panel (`shape_panels`: the highest first), a shared y axis; the oracle, a
+    bound, in a panel of its own beside the best shape, so that it never squashes the others."""
+    data = table.dropna(subset=[metric])
+    panels = shape_panels(data, metric)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.6 * len(panels) + 1.6, 4.2), squeeze=False, sharey=not _has_oracle(panels)
+    )
+    style = _shape_styles(data)
+    for ax, (name, shapes) in zip(axes[0], panels):
+        _budget_lines(ax, data[data["shape"].isin(shapes)], metric, style)
+        ax.set_title(name, fontsize=8.5)
+        legend_below(ax)
+    axes[0][0].set_ylabel(label)
+    fig.suptitle(title, fontsize=10)
     return save(fig, path)
 
 
 def grid_vs_budget(
     table: pd.DataFrame, metric: str = "tau", label: str = TAU, title: str = "", path=None
 ) -> plt.Figure:
-    """`replay_vs_budget` for many pairs (`experiments.grid.grid_table`): one panel per pair, each
-    shape in the same style in every panel, a shared y axis; rows without the metric (a design
-    across tokenizers, whose note says why) are left out of the lines."""
+    """`replay_vs_budget` for many pairs (`experiments.grid.grid_table`): one row of panels per pair
+    (at most `PER_PANEL` shapes a panel, the oracle in its own), each shape in the same style in
+    every panel; rows without the metric (a design across tokenizers, whose note says why) are left
+    out of the lines."""
     data = table.dropna(subset=[metric])
     pairs = list(dict.fromkeys(table["pair"]))
-    fig, axes = plt.subplots(1, len(pairs), figsize=(4.4 * len(pairs) + 1.8, 4.2), squeeze=False, sharey=True)
+    rows = {pair: shape_panels(data[data["pair"] == pair], metric) for pair in pairs}
+    columns = max((len(p) for p in rows.values()), default=1)
+    fig, axes = plt.subplots(len(pairs), columns, figsize=(3.6 * columns + 1.2, 3.5 * len(pairs) + 0.6), squeeze=False)
     style = _shape_styles(data)
-    for ax, pair in zip(axes[0], pairs):
-        mine = data[data["pair"] == pair]
-        if len(mine):
-            _budget_lines(ax, mine, metric, style)
+    for r, pair in enumerate(pairs):
         kind = table.loc[table["pair"] == pair, "kind"].iloc[0] if "kind" in table else ""
-        ax.set_title(f"{pair}\n({kind})" if kind else pair, fontsize=8.5)
-    axes[0][0].set_ylabel(label)
+        for c in range(columns):
+            ax = axes[r][c]
+            if c >= len(rows[pair]):
+                ax.set_visible(False)
+                continue
+            name, shapes = rows[pair][c]
+            _budget_lines(ax, data[(data["pair"] == pair) & data["shape"].isin(shapes)], metric, style)
+            ax.set_title(f"{pair} ({kind}): {name}" if kind else f"{pair}: {name}", fontsize=7.5)
+            legend_below(ax)
+        axes[r][0].set_ylabel(label, fontsize=8)
     fig.suptitle(title, fontsize=10)
-    legend_outside(axes[0][-1], "shape", axes[0])
     return save(fig, path)
 
 
@@ -596,6 +636,34 @@ def best_per_pair(best: pd.DataFrame, path=None) -> plt.Figure:
     ax.set_title("The best tree per budget, per pair", fontsize=10)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     return save(fig, path)
+
+
+PER_PANEL = 6  # series in one panel of a budget figure, at most
+ORACLE = "oracle"
+
+
+def shape_panels(table: pd.DataFrame, metric: str, per_panel: int = PER_PANEL) -> list[tuple[str, list[str]]]:
+    """The shapes of `table` in panels of at most `per_panel`, highest `metric` (mean over budgets)
+    first: [("best 6", [...]), ("next 6", [...]), ..., ("oracle (a bound) and the best", [oracle, best])]."""
+    means = table[table["shape"] != ORACLE].groupby("shape")[metric].mean().sort_values(ascending=False)
+    shapes = list(means.index)
+    panels = [
+        (("highest " if i == 0 else "next ") + f"{len(shapes[i : i + per_panel])}", shapes[i : i + per_panel])
+        for i in range(0, len(shapes), per_panel)
+    ]
+    if (table["shape"] == ORACLE).any():
+        panels.append(("the oracle (a bound) and the best", [ORACLE, *shapes[:1]]))
+    return panels or [("", [])]
+
+
+def _has_oracle(panels: list[tuple[str, list[str]]]) -> bool:
+    return any(ORACLE in shapes for _, shapes in panels)
+
+
+def legend_below(ax: plt.Axes) -> None:
+    """The panel's legend under its axes, two columns: never over the data."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=7, frameon=False)
 
 
 def _shape_styles(table: pd.DataFrame) -> dict[str, dict]:

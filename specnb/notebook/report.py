@@ -491,8 +491,8 @@ class Report:
         elif not self._not_run(doc, "01_tree_shapes"):
             doc.figure(
                 figure,
-                "01: each shape at up to three budgets (a node's label: its rank among its siblings; its row: its "
-                "depth); your trees at their node count, your shape rules filled as the presets are",
+                "01: each shape at its largest budget of at most 16 draft tokens (a node's label: its rank among its "
+                "siblings; its row: its depth); your trees at their node count",
             )
 
     def _references(self, doc: _Doc) -> None:
