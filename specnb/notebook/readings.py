@@ -660,6 +660,7 @@ def analysis(
     curve: pd.DataFrame | None = None,
     verdict: pd.DataFrame | None = None,
     flat: float = 0.05,
+    costs: pd.DataFrame | None = None,
 ) -> str:
     """The report's drafted analysis in paragraphs, computed from the tables the report shows (each
     number written as its table writes it): which shape wins at which budget and why (acceptance by
@@ -673,9 +674,52 @@ def analysis(
         paragraphs += [_why_shapes(best, ranks, depth), _where_it_stops(best, flat), _pairs_differ(best)]
     if speed is not None and "per_sequence_over_tree" in speed and speed["per_sequence_over_tree"].notna().any():
         paragraphs.append(_attention_cost(speed, curve))
+    if costs is not None and len(costs) > 1:
+        paragraphs.append(_fastest_not_highest(costs))
     if verdict is not None and len(verdict):
         paragraphs.append(_pays_off(verdict.iloc[0]))
     return "\n\n".join(p for p in paragraphs if p)
+
+
+def step_costs(recommendation: pd.DataFrame) -> pd.DataFrame:
+    """01's cost model (recommendation.csv) for two trees: the fastest (expected speed-up) and the one
+    of highest tau, each with its depth (one draft pass a level), draft, verify and step time in ms
+    and expected speed-up; one row where they are the same tree."""
+    ranked = recommendation.dropna(subset=["speedup", "expected_tau"])
+    picks = [ranked.loc[ranked["speedup"].idxmax()], ranked.loc[ranked["expected_tau"].idxmax()]]
+    rows = []
+    for label, r in zip(("fastest", "highest tau"), picks):
+        name = f"{r['shape']}:{int(r['budget'])}"
+        if rows and rows[0]["tree"] == name:
+            rows[0]["is"] = "fastest and highest tau"
+            continue
+        rows.append(
+            {
+                "is": label,
+                "tree": name,
+                "tau": f"{r['expected_tau']:.2f}",
+                "draft passes (depth)": int(r["depth"]),
+                "draft ms": f"{1000 * r['t_draft_s']:.0f}",
+                "verify ms": f"{1000 * r['t_verify_s']:.0f}",
+                "step ms": f"{1000 * r['t_step_s']:.0f}",
+                "expected speed-up": f"{r['speedup']:.2f}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _fastest_not_highest(costs: pd.DataFrame) -> str:
+    fast, high = costs.iloc[0], costs.iloc[1]
+    return (
+        f"**Why the fastest tree is not the one that accepts most.** {high['tree']} has the highest tau "
+        f"({high['tau']}), but its {high['draft passes (depth)']} levels cost as many draft passes "
+        f"({high['draft ms']} ms) and its verify {high['verify ms']} ms: a step of {high['step ms']} ms. "
+        f"{fast['tree']} accepts less ({fast['tau']}) in a step of {fast['step ms']} ms "
+        f"({fast['draft passes (depth)']} draft passes, verify {fast['verify ms']} ms). Tokens per second are tau "
+        f"over the step's time, so {fast['tree']} is expected at {fast['expected speed-up']}x the target alone and "
+        f"{high['tree']} at {high['expected speed-up']}x: on this device a level of the tree is paid in draft "
+        "time whether or not it is accepted."
+    )
 
 
 def findings(
@@ -913,6 +957,12 @@ def _attention_cost(speed: pd.DataFrame, curve: pd.DataFrame | None) -> str:
                 if "grows with draft" in moves[0]
                 else ". "
             )
+        )
+    if any(m.startswith("shrinks with prefix") for m in moves):
+        out += (
+            "That reason predicts a speed-up growing with the prefix (each call re-reads it); it shrinks here, which "
+            "these runs do not explain: both calls are then dominated by the same prefix-sized work on this device, "
+            "a guess the grid does not test. "
         )
     if "mask_overhead" in speed and speed["mask_overhead"].notna().any():
         m = speed.dropna(subset=["mask_overhead"])

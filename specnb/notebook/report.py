@@ -681,12 +681,19 @@ class Report:
         doc.figure(f / "verify_cost.png", "03: a real target's verify cost by tree size, and the cost model")
 
     def _best_tree(self, doc: _Doc) -> None:
-
         from ..io.tree_results import DEPLOY_FILE, RESULTS_FILE, read
+        from . import readings
 
         if self._not_run(doc, "01_tree_shapes"):
             return
         folder = self.runs["01_tree_shapes"]
+        recommendation = _csv(folder, "recommendation.csv")
+        if recommendation is not None and len(recommendation):
+            doc.table(
+                readings.step_costs(recommendation),
+                "01: the fastest tree against the one of highest tau, priced by the cost model on this device (tau "
+                "expected from the measured acceptance, one draft pass a level, times in ms)",
+            )
         if not (folder / RESULTS_FILE).exists():
             doc.text(f"01's run wrote no {RESULTS_FILE} (a run from before it did).")
             return
@@ -730,10 +737,15 @@ class Report:
             curve if curve is not None else _csv(one, "verify_curve.csv"),
             _verdict_table(one) if one is not None else None,
         )
+        recommendation = _csv(one, "recommendation.csv")
+        costs = readings.step_costs(recommendation) if recommendation is not None and len(recommendation) else None
         _reading(
             doc,
             "The analysis",
-            lambda: readings.analysis(*inputs) or "*Nothing to analyse: 01, 02 and 03 wrote none of its tables.*",
+            lambda: (
+                readings.analysis(*inputs, costs=costs)
+                or "*Nothing to analyse: 01, 02 and 03 wrote none of its tables.*"
+            ),
         )
 
     def _reproduce(self, doc: _Doc) -> None:
