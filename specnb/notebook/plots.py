@@ -68,19 +68,25 @@ def legend_outside(ax: plt.Axes, title: str | None = None, panels: Sequence[plt.
 
 def depth_acceptance(depths: pd.DataFrame, path=None) -> plt.Figure:
     """Per-depth acceptance (steps that accepted at least d draft tokens / steps) against depth, one
-    panel per budget, one series per shape; depths past the last non-zero value are left out."""
+    column of panels per budget, one series per shape, at most `PER_PANEL` shapes a row of panels
+    (`shape_panels`, the highest first); depths past the last non-zero value are left out."""
     data = depths[depths["acceptance"] > 0]
     budgets = sorted(data["budget"].unique())
+    groups = shape_panels(data, "acceptance")
     style = styles(sorted(data["shape"].unique(), key=lambda s: (s in DESIGNED, s)))
-    fig, axes = plt.subplots(1, len(budgets), figsize=(3.9 * len(budgets) + 1.8, 3.6), squeeze=False, sharey=True)
-    for ax, budget in zip(axes[0], budgets):
-        for shape, d in data[data["budget"] == budget].groupby("shape", sort=False):
-            d = d.sort_values("depth")
-            ax.plot(d["depth"], d["acceptance"], label=shape, lw=1.4, ms=4, **style[shape])
-        ax.set_title(f"{budget} draft tokens", fontsize=10)
-        ax.set_xlabel("depth d")
-    axes[0][0].set_ylabel("P(accepted >= d draft tokens)")
-    legend_outside(axes[0][-1], "shape", axes[0])
+    fig, axes = plt.subplots(
+        len(groups), len(budgets), figsize=(3.9 * len(budgets) + 1.8, 3.4 * len(groups)), squeeze=False, sharey=True
+    )
+    for row, (name, shapes) in zip(axes, groups):
+        for ax, budget in zip(row, budgets):
+            mine = data[(data["budget"] == budget) & data["shape"].isin(shapes)]
+            for shape, d in mine.groupby("shape", sort=False):
+                d = d.sort_values("depth")
+                ax.plot(d["depth"], d["acceptance"], label=shape, lw=1.4, ms=4, **style[shape])
+            ax.set_title(f"{budget} draft tokens" + (f", {name}" if len(groups) > 1 else ""), fontsize=9)
+            ax.set_xlabel("depth d")
+        row[0].set_ylabel("P(accepted >= d draft tokens)", fontsize=8)
+        legend_outside(row[-1], "shape", row)
     fig.suptitle("per-depth acceptance: steps that accepted at least d draft tokens / steps", fontsize=10)
     return save(fig, path)
 

@@ -826,7 +826,7 @@ class Report:
                     if brief
                     else "Not the brief's Llama pairs (no model hub here): the embedded stand-ins of the same kinds "
                     "(a smaller model of the family, a draft of another tokenizer, a quantized self-draft); the t4 "
-                    "profile runs the brief's pairs on Colab."
+                    "profile runs the brief's pairs on a Colab T4, and has not been run for this report."
                 )
             )
         for nb, i in self.info.items():
