@@ -352,8 +352,10 @@ def test_the_smoke_profiles_own_tree_is_measured_in_every_notebook_that_takes_tr
     "args, message",
     [
         (["run", "nosuchprofile"], "unknown profile"),
-        (["run", "smoke", "-p", "no_such_parameter", "3"], "unknown parameter"),
-        (["run", "smoke", "-p", "run_dir", "/tmp/x"], "set by the runner"),
+        (["run", "smoke", "-p", "no_such_parameter", "3"], "'no_such_parameter' is no notebook's parameter"),
+        (["run", "smoke", "-p", "max_prompt", "3"], "did you mean 'max_prompts'"),
+        (["run", "smoke", "--notebook", "03_tree_attention_timing", "-p", "max_prompts", "3"], "does not select"),
+        (["run", "smoke", "-p", "run_dir", "/tmp/x"], "--outputs DIR or the environment variable SPECNB_OUTPUTS"),
         (["run", "smoke", "--notebook", "99_nothing"], "no notebook named"),
         (["run", "smoke", "-p", "custom_trees", "{gap: [[0], [2]]}"], "no sibling of rank 1"),
     ],
@@ -551,7 +553,7 @@ def test_a_flat_parameter_file_is_read_as_all(tmp_path):
     resolved = runner.resolve("base", {}, [flat], runner.notebooks(books), books / "profiles")
     assert resolved["01_x"]["a"] == resolved["02_y"]["a"] == 7 and resolved["01_x"]["b"] == [1, 2]
     flat.write_text("no_such: 1\n")
-    with pytest.raises(runner.RunnerError, match="unknown parameter"):
+    with pytest.raises(runner.RunnerError, match="'no_such' is no notebook's parameter"):
         runner.resolve("base", {}, [flat], runner.notebooks(books), books / "profiles")
 
 

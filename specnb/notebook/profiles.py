@@ -15,6 +15,7 @@ read profiles through this module too.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterator
@@ -166,7 +167,7 @@ def resolve(
                 raise RunnerError(f"{source}: section {section!r} is neither 'all' nor a notebook ({sorted(declared)})")
             for stem in targets:
                 resolved[stem].update({k: v for k, v in values.items() if k in declared[stem]})
-    _check_known(overrides, known, "-p")
+    _check_known(overrides, known, "-p", declared)
     for stem in resolved:
         resolved[stem].update({k: v for k, v in overrides.items() if k in declared[stem]})
         if "profile" in declared[stem]:
@@ -203,14 +204,37 @@ def strings_in(value: Any) -> Iterator[str]:
             yield from strings_in(v)
 
 
-def _check_known(values: dict, declared: dict[str, dict], source: str) -> None:
+def _check_known(values: dict, declared: dict[str, dict], source: str, selected: dict[str, dict] | None = None) -> None:
+    """Refuse a name no notebook declares (with the nearest names: a typo), one the runner sets, and,
+    given `selected` (the notebooks of this run; for -p), one that only notebooks not selected declare."""
     everywhere = set().union(*declared.values()) if declared else set()
     reserved = sorted(set(values) & set(RESERVED))
     if reserved:
-        raise RunnerError(f"{source}: {reserved} is set by the runner, not by parameters")
-    unknown = sorted(set(values) - everywhere)
-    if unknown:
-        raise RunnerError(f"{source}: unknown parameter(s) {unknown}; the notebooks declare {sorted(everywhere)}")
+        raise RunnerError(
+            f"{source}: {reserved} is set by the runner, not by parameters: choose where runs are written with "
+            "--outputs DIR or the environment variable SPECNB_OUTPUTS (each run gets its own folder inside)"
+        )
+    problems = []
+    for name in sorted(set(values) - everywhere):
+        near = difflib.get_close_matches(name, sorted(everywhere), n=3, cutoff=0.6)
+        problems.append(
+            f"{name!r} is no notebook's parameter; "
+            + (
+                f"did you mean {' or '.join(repr(n) for n in near)}?"
+                if near
+                else "each notebook's are listed in docs/notebooks.md"
+            )
+        )
+    if selected is not None:
+        here = set().union(*selected.values()) if selected else set()
+        for name in sorted((set(values) & everywhere) - here):
+            owners = sorted(stem for stem, names in declared.items() if name in names)
+            problems.append(
+                f"{name!r} is a parameter of {', '.join(owners)} only, which this run does not select "
+                f"({', '.join(sorted(selected))}): add --notebook {owners[0]}, or leave it out"
+            )
+    if problems:
+        raise RunnerError(f"{source}: " + "; ".join(problems))
 
 
 def _read_yaml(path: Path, profile: bool = False) -> dict[str, Any]:
