@@ -204,6 +204,8 @@ def test_an_outputs_folder_that_cannot_be_written_is_refused_first(tmp_path, boo
         ("max_new_tokens", "0", "max_new_tokens"),
         ("max_new_tokens", "abc", "max_new_tokens"),
         ("top_k", "1", "top_k"),
+        ("prompts", "no/such/prompts.jsonl", "prompt file"),  # a missing file: found before any model loads
+        ("prompts", "auto", "prompts='auto' is gone"),
         ("target_quantization", "3bit", "target_quantization"),
         ("custom_trees", "{mine2: abc}", "mine2"),
         ("custom_trees", "{mine: [[0], [1.9]]}", "whole numbers"),
@@ -237,3 +239,18 @@ def test_an_outputs_folder_that_fails_mid_run_ends_in_one_line(tmp_path, books, 
     rc = runner.main(["run", "cpu", "--notebooks-folder", str(books), "--outputs", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 2 and "cannot write " in err and "No space left on device" in err and "resume" in err, err
+
+
+def test_a_malformed_prompts_file_is_refused_before_anything_runs_and_a_good_one_is_made_absolute(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(runner, "install_models", lambda resolved: pytest.fail("a model was installed"))
+    monkeypatch.chdir(tmp_path)  # the file named from where the command is typed, not the notebooks' folder
+    (tmp_path / "mine.jsonl").write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\n{not json\n')
+    argv = ["run", "smoke", "--notebook", "01_tree_shapes", "--outputs", str(tmp_path / "out")]
+    assert runner.main([*argv, "-p", "prompts", "mine.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "prompts" in err and "mine.jsonl:2: not a Spec-Bench record" in err and "nothing was run" in err, err
+    (tmp_path / "mine.jsonl").write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\n')
+    resolved = runner.resolve("smoke", {"prompts": "mine.jsonl"}, [], [runner.NOTEBOOKS / "01_tree_shapes.ipynb"])
+    assert resolved["01_tree_shapes"]["prompts"] == str(tmp_path / "mine.jsonl")

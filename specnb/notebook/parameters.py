@@ -46,6 +46,7 @@ from ..drafters.methods import parse_method
 from ..experiments.checks import ParameterError
 from ..experiments.long_generation import TARGET_ALONE
 from ..io.models import QUANTIZATIONS
+from ..io.prompts import SOURCES, source_prompts
 from ..kernels.cpu_linear import LINEAR_PATHS
 
 MAX_TREE_NODES = MAX_NODES  # any budget, tree size or node count (`core.tree_spec`)
@@ -182,6 +183,28 @@ class Text(Rule):
         if not isinstance(value, str):
             return "not a string"
         return "" if self.nonempty and not value.strip() else None
+
+
+@dataclass(frozen=True)
+class PromptSource(Rule):
+    """A named prompt source or a JSONL file that exists and parses (`io.prompts.source_prompts`),
+    read here so that a missing or malformed file is refused before any model loads."""
+
+    types: ClassVar[tuple[str, ...]] = ("str",)
+
+    def allowed(self) -> str:
+        return f"{' or '.join(repr(s) for s in SOURCES)}, or the path of a Spec-Bench-style JSONL file"
+
+    def fault(self, value: Any, ctx: Context) -> str | None:
+        if not isinstance(value, str) or not value.strip():
+            return ""
+        if value in SOURCES:
+            return None
+        try:
+            source_prompts(value)
+        except (OSError, ValueError) as e:  # PromptRequestError is a ValueError
+            return str(e)
+        return None
 
 
 @dataclass(frozen=True)
@@ -386,7 +409,7 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "cpu_linear": OneOf(LINEAR_PATHS),
         "pairs": Pairs(),
         # prompts and generation
-        "prompts": Text(nonempty=True),
+        "prompts": PromptSource(),
         "categories": Each(Text(nonempty=True)),
         "per_category": COUNT,
         "max_prompts": COUNT,

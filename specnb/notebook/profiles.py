@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from ..experiments.checks import ParameterError
+from ..io.prompts import SOURCES
 from . import parameters
 from .places import NOTEBOOKS, PROFILES
 
@@ -172,6 +173,15 @@ def resolve(
         resolved[stem].update({k: v for k, v in overrides.items() if k in declared[stem]})
         if "profile" in declared[stem]:
             resolved[stem]["profile"] = profile
+        prompts = resolved[stem].get("prompts")
+        if (
+            isinstance(prompts, str)
+            and prompts not in SOURCES
+            and prompts.strip()
+            and Path(prompts).expanduser().exists()
+        ):
+            # a file named from where the command was typed: the kernel runs in the notebooks' folder
+            resolved[stem]["prompts"] = str(Path(prompts).expanduser().absolute())
     return resolved
 
 
