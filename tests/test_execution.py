@@ -2,7 +2,8 @@
 notebook (no model): each ends in one line and a record, never a traceback, and takes its kernel
 with it (`specnb.notebook.execution`).
 
-    a dead kernel            failed, "the kernel died (killed by SIGKILL), most likely out of memory"
+    a dead kernel            failed, "the kernel died (killed by SIGKILL)", and whether the
+                             out-of-memory killer's count moved
     Ctrl-C, SIGTERM, SIGHUP  interrupted, rerun resumes the same folder
     the runner SIGKILLed     its kernel ends by itself within seconds (ipykernel's parent poller)
     a second run             refused while a live run holds the folder, naming it
@@ -23,6 +24,7 @@ import pytest
 from conftest import processes_under, tiny_notebook, wait_for_no_process_under
 
 from specnb.notebook import runner
+from specnb.notebook.execution import death, oom_kills
 
 TINY = """import os, signal, time
 from pathlib import Path
@@ -85,11 +87,21 @@ def test_a_dead_kernel_is_a_failed_record_with_its_cause(tmp_path, books):
     proc = start(books, outputs, "kill", log)
     assert proc.wait(180) == 1, log.read_text()
     text = log.read_text()
-    assert "!! 01_tiny FAILED: the kernel died (killed by SIGKILL)" in text and "out of memory" in text, text
+    assert "!! 01_tiny FAILED: the kernel died (killed by SIGKILL)" in text, text
+    # the kernel killed itself: where the out-of-memory count is readable it did not move, and the message says so
+    said = "not by the out-of-memory killer" if oom_kills() is not None else "most likely out of memory"
+    assert said in text, text
     assert "Traceback" not in text, text
     record = record_of(outputs)
     assert record["status"] == "failed" and record["error"].startswith("the kernel died (killed by SIGKILL)")
     assert "| failed |" in (outputs / "index.md").read_text()
+
+
+def test_a_sigkill_is_blamed_on_memory_only_where_the_out_of_memory_count_moved():
+    assert "out of memory: the out-of-memory killer ended it" in death(-signal.SIGKILL, 3, 4)
+    assert "not by the out-of-memory killer" in death(-signal.SIGKILL, 3, 3)
+    assert "most likely out of memory" in death(-signal.SIGKILL, None, None)  # no count to read
+    assert death(-signal.SIGSEGV, 3, 3) == "the kernel died (killed by SIGSEGV); rerun to resume"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])

@@ -152,7 +152,13 @@ def death(exit_code: int | None, oom_before: int | None, oom_after: int | None) 
             how = f"killed by signal {-exit_code}"
     else:
         how = f"exited with code {exit_code}" if exit_code is not None else "stopped answering"
-    oom = oom_before is not None and oom_after is not None and oom_after > oom_before
+    counted = oom_before is not None and oom_after is not None
+    oom = counted and oom_after > oom_before
+    if exit_code == -signal.SIGKILL and counted and not oom:
+        return (
+            f"the kernel died ({how}), not by the out-of-memory killer (its count, /proc/vmstat oom_kill, did not "
+            "move): another process or a limit of the machine (a job scheduler, a container) sent it; rerun to resume"
+        )
     if oom or exit_code == -signal.SIGKILL:
         cause = (
             "out of memory: the out-of-memory killer ended it"
