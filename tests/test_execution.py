@@ -12,8 +12,10 @@ And the README's parameters that cannot work, refused by the runner before any m
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import processes_under, tiny_notebook, wait_for_no_process_under
 
+from specnb.io.storage import write_json
 from specnb.notebook import runner
 from specnb.notebook.execution import death, oom_kills
 
@@ -266,3 +269,48 @@ def test_a_malformed_prompts_file_is_refused_before_anything_runs_and_a_good_one
     (tmp_path / "mine.jsonl").write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\n')
     resolved = runner.resolve("smoke", {"prompts": "mine.jsonl"}, [], [runner.NOTEBOOKS / "01_tree_shapes.ipynb"])
     assert resolved["01_tree_shapes"]["prompts"] == str(tmp_path / "mine.jsonl")
+
+
+def test_a_disk_too_full_to_start_on_is_refused_leaving_nothing(tmp_path, books, capsys, monkeypatch):
+    outputs = tmp_path / "out"
+    full = shutil.disk_usage(tmp_path)._replace(free=10 * 2**20)
+    monkeypatch.setattr(runner.shutil, "disk_usage", lambda path: full)
+    for name, value in RUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert runner.main(run_args(books, outputs, "ok")) == 2
+    err = capsys.readouterr().err
+    assert f"runs cannot be written to {outputs}: 10 MB free on its disk" in err and "nothing was run" in err, err
+    assert not outputs.exists(), "no empty run folder, no lock left behind"
+
+
+def test_a_disk_that_fills_up_mid_run_leaves_a_failed_record_that_names_the_file_and_the_index(
+    tmp_path, books, capsys, monkeypatch
+):
+    outputs = tmp_path / "out"
+    real = runner._write_record
+
+    def full_disk(nb, folder, record, plan):  # the appendices and the whole record no longer fit
+        real(nb, folder, record, plan)
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / f"{nb.stem}.report.html"))
+
+    monkeypatch.setattr(runner, "_write_record", full_disk)
+    for name, value in RUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert runner.main(run_args(books, outputs, "ok")) == 2
+    err = capsys.readouterr().err
+    assert "cannot write " in err and "01_tiny.report.html: No space left on device" in err, err
+    record = record_of(outputs)
+    assert record["status"] == "failed" and "01_tiny.report.html: No space left on device" in record["error"]
+    assert (outputs / "index.md").exists() and "| failed |" in (outputs / "index.md").read_text()
+
+
+def test_write_json_names_the_file_a_full_disk_refused(tmp_path, monkeypatch):
+    from pathlib import Path as P
+
+    def no_space(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no file named
+
+    monkeypatch.setattr(P, "write_text", no_space)
+    with pytest.raises(OSError) as e:
+        write_json(tmp_path / "params.json", {"a": 1})
+    assert e.value.filename == str(tmp_path / "params.json") and e.value.errno == errno.ENOSPC

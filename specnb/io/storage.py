@@ -87,6 +87,10 @@ def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     try:
         tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e  # a full disk names no file: this one
     finally:
         tmp.unlink(missing_ok=True)
     return path

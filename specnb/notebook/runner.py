@@ -50,6 +50,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,7 @@ from .profiles import (
     strings_in,
 )
 
+MIN_FREE_MB = 200  # free space a run needs under the outputs folder before it starts (`check_outputs`)
 SUMMARY_FILE = "run_summary.json"  # the last run's plan: estimates, actual times, decode step
 SHARED_RUN_ENV = "SPECNB_SHARED_RUN"  # one run's: its notebooks share its curves (`session.shared_folder`)
 REPORT_NOTEBOOK = "07_report"  # once it has run, published as outputs/report.ipynb and exported (`report.publish`)
@@ -207,17 +209,40 @@ def _run_books(
     """Each notebook in its claimed folder; 0 if all finished, 1 if one failed, 130 if the run was
     interrupted (the notebooks after it are not started). Whatever happened, each run's record is
     written and the index rewritten; 07's run is published as the report."""
-    failures, stopped = [], False
     progress = estimate.Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
     summary = {"profile": profile, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {}}
     summary |= {"plan": plan.to_json()} if plan is not None else {}
     os.environ["SPECNB_HEADLESS"] = "1"  # the kernels inherit it: figures without widgets (`session.interact`)
+    try:
+        return _each_book(profile, books, settings, resolved, outputs, folders, plan, progress, summary)
+    finally:  # the index too when the disk filled up mid-run (it is small: it may still fit)
+        with signals_ignored():
+            _write_index(outputs)
+
+
+def _each_book(
+    profile: str,
+    books: list[Path],
+    settings: RunnerSettings,
+    resolved: dict[str, dict[str, Any]],
+    outputs: Path,
+    folders: dict[str, tuple[Path, bool]],
+    plan: Any,
+    progress: Any,
+    summary: dict[str, Any],
+) -> int:
+    """`_run_books`' loop: each notebook run, its record written, the run's summary updated."""
+    failures, stopped = [], False
     for nb in books:
         folder, resumed = folders[nb.stem]
         print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
         record = _execute(nb, profile, resolved[nb.stem], settings, folder)
         with signals_ignored():
-            _write_record(nb, folder, record, plan)
+            try:
+                _write_record(nb, folder, record, plan)
+            except OSError as e:  # the disk filled up: the record says so, if a few bytes still fit
+                _record_failure(folder, record, e)
+                raise
             if record["status"] == "finished" and nb.stem == REPORT_NOTEBOOK:
                 _publish(folder / f"{nb.stem}.ipynb", outputs)
         if record["status"] != "finished":
@@ -236,13 +261,20 @@ def _run_books(
         if record["status"] == "interrupted":
             stopped = True
             break
-    with signals_ignored():
-        _write_index(outputs)
     if REPORT_NOTEBOOK not in [nb.stem for nb in books]:
         print(f"== the report: ./run_notebooks.sh {profile} --notebook {REPORT_NOTEBOOK} (after 01-03)", flush=True)
     if failures:
         print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
     return 130 if stopped else (1 if failures else 0)
+
+
+def _record_failure(folder: Path, record: dict[str, Any], error: OSError) -> None:
+    """params.json rewritten as failed, with why (a small record may fit where the whole one did not);
+    nothing more where even that cannot be written."""
+    said = f"cannot write {error.filename or folder}: {error.strerror or error}"
+    small = {k: record[k] for k in ("notebook", "profile", "parameters", "started", "duration_s") if k in record}
+    with contextlib.suppress(OSError):
+        write_json(folder / "params.json", small | {"status": "failed", "error": said})
 
 
 def _write_record(nb: Path, folder: Path, record: dict[str, Any], plan: Any) -> None:
@@ -330,11 +362,18 @@ def check_outputs(outputs: Path) -> None:
         if not existing.is_dir():
             raise NotADirectoryError(20, "Not a directory", str(existing))
         os.rmdir(tempfile.mkdtemp(prefix=".specnb-write-check-", dir=existing))
+        free = shutil.disk_usage(existing).free
     except OSError as e:
         raise RunnerError(
             f"runs cannot be written to {outputs} ({e.strerror or e}{f': {e.filename}' if e.filename else ''}): "
             "set SPECNB_OUTPUTS (or --outputs) to a folder you can write"
         ) from None
+    if free < MIN_FREE_MB * 2**20:
+        raise RunnerError(
+            f"runs cannot be written to {outputs}: {free / 2**20:.0f} MB free on its disk, a run needs at least "
+            f"{MIN_FREE_MB} MB (executed notebooks, tables, figures): free the disk, or set SPECNB_OUTPUTS (or "
+            "--outputs) to a folder on another"
+        )
 
 
 def check_parameters(books: list[Path], resolved: dict[str, dict[str, Any]]) -> None:
