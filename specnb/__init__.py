@@ -13,11 +13,11 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
     kernels/      fast paths on the CPU that change no result: cpu_linear (linear layers on oneDNN
                   prepacked weights), topk_head (a greedy draft's LM head in bfloat16, its top k
                   rechecked in float32)
-    core/         the exact speculative step on stock models: trees, tree_spec (trees users write, the
-                  lines engines read), masks, cache, sampling, forward,
+    core/         the exact speculative step on stock models: trees, masks, cache, sampling, forward,
                   verification, acceptance, drafting, runtime, generation, streaming, ragged, batch
     io/           model sources and loading, embedded models, hub configs, prompts, result storage,
-                  Medusa and EAGLE checkpoints in their published layouts
+                  Medusa and EAGLE checkpoints in their published layouts, tree_spec (trees users
+                  write), engines (the lines serving engines read)
     drafters/     every drafter beyond a plain draft model: dynamic trees, n-grams, self-drafts,
                   merged drafts, adaptive length, cross-tokenizer drafts, Medusa and EAGLE heads
     analysis/     pure or cheap computations on collected data: metrics, quality, collection,

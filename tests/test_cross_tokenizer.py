@@ -617,13 +617,13 @@ def test_a_cross_tokenizer_collection_is_redrafted(vocabs, tmp_path):
 def test_a_custom_tree_is_redrafted_as_it_runs_across_tokenizers(vocabs, tmp_path):
     """A tree the user writes, on a pair of two tokenizers: re-drafted beside the presets from one
     collection, and an end-to-end xtok run of it (the method naming it) agrees step for step."""
-    from specnb.core.tree_spec import parse_custom_trees
     from specnb.drafters.methods import trees_for
     from specnb.experiments import redraft_study, replay_study
     from specnb.experiments import sweeps as ex
     from specnb.experiments.pairs import PairModels
     from specnb.io.prompts import Prompt
     from specnb.io.storage import Sweep
+    from specnb.io.tree_spec import parse_custom_trees
 
     t, d, tt, dt = vocabs
     target, draft = pair("bigram_other_word", t, d)

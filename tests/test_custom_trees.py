@@ -17,11 +17,11 @@ from specnb.analysis.collection import CollectConfig
 from specnb.analysis.cost_model import cost_table, expected_tau
 from specnb.bench.attention_grid import GRID_KEY, GridConfig, HeadShape, grid, grid_table, run_grid, speedup_table
 from specnb.bench.verify_curve import CURVE_KEY, CurveConfig, curve_table, verify_curve
-from specnb.core.tree_spec import TreeSpecError, parse_custom_trees
 from specnb.drafters.methods import budget_axis, method_of, method_trees, parse_method, trees_for, with_custom_trees
 from specnb.experiments.collect import collect
 from specnb.experiments.pairs import Pair
 from specnb.io.storage import Sweep
+from specnb.io.tree_spec import TreeSpecError, parse_custom_trees
 
 ROOT = Path(__file__).resolve().parents[1]
 CUSTOM = parse_custom_trees({"mine": [[0], [1], [0, 0], [0, 0, 0]], "two_one": {"branching": [2, 1]}})

@@ -1,5 +1,5 @@
 """Each serving engine's rules, re-implemented here from the engine's own source (file and commit in
-each test), against specnb's lines (`core.engines`): a line is given only where the engine drafts
+each test), against specnb's lines (`io.engines`): a line is given only where the engine drafts
 exactly the tree specnb verified, and otherwise the entry says why. The example is the tree a cpu main
 job once recommended with a vLLM line vLLM cannot draft: kary3 at 8 nodes."""
 
@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from specnb.core.engines import (
+from specnb.core.trees import Tree
+from specnb.io.engines import (
     CHOICES_TOPK,
     ENGINES,
     choices_line,
@@ -20,7 +21,6 @@ from specnb.core.engines import (
     trtllm_line,
     vllm_line,
 )
-from specnb.core.trees import Tree
 
 KARY3_8 = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)])
 PRESETS = [Tree.preset(s, n) for s in ("chain", "kary2", "kary3", "wide", "beams2", "sparse") for n in (1, 2, 4, 8, 16)]

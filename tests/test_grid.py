@@ -11,7 +11,6 @@ import pytest
 from vocabularies import D_VOCAB, T_VOCAB, TEXT, bigram_llama, draft_tokenizer, target_tokenizer
 
 from specnb.analysis import ranking
-from specnb.core.tree_spec import ShapeRule, parse_custom_shapes
 from specnb.drafters.methods import DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K
 from specnb.experiments import grid, tables
 from specnb.experiments import sweeps as ex
@@ -19,6 +18,7 @@ from specnb.experiments.pairs import Pair
 from specnb.experiments.replay_study import PairCollectConfig
 from specnb.io.prompts import Prompt
 from specnb.io.storage import Sweep
+from specnb.io.tree_spec import ShapeRule, parse_custom_shapes
 from specnb.notebook import readings
 
 OTHER_TEXT = " the cat sat on the mat hello the"  # a second bigram text: a draft that disagrees at places

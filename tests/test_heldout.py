@@ -14,9 +14,9 @@ import pytest
 from specnb import Tree
 from specnb.analysis import engine_choice, heldout, replay, spread
 from specnb.analysis.collection import CollectConfig, Collection, PromptData
-from specnb.core.engines import ENGINES, level_widths
 from specnb.experiments import replay_study
 from specnb.io import tree_results
+from specnb.io.engines import ENGINES, level_widths
 
 LENGTH = 24
 
@@ -200,7 +200,7 @@ def test_a_measured_speed_outside_the_expected_interval_is_said():
 
 def test_each_engine_gets_the_fastest_tree_it_drafts_as_verified():
     """`engine_choice.static_trees`: per engine that takes a static tree, the fastest row whose tree it drafts
-    as verified (`core.engines`), and what that gives up against the fastest row of all."""
+    as verified (`io.engines`), and what that gives up against the fastest row of all."""
     trees = {**PRESETS, ("wide", 4): Tree.wide(4), ("two_two", 4): Tree.from_branching([2, 1])}
     c = collection(odd=2, same=4)
     held = heldout.score(c, trees, [4], k=3, seed=0)

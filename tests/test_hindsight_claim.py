@@ -10,9 +10,9 @@ import pandas as pd
 
 from specnb.analysis import heldout
 from specnb.analysis.collection import CollectConfig, Collection, PromptData
-from specnb.core.tree_spec import parse_custom_trees
 from specnb.drafters.methods import budget_axis, trees_for
 from specnb.experiments import replay_study
+from specnb.io.tree_spec import parse_custom_trees
 from specnb.notebook import readings
 
 LENGTH = 24

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from specnb import Tree
-from specnb.core.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 from specnb.drafters.methods import budget_axis, method_trees, parse_method, trees_for, with_custom_trees
 from specnb.experiments import sweeps as ex
 from specnb.experiments import tables
 from specnb.experiments.pairs import PairModels
 from specnb.io.prompts import Prompt
 from specnb.io.storage import Sweep
+from specnb.io.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 
 
 def test_method_specs_parse_and_refuse_clearly():
@@ -37,8 +37,8 @@ def test_method_specs_parse_and_refuse_clearly():
 def test_every_drafter_name_has_a_builder_and_a_transformers_method_none():
     """`methods.BUILDERS` is the registry `build_drafter` dispatches on: one builder per drafter name a
     spec can carry, and transformers' methods refused (they run in `bench.baselines`)."""
-    from specnb.core.tree_spec import DRAFTERS, HF_METHODS
     from specnb.drafters.methods import BUILDERS, DYNAMIC, build_drafter
+    from specnb.io.tree_spec import DRAFTERS, HF_METHODS
 
     assert set(BUILDERS) == {*DRAFTERS, DYNAMIC} and not set(BUILDERS) & set(HF_METHODS)
     with pytest.raises(ValueError, match="transformers method"):

@@ -21,8 +21,8 @@ import pytest
 from conftest import smoke_ray_error, tiny_notebook
 from papermill.translators import PythonTranslator
 
-from specnb.core.tree_spec import ShapeRule
 from specnb.experiments.grid import COLUMNS as GRID_COLUMNS
+from specnb.io.tree_spec import ShapeRule
 from specnb.notebook import runner
 from specnb.notebook.legibility import saved_problems
 

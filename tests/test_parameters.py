@@ -245,7 +245,7 @@ def test_methods_may_name_the_notebooks_custom_trees_only():
 
 
 def test_a_bad_custom_tree_spec_is_left_to_tree_spec():
-    # a rank gap is core.tree_spec's to report (the runner and show_trees do); methods are then checked as strings
+    # a rank gap is io.tree_spec's to report (the runner and show_trees do); methods are then checked as strings
     gap = {"mine": [[0], [2]]}
     check_parameters(BY_STEM["02_model_pairs"], defaults("02_model_pairs", custom_trees=gap, methods=["mine"]))
 

@@ -38,10 +38,10 @@ from specnb.analysis.replay import (
 from specnb.analysis.tree_design import hindsight_trees, prefix_value, sequoia_trees
 from specnb.core.drafting import ModelDrafter
 from specnb.core.sampling import SamplingConfig
-from specnb.core.tree_spec import parse_custom_trees
 from specnb.drafters.methods import trees_for
 from specnb.experiments.collect import collect
 from specnb.io.models import truncate_layers
+from specnb.io.tree_spec import parse_custom_trees
 
 MAX_NEW = 24
 

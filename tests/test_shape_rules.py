@@ -1,4 +1,4 @@
-"""Shapes of the user's that fill any budget (`core.tree_spec.ShapeRule`, the {"widths": [...]} spec):
+"""Shapes of the user's that fill any budget (`io.tree_spec.ShapeRule`, the {"widths": [...]} spec):
 hand-checked fills, the full tree equal to `Tree.from_branching`, every fill a valid gap-free tree of
 exactly n nodes equal to a brute-force sort of whole levels, fills nested as the budget grows, and
 bad specs refused with what to change."""
@@ -10,15 +10,8 @@ import math
 
 import pytest
 
-from specnb.core.tree_spec import (
-    MAX_NODES,
-    ShapeRule,
-    TreeSpecError,
-    parse_custom_shapes,
-    parse_custom_trees,
-    parse_tree,
-)
 from specnb.core.trees import Tree
+from specnb.io.tree_spec import MAX_NODES, ShapeRule, TreeSpecError, parse_custom_shapes, parse_custom_trees, parse_tree
 
 WIDTHS = [(1,), (2,), (5,), (2, 1), (3, 2), (1, 3), (2, 2, 2), (3, 2, 1), (4, 1, 2), (2, 3, 1, 2), (1, 1, 4)]
 

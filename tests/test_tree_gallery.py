@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from specnb.core.tree_spec import ShapeRule
 from specnb.core.trees import Tree
+from specnb.io.tree_spec import ShapeRule
 from specnb.notebook import plots
 from specnb.notebook.legibility import saved_problems
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from specnb.core.tree_spec import TreeSpecError, parse_custom_trees, parse_tree
 from specnb.core.trees import Tree
+from specnb.io.tree_spec import TreeSpecError, parse_custom_trees, parse_tree
 
 PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]]
 

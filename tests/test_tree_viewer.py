@@ -1,10 +1,10 @@
 """Notebook 01's tree viewer offers exactly the (shape, budget) pairs the sweep built
 (`replay_study.tree_choices`): a custom tree only at its node count, even one that is no budget."""
 
-from specnb.core.tree_spec import parse_custom_trees
 from specnb.core.trees import Tree
 from specnb.drafters.methods import budget_axis, trees_for
 from specnb.experiments.replay_study import tree_choices
+from specnb.io.tree_spec import parse_custom_trees
 
 
 def test_viewer_offers_every_built_tree_and_nothing_else():

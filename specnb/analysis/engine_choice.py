@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..core.engines import ENGINES, trtllm_dynamic_line
 from ..core.trees import Tree
+from ..io.engines import ENGINES, trtllm_dynamic_line
 from . import replay, spread
 from .collection import Collection
 from .cost_model import step_cost
@@ -54,7 +54,7 @@ RULES = {  # each engine's rule in a line (the files and commits it was read fro
 
 
 def static_trees(speed: pd.DataFrame, trees: Mapping[tuple[str, int], Tree]) -> pd.DataFrame:
-    """For each engine that takes a static tree (`core.engines`), the fastest row of `speed` (`choose`:
+    """For each engine that takes a static tree (`io.engines`), the fastest row of `speed` (`choose`:
     expected tokens/s with held-out tau) whose tree the engine drafts as verified, its line, and what
     it gives up against the fastest row of all (speed-up and expected tau); a row with no shape where
     the engine takes none of the trees; then current vLLM's chain ("vllm_chain", `vllm_chain`)."""

@@ -4,7 +4,7 @@ prefix length, draft tokens and tree shape.
     HeadShape, head_shape      attention heads x head size of a real model, read from its config
                                (any embedded model, hub id or folder; no weights), or given
     GridPoint, grid, run_grid  the grid (batch x prefix x draft tokens x tree shape; a custom tree,
-                               `core.tree_spec`, at its own node count), stored in a resumable
+                               `io.tree_spec`, at its own node count), stored in a resumable
                                `Sweep`, one row per (point, implementation); visited in a shuffled
                                order, each point warmed up until its calls settle
     grid_table, speedup_table  per grid point: per-sequence / tree time, tree / plain causal time

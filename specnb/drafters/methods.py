@@ -24,10 +24,10 @@ A method spec is `[drafter/]shape:budget`:
                                     tokenizer, 4 of its own tokens per step
     hf_prompt_lookup:4              transformers prompt lookup, 4 draft tokens per step
 
-A tree the user writes (`core.tree_spec`: `custom_trees`, name -> spec) is a shape like a preset's,
+A tree the user writes (`io.tree_spec`: `custom_trees`, name -> spec) is a shape like a preset's,
 given to the parser as `custom` (name -> `Tree`): "mine", "ngram/mine", "xtok/mine" fill it; its
 budget is its node count, so the budget may be left out ("mine" = "mine:6" for a 6-node tree). A
-shape rule of the user's (`core.tree_spec.ShapeRule`, `{widths: [...]}`) is given the same way
+shape rule of the user's (`io.tree_spec.ShapeRule`, `{widths: [...]}`) is given the same way
 (name -> `ShapeRule`) and behaves as a preset: "grow:8" is its fill of 8 nodes.
 
 Methods that put the draft model's token ids in the target's tree need the two to share a
@@ -49,8 +49,8 @@ import torch
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.sampling import TypicalAcceptance
 from ..core.streaming import StreamingCache
-from ..core.tree_spec import DRAFTERS, HF_METHODS, PRESET, ShapeRule
 from ..core.trees import Tree
+from ..io.tree_spec import DRAFTERS, HF_METHODS, PRESET, ShapeRule
 from .cross_tokenizer import CrossTokenizerDrafter
 from .draft_length import AdaptiveLength
 from .dynamic import DynamicTreeDrafter
@@ -138,7 +138,7 @@ Custom = Mapping[str, "Tree | ShapeRule"]  # the user's trees and shape rules by
 
 def parse_method(spec: str, custom: Custom | None = None) -> Method:
     """A `Method` from its spec (module docstring); a ValueError names the accepted forms.
-    custom: the user's trees and shape rules by name (`core.tree_spec.parse_custom_trees`,
+    custom: the user's trees and shape rules by name (`io.tree_spec.parse_custom_trees`,
     `parse_custom_shapes`), shapes beside the presets."""
     m = _SPEC.match(spec.strip())
     if not m:

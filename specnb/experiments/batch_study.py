@@ -145,7 +145,7 @@ class BatchMethods:
     draft: torch.nn.Module
     pad_token_id: int  # transformers' batched generate pads with it (left padding)
     k: int = 4  # draft tokens per step of transformers' assisted generation
-    custom: Mapping[str, Tree] | None = None  # the user's trees by name, which specs may name (`core.tree_spec`)
+    custom: Mapping[str, Tree] | None = None  # the user's trees by name, which specs may name (`io.tree_spec`)
 
     def run(self, name: str, prompts: Sequence[torch.Tensor], max_new_tokens: int) -> BatchResult | str:
         """Method `name` on `prompts` (one row each), EOS ignored; a string: the method refused the batch."""

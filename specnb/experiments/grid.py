@@ -23,11 +23,11 @@ import pandas as pd
 
 from ..analysis import heldout, ranking, replay
 from ..analysis.collection import Collection
-from ..core.tree_spec import ShapeRule
 from ..core.trees import Tree
 from ..drafters.methods import CROSS, DYNAMIC, budget_axis, parse_method, trees_for
 from ..io.prompts import Prompt
 from ..io.storage import Sweep
+from ..io.tree_spec import ShapeRule
 from .collect import CollectReport
 from .pairs import Pair, PairModels
 from .redraft_study import Redrafter, redrafter

@@ -48,7 +48,6 @@ from ..analysis.replay import replay, replay_dynamic
 from ..core.drafting import Drafter, ModelDrafter
 from ..core.generation import autoregressive_generate, speculative_generate
 from ..core.sampling import SamplingConfig, TypicalAcceptance
-from ..core.tree_spec import PRESET
 from ..core.trees import Tree
 from ..drafters.dynamic import DynamicTreeDrafter
 from ..drafters.eagle import EagleDrafter, EagleDynamicDrafter, EagleHead
@@ -56,6 +55,7 @@ from ..drafters.medusa import MedusaDrafter, MedusaHeads
 from ..io.models import load_tokenizer, prompt_format, prompt_ids
 from ..io.prompts import Prompt, load_prompts
 from ..io.sources import check_sources
+from ..io.tree_spec import PRESET
 from ..training.eagle import EagleConfig, TrainedEagle
 from ..training.eagle import train_or_load as train_eagle
 from ..training.medusa import (
@@ -191,7 +191,7 @@ def budget_trees(
     budgets: Sequence[int], depth: int, accuracy: Sequence[Sequence[float]], custom: Mapping[str, Tree] | None = None
 ) -> dict[tuple[str, int], Tree]:
     """`shape_trees` for every budget (Medusa's own tree and Sequoia's per-depth tree included), and
-    each custom tree (name -> `Tree`, `core.tree_spec`) keyed (name, its node count)."""
+    each custom tree (name -> `Tree`, `io.tree_spec`) keyed (name, its node count)."""
     out: dict[tuple[str, int], Tree] = {}
     for b in budgets:
         out.update(shape_trees(int(b), depth, accuracy))
@@ -250,7 +250,7 @@ def tau_table(
 ) -> pd.DataFrame:
     """tau by drafter, tree and budget (greedy, the trajectory a real run visits): `static`, per
     drafter, its collection and the static trees it fills (replayed; `kind` "designed" for Medusa's
-    own and Sequoia's trees, "custom" for the user's (`core.tree_spec`), else "preset"; a tree
+    own and Sequoia's trees, "custom" for the user's (`io.tree_spec`), else "preset"; a tree
     deeper than a head collection or of ranks it did not store is left out); `dynamic`, per drafter
     with super-trees, its collection and budgets (replayed dynamic trees). Column `source` is
     "replay"; `with_measured` adds real runs."""

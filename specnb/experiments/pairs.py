@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from ..core.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..core.trees import Tree
 from ..drafters.methods import method_trees
 from ..drafters.retokenize import TokenText
 from ..io.models import ModelPair
+from ..io.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Pair(ModelPair):
     dynamic_budgets: tuple[int, ...] | None = None
     grid_prompts: int | None = None  # the grid on the first N prompts only
     # the user's trees and shape rules its methods may name ((name, Tree or ShapeRule) pairs; given
-    # as a mapping of names to those or to specs, `core.tree_spec`)
+    # as a mapping of names to those or to specs, `io.tree_spec`)
     custom_trees: tuple[tuple[str, Tree | ShapeRule], ...] = ()
 
     def __post_init__(self) -> None:

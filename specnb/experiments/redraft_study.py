@@ -1,7 +1,7 @@
 """Cross-tokenizer collections are re-drafted, not replayed (`analysis.redraft`): a collection of a
 pair whose vocabularies differ holds the target's continuation only, and each tree is drafted again
 in the draft's own tokens along it, every prompt at once. `redrafter` makes the drafting of a (shape,
-budget, tree) for that many prompts: a preset, a custom tree (`core.tree_spec`) or "dynamic";
+budget, tree) for that many prompts: a preset, a custom tree (`io.tree_spec`) or "dynamic";
 `steps_of` gives a tree's steps from any collection (replayed, or re-drafted);
 `redraft_table` is the replay table of a cross-tokenizer collection, with the same intervals."""
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.engines import ENGINE_NAMES, deploy_lines
 from ..core.trees import Tree
+from .engines import ENGINE_NAMES, deploy_lines
 from .storage import read_json, write_json
 
 RESULTS_FILE = "tree_results.json"
@@ -89,7 +89,7 @@ class TreeResults:
 
     @property
     def deploy(self) -> dict[str, str]:
-        """The recommended tree's line per engine, or "not accepted: why" (`core.engines.deploy_lines`);
+        """The recommended tree's line per engine, or "not accepted: why" (`io.engines.deploy_lines`);
         empty without one."""
         if not self.recommendation:
             return {}

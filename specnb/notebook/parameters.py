@@ -23,7 +23,7 @@ notebook's own default, or its first items for a long list).
 Types, from the annotation: int (a bool is not one), float (an int is one), str, bool, list, dict,
 Optional[X] (None or X), Union[X, Y]. Values come from YAML, so `-p max_new_tokens abc` arrives as
 the string "abc" and `-p lr 1e-3` as the string "1e-3" (YAML 1.1); both are refused by type.
-Custom tree specs are `core.tree_spec`'s to check; here only that they come as a mapping.
+Custom tree specs are `io.tree_spec`'s to check; here only that they come as a mapping.
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ from typing import Any, ClassVar
 from ..bench.attention import CAUSAL, IMPLEMENTATIONS
 from ..bench.attention_grid import EXPLICIT_SHAPE, head_shape
 from ..core.streaming import POSITIONS
-from ..core.tree_spec import MAX_NODES, PRESET, ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..core.trees import Tree
 from ..drafters.methods import parse_method
 from ..experiments.checks import ParameterError
 from ..experiments.long_generation import TARGET_ALONE
 from ..io.models import QUANTIZATIONS
 from ..io.prompts import SOURCES, source_prompts
+from ..io.tree_spec import MAX_NODES, PRESET, ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..kernels.cpu_linear import LINEAR_PATHS
 
-MAX_TREE_NODES = MAX_NODES  # any budget, tree size or node count (`core.tree_spec`)
+MAX_TREE_NODES = MAX_NODES  # any budget, tree size or node count (`io.tree_spec`)
 MAX_NEW_TOKENS = 8192  # tokens generated per prompt (and distilled per training prompt)
 MAX_CHILDREN = 64  # children per node of grown trees (super-trees, EAGLE-2's dynamic trees: 10)
 MAX_DEPTH = 16  # depth of grown trees and Medusa heads (EAGLE-2: 6, Medusa's published heads: 5)
@@ -78,7 +78,7 @@ MAX_SHOWN = 4  # bad items of one list shown in its message
 @dataclass(frozen=True)
 class Context:
     """What some rules need besides the value: the notebook, and its custom trees by name (None where
-    they do not parse: `core.tree_spec` reports that, and method specs are then checked as strings)."""
+    they do not parse: `io.tree_spec` reports that, and method specs are then checked as strings)."""
 
     notebook: str
     custom: Mapping[str, Tree | ShapeRule] | None
@@ -245,7 +245,7 @@ class Each(Rule):
 
 
 def _shape_fault(shape: Any) -> str | None:
-    """What is wrong with a tree preset name (`core.tree_spec.PRESET`, `Tree.preset`), its k bounded."""
+    """What is wrong with a tree preset name (`io.tree_spec.PRESET`, `Tree.preset`), its k bounded."""
     if not isinstance(shape, str) or not PRESET.match(shape):
         return f"{_show(shape)} is not a preset"
     k = shape.lstrip("abcdefghijklmnopqrstuvwxyz")
@@ -328,14 +328,14 @@ class HeadShape(Rule):
 
 @dataclass(frozen=True)
 class CustomTrees(Rule):
-    """Trees by name: None or a mapping. Each spec (its paths, its size) is `core.tree_spec`'s to
+    """Trees by name: None or a mapping. Each spec (its paths, its size) is `io.tree_spec`'s to
     check, before any model loads (the runner's check and the notebooks' `show_trees`)."""
 
     types: ClassVar[tuple[str, ...]] = ("dict",)
     none_ok: ClassVar[bool] = True
 
     def allowed(self) -> str:
-        return "a mapping of names to tree specs (core.tree_spec), e.g. {'mine': {'branching': [2, 1]}}"
+        return "a mapping of names to tree specs (io.tree_spec), e.g. {'mine': {'branching': [2, 1]}}"
 
     def fault(self, value: Any, ctx: Context) -> str | None:
         return None if isinstance(value, dict) else ""

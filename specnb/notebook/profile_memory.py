@@ -38,11 +38,11 @@ from ..analysis.memory import (
     medusa_heads_bytes,
     parameter_count,
 )
-from ..core.tree_spec import TreeSpecError, parse_custom_trees
 from ..core.trees import Tree
 from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
 from ..io.published import published_checkpoints
+from ..io.tree_spec import TreeSpecError, parse_custom_trees
 from .profiles import RunnerError, hub_models, notebooks, published_heads, resolve
 from .run_memory import PART_NAMES, RunMemory, estimate_run, gb
 

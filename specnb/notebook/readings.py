@@ -37,7 +37,7 @@ import pandas as pd
 from ..analysis.heldout import Choice, preset_gaps
 from ..analysis.spread import MIN_PROMPTS
 from ..bench.verify_curve import curve_shape
-from ..core.engines import ENGINE_NAMES, deploy_lines
+from ..io.engines import ENGINE_NAMES, deploy_lines
 from ..io.tree_results import Earlier
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ def _bracket(low: float, high: float) -> str:
 
 
 def deploy_reading(choice: Choice) -> str:
-    """The chosen tree's line for each serving engine, or why it cannot take it (`core.engines`), as markdown."""
+    """The chosen tree's line for each serving engine, or why it cannot take it (`io.engines`), as markdown."""
     lines = [
         f"- {ENGINE_NAMES[name]}: `{line.line}` ({line.note})"
         if line.line is not None

@@ -75,7 +75,6 @@ from ..analysis.memory import (
     medusa_heads_bytes,
     weight_bytes,
 )
-from ..core.tree_spec import TreeSpecError, parse_custom_trees
 from ..core.trees import SPARSE_ACCEPTANCE, Tree
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K, parse_method
 from ..experiments.checks import ParameterError
@@ -84,6 +83,7 @@ from ..io.eagle_checkpoint import PublishedEagle
 from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, known_models
 from ..io.published import published_checkpoints
+from ..io.tree_spec import TreeSpecError, parse_custom_trees
 
 RUNTIME = {"cpu": int(1.0 * GB), "cuda": int(0.5 * GB)}  # interpreter + torch + transformers; the CUDA context
 SUPER_CHUNK = 8  # positions whose super-tree nodes share one draft forward (`CollectConfig.super_chunk`)

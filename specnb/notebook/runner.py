@@ -60,12 +60,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..core.tree_spec import TreeSpecError, parse_custom_trees
 from ..experiments.checks import ParameterError
 from ..io.embedded import EMBEDDED_MODELS, NotEnoughDiskError, install
 from ..io.model_configs import hub_model
 from ..io.sources import TOKEN_HELP, offline, token_visible
 from ..io.storage import environment, read_json, write_json
+from ..io.tree_spec import TreeSpecError, parse_custom_trees
 from . import estimate, parameters, run_memory
 from .dryrun import install_standins
 from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
@@ -419,7 +419,7 @@ def install_models(resolved: dict[str, dict[str, Any]]) -> None:
 
 def check_custom_trees(resolved: dict[str, dict[str, Any]]) -> None:
     """RunnerError, before anything runs, when a notebook's `custom_trees` holds a spec that is not a
-    tree (`core.tree_spec`); the notebooks refuse it again in their set-up cells."""
+    tree (`io.tree_spec`); the notebooks refuse it again in their set-up cells."""
     for stem, params in resolved.items():
         try:
             parse_custom_trees(params.get("custom_trees"))

@@ -16,7 +16,7 @@
 `record(run, key, value)` adds what the notebook learns while it runs to params.json (the runner
 keeps it when it writes the run's status); `show_prompts(run, summary)` prints a prompt set's
 summary (source, count, prompts per category) and records it under "prompts";
-`show_trees(run, custom_trees)` parses the user's own trees (`core.tree_spec`: a bad spec is refused
+`show_trees(run, custom_trees)` parses the user's own trees (`io.tree_spec`: a bad spec is refused
 there, before any model loads), prints them and records their rank paths under "custom_trees".
 
 `interact(**options)` decorates a figure function: a widget (ipywidgets.interact) in Jupyter or
@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from ..core.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
+from ..io.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
 from .parameters import check_parameters
 from .places import NOTEBOOKS, default_outputs
 from .profiles import declared_parameters, resolve, strings_in
@@ -202,9 +202,9 @@ def show_prompts(run: str | Path, summary: PromptSummary, key: str = "prompts") 
 
 def show_trees(run: str | Path, specs: Any, rules: bool = False) -> dict[str, Tree | ShapeRule]:
     """The notebook's `custom_trees` (name -> spec) as trees, refused with what to change if a spec
-    is not one (`core.tree_spec.TreeSpecError`); each printed with its size and rank paths and
+    is not one (`io.tree_spec.TreeSpecError`); each printed with its size and rank paths and
     recorded in params.json under "custom_trees". `rules`: the notebook fills shape rules
-    (`{widths: [...]}`, `core.tree_spec.ShapeRule`) to every budget, and they are returned beside the
+    (`{widths: [...]}`, `io.tree_spec.ShapeRule`) to every budget, and they are returned beside the
     trees (recorded under "custom_shapes"); elsewhere a rule is named as not measured here."""
     trees, shapes = parse_custom_trees(specs), parse_custom_shapes(specs)
     if trees:

@@ -44,12 +44,12 @@ from transformers import Qwen2Config
 
 from ..analysis.memory import FLOAT16_BYTES, LONGEST_PROMPT, download_bytes, weight_bytes
 from ..bench.attention_grid import head_shape
-from ..core.tree_spec import TreeSpecError
 from ..core.trees import Tree
 from ..drafters.methods import budget_axis, parse_method, trees_for, with_custom_trees
 from ..experiments.long_generation import TARGET_ALONE
 from ..io.model_configs import config_of, hub_model
 from ..io.published import published_checkpoints
+from ..io.tree_spec import TreeSpecError
 from .profile_memory import custom_trees_of, profile_downloads, published_download, resolved
 from .profiles import RunnerError
 

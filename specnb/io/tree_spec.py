@@ -1,4 +1,4 @@
-"""Trees as users write them (what serving engines take of a tree: `core.engines`).
+"""Trees as users write them (what serving engines take of a tree: `io.engines`).
 
 A user names trees of their own (`custom_trees`: name -> spec) beside the presets. A spec is one of
     a list of rank paths (Medusa's and EAGLE-1's `choices`): [[0], [1], [0, 0]]
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .trees import Tree
+from ..core.trees import Tree
 
 MAX_NODES = 1024  # the most draft tokens per step a tree, budget or curve point may have (Sequoia's largest: 768)
 PRESET = re.compile(r"^(chain|wide|sparse|kary\d+|beams\d+)$")

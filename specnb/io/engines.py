@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .trees import Tree
+from ..core.trees import Tree
 
 CHOICES_TOPK = 10  # Medusa's and EAGLE-1's TOPK: each head's (node's) top 10 is drafted, ranks 0..9
 
