@@ -91,8 +91,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         pip_install --no-compile torch==$torch_version
       elif torch_cpu_by_uv; then
         :
-      elif ! pip_install --no-compile --retries 1 torch==$torch_version+cpu --extra-index-url "$torch_cpu_index"; then
-        echo "[setup] torch==$torch_version+cpu not found (is $torch_cpu_index reachable?): installing PyPI's torch==$torch_version"
+      elif ! pip_install --no-compile --retries 1 torch==$torch_version+cpu --extra-index-url "$torch_cpu_index" \
+          2>"$state/setup-torch-cpu.log"; then  # pip's own words kept there, not printed: one line says what happens
+        echo "[setup] torch==$torch_version+cpu not found (is $torch_cpu_index reachable? pip's words: $state/setup-torch-cpu.log): installing PyPI's torch==$torch_version"
         pip_install --no-compile torch==$torch_version
       fi
     fi
