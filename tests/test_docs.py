@@ -108,3 +108,20 @@ def test_notebooks_import_public_names_from_the_public_api():
                     assert not named, f"{book.name}: import {sorted(named)} from specnb, not from {module}"
         setup = statement.findall(code[2])  # parameters, the Colab cell, the set-up cell
         assert setup[0][0] == "specnb" and len(setup) <= 6, f"{book.name}: {[m for m, _, _ in setup]}"
+
+
+def test_every_name_a_notebook_calls_is_in_the_lab_api():
+    """docs/api.md's lab section (scripts/lab_api.py) names every specnb name the notebooks import or
+    read from a module they import, and each has a line of its own docstring there."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lab_api", ROOT / "scripts" / "lab_api.py")
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    page = (ROOT / "docs" / "api.md").read_text()
+    names = lab.lab_names()
+    assert len(names) > 100, "the notebooks' imports were not read"
+    missing = [f"{m}.{n}" for m, n in names if f"- `{m}.{n}` (" not in page]
+    assert not missing, f"called by a notebook, not in docs/api.md (python scripts/lab_api.py --write): {missing}"
+    undocumented = [line for line in page.splitlines() if line.endswith(("(no docstring)", "(not found)"))]
+    assert not undocumented, undocumented

@@ -98,6 +98,9 @@ def shared_folder(run: Path) -> Path:
 
 
 def start_run(notebook: str, namespace: MutableMapping[str, Any], outputs: str | Path | None = None) -> Path:
+    """A notebook's set-up, its first call: the profile applied where it is "auto" (t4 on a GPU, else cpu),
+    the parameters and custom trees checked, the embedded models installed and the memory checked before
+    anything loads, the seed set; returns the run folder (the runner's, or a new interactive one)."""
     if namespace.get("profile") == "auto":
         resolved = "t4" if torch.cuda.is_available() else "cpu"
         report = apply_profile(notebook, namespace, resolved)
