@@ -626,6 +626,18 @@ def trend_table(speed: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def trend_moves(speed: pd.DataFrame, words: tuple[str, str, str] = ("up", "down", "flat")) -> list[tuple]:
+    """Per axis of `trend_table` with more than one value: (axis, word, first, last), the word saying
+    whether the median speed-up rises, falls or stays from the axis's first value to its last."""
+    out = []
+    for axis, t in trend_table(speed).groupby("axis", sort=False):
+        if len(t) > 1:
+            first, last = t["median speed-up"].iloc[0], t["median speed-up"].iloc[-1]
+            word = words[2] if first == last else words[0] if float(last) > float(first) else words[1]
+            out.append((axis, word, first, last))
+    return out
+
+
 def verify_cost_table(curve: pd.DataFrame) -> pd.DataFrame:
     """A real target's verify of N draft tokens (N + 1 rows) in ms and in decodes (01's or 03's curve)."""
     target = curve[(curve["role"] == "target") & (curve["kind"] == "verify")].sort_values("nodes")
@@ -764,12 +776,7 @@ def findings(
         )
     if speed is not None and "per_sequence_over_tree" in speed and speed["per_sequence_over_tree"].notna().any():
         s = speed.dropna(subset=["per_sequence_over_tree"])
-        moves = []
-        for axis, t in trend_table(speed).groupby("axis", sort=False):
-            if len(t) > 1:
-                first, last = t["median speed-up"].iloc[0], t["median speed-up"].iloc[-1]
-                word = "flat" if first == last else "up" if float(last) > float(first) else "down"
-                moves.append(f"{word} with {axis} ({first} -> {last})")
+        moves = [f"{word} with {axis} ({first} -> {last})" for axis, word, first, last in trend_moves(speed)]
         bullets.append(
             f"**Tree attention**: one tree-masked call runs {s['per_sequence_over_tree'].min():.2f}x to "
             f"{s['per_sequence_over_tree'].max():.2f}x as fast as one call per root-to-leaf sequence over 03's grid"
@@ -939,15 +946,10 @@ def _attention_cost(speed: pd.DataFrame, curve: pd.DataFrame | None) -> str:
         f"{low['per_sequence_over_tree']:.2f}x as fast at {where(low)} and {high['per_sequence_over_tree']:.2f}x at "
         f"{where(high)}. "
     )
-    trends = trend_table(speed)
-    moves = []
-    for label, t in trends.groupby("axis", sort=False):
-        if len(t) > 1:
-            first, last = t["median speed-up"].iloc[0], t["median speed-up"].iloc[-1]
-            if first == last:
-                moves.append(f"stays at {first} across {label}")
-            else:
-                moves.append(f"{'grows' if float(last) > float(first) else 'shrinks'} with {label} ({first} -> {last})")
+    moves = [
+        f"stays at {first} across {axis}" if word == "flat" else f"{word} with {axis} ({first} -> {last})"
+        for axis, word, first, last in trend_moves(speed, ("grows", "shrinks", "flat"))
+    ]
     if moves:
         out += (
             f"Over the other axes, the speed-up {_names(moves)}. Each per-sequence call attends the whole shared "
