@@ -154,6 +154,15 @@ def test_budget_figures_hold_at_most_six_series_a_panel_and_the_oracle_apart(tab
         plt.close(fig)
 
 
+def test_the_grid_figure_is_legible_with_long_pair_names(tmp_path, tables):
+    long = "smollm2-135m[:24 layers] -> smollm2-135m"  # the smoke profile's self-draft pair
+    grid = pd.concat(
+        [tables[0].assign(pair=p, kind=k) for p, k in ((long, "self-draft"), ("A -> B", "same tokenizer"))]
+    )
+    plots.grid_vs_budget(grid, "tau", plots.TAU, "tau per pair", tmp_path / "grid.png")
+    assert saved_problems(tmp_path / "grid.png") == []
+
+
 def test_speed_bars_error_bars_sit_on_their_bars(tables):
     speed = tables[2].copy()
     speed["speedup_ci_low"], speed["speedup_ci_high"] = speed["speedup"] - 0.1, speed["speedup"] + 0.1

@@ -605,7 +605,8 @@ def grid_vs_budget(
                 continue
             name, shapes = rows[pair][c]
             _budget_lines(ax, data[(data["pair"] == pair) & data["shape"].isin(shapes)], metric, style)
-            ax.set_title(f"{pair} ({kind}): {name}" if kind else f"{pair}: {name}", fontsize=7.5)
+            title = f"{pair} ({kind})" if kind else pair
+            ax.set_title("\n".join(textwrap.wrap(title, 44) + [name]), fontsize=7.5)
             legend_below(ax)
         axes[r][0].set_ylabel(label, fontsize=8)
     fig.suptitle(title, fontsize=10)
