@@ -218,59 +218,44 @@ def _run_books(
     summary = {"profile": profile, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {}}
     summary |= {"plan": plan.to_json()} if plan is not None else {}
     os.environ["SPECNB_HEADLESS"] = "1"  # the kernels inherit it: figures without widgets (`session.interact`)
+    failures, stopped = [], False
     try:
-        return _each_book(profile, books, settings, resolved, outputs, folders, plan, progress, summary)
-    finally:  # the index too when the disk filled up mid-run (it is small: it may still fit)
+        for nb in books:
+            folder, resumed = folders[nb.stem]
+            print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
+            record = _execute(nb, profile, resolved[nb.stem], settings, folder)
+            with signals_ignored():
+                try:
+                    _write_record(nb, folder, record, plan)
+                except OSError as e:  # the disk filled up: the record says so, if a few bytes still fit
+                    _record_failure(folder, record, e)
+                    raise
+                if record["status"] == "finished" and nb.stem == REPORT_NOTEBOOK:
+                    _publish(folder / f"{nb.stem}.ipynb", outputs)
+            if record["status"] != "finished":
+                failures.append(f"{nb.stem}: {record['error']}")
+                print(f"!! {nb.stem} {record['status'].upper()}: {record['error']}", file=sys.stderr, flush=True)
+            print(f"== {nb.stem}: {record['status']} in {record['duration_s']} s", flush=True)
+            print(progress.finished(nb.stem, record["duration_s"]), flush=True)
+            summary["runs"][nb.stem] = {
+                "folder": str(folder.relative_to(outputs)),
+                "status": record["status"],
+                "estimate_s": record.get("timing", {}).get("estimate_s"),
+                "actual_s": record["duration_s"],
+            }
+            with signals_ignored():
+                write_json(outputs / SUMMARY_FILE, summary)
+            if record["status"] == "interrupted":
+                stopped = True
+                break
+        if REPORT_NOTEBOOK not in [nb.stem for nb in books]:
+            print(f"== the report: ./run_notebooks.sh {profile} --notebook {REPORT_NOTEBOOK} (after 01-03)", flush=True)
+        if failures:
+            print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 130 if stopped else (1 if failures else 0)
+    finally:  # the index whatever happened, a disk that filled up mid-run included (it is small: it may fit)
         with signals_ignored():
             _write_index(outputs)
-
-
-def _each_book(
-    profile: str,
-    books: list[Path],
-    settings: RunnerSettings,
-    resolved: dict[str, dict[str, Any]],
-    outputs: Path,
-    folders: dict[str, tuple[Path, bool]],
-    plan: Any,
-    progress: Any,
-    summary: dict[str, Any],
-) -> int:
-    """`_run_books`' loop: each notebook run, its record written, the run's summary updated."""
-    failures, stopped = [], False
-    for nb in books:
-        folder, resumed = folders[nb.stem]
-        print(f"== {nb.stem}: {'resuming' if resumed else 'writing'} {folder}", flush=True)
-        record = _execute(nb, profile, resolved[nb.stem], settings, folder)
-        with signals_ignored():
-            try:
-                _write_record(nb, folder, record, plan)
-            except OSError as e:  # the disk filled up: the record says so, if a few bytes still fit
-                _record_failure(folder, record, e)
-                raise
-            if record["status"] == "finished" and nb.stem == REPORT_NOTEBOOK:
-                _publish(folder / f"{nb.stem}.ipynb", outputs)
-        if record["status"] != "finished":
-            failures.append(f"{nb.stem}: {record['error']}")
-            print(f"!! {nb.stem} {record['status'].upper()}: {record['error']}", file=sys.stderr, flush=True)
-        print(f"== {nb.stem}: {record['status']} in {record['duration_s']} s", flush=True)
-        print(progress.finished(nb.stem, record["duration_s"]), flush=True)
-        summary["runs"][nb.stem] = {
-            "folder": str(folder.relative_to(outputs)),
-            "status": record["status"],
-            "estimate_s": record.get("timing", {}).get("estimate_s"),
-            "actual_s": record["duration_s"],
-        }
-        with signals_ignored():
-            write_json(outputs / SUMMARY_FILE, summary)
-        if record["status"] == "interrupted":
-            stopped = True
-            break
-    if REPORT_NOTEBOOK not in [nb.stem for nb in books]:
-        print(f"== the report: ./run_notebooks.sh {profile} --notebook {REPORT_NOTEBOOK} (after 01-03)", flush=True)
-    if failures:
-        print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
-    return 130 if stopped else (1 if failures else 0)
 
 
 def _record_failure(folder: Path, record: dict[str, Any], error: OSError) -> None:
