@@ -426,6 +426,7 @@ def test_the_summary_opens_with_what_ran_and_its_verdicts_agree_with_the_grid(fu
     assert (
         "cpu (2 cores)" in framing and "not the brief's Llama pairs" in framing and "not run for this report" in framing
     )
+    assert "(decode step: 400 ms, qwen: one token)" in framing
     best = pd.read_csv(next((outputs / "02_model_pairs").glob("*/grid_best.csv")))
     lines = [line for line in summary.splitlines() if line.startswith("- **The shape")]
     assert len(lines) == 2, "one finding at the smallest budget, one at the largest"

@@ -442,7 +442,15 @@ class Report:
         )
         devices = sorted({str(i.get("environment", {}).get("device")) for i in self.info.values()} - {"None"})
         profiles = sorted({str(i.get("profile")) for i in self.info.values()})
-        decodes = sorted({str(i["timing"]["decode"]) for i in self.info.values() if i.get("timing", {}).get("decode")})
+        decodes = sorted(
+            {
+                f"{_number(i['timing'].get('decode_ms'), 0)} ms, {i['timing']['decode']}"
+                if i["timing"].get("decode_ms")
+                else str(i["timing"]["decode"])
+                for i in self.info.values()
+                if i.get("timing", {}).get("decode")
+            }
+        )
         brief = any(b in m for m in models for b in BRIEF_PAIRS)
         out = (
             f"Measured with the {', '.join(profiles) or 'no'} profile on {', '.join(devices) or 'an unrecorded device'}"
