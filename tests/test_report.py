@@ -775,3 +775,58 @@ def test_the_runners_notebooks_share_curves_of_that_run_only(tmp_path, monkeypat
     assert shared_folder(first) == outputs / "_shared" / "run-20261128-070000"  # a resumed run: its first curves
     monkeypatch.delenv(runner.SHARED_RUN_ENV)
     assert shared_folder(first) == outputs / "_shared" / "run-20261128-070000"  # resumed by hand
+
+
+def test_the_engine_table_is_rounded_for_reading_and_keeps_its_verdicts():
+    from specnb.notebook.report import _engine_table
+
+    nan = float("nan")
+    engines = pd.DataFrame(
+        [
+            dict(
+                engine="vLLM",
+                releases="0.21 on",
+                shape="chain",
+                budget=2,
+                tau_heldout=2.4358706986,
+                tau_ci_low=2.3163,
+                tau_ci_high=2.5624,
+                speedup=1.2827,
+                speedup_ci_low=1.0867,
+                speedup_ci_high=1.4234,
+                versus_best=-0.0258,
+                versus_best_ci_low=-0.0519,
+                versus_best_ci_high=0.0018,
+                verdict="tied",
+                line="speculative_config={...}",
+            ),
+            dict(
+                engine="SGLang",
+                releases="current",
+                shape=nan,
+                budget=nan,
+                tau_heldout=nan,
+                tau_ci_low=nan,
+                tau_ci_high=nan,
+                speedup=nan,
+                speedup_ci_low=nan,
+                speedup_ci_high=nan,
+                versus_best=nan,
+                versus_best_ci_low=nan,
+                versus_best_ci_high=nan,
+                verdict=nan,
+                line=nan,
+            ),
+        ]
+    )
+    table = _engine_table(engines)
+    assert table.iloc[0].tolist() == [
+        "vLLM",
+        "0.21 on",
+        "chain:2",
+        "2.44 [2.32, 2.56]",
+        "1.28 [1.09, 1.42]",
+        "-0.03 [-0.05, 0.00]",
+        "tied",
+    ]
+    assert table.iloc[1].tolist() == ["SGLang", "current", "", "", "", "", ""] and "line" not in table

@@ -718,10 +718,10 @@ class Report:
         engines = _csv(folder, "engine_table.csv")
         if engines is not None and len(engines):
             doc.table(
-                engines.drop(columns=["takes"], errors="ignore"),
+                _engine_table(engines),
                 "01: each serving engine's setting (release range), held-out tau, expected speed-up over the target "
                 "alone [95% interval], and its speed-up's difference from the best tree of all on the same prompts "
-                "(paired: 'tied' where the interval holds 0)",
+                f"(paired: 'tied' where the interval holds 0); each setting's line: {DEPLOY_FILE}",
             )
         doc.text(
             f"Every tree scored, SGLang's flags per budget and the deploy lines ({DEPLOY_FILE}): 01's appendix "
@@ -909,6 +909,30 @@ def _best_table(best: Any) -> Any:
             ],
         }
     )
+
+
+def _engine_table(engines: Any) -> Any:
+    """01's engine table (`analysis.engine_choice.engine_table`) rounded for reading, without the lines."""
+    import pandas as pd
+
+    def cell(value: float, low: float, high: float, sign: str = "") -> str:
+        if value != value:
+            return ""
+        return f"{value:{sign}.2f}" + (f" [{low:.2f}, {high:.2f}]" if low == low and high == high else "")
+
+    rows = [
+        {
+            "engine": r["engine"],
+            "releases": r["releases"],
+            "tree": f"{r['shape']}:{int(r['budget'])}" if isinstance(r["shape"], str) else "",
+            "tau held out": cell(r["tau_heldout"], r["tau_ci_low"], r["tau_ci_high"]),
+            "speed-up (x)": cell(r["speedup"], r["speedup_ci_low"], r["speedup_ci_high"]),
+            "vs the best tree (x)": cell(r["versus_best"], r["versus_best_ci_low"], r["versus_best_ci_high"], "+"),
+            "verdict": r["verdict"] if isinstance(r["verdict"], str) else "",
+        }
+        for _, r in engines.iterrows()
+    ]
+    return pd.DataFrame(rows)
 
 
 def _compact_grid(grid: Any) -> Any:
