@@ -161,6 +161,14 @@ def test_the_grid_figure_is_legible_with_long_pair_names(tmp_path, tables):
     )
     plots.grid_vs_budget(grid, "tau", plots.TAU, "tau per pair", tmp_path / "grid.png")
     assert saved_problems(tmp_path / "grid.png") == []
+    # a panel whose shapes hold one budget only (the smoke run's self-draft): on the pair's budget axis
+    means = grid[grid["shape"] != "oracle"].groupby("shape")["tau"].mean().sort_values(ascending=False)
+    lowest = means.index[-1]
+    kept = grid[grid["shape"].isin([*means.index[:6], lowest])]  # a second panel holding the lowest shape alone
+    one = kept[(kept["shape"] != lowest) | (kept["budget"] == kept["budget"].min())]
+    plots.grid_vs_budget(one[one["shape"] != "oracle"], "tau", plots.TAU, "tau per pair", tmp_path / "one.png")
+    plots.replay_vs_budget(one[one["pair"] == long], "tau", plots.TAU, "tau", tmp_path / "one_replay.png")
+    assert saved_problems(tmp_path / "one.png") == [] and saved_problems(tmp_path / "one_replay.png") == []
 
 
 def test_speed_bars_error_bars_sit_on_their_bars(tables):

@@ -571,11 +571,17 @@ def replay_vs_budget(
     data = table.dropna(subset=[metric])
     panels = shape_panels(data, metric)
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(3.6 * len(panels) + 1.6, 4.2), squeeze=False, sharey=not _has_oracle(panels)
+        1,
+        len(panels),
+        figsize=(3.6 * len(panels) + 1.6, 4.2),
+        squeeze=False,
+        sharex=True,
+        sharey=not _has_oracle(panels),
     )
     style = _shape_styles(data)
     for ax, (name, shapes) in zip(axes[0], panels):
         _budget_lines(ax, data[data["shape"].isin(shapes)], metric, style)
+        _log2_ticks(ax, data["budget"])  # every panel on the figure's budgets (a panel may hold one)
         ax.set_title(name, fontsize=8.5)
         legend_below(ax)
     axes[0][0].set_ylabel(label)
@@ -594,7 +600,9 @@ def grid_vs_budget(
     pairs = list(dict.fromkeys(table["pair"]))
     rows = {pair: shape_panels(data[data["pair"] == pair], metric) for pair in pairs}
     columns = max((len(p) for p in rows.values()), default=1)
-    fig, axes = plt.subplots(len(pairs), columns, figsize=(3.6 * columns + 1.2, 3.5 * len(pairs) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(
+        len(pairs), columns, figsize=(3.6 * columns + 1.2, 3.5 * len(pairs) + 0.6), squeeze=False, sharex="row"
+    )
     style = _shape_styles(data)
     for r, pair in enumerate(pairs):
         kind = table.loc[table["pair"] == pair, "kind"].iloc[0] if "kind" in table else ""
@@ -605,6 +613,7 @@ def grid_vs_budget(
                 continue
             name, shapes = rows[pair][c]
             _budget_lines(ax, data[(data["pair"] == pair) & data["shape"].isin(shapes)], metric, style)
+            _log2_ticks(ax, data.loc[data["pair"] == pair, "budget"])  # the pair's budgets (a panel may hold one)
             title = f"{pair} ({kind})" if kind else pair
             ax.set_title("\n".join(textwrap.wrap(title, 44) + [name]), fontsize=7.5)
             legend_below(ax)
