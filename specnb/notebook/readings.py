@@ -540,12 +540,15 @@ def grid_reading(best: pd.DataFrame, ranks: pd.DataFrame | None = None, saturati
 
 def _winner(r) -> str:
     """'8: kary2 ahead of chain by 0.21 [0.12, 0.30]', or '... tied with chain (+0.03 [-0.02, 0.08])'."""
-    if not r.runner_up:
-        return f"{r.budget}: {r.best_shape}"
+    return f"{r.budget}: {r.best_shape}" + _against_runner_up(r)
+
+
+def _against_runner_up(r) -> str:
+    """' ahead of chain by +0.21 [0.12, 0.30]', ' tied with chain (+0.03 [-0.02, 0.08])', or '' without one."""
+    if not isinstance(r.runner_up, str) or not r.runner_up:
+        return ""
     lead = f"{r.lead:+.2f}{_bracket(r.lead_ci_low, r.lead_ci_high)}"
-    if r.verdict == "tied":
-        return f"{r.budget}: {r.best_shape} tied with {r.runner_up} ({lead})"
-    return f"{r.budget}: {r.best_shape} ahead of {r.runner_up} by {lead}"
+    return f" tied with {r.runner_up} ({lead})" if r.verdict == "tied" else f" ahead of {r.runner_up} by {lead}"
 
 
 def categories_reading(winners: pd.DataFrame) -> str:
@@ -815,13 +818,8 @@ def findings(
 
 def _finding_winner(r) -> str:
     """'a -> b: kary2 (3.10 [2.80, 3.30]) ahead of chain by +0.21 [0.12, 0.30]', or '... tied with chain'."""
-    out = f"{r.pair}: {r.best_shape} ({r.tau_heldout:.2f}{_bracket(r.tau_heldout_ci_low, r.tau_heldout_ci_high)})"
-    if not isinstance(r.runner_up, str) or not r.runner_up:
-        return out
-    lead = f"{r.lead:+.2f}{_bracket(r.lead_ci_low, r.lead_ci_high)}"
-    if r.verdict == "tied":
-        return out + f" tied with {r.runner_up} ({lead})"
-    return out + f" ahead of {r.runner_up} by {lead}"
+    tau = f"{r.tau_heldout:.2f}{_bracket(r.tau_heldout_ci_low, r.tau_heldout_ci_high)}"
+    return f"{r.pair}: {r.best_shape} ({tau})" + _against_runner_up(r)
 
 
 def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFrame | None) -> str:
