@@ -304,6 +304,31 @@ def test_super_trees_equal_brute_force_and_the_real_drafter(drafts, super_collec
         assert drafted.tokens.tolist() == tokens
 
 
+def test_super_trees_feed_only_the_final_trees_off_path_nodes(tmp_path, monkeypatch, tiny_target, drafts, super_collection):
+    """Best first: the draft is fed exactly the off-path nodes of each final top-M that are not at
+    the last depth (their children were needed), never a node the pruning drops; the same trees
+    whatever the chunk of positions grown together."""
+    fed = []
+    real = collect_module.forward
+
+    def counting(model, cache, ids, *rest, **kw):
+        if rest:  # positions and a mask: super-tree nodes (the teacher-forced forward passes neither)
+            fed.append(len(ids))
+        return real(model, cache, ids, *rest, **kw)
+
+    monkeypatch.setattr(collect_module, "forward", counting)
+    config = dataclasses.replace(super_collection.config, super_chunk=3)
+    c = collect(tmp_path, tiny_target, drafts["early"], PROMPTS, config)
+    expected = 0
+    for p, q in zip(c.prompts, super_collection.prompts):
+        for t in range(len(p.tokens)):
+            n = int(p.super_size[t])
+            on_path = {int(i) for i in p.super_on_path[t] if i >= 0}
+            expected += sum(1 for i in range(n) if i not in on_path and p.super_depth[t, i] < config.super_depth)
+            for name in ("super_size", "super_token", "super_parent", "super_rank", "super_depth"):
+                assert np.array_equal(getattr(p, name)[t], getattr(q, name)[t]), (p.prompt_id, t, name)
+    assert sum(fed) == expected and max(fed) <= 3
+
 @pytest.mark.parametrize("budget", [4, 9])
 def test_dynamic_trees_replay_equals_real_steps(tiny_target, drafts, super_collection, budget):
     """At every step the replay says a real run visits, a real step with that position's dynamic

@@ -122,7 +122,7 @@ def test_02_holds_a_model_a_later_pair_uses(tmp_path):
         ("01_tree_shapes", "budgets", [4], [64], "arrays"),
         ("01_tree_shapes", "max_new_tokens", 8, 256, "kv_cache"),
         ("01_tree_shapes", "max_new_tokens", 8, 256, "verify"),
-        ("01_tree_shapes", "super_k", 1, 8, "super_trees"),
+        ("01_tree_shapes", "super_k", 0, 8, "super_trees"),  # 0: none; one node per position per round whatever k
         ("01_tree_shapes", "dynamic_budgets", [4], [64], "super_trees"),
         ("06_batch_size", "batches", [1], [8], "kv_cache"),
         ("06_batch_size", "batches", [1], [8], "verify"),

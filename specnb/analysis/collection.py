@@ -52,7 +52,7 @@ class CollectConfig:
     super_k: int = 0  # super-tree children per node; 0 = no super-trees (they cost draft forwards)
     super_depth: int = 6  # D, super-tree depth
     super_size: int = 64  # M, nodes kept per position (global top-M by cumulative draft log-prob)
-    super_chunk: int = 8  # positions whose off-path nodes share one draft forward per depth
+    super_chunk: int = 64  # positions grown together: their off-path nodes, one each, share a draft forward per round
     temperature: float = 0.0  # > 0: sampling mode (continuation sampled, alphas collected)
     sample_top_k: int = 0  # sampling transforms shared by p and q (`SamplingConfig`)
     sample_top_p: float = 1.0

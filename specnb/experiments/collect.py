@@ -7,9 +7,9 @@ every drafter ranks with) and its log q. Optionally, per position, the *super-tr
 top-K children of every node to depth D, pruned to the global top-M nodes by cumulative draft
 log-probability (`analysis.replay` explains what it answers). Growing it needs the draft's logits
 at off-path nodes: the teacher-forced cache of prompt + continuation already holds every on-path
-node, so off-path nodes are fed in batches over several positions at once, each seeing the
-sequence up to its deepest on-path ancestor plus its own fed ancestors (one forward per depth per
-chunk of positions).
+node, so only off-path nodes are fed: best first, so that only nodes of the final top-M are fed,
+one per position per round over a chunk of positions at once, each seeing the sequence up to its
+deepest on-path ancestor plus its own fed ancestors (one draft forward per round per chunk).
 
 Sampling (`temperature` > 0): along a sampled continuation, R draft samples of the cover tree per
 position (drafted as one forest, `ForestDrafter`), verified by the target in one
@@ -403,11 +403,13 @@ def _super_trees(
 
 class _SuperChunk:
     """The super-trees of a chunk of positions as they grow. A node of position t: [sort key
-    (-score, depth, path), token, parent index, on-path depth, fed column (-1: not fed)]."""
+    (-score, depth, path), token, parent index, on-path depth, fed column (-1: not fed)];
+    `expanded[t]`: the indices of t's nodes whose children are known."""
 
     def __init__(self, chunk: range, tokens: list[int]) -> None:
         self.chunk, self.tokens = chunk, tokens
         self.nodes: dict[int, list[list]] = {t: [] for t in chunk}
+        self.expanded: dict[int, set[int]] = {t: set() for t in chunk}
 
     def add_children(self, t: int, parent: int, values: list[float], indices: list[int]) -> None:
         nodes, length = self.nodes, len(self.tokens)
@@ -420,10 +422,32 @@ class _SuperChunk:
             on = parent_on and t + d - 1 < length and x == self.tokens[t + d - 1]
             on_depth = d if on else (base_depth if parent_on else nodes[t][parent][3])
             nodes[t].append([(-(base_score + v), d, base_path + (r,)), x, parent, on_depth, -1])
+        if parent >= 0:
+            self.expanded[t].add(parent)
 
     def kept(self, t: int, size: int) -> list[int]:
         """The indices of position t's `size` best nodes, best first."""
         return sorted(range(len(self.nodes[t])), key=lambda i: self.nodes[t][i][0])[:size]
+
+    def next_to_feed(self, t: int, size: int, depth: int, on_children: tuple[list, list]) -> int | None:
+        """Position t's best node among its `size` best whose children are not known and can be kept
+        (depth below `depth`), after expanding every on-path one met on the way from the teacher-forced
+        rows (`on_children`); None when none is left: t's `size` best are final."""
+        while True:
+            node = next(
+                (
+                    i
+                    for i in self.kept(t, size)
+                    if i not in self.expanded[t] and self.nodes[t][i][0][1] < depth
+                ),
+                None,
+            )
+            if node is None:
+                return None
+            d = self.nodes[t][node][0][1]
+            if self.nodes[t][node][3] != d:
+                return node
+            self.add_children(t, node, on_children[0][t + d], on_children[1][t + d])
 
 
 def _grow_chunk(
@@ -434,21 +458,22 @@ def _grow_chunk(
     on_children: tuple[list, list],
     config: CollectConfig,
 ) -> None:
-    """Expand, depth by depth, every node among its position's `super_size` best: an on-path node's
-    children come from the teacher-forced rows (`on_children`: values and indices of each row's top
-    super_k), an off-path node is fed to the draft (one forward per depth, all positions of the
-    chunk together, each fed token seeing its sequence and its fed ancestors)."""
+    """Best first, in rounds. A child never precedes its parent in the order, so a position's final
+    `super_size` best are the nodes a best-first expansion takes: each round, every position of the
+    chunk takes its best node among its current `super_size` best whose children are unknown (an
+    on-path node's come from the teacher-forced rows, `on_children`: values and indices of each row's
+    top super_k); the off-path ones, one per position, are fed to the draft in one forward, each
+    seeing its sequence up to its deepest on-path ancestor and its fed ancestors. A position is done
+    when its `super_size` best all have their children (or lie at super_depth): only nodes of the
+    final tree are fed."""
     nodes, n_seq, fed = grown.nodes, prompt_len + len(grown.tokens), 0
-    for d in range(1, config.super_depth):
-        expand: list[tuple[int, int]] = []
-        for t in grown.chunk:
-            expand += [(t, i) for i in grown.kept(t, config.super_size) if nodes[t][i][0][1] == d]
-        feed = [(t, i) for t, i in expand if nodes[t][i][3] != d]  # off-path: no teacher-forced row
-        for t, i in expand:
-            if nodes[t][i][3] == d:
-                grown.add_children(t, i, on_children[0][t + d], on_children[1][t + d])
+    size, depth = config.super_size, config.super_depth
+    active = list(grown.chunk)
+    while active:
+        feed = [(t, i) for t in active if (i := grown.next_to_feed(t, size, depth, on_children)) is not None]
         if not feed:
-            continue
+            return
+        active = [t for t, _ in feed]
         q = len(feed)
         mask = torch.zeros(q, n_seq + fed + q, dtype=torch.bool)  # host: built here, moved by forward
         for row, (t, i) in enumerate(feed):
@@ -460,7 +485,7 @@ def _grow_chunk(
                 mask[row, n_seq + nodes[t][a][4]] = True
                 a = nodes[t][a][2]
         ids = torch.tensor([nodes[t][i][1] for t, i in feed])  # host: moved by forward
-        positions = torch.tensor([prompt_len + t - 1 + d for t, _ in feed])  # host: moved by forward
+        positions = torch.tensor([prompt_len + t - 1 + nodes[t][i][0][1] for t, i in feed])  # host: moved by forward
         logq = torch.log_softmax(forward(draft, cache, ids, positions, mask).float(), dim=-1)
         fed += q
         top = top_tokens(logq, config.super_k)

@@ -31,9 +31,9 @@ How the parts are sized (GB = 10^9 bytes; `analysis.memory` does the weight and 
                       a cache (`analysis.quality.score`, every notebook that generates).
     continuations     01's and 02's target decoding `batch` prompts at once: their caches of LONGEST_PROMPT
                       + max_new_tokens each and the forward that prefills them (`experiments.continuations`).
-    super_trees       01's (and 05's) super-trees: SUPER_CHUNK positions' off-path nodes, up to
-                      super_size = max(dynamic_budgets) each, fed to the draft in one forward per depth
-                      (`experiments.collect`), and the draft's cache growing by them.
+    super_trees       01's (and 05's) super-trees: SUPER_CHUNK positions' off-path nodes, one each,
+                      fed to the draft in one forward per round (`experiments.collect`), and the draft's
+                      cache growing by them (up to super_size = max(dynamic_budgets) each).
     arrays            the collection and its replay: the teacher-forced log q [L + 1, V] and the ranks
                       [L, K + 1] (K the collection's top_k: at least the widest rank of any tree), the
                       replay's child table [N + 1, K + 1] and per-position arrays [positions, N]
@@ -86,7 +86,7 @@ from ..io.published import published_checkpoints
 from ..io.tree_spec import TreeSpecError, parse_custom_trees
 
 RUNTIME = {"cpu": int(1.0 * GB), "cuda": int(0.5 * GB)}  # interpreter + torch + transformers; the CUDA context
-SUPER_CHUNK = 8  # positions whose super-tree nodes share one draft forward (`CollectConfig.super_chunk`)
+SUPER_CHUNK = 64  # positions whose super-tree nodes, one each, share one draft forward (`CollectConfig.super_chunk`)
 SOFTMAX_COPIES = 1  # float32 [rows, V] (log-)softmaxes taken of a forward's logits at once
 REPLAY_COPIES = 6  # float64/int64 [positions, nodes] arrays alive at once in a replay (`analysis.replay`)
 ADAM_COPIES = 4  # a trained float32 parameter: itself, its gradient, Adam's two moments
@@ -383,12 +383,12 @@ def _verify(
 
 
 def _super_tree_bytes(draft: _Model, target: _Model, size: int, k: int, depth: int, cache: int, db: int) -> int:
-    """SUPER_CHUNK positions x up to `size` nodes each, fed in one draft forward per depth (at depth d
-    at most min(size, k^d) of a position's kept nodes; depths 1 .. depth - 1 are fed), and the draft's
-    cache growing by every fed node. An unsized draft is sized as the target (an upper bound)."""
+    """SUPER_CHUNK positions, one node each, fed in one draft forward per round (best first,
+    `experiments.collect`), and the draft's cache growing by every fed node (at most `size` per
+    position). An unsized draft is sized as the target (an upper bound)."""
     if k < 1 or depth < 2 or size < 1:
         return 0
-    rows = SUPER_CHUNK * min(size, k ** min(depth - 1, 32))
+    rows = SUPER_CHUNK
     fed = SUPER_CHUNK * size
     model = draft if draft.config is not None else target
     return forward_bytes(model.config, rows, cache + fed, db) + model.kv(fed, db)
