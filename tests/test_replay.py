@@ -304,7 +304,9 @@ def test_super_trees_equal_brute_force_and_the_real_drafter(drafts, super_collec
         assert drafted.tokens.tolist() == tokens
 
 
-def test_super_trees_feed_only_the_final_trees_off_path_nodes(tmp_path, monkeypatch, tiny_target, drafts, super_collection):
+def test_super_trees_feed_only_the_final_trees_off_path_nodes(
+    tmp_path, monkeypatch, tiny_target, drafts, super_collection
+):
     """Best first: the draft is fed exactly the off-path nodes of each final top-M that are not at
     the last depth (their children were needed), never a node the pruning drops; the same trees
     whatever the chunk of positions grown together."""
