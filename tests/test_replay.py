@@ -331,6 +331,7 @@ def test_super_trees_feed_only_the_final_trees_off_path_nodes(
                 assert np.array_equal(getattr(p, name)[t], getattr(q, name)[t]), (p.prompt_id, t, name)
     assert sum(fed) == expected and max(fed) <= 3
 
+
 @pytest.mark.parametrize("budget", [4, 9])
 def test_dynamic_trees_replay_equals_real_steps(tiny_target, drafts, super_collection, budget):
     """At every step the replay says a real run visits, a real step with that position's dynamic

@@ -435,12 +435,7 @@ class _SuperChunk:
         rows (`on_children`); None when none is left: t's `size` best are final."""
         while True:
             node = next(
-                (
-                    i
-                    for i in self.kept(t, size)
-                    if i not in self.expanded[t] and self.nodes[t][i][0][1] < depth
-                ),
-                None,
+                (i for i in self.kept(t, size) if i not in self.expanded[t] and self.nodes[t][i][0][1] < depth), None
             )
             if node is None:
                 return None
