@@ -34,6 +34,7 @@ from pathlib import Path
 folder = Path(run_dir)
 (folder / "kernel.pid").write_text(str(os.getpid()))
 (folder / "kernel.cwd").write_text(os.getcwd())
+os.write(2, b"kernel-stderr-line\\n")  # what a C library or the kernel's logger prints, below the cells' output
 if mode == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "sleep" and not (folder / "slept").exists():  # once: the resumed run goes on
@@ -98,6 +99,21 @@ def test_a_dead_kernel_is_a_failed_record_with_its_cause(tmp_path, books):
     record = record_of(outputs)
     assert record["status"] == "failed" and record["error"].startswith("the kernel died (killed by SIGKILL)")
     assert "| failed |" in (outputs / "index.md").read_text()
+    # the kernel's own stderr is in its run folder, and the failure names the file
+    (folder,) = (outputs / "01_tiny").iterdir()
+    assert "kernel-stderr-line" not in text and "kernel-stderr-line" in (folder / "kernel.log").read_text()
+    assert f"the kernel's own messages: {folder.resolve() / 'kernel.log'}" in record["error"]
+
+
+def test_the_kernels_own_stderr_goes_to_its_run_folder_not_the_terminal(tmp_path, books, capfd):
+    """A kernel stopped mid-message may log its dying words (a traceback from its control channel) on
+    its stderr: that stream goes to kernel.log beside the notebook, the cells' output stays in it."""
+    outputs = tmp_path / "out"
+    assert runner.main(run_args(books, outputs, "ok")) == 0
+    (folder,) = (outputs / "01_tiny").iterdir()
+    assert "kernel-stderr-line" not in capfd.readouterr().err
+    assert "kernel-stderr-line" in (folder / "kernel.log").read_text()
+    assert "done" in (folder / "01_tiny.ipynb").read_text()
 
 
 def test_a_sigkill_is_blamed_on_memory_only_where_the_out_of_memory_count_moved():

@@ -19,6 +19,10 @@ process never changes its current folder, so no path of a run (a failure, a sign
 standing elsewhere. Started from a folder that has since been removed, it moves to `cwd` first:
 papermill and every process started from there would fail on the missing folder.
 
+The kernel's own stderr (its logger, messages C libraries print: never a cell's output, which the
+notebook keeps) goes to `kernel.log` beside the output notebook, not to the runner's terminal: a
+stopped run's kernel may log its dying words as a traceback, and a failure names that file.
+
 The kernel runs in a session of its own (jupyter_client starts it so), so a signal to the runner's
 process group does not reach it; `execute` shuts it down in every case, at once. If the runner is
 killed outright (SIGKILL), ipykernel's parent poller ends the kernel within about a second.
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 LOCK_FILE = ".lock"
+KERNEL_LOG = "kernel.log"  # the kernel's own stderr, in the run folder
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 
 
@@ -182,7 +187,14 @@ def execute(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path,
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
-    km = AsyncKernelManager(kernel_name="python3")
+    log = Path(output).resolve().parent / KERNEL_LOG
+
+    class LoggedKernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+            with open(log, "ab") as stderr:  # the kernel keeps its own descriptor
+                await super()._async_launch_kernel(kernel_cmd, **{**kw, "stderr": stderr})
+
+    km = LoggedKernelManager(kernel_name="python3")
     oom_before, start = oom_kills(), time.perf_counter()
     status, error = "failed", None
     standing_somewhere(cwd)
@@ -215,6 +227,8 @@ def execute(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path,
         with signals_ignored():
             _cancel_pending()
             run_sync(_shut_down)(km)
+    if status == "failed" and error and error.startswith("the kernel died") and log.exists() and log.stat().st_size:
+        error += f" (the kernel's own messages: {log})"
     return Outcome(status, error, round(time.perf_counter() - start, 1))
 
 
