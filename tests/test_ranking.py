@@ -75,6 +75,19 @@ def test_a_shape_on_a_subset_of_prompts_is_compared_on_that_subset():
     assert top["winner_tau"] > top["runner_up_tau"] and top["prompts"] == 13
 
 
+def test_a_shape_equal_to_the_winner_on_every_prompt_is_not_its_runner_up():
+    """At a small budget several shapes are one tree (chain:2 is medusa's): a runner-up that took the
+    winner's steps on every prompt is no comparison (a lead of 0 [0, 0]); the next shape is, and the
+    twins are named."""
+    df = frame({"chain": 1.05, "kary2": 1.0, "wide": 0.8})
+    twin = df[df["shape"] == "chain"].assign(shape="medusa")
+    ranking = paired_ranking(pd.concat([df, twin]))
+    top = headline(ranking).iloc[0]
+    assert top["winner"] in ("chain", "medusa") and top["same_as_winner"] in ("chain", "medusa")
+    assert top["runner_up"] == "kary2" and top["verdict"] == "wins" and top["difference"] > 0
+    assert headline(paired_ranking(df)).iloc[0]["same_as_winner"] == ""
+
+
 def test_the_winner_per_category_and_whether_it_changes():
     df = frame({"chain": 1.0, "kary2": 1.05})
     # on category c3's prompts chain is the faster one

@@ -210,6 +210,7 @@ def fake_02(outputs: Path) -> Path:
                 budget=budget,
                 winner=first.shape,
                 winner_tau=first.tau_heldout,
+                same_as_winner="medusa" if budget == 2 else "",  # the same tree on every prompt
                 runner_up=second.shape,
                 runner_up_tau=second.tau_heldout,
                 difference=lead,
@@ -353,6 +354,7 @@ def test_report_from_fake_runs_has_every_section_and_whole_tables(full):
     assert "sequoia: not measurable across tokenizers: because." in text
     assert "paired against the runner-up" in text and "| 4 | chain | 2.40 [2.35, 2.45] |" in text
     assert "| +0.00 [-0.10, 0.10] | tied |" in text, "the paired lead and its verdict"
+    assert "| chain (= medusa) |" in text, "a shape that is the winner's tree on every prompt, named beside it"
     assert "| category | a -> b, 4 tokens | c -> b, 4 tokens |" in text, "per category, at the middle budget"
     assert "| qa | kary2 1.70* | kary2 1.70* |" in text and "| coding | chain 2.50 | chain 2.50 |" in text
     body = text.split("## Summary")[1].split("## 6 References")[0]

@@ -106,9 +106,14 @@ def headline(ranking: pd.DataFrame) -> pd.DataFrame:
     """One row per pair and budget: the winner, the runner-up, both taus on the prompts they were
     compared on, the winner's lead (winner minus runner-up) with its paired interval and the interval's
     width, the prompts compared, the verdict ("tied" where the interval holds 0, else "wins"), and how
-    many other shapes are tied with the winner."""
+    many other shapes are tied with the winner. The runner-up is the best shape that differs from the
+    winner on some prompt: shapes that took the winner's tokens and target calls on every prompt (at a
+    small budget several shapes are one tree: chain:2 is sequoia's and medusa's) are not a comparison,
+    and are listed in "same_as_winner"."""
     rows = []
     for (pair, budget), part in ranking.groupby(KEYS, sort=False):
+        same = part.iloc[1:][_same_on_every_prompt(part.iloc[1:])]
+        part = part.drop(index=same.index)
         first, second = part.iloc[0], part.iloc[1] if len(part) > 1 else None
         low, high = (
             (second["difference_ci_low"], second["difference_ci_high"]) if second is not None else (math.nan,) * 2
@@ -128,9 +133,16 @@ def headline(ranking: pd.DataFrame) -> pd.DataFrame:
                 "prompts": int(first["prompts"] if second is None else second["prompts"]),  # the prompts compared
                 "verdict": "" if second is None else ("tied" if bool(second["tied_with_best"]) else "wins"),
                 "tied_with_winner": int(part["tied_with_best"].sum()) - 1,
+                "same_as_winner": ", ".join(same["shape"]),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _same_on_every_prompt(rows: pd.DataFrame) -> pd.Series:
+    """Ranking rows whose difference from the best is 0 on every prompt: 0 with a paired interval of
+    zero width (a bootstrap of per-prompt differences that are all 0)."""
+    return (rows["difference"] == 0) & (rows["difference_ci_low"] == 0) & (rows["difference_ci_high"] == 0)
 
 
 def category_winners(per_prompt: pd.DataFrame) -> pd.DataFrame:

@@ -297,7 +297,8 @@ def best_per_budget(table: pd.DataFrame, headline: pd.DataFrame) -> pd.DataFrame
     """Per pair and budget, the paired comparison's winner (`analysis.ranking.headline`: among the trees
     one could deploy, the presets, the user's, the held-out designs and dynamic trees; not the
     in-sample hindsight tree nor the oracle bound) with its row of the grid (held-out tau and its
-    interval over its prompts, acceptance rate and length), the runner-up and its tau on the prompts
+    interval over its prompts, acceptance rate and length), the shapes that are the same tree on
+    every prompt (`ranking.headline`), the runner-up and its tau on the prompts
     they were compared on, the winner's lead with its paired interval and verdict ("wins" / "tied"),
     and the oracle's tau at that budget."""
     rows = table.set_index(["pair", "shape", "budget"])
@@ -316,6 +317,7 @@ def best_per_budget(table: pd.DataFrame, headline: pd.DataFrame) -> pd.DataFrame
                 "tau_heldout_ci_high": best["tau_heldout_ci_high"],
                 "acceptance_rate": best["acceptance_rate"],
                 "acceptance_length": best["acceptance_length"],
+                "same_as_winner": h.same_as_winner,
                 "runner_up": h.runner_up,
                 "runner_up_tau": h.runner_up_tau,
                 "winner_tau_compared": h.winner_tau,

@@ -886,7 +886,12 @@ def _best_table(best: Any) -> Any:
             "pair": best["pair"],
             "kind": best["kind"],
             "budget": best["budget"],
-            "best shape": best["best_shape"],
+            "best shape": [
+                r["best_shape"] + (f" (= {r['same_as_winner']})" if r.get("same_as_winner") else "")
+                for _, r in best.fillna({"same_as_winner": ""}).iterrows()
+            ]
+            if "same_as_winner" in best
+            else best["best_shape"],
             "tau held out": [with_interval(r, "tau_heldout") for _, r in best.iterrows()],
             "acceptance rate": best["acceptance_rate"].map(_number),
             "runner-up": best["runner_up"],
