@@ -88,6 +88,24 @@ def test_a_shape_equal_to_the_winner_on_every_prompt_is_not_its_runner_up():
     assert headline(paired_ranking(df)).iloc[0]["same_as_winner"] == ""
 
 
+def test_a_wide_interval_names_the_prompt_that_spreads_it():
+    """kary2 leads chain by 5% on every prompt but p07, where chain accepts twice as much: p07's own
+    lead is the one farthest from the pooled lead, and the headline names it with its category."""
+    df = frame({"chain": 1.0, "kary2": 1.05})
+    odd = (df["prompt_id"] == "p07") & (df["shape"] == "chain")
+    df.loc[odd, "steps"] /= 2
+    ranking = paired_ranking(df)
+    top = headline(ranking).iloc[0]
+    tau = lambda s: float(df[(df["shape"] == s) & (df["prompt_id"] == "p07")].eval("tokens / steps").iloc[0])  # noqa: E731
+    assert top["widest_prompt"] == "p07" and top["widest_category"] == "c7"
+    assert top["widest_lead"] == pytest.approx(tau(top["winner"]) - tau(top["runner_up"]))
+    assert top["difference_ci_high"] - top["difference_ci_low"] > 0  # the outlier widens the interval
+    rest = headline(paired_ranking(df[df["prompt_id"] != "p07"])).iloc[0]  # without p07: a narrower interval
+    width = lambda r: r["difference_ci_high"] - r["difference_ci_low"]  # noqa: E731
+    assert width(rest) < width(top) / 4
+    assert pd.isna(ranking.set_index("shape").at[ranking["best"].iloc[0], "widest_prompt"])  # the best: none
+
+
 def test_the_winner_per_category_and_whether_it_changes():
     df = frame({"chain": 1.0, "kary2": 1.05})
     # on category c3's prompts chain is the faster one

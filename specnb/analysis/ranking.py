@@ -6,8 +6,10 @@ highest tau and sets every other against it as a difference of pooled tau (token
 bonus INCLUDED) with a 95% paired bootstrap interval over the prompts both were measured on
 (`spread.paired_difference`). An interval that holds 0 is a tie with the best: such shapes share
 rank 1. `headline` is one row per pair and budget: the winner, the runner-up, their difference and
-whether it is a tie. `category_winners` asks whether the winner changes with the prompt's Spec-Bench
-category (few prompts per category: the pooled tau only, no interval below `spread.MIN_PROMPTS`).
+whether it is a tie, and the prompt whose own difference lies farthest from the pooled one (what an
+interval wider than `WIDTH_GOAL` owes most to). `category_winners` asks whether the winner changes
+with the prompt's Spec-Bench category (few prompts per category: the pooled tau only, no interval
+below `spread.MIN_PROMPTS`).
 
 Input: one row per (pair, shape, budget, prompt_id) with the prompt's tokens and target calls on the
 run trajectory (`replay.replay(..., per_prompt=True)`, a design's held-out rows, dynamic trees on
@@ -38,7 +40,11 @@ RANKING = [
     "difference_ci_low",
     "difference_ci_high",
     "tied_with_best",
+    "widest_prompt",
+    "widest_category",
+    "widest_difference",
 ]
+WIDTH_GOAL = 0.3  # tau: a paired interval wider than this names the prompt that spreads it most (`_widest`)
 
 
 def paired_ranking(per_prompt: pd.DataFrame) -> pd.DataFrame:
@@ -64,6 +70,7 @@ def paired_ranking(per_prompt: pd.DataFrame) -> pd.DataFrame:
             diff, low, high = (0.0, 0.0, 0.0) if shape == best else _difference(sums, shape, best)
             compared = sums.loc[_common(sums, shape, best)]
             tied = shape == best or spread.tie(low, high)
+            widest = (None, None, math.nan) if shape == best else _widest(part, sums, shape, best, diff)
             below += not tied
             rows.append(
                 {
@@ -80,6 +87,9 @@ def paired_ranking(per_prompt: pd.DataFrame) -> pd.DataFrame:
                     "difference_ci_low": low,
                     "difference_ci_high": high,
                     "tied_with_best": tied,
+                    "widest_prompt": widest[0],
+                    "widest_category": widest[1],
+                    "widest_difference": widest[2],
                 }
             )
     return pd.DataFrame(rows, columns=RANKING)
@@ -88,6 +98,19 @@ def paired_ranking(per_prompt: pd.DataFrame) -> pd.DataFrame:
 def _common(sums: pd.DataFrame, a: str, b: str) -> pd.Index:
     """The prompts both shapes were measured on."""
     return sums[[("tokens", a), ("tokens", b)]].dropna().index
+
+
+def _widest(part: pd.DataFrame, sums: pd.DataFrame, shape: str, best: str, pooled: float) -> tuple:
+    """(prompt, its category, its difference): of the prompts both shapes were measured on, the one
+    whose own difference of tau (`shape`'s minus `best`'s) lies farthest from the pooled difference:
+    the prompt that widens the paired interval most."""
+    both = sums.loc[_common(sums, shape, best)]
+    if not len(both):
+        return None, None, math.nan
+    own = both[("tokens", shape)] / both[("steps", shape)] - both[("tokens", best)] / both[("steps", best)]
+    prompt = (own - pooled).abs().idxmax()
+    category = part.loc[part["prompt_id"] == prompt, "category"].iloc[0] if "category" in part else None
+    return prompt, category, float(own[prompt])
 
 
 def _tau(sums: pd.DataFrame, shape: str) -> float:
@@ -109,7 +132,8 @@ def headline(ranking: pd.DataFrame) -> pd.DataFrame:
     many other shapes are tied with the winner. The runner-up is the best shape that differs from the
     winner on some prompt: shapes that took the winner's tokens and target calls on every prompt (at a
     small budget several shapes are one tree: chain:2 is sequoia's and medusa's) are not a comparison,
-    and are listed in "same_as_winner"."""
+    and are listed in "same_as_winner". "widest_prompt" (with its category and its own lead) is the
+    prompt whose lead lies farthest from the pooled lead."""
     rows = []
     for (pair, budget), part in ranking.groupby(KEYS, sort=False):
         same = part.iloc[1:][_same_on_every_prompt(part.iloc[1:])]
@@ -134,6 +158,10 @@ def headline(ranking: pd.DataFrame) -> pd.DataFrame:
                 "verdict": "" if second is None else ("tied" if bool(second["tied_with_best"]) else "wins"),
                 "tied_with_winner": int(part["tied_with_best"].sum()) - 1,
                 "same_as_winner": ", ".join(same["shape"]),
+                # the prompt that spreads the lead most (its own lead: the winner's minus the runner-up's)
+                "widest_prompt": None if second is None else second["widest_prompt"],
+                "widest_category": None if second is None else second["widest_category"],
+                "widest_lead": math.nan if second is None else -second["widest_difference"],
             }
         )
     return pd.DataFrame(rows)

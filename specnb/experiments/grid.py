@@ -299,8 +299,9 @@ def best_per_budget(table: pd.DataFrame, headline: pd.DataFrame) -> pd.DataFrame
     in-sample hindsight tree nor the oracle bound) with its row of the grid (held-out tau and its
     interval over its prompts, acceptance rate and length), the shapes that are the same tree on
     every prompt (`ranking.headline`), the runner-up and its tau on the prompts
-    they were compared on, the winner's lead with its paired interval and verdict ("wins" / "tied"),
-    and the oracle's tau at that budget."""
+    they were compared on, the winner's lead with its paired interval, the interval's width and verdict
+    ("wins" / "tied"), the prompt that spreads the lead most (`ranking.headline`), and the oracle's tau at
+    that budget."""
     rows = table.set_index(["pair", "shape", "budget"])
     oracle = table[table["shape"] == ORACLE].set_index(["pair", "budget"])["tau"]
     out = []
@@ -326,6 +327,10 @@ def best_per_budget(table: pd.DataFrame, headline: pd.DataFrame) -> pd.DataFrame
                 "lead_ci_high": h.difference_ci_high,
                 "verdict": h.verdict,
                 "prompts_compared": h.prompts,
+                "interval_width": h.difference_ci_high - h.difference_ci_low,
+                "widest_prompt": getattr(h, "widest_prompt", None),
+                "widest_category": getattr(h, "widest_category", None),
+                "widest_lead": getattr(h, "widest_lead", math.nan),
                 "oracle_tau": oracle.get((h.pair, h.budget), math.nan),
             }
         )
