@@ -918,7 +918,9 @@ def _pairs_differ(best: pd.DataFrame) -> str:
     at = best[best["budget"] == n].sort_values("tau_heldout", ascending=False)
     out = (
         f"**How the pairs differ.** With {n} draft tokens the pairs rank "
-        + ", then ".join(f"{r.pair} ({r.kind}, tau {r.tau_heldout:.2f})" for r in at.itertuples())
+        + ", then ".join(
+            f"{r.pair} ({'' if r.kind == r.pair else r.kind + ', '}tau {r.tau_heldout:.2f})" for r in at.itertuples()
+        )
         + ". "
     )
     kinds = [k for k in dict.fromkeys(at["kind"]) if k in KIND_READING]
@@ -1007,12 +1009,12 @@ def _pays_off(row: pd.Series) -> str:
                 f", {side} the expected interval: the cost model and this measurement disagree on this run (the "
                 "model prices a step from the verify and draft curves alone)"
             )
-    steady = str(row.get("steady state: measured") or "")
+    steady = str(row.get("steady state measured") or "")
     if steady:
         out += (
             f". Priced again on the cost model's points timed while those runs ran (the machine's speed can change "
             f"between the curve and the runs), the steady state (each prompt's first step, its prefill, left out) "
-            f"was predicted at {row['steady state: predicted while measured']} and measured at {steady}"
+            f"was predicted at {row['steady state predicted']} and measured at {steady}"
         )
     return out + f". Verdict: **{row['verdict']}**."
 

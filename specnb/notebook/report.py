@@ -363,10 +363,17 @@ class Report:
                 )
             self.runs[nb] = Path(given) if given else latest_run(self.outputs, nb)
         self.info = {nb: json.loads((f / "params.json").read_text()) for nb, f in self.runs.items() if f is not None}
+        self.labels = _pair_labels(_csv(self.runs["02_model_pairs"], "grid.csv"))
+
+    def _read(self, folder: Path | None, name: str) -> Any:
+        """A run's CSV table (None where it is missing), its pairs named by their labels (`_pair_labels`)."""
+        frame = _csv(folder, name)
+        if frame is not None and self.labels and "pair" in frame:
+            frame["pair"] = frame["pair"].map(lambda p: self.labels.get(p, p))
+        return frame
 
     PARTS = (  # in the report's order; each is built by the method of its name with a leading "_"
         "summary",
-        "sources",
         "tree_mask",
         "trees",
         "exactness",
@@ -423,11 +430,11 @@ class Report:
         doc.text(self._framing())
         one, pairs, attention = (self.runs[nb] for nb in REPORT_NOTEBOOKS)
         inputs = (
-            _csv(pairs, "grid_best.csv"),
-            _csv(pairs, "grid_ranks.csv"),
-            _csv(attention, "speedup.csv"),
+            self._read(pairs, "grid_best.csv"),
+            self._read(pairs, "grid_ranks.csv"),
+            self._read(attention, "speedup.csv"),
             _verdict_table(one) if one is not None else None,
-            _csv(pairs, "pairs_methods.csv"),
+            self._read(pairs, "pairs_methods.csv"),
         )
         _reading(
             doc,
@@ -452,10 +459,19 @@ class Report:
             }
         )
         brief = any(b in m for m in models for b in BRIEF_PAIRS)
+        named = " ".join(self.labels)  # the pairs named by their kind: their models are in the legend
+        others = [m for m in models if m not in named]
         out = (
             f"Measured with the {', '.join(profiles) or 'no'} profile on {', '.join(devices) or 'an unrecorded device'}"
             + (f" (decode step: {'; '.join(decodes)})" if decodes else "")
-            + f", models {', '.join(models) or 'not recorded'}. "
+            + (
+                ". Pairs (draft -> target), named by their kind below: "
+                + "; ".join(f"**{label}**, {pair}" for pair, label in self.labels.items())
+                if self.labels
+                else ""
+            )
+            + (f"{'; other ' if self.labels else ', '}models {', '.join(others)}" if others or not self.labels else "")
+            + ". "
         )
         if brief:
             return out + "These are the brief's Llama models."
@@ -465,20 +481,6 @@ class Report:
             "quantized self-draft), run where there is no model hub. The brief's pairs are the t4 profile's "
             "(`./run_notebooks.sh t4` on Colab), not run for this report. Acceptance (rate, length, tau) does not "
             "depend on the device; speed does."
-        )
-
-    def _sources(self, doc: _Doc) -> None:
-        """Which run of each notebook the report reads."""
-        ran = ", ".join(
-            f"{REPORT_NOTEBOOKS[nb]} ({i.get('profile')}, {i.get('started')}"
-            + (", run interactively" if i.get("status") == "interactive" else "")
-            + ")"
-            for nb, i in self.info.items()
-        )
-        doc.text(
-            f"From these runs under `{self.outputs.name}/` (the latest finished of each notebook unless 07 named "
-            f"one): {ran or 'none'}. "
-            "The per-notebook appendices (every table and figure, with the code) are listed in section 4."
         )
 
     def _tree_mask(self, doc: _Doc) -> None:
@@ -520,7 +522,7 @@ class Report:
         if f is None:
             lines.append("- 01 did not run: no replay check, no greedy check of its own")
         else:
-            agree = _csv(f, "replay_agreement.csv")
+            agree = self._read(f, "replay_agreement.csv")
             if agree is not None and len(agree):
                 same, total = int(agree["identical_steps"].sum()), int(agree["steps_compared"].sum())
                 ties, bad = int(agree["tie_steps"].sum()), int(agree["mismatched_steps"].sum())
@@ -529,14 +531,14 @@ class Report:
                     f"- 01, replay against real runs: **{same}/{total} steps identical**, {ties} numerical ties, "
                     f"{bad} mismatches ({methods})"
                 )
-            measured = _csv(f, "measured.csv")
+            measured = self._read(f, "measured.csv")
             if measured is not None and len(measured):
                 lines.append("- 01, end-to-end runs: " + greedy_summary(measured))
         f = self.runs["02_model_pairs"]
         if f is None:
             lines.append("- 02 did not run: no greedy check of its pairs")
         else:
-            table = _csv(f, "pairs_methods.csv")
+            table = self._read(f, "pairs_methods.csv")
             if table is not None and len(table):
                 for pair, t in table.groupby("pair", sort=False):
                     lines.append(f"- 02, {pair}: " + greedy_summary(t))
@@ -544,7 +546,7 @@ class Report:
         if f is None:
             lines.append("- 03 did not run: no check of the attention implementations")
         else:
-            check = _csv(f, "reference_check.csv")
+            check = self._read(f, "reference_check.csv")
             if check is not None and len(check):
                 parts = ", ".join(
                     f"{r.impl} {r.max_abs_error:.1e} (tolerance {r.tolerance:.0e})"
@@ -555,36 +557,41 @@ class Report:
         doc.text("\n".join(lines))
 
     def _grid(self, doc: _Doc) -> None:
-        """02's grid: the best tree per budget per pair, then per pair each metric as shape x budget
-        (value [95% interval]), the notes of rows without values, and the figures."""
+        """02's grid: the best tree per budget per pair paired against the runner-up, the draft's rank
+        shares, the winner per category, then the grid itself as one table (`_compact_grid`), and the figures."""
         from . import readings
 
         if self._not_run(doc, "02_model_pairs"):
             return
         folder = self.runs["02_model_pairs"]
-        grid = _csv(folder, "grid.csv")
+        grid = self._read(folder, "grid.csv")
         if grid is None or not len(grid):
             doc.text("02's run wrote no grid (its parameter `grid` was off, or no pair ran).")
             return
-        best = _csv(folder, "grid_best.csv")
+        best = self._read(folder, "grid_best.csv")
+        tokens = self.info.get("02_model_pairs", {}).get("parameters", {}).get("max_new_tokens")
         doc.text(
-            f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each, replayed from one collection "
-            "per pair (re-drafted across tokenizers). First the paired comparison: per pair and budget the winner "
-            "(held-out tau), the runner-up, and the winner's lead measured per prompt on the same prompts with its "
-            "95% interval (tied where it holds 0). Designs (sequoia, medusa) are fitted to these prompts and scored "
-            "held out; hindsight is fitted and scored on the same prompts (in-sample: a design's optimism, not a "
-            "bound on the others); the oracle is a bound, not a method."
+            f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each"
+            + (f" x {tokens} new tokens" if tokens else "")
+            + ", replayed from one collection per pair (re-drafted across tokenizers). Per pair and budget: the "
+            "winner by held-out tau, the runner-up, and the winner's lead measured per prompt (paired) with its 95% "
+            "interval, tied where it holds 0. Designs (sequoia, medusa) are fitted on some prompts and scored on the "
+            "others; hindsight is fitted and scored on the same prompts (in-sample: not a bound); the oracle is a "
+            "bound, not a method."
         )
         if best is not None and len(best):
             doc.table(_best_table(best), "02: the best tree per budget, per pair, paired against the runner-up")
-        ranks = _csv(folder, "grid_ranks.csv")
+            wide = _wide_intervals(best)
+            if wide:
+                doc.text(wide)
+        ranks = self._read(folder, "grid_ranks.csv")
         if ranks is not None and ranks["share"].notna().any():
             doc.table(
                 readings.rank_shares(ranks),
                 "02: how often the draft's rank-r token is the target's next token, per pair (rank 0 squared: about "
                 "what a second level under the top token is accepted at, Sequoia's positional assumption)",
             )
-        categories = _csv(folder, "grid_categories.csv")
+        categories = self._read(folder, "grid_categories.csv")
         if categories is not None and len(categories):
             doc.table(
                 _category_table(categories),
@@ -594,25 +601,16 @@ class Report:
             )
         doc.figure(folder / "grid_best.png", "02: the best tree per budget, the pairs compared")
         doc.text(
-            "The grid itself, per pair: each cell is acceptance rate (accepted / drafted) / acceptance length "
-            "(accepted per target call, bonus excluded) [95% interval of the length]. tau = 1 + acceptance length on "
-            "every row but for the steps with no bonus token (the generation ended on an accepted token), counted "
-            "below each table; the oracle's rate is 1 by definition and not shown. Every metric with its interval, "
-            f"tau included: 02's appendix ({self._appendix('02_model_pairs')})."
+            "The grid: acceptance rate (accepted / drafted) / acceptance length (accepted per target call, bonus "
+            "excluded) [95% interval of the length]; tau = 1 + length except on steps with no bonus token (the "
+            "generation ended on an accepted token), counted below. A shape whose cells equal another's on every "
+            "budget shares its row; the oracle's rate is 1 by definition. Every metric with its interval, tau "
+            f"included: 02's appendix ({self._appendix('02_model_pairs')})."
         )
-        for pair, t in grid.groupby("pair", sort=False):
-            doc.table(_compact_grid(t), f"02, {pair} ({t['kind'].iloc[0]}): rate / length [interval], by draft tokens")
-            counted = {"steps", "no_bonus_steps", "cut_steps"} <= set(t)
-            steps, no_bonus, cut = (int(t[c].sum()) if counted else 0 for c in ("steps", "no_bonus_steps", "cut_steps"))
-            notes = t[t["tau"].isna() & t["note"].notna()].drop_duplicates("shape")
-            said = [f"{r.shape}: {r.note}." for r in notes.itertuples()]
-            if steps:
-                said.append(
-                    f"Steps over the table: {steps}; without a bonus token: {no_bonus}; drafted short by the end of "
-                    f"the generation: {cut}."
-                )
-            if said:
-                doc.text(" ".join(said))
+        table, said = _compact_grid(grid)
+        doc.table(table, "02: rate / length [interval] per pair and shape, by draft tokens")
+        if said:
+            doc.text(" ".join(said))
         doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
         doc.figure(folder / "grid_rate.png", "02: acceptance rate by budget per shape, one panel per pair")
 
@@ -622,7 +620,7 @@ class Report:
         if self._not_run(doc, "01_tree_shapes"):
             return
         f = self.runs["01_tree_shapes"]
-        table = _csv(f, "replay.csv")
+        table = self._read(f, "replay.csv")
         if table is None:
             doc.text("01's run wrote no replay.csv.")
         else:
@@ -633,14 +631,17 @@ class Report:
                 "hindsight of every step (a bound, not a method). Its tables (rate, length and tau per shape and "
                 f"budget, with intervals): 01's appendix ({self._appendix('01_tree_shapes')})."
             )
-        depth = _csv(f, "depth_acceptance.csv")
+        depth = self._read(f, "depth_acceptance.csv")
         if depth is not None and (depth["shape"] == "chain").any():
+            d = readings.depth_table(depth)
+            wide = d.set_index(d["depth"].astype(str))["accepted"].to_frame().T
             doc.table(
-                readings.depth_table(depth), "01: the chain's steps that accepted at least d draft tokens, by depth d"
+                wide.assign(budget=d["budget"].iloc[0])[["budget", *wide.columns]],
+                "01: the share of the chain's steps that accepted at least d draft tokens, by depth d",
             )
         doc.figure(f / "tau_vs_budget.png", "01: tau by budget per shape")
         doc.figure(f / "rate_vs_budget.png", "01: acceptance rate by budget per shape")
-        measured = _csv(f, "measured.csv")
+        measured = self._read(f, "measured.csv")
         if measured is not None and len(measured):
             doc.table(_speed_table(measured), "01: run end to end on the check prompts (wall clock on this device)")
 
@@ -650,10 +651,10 @@ class Report:
         if self._not_run(doc, "02_model_pairs"):
             return
         f = self.runs["02_model_pairs"]
-        table = _csv(f, "pairs_methods.csv")
-        status = _csv(f, "pairs.csv")
-        if status is not None and len(status):
-            doc.table(status, "02: the pairs and whether each was measured")
+        table = self._read(f, "pairs_methods.csv")
+        status = self._read(f, "pairs.csv")
+        if status is not None and (status["status"] != "measured").any():  # each pair's models: 02's appendix
+            doc.table(status[status["status"] != "measured"], "02: the pairs not measured, and why")
         if table is not None and len(table):
             doc.table(
                 pd.concat([_speed_table(t).assign(pair=pair) for pair, t in table.groupby("pair", sort=False)])[
@@ -670,17 +671,17 @@ class Report:
         if self._not_run(doc, "03_tree_attention_timing"):
             return
         f = self.runs["03_tree_attention_timing"]
-        speed = _csv(f, "speedup.csv")
+        speed = self._read(f, "speedup.csv")
         if speed is not None and len(speed):
             _speedup_tables(doc, speed)
         doc.figure(f / "tree_speedup.png", "03: one tree-masked call against one call per root-to-leaf sequence")
-        grid = _csv(f, "attention_grid.csv")
+        grid = self._read(f, "attention_grid.csv")
         if grid is not None:
             _grid_tables(doc, grid[grid["impl"] == "sdpa"] if (grid["impl"] == "sdpa").any() else grid)
             doc.text(f"Every implementation's times: 03's appendix ({self._appendix('03_tree_attention_timing')}).")
         doc.figure(f / "time_vs_nodes.png", "03: attention time by draft tokens")
         doc.figure(f / "time_vs_prefix_batch.png", "03: attention time by prefix length and batch size")
-        curve = _csv(f, "verify_curve.csv")
+        curve = self._read(f, "verify_curve.csv")
         if curve is not None and len(curve):
             doc.table(
                 readings.verify_cost_table(curve),
@@ -695,7 +696,7 @@ class Report:
         if self._not_run(doc, "01_tree_shapes"):
             return
         folder = self.runs["01_tree_shapes"]
-        recommendation = _csv(folder, "recommendation.csv")
+        recommendation = self._read(folder, "recommendation.csv")
         if recommendation is not None and len(recommendation):
             doc.table(
                 readings.step_costs(recommendation),
@@ -715,7 +716,7 @@ class Report:
                 f"01: the tree to deploy for {results.pair}, expected speed-up over the target alone from the cost "
                 "model [95% interval], and as measured end to end (empty interval: too few prompts)",
             )
-        engines = _csv(folder, "engine_table.csv")
+        engines = self._read(folder, "engine_table.csv")
         if engines is not None and len(engines):
             doc.table(
                 _engine_table(engines),
@@ -736,16 +737,16 @@ class Report:
         for nb in REPORT_NOTEBOOKS:
             self._not_run(doc, nb)
         one, pairs, attention = (self.runs[nb] for nb in REPORT_NOTEBOOKS)
-        curve = _csv(attention, "verify_curve.csv")
+        curve = self._read(attention, "verify_curve.csv")
         inputs = (
-            _csv(pairs, "grid_best.csv"),
-            _csv(pairs, "grid_ranks.csv"),
-            _csv(one, "depth_acceptance.csv"),
-            _csv(attention, "speedup.csv"),
-            curve if curve is not None else _csv(one, "verify_curve.csv"),
+            self._read(pairs, "grid_best.csv"),
+            self._read(pairs, "grid_ranks.csv"),
+            self._read(one, "depth_acceptance.csv"),
+            self._read(attention, "speedup.csv"),
+            curve if curve is not None else self._read(one, "verify_curve.csv"),
             _verdict_table(one) if one is not None else None,
         )
-        recommendation = _csv(one, "recommendation.csv")
+        recommendation = self._read(one, "recommendation.csv")
         costs = readings.step_costs(recommendation) if recommendation is not None and len(recommendation) else None
         _reading(
             doc,
@@ -782,7 +783,8 @@ class Report:
                     "notebook": nb,
                     "run": folder.name,
                     "profile": i.get("profile"),
-                    "started": i.get("started"),
+                    "started": f"{i.get('started')}"
+                    + (", run interactively" if i.get("status") == "interactive" else ""),
                     "commit": (env.get("git_commit") or "")[:12],
                     "device": env.get("device"),
                     "torch threads": env.get("torch_threads"),
@@ -864,6 +866,16 @@ def _draw_mask(path: Path) -> None:
     plt.close(plots.tree_mask(Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]), 3, path))
 
 
+def _pair_labels(grid: Any) -> dict[str, str]:
+    """Each pair's name in the report's tables and prose: its kind ('same tokenizer', 'other tokenizer',
+    'self-draft') where the pairs' kinds differ, so that long model names are written once, in the
+    report's first paragraph; {} (the full names everywhere) where two pairs share a kind."""
+    if grid is None or not {"pair", "kind"} <= set(grid):
+        return {}
+    kinds = grid.drop_duplicates("pair").set_index("pair")["kind"].dropna().astype(str)
+    return dict(kinds) if len(kinds) > 1 and kinds.is_unique else {}
+
+
 def _pair_of(folder: Path) -> str:
     from ..io.tree_results import RESULTS_FILE, read
 
@@ -883,8 +895,7 @@ def _best_table(best: Any) -> Any:
 
     return pd.DataFrame(
         {
-            "pair": best["pair"],
-            "kind": best["kind"],
+            "pair": best["pair"].where(best["pair"] != best["pair"].shift(), ""),  # named on its first row
             "budget": best["budget"],
             "best shape": [
                 r["best_shape"] + (f" (= {r['same_as_winner']})" if r.get("same_as_winner") else "")
@@ -893,7 +904,6 @@ def _best_table(best: Any) -> Any:
             if "same_as_winner" in best
             else best["best_shape"],
             "tau held out": [with_interval(r, "tau_heldout") for _, r in best.iterrows()],
-            "acceptance rate": best["acceptance_rate"].map(_number),
             "runner-up": best["runner_up"],
             "its tau": best["runner_up_tau"].map(_number),
             "lead, paired [95%]": [
@@ -908,11 +918,32 @@ def _best_table(best: Any) -> Any:
                 for _, r in best.iterrows()
             ],
             "verdict": best["verdict"].fillna("") if "verdict" in best else "",
-            "oracle tau": best["oracle_tau"].map(_number),
-            "of oracle": [
+            "of oracle tau": [
                 percent(t / o) if o == o and o else "" for t, o in zip(best["tau_heldout"], best["oracle_tau"])
             ],
         }
+    )
+
+
+def _wide_intervals(best: Any) -> str:
+    """The headline's paired intervals wider than `ranking.WIDTH_GOAL`, each with the prompt whose own
+    lead lies farthest from the pooled lead (what the width owes most to); '' where none is."""
+    from ..analysis.ranking import WIDTH_GOAL
+
+    if "widest_prompt" not in best:
+        return ""
+    width = best["lead_ci_high"] - best["lead_ci_low"]
+    wide = best[width > WIDTH_GOAL]
+    if not len(wide):
+        return f"Every paired interval is at most {WIDTH_GOAL} tau wide."
+    return (
+        f"Paired intervals wider than {WIDTH_GOAL} tau, and the prompt farthest from the pooled lead: "
+        + "; ".join(
+            f"{r['pair']} at {r['budget']}: {w:.2f} over {int(r['prompts_compared'])} prompts, {r['widest_category']} "
+            f"prompt {r['widest_prompt']} (its own lead {r['widest_lead']:+.2f})"
+            for (_, r), w in zip(wide.iterrows(), width[wide.index])
+        )
+        + "."
     )
 
 
@@ -940,9 +971,14 @@ def _engine_table(engines: Any) -> Any:
     return pd.DataFrame(rows)
 
 
-def _compact_grid(grid: Any) -> Any:
-    """A pair's grid as shape x budget, each cell 'rate / length [low, high]' (the oracle: its length
-    only, its rate being 1 by definition); rows in the table's order."""
+def _compact_grid(grid: Any) -> tuple[Any, list[str]]:
+    """02's grid as one table, (pair, shape) x budget, each cell 'rate / length [low, high]' (the
+    oracle: its length only, its rate being 1 by definition); a shape whose cells equal an earlier
+    shape's on every budget shares that row ('chain (= hindsight)'), a shape without values is left
+    out. Returns the table and the sentences that say what was left out (per pair, the reason once)
+    and the steps each pair's table counts."""
+    import pandas as pd
+
     cells = grid.copy()
     cells["_cell"] = [
         (f"{_number(r['acceptance_rate'])} / " if r["shape"] != "oracle" else "")
@@ -951,7 +987,40 @@ def _compact_grid(grid: Any) -> Any:
         else ""
         for _, r in grid.iterrows()
     ]
-    return pivot(cells.assign(_shown=cells["_cell"]), "_shown")
+    parts, said = [], []
+    for pair, t in cells.groupby("pair", sort=False):
+        wide = pivot(t.assign(_shown=t["_cell"]), "_shown")
+        budgets = [c for c in wide.columns if c != "shape"]
+        rows: dict[tuple, list[str]] = {}
+        for _, r in wide.iterrows():
+            key = tuple(r[budgets])
+            if not any(key):
+                continue
+            rows.setdefault(key, []).append(str(r["shape"]))
+        kind = f" ({t['kind'].iloc[0]})" if "kind" in t and t["kind"].iloc[0] != pair else ""
+        parts.append(
+            pd.DataFrame(
+                [
+                    {"pair": pair + kind, "shape": names[0] + (f" (= {', '.join(names[1:])})" if names[1:] else "")}
+                    | dict(zip(budgets, key))
+                    for key, names in rows.items()
+                ]
+            )
+        )
+        missing = t[t["tau"].isna() & t["note"].notna()].drop_duplicates("shape")
+        if len(missing):
+            reasons = missing["note"].astype(str).str.split(":").str[0].unique()
+            said.append(f"{pair}: {', '.join(missing['shape'])} {'; '.join(reasons)} (02's appendix says why).")
+        if {"steps", "no_bonus_steps", "cut_steps"} <= set(t):
+            steps, no_bonus, cut = (int(t[c].sum()) for c in ("steps", "no_bonus_steps", "cut_steps"))
+            said.append(
+                f"{pair}: {steps} steps, {no_bonus} without a bonus token, {cut} drafted short by the end of the "
+                "generation."
+            )
+    table = pd.concat(parts, ignore_index=True).fillna("")
+    budgets = sorted((c for c in table.columns if c not in ("pair", "shape")), key=float)
+    table["pair"] = table["pair"].where(table["pair"] != table["pair"].shift(), "")  # a pair named on its first row
+    return table[["pair", "shape", *budgets]], said
 
 
 def _category_table(categories: Any) -> Any:
@@ -987,18 +1056,14 @@ def _verdict_table(folder: Path) -> Any:
     return pd.DataFrame(
         [
             {
-                "pair": results.pair,
                 "tree": f"{rec.tree.name} with {rec.tree.budget} draft tokens",
-                "fitted": "fitted to the data" if rec.tree.fitted else "a preset",
+                "fitted": "fitted" if rec.tree.fitted else "preset",
                 "tau held out": f"{rec.tree.tau_heldout:.2f} [{rec.tau_low:.2f}, {rec.tau_high:.2f}]",
                 "expected speed-up": interval(rec.speedup, rec.speedup_low, rec.speedup_high),
                 "measured speed-up": "" if rec.measured_speedup is None else f"{rec.measured_speedup:.2f}x",
                 "measured on": "" if rec.measured_speedup is None else rec.measured_prompts,
-                "steady state: predicted while measured": interval(check["predicted"], check["low"], check["high"])
-                if check
-                else "",
-                "steady state: measured": f"{check['measured']:.2f}x ({check['check']})" if check else "",
-                "device": rec.device or "",
+                "steady state predicted": interval(check["predicted"], check["low"], check["high"]) if check else "",
+                "steady state measured": f"{check['measured']:.2f}x ({check['check']})" if check else "",
                 "verdict": rec.verdict,
             }
         ]
@@ -1057,9 +1122,9 @@ def _speedup_tables(doc: _Doc, speed: Any) -> None:
 
     doc.text(
         "How much one tree-masked call (SDPA with the tree mask) saves over one call per root-to-leaf sequence "
-        "(what verifying each candidate continuation separately costs): per_sequence / tree time, above 1 the tree "
-        "call is faster; leaves: the sequences one tree call replaces. Then the tree mask's own cost: tree time over "
-        "plain causal attention on the same number of tokens (1 = free)."
+        "(verifying each candidate continuation separately): per-sequence time / tree time, above 1 the tree call is "
+        "faster. Then the tree mask's own cost: tree time over plain causal attention on as many tokens (1 = free). "
+        "The trees timed and their leaves: 03's appendix."
     )
     index = ["shape", "batch", "prefix"] if speed["shape"].nunique() > 1 else ["batch", "prefix"]
     for column, caption in (
@@ -1076,9 +1141,6 @@ def _speedup_tables(doc: _Doc, speed: Any) -> None:
             readings.trend_table(speed),
             "03: the speed-up of one tree call over one call per sequence, median over the other axes",
         )
-    if "leaves" in speed:
-        leaves = speed.drop_duplicates(["shape", "nodes"])[["shape", "nodes", "leaves", "depth"]]
-        doc.table(leaves, "03: the trees timed (leaves: sequences one tree call replaces)")
 
 
 def _ms_cell(row: Any) -> str:
