@@ -835,15 +835,14 @@ def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFr
         deeper = [pair for pair in shares["pair"] if top.loc[pair, 0] ** 2 > top.loc[pair, 1]]
         out += (
             f" The draft's top token is the target's next at {_names(list(shares['rank 0']))} of positions "
-            f"({_names(list(shares['pair']))}), its second-ranked at {_names(list(shares['rank 1']))}. Under "
-            "Sequoia's positional assumption [Chen et al. 2024] a second level under the top token is accepted at "
-            f"about the square of the first, {_names(list(shares['rank 0 squared']))}: "
+            f"({_names(list(shares['pair']))}), its second at {_names(list(shares['rank 1']))}; a second level "
+            f"under the top token is accepted at about the square of the first [Chen et al. 2024], "
+            f"{_names(list(shares['rank 0 squared']))}: "
         )
         if len(deeper) == len(shares):
             out += (
-                "far more than a second sibling, so each node spent deeper on the top path is worth more than "
-                "one spent beside it, and deep trees (chain, dynamic, sparse) lead until the top path's "
-                "acceptance has decayed."
+                "far more than a second sibling, so a node spent deeper on the top path is worth more than one "
+                "beside it, and deep trees (chain, dynamic, sparse) lead until the top path's acceptance decays."
             )
         elif not deeper:
             out += "less than a second sibling, so width pays before depth: wide and k-ary trees lead."
@@ -858,7 +857,7 @@ def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFr
     if depth is not None and len(depth) and (depth["shape"] == "chain").any():
         d = depth_table(depth)
         out += (
-            f" In 01's pair a chain of {d['budget'].iloc[0]} tokens accepts at least 1, 2, ... tokens in "
+            f" In 01's pair a chain of {d['budget'].iloc[0]} accepts at least 1, 2, ... tokens in "
             f"{_names(list(d['accepted']))} of steps: a level is reached only through the one above it, so "
             "each further token of a chain is worth less than the one before."
         )
@@ -883,8 +882,7 @@ def _where_it_stops(best: pd.DataFrame, flat: float) -> str:
     if grows:
         out += (
             f"Tau still grows at the largest budget measured for {_names(grows)}; whether a larger budget pays is "
-            "a question of its cost, not of tau: each added token lengthens the verify and, for deep trees, the "
-            "draft (the verify cost and 01's verdict below). "
+            "a question of cost: each added token lengthens the verify and, for deep trees, the draft. "
         )
     falls, rises = [], []
     for pair, b in best.groupby("pair", sort=False):
@@ -894,7 +892,7 @@ def _where_it_stops(best: pd.DataFrame, flat: float) -> str:
         (falls if round(last, 2) < round(first, 2) else rises).append(said)
     if falls:
         out += (
-            f"The acceptance rate of the best tree falls, from {'; '.join(falls)}: each added node sits at a rank or "
+            f"The best tree's acceptance rate falls, from {'; '.join(falls)}: each added node sits at a rank or "
             "depth the target takes less often. "
         )
     if rises:
@@ -903,8 +901,8 @@ def _where_it_stops(best: pd.DataFrame, flat: float) -> str:
             "larger budget is another one, which spends its nodes where they are accepted more. "
         )
     out += (
-        "On a GPU, where verifying more tokens costs little until it saturates, tau decides; on a CPU each node "
-        "costs time, and the verify cost below decides (notebook 01 prices it)."
+        "On a GPU a verify of more tokens costs little until it saturates, so tau decides; on a CPU each node costs "
+        "time, and the verify cost decides (01 prices it)."
     )
     return out
 
@@ -929,10 +927,10 @@ def _pairs_differ(best: pd.DataFrame) -> str:
     bounded = at.dropna(subset=["oracle_tau"])
     if len(bounded):
         out += (
-            "Against the oracle bound (the longest accepted prefix among the draft's top-k at every step) the best "
-            "tree reaches "
+            "The best tree reaches "
             + _names([f"{percent(r.tau_heldout / r.oracle_tau)} ({r.pair})" for r in bounded.itertuples()])
-            + ": the gap is what choosing each step's tree knowing the target's continuation would add."
+            + " of the oracle bound's tau: the gap is what choosing each step's tree knowing the target's "
+            "continuation would add."
         )
     return out
 
@@ -963,8 +961,7 @@ def _attention_cost(speed: pd.DataFrame, curve: pd.DataFrame | None) -> str:
     if any(m.startswith("shrinks with prefix") for m in moves):
         out += (
             "That reason predicts a speed-up growing with the prefix (each call re-reads it); it shrinks here, which "
-            "these runs do not explain: both calls are then dominated by the same prefix-sized work on this device, "
-            "a guess the grid does not test. "
+            "these runs do not explain. "
         )
     if "mask_overhead" in speed and speed["mask_overhead"].notna().any():
         m = speed.dropna(subset=["mask_overhead"])
@@ -1012,8 +1009,7 @@ def _pays_off(row: pd.Series) -> str:
     steady = str(row.get("steady state measured") or "")
     if steady:
         out += (
-            f". Priced again on the cost model's points timed while those runs ran (the machine's speed can change "
-            f"between the curve and the runs), the steady state (each prompt's first step, its prefill, left out) "
+            f". Priced on cost points timed while those runs ran, the steady state (each prompt's prefill left out) "
             f"was predicted at {row['steady state predicted']} and measured at {steady}"
         )
     return out + f". Verdict: **{row['verdict']}**."

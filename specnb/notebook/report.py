@@ -612,7 +612,6 @@ class Report:
         if said:
             doc.text(" ".join(said))
         doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
-        doc.figure(folder / "grid_rate.png", "02: acceptance rate by budget per shape, one panel per pair")
 
     def _one_pair(self, doc: _Doc) -> None:
         from . import readings
@@ -640,7 +639,6 @@ class Report:
                 "01: the share of the chain's steps that accepted at least d draft tokens, by depth d",
             )
         doc.figure(f / "tau_vs_budget.png", "01: tau by budget per shape")
-        doc.figure(f / "rate_vs_budget.png", "01: acceptance rate by budget per shape")
         measured = self._read(f, "measured.csv")
         if measured is not None and len(measured):
             doc.table(_speed_table(measured), "01: run end to end on the check prompts (wall clock on this device)")
@@ -680,7 +678,6 @@ class Report:
             _grid_tables(doc, grid[grid["impl"] == "sdpa"] if (grid["impl"] == "sdpa").any() else grid)
             doc.text(f"Every implementation's times: 03's appendix ({self._appendix('03_tree_attention_timing')}).")
         doc.figure(f / "time_vs_nodes.png", "03: attention time by draft tokens")
-        doc.figure(f / "time_vs_prefix_batch.png", "03: attention time by prefix length and batch size")
         curve = self._read(f, "verify_curve.csv")
         if curve is not None and len(curve):
             doc.table(
@@ -717,15 +714,10 @@ class Report:
                 "model [95% interval], and as measured end to end (empty interval: too few prompts)",
             )
         engines = self._read(folder, "engine_table.csv")
-        if engines is not None and len(engines):
-            doc.table(
-                _engine_table(engines),
-                "01: each serving engine's setting (release range), held-out tau, expected speed-up over the target "
-                "alone [95% interval], and its speed-up's difference from the best tree of all on the same prompts "
-                f"(paired: 'tied' where the interval holds 0); each setting's line: {DEPLOY_FILE}",
-            )
+        named = f" ({', '.join(dict.fromkeys(engines['engine']))})" if engines is not None and len(engines) else ""
         doc.text(
-            f"Every tree scored, SGLang's flags per budget and the deploy lines ({DEPLOY_FILE}): 01's appendix "
+            f"Every tree scored, each serving engine's setting{named} scored against this tree on the same prompts "
+            f"(paired), SGLang's flags per budget and the deploy lines ({DEPLOY_FILE}): 01's appendix "
             f"({self._appendix('01_tree_shapes')}) and its run folder."
         )
         doc.figure(folder / "tree_best.png", "01: the tree of highest held-out tau")
@@ -786,8 +778,6 @@ class Report:
                     "started": f"{i.get('started')}"
                     + (", run interactively" if i.get("status") == "interactive" else ""),
                     "commit": (env.get("git_commit") or "")[:12],
-                    "device": env.get("device"),
-                    "torch threads": env.get("torch_threads"),
                     "decode (ms)": _number(timing.get("decode_ms"), 0),
                     "estimate (s)": _number(timing.get("estimate_s"), 0),
                     "actual (s)": i.get("duration_s"),
@@ -795,11 +785,6 @@ class Report:
                 }
             )
         doc.table(pd.DataFrame(rows), "the runs this report reads")
-        decodes = {
-            str(i.get("timing", {}).get("decode")) for i in self.info.values() if i.get("timing", {}).get("decode")
-        }
-        if decodes:
-            doc.text("Decode step: " + "; ".join(sorted(decodes)) + ".")
         first = next(iter(self.info.values()), None)
         if first is not None:
             env = first.get("environment", {})
@@ -945,30 +930,6 @@ def _wide_intervals(best: Any) -> str:
         )
         + "."
     )
-
-
-def _engine_table(engines: Any) -> Any:
-    """01's engine table (`analysis.engine_choice.engine_table`) rounded for reading, without the lines."""
-    import pandas as pd
-
-    def cell(value: float, low: float, high: float, sign: str = "") -> str:
-        if value != value:
-            return ""
-        return f"{value:{sign}.2f}" + (f" [{low:.2f}, {high:.2f}]" if low == low and high == high else "")
-
-    rows = [
-        {
-            "engine": r["engine"],
-            "releases": r["releases"],
-            "tree": f"{r['shape']}:{int(r['budget'])}" if isinstance(r["shape"], str) else "",
-            "tau held out": cell(r["tau_heldout"], r["tau_ci_low"], r["tau_ci_high"]),
-            "speed-up (x)": cell(r["speedup"], r["speedup_ci_low"], r["speedup_ci_high"]),
-            "vs the best tree (x)": cell(r["versus_best"], r["versus_best_ci_low"], r["versus_best_ci_high"], "+"),
-            "verdict": r["verdict"] if isinstance(r["verdict"], str) else "",
-        }
-        for _, r in engines.iterrows()
-    ]
-    return pd.DataFrame(rows)
 
 
 def _compact_grid(grid: Any) -> tuple[Any, list[str]]:
