@@ -406,6 +406,10 @@ class Report:
             getattr(self, "_" + part)(doc)
         return doc
 
+    def _pair_name(self, pair: str) -> str:
+        """'the same tokenizer pair' where `pair` has a label (`_pair_labels`), else 'pair <draft -> target>'."""
+        return f"the {self.labels[pair]} pair" if pair in self.labels else f"pair {pair}"
+
     def _appendix(self, notebook: str) -> str:
         """A markdown link to `notebook`'s appendix (its executed notebook as HTML), relative to the report."""
         folder = self.runs.get(notebook)
@@ -623,9 +627,11 @@ class Report:
         if table is None:
             doc.text("01's run wrote no replay.csv.")
         else:
-            pair = _pair_of(f)
+            tokens = self.info.get("01_tree_shapes", {}).get("parameters", {}).get("max_new_tokens")
             doc.text(
-                f"Pair {pair}: {int(table['prompts'].max())} prompts, every shape and budget replayed; dynamic: a tree "
+                f"{_upper_first(self._pair_name(_pair_of(f)))}: {int(table['prompts'].max())} prompts"
+                + (f" x {tokens} new tokens" if tokens else "")
+                + ", every shape and budget replayed; dynamic: a tree "
                 "grown per step from the draft's confidence; oracle: the best tree drawn from the draft's top-k in "
                 "hindsight of every step (a bound, not a method). Its tables (rate, length and tau per shape and "
                 f"budget, with intervals): 01's appendix ({self._appendix('01_tree_shapes')})."
@@ -706,12 +712,13 @@ class Report:
         results = read(folder)
         verdict = _verdict_table(folder)
         if verdict is None:
-            doc.text(f"{results.pair}: no tree recommended (nothing had a held-out tau).")
+            name = _upper_first(self._pair_name(results.pair))
+            doc.text(f"{name}: no tree recommended (nothing had a held-out tau).")
         else:
             doc.table(
                 verdict,
-                f"01: the tree to deploy for {results.pair}, expected speed-up over the target alone from the cost "
-                "model [95% interval], and as measured end to end (empty interval: too few prompts)",
+                f"01: the tree to deploy for {self._pair_name(results.pair)}, expected speed-up over the target alone "
+                "from the cost model [95% interval], and as measured end to end (empty interval: too few prompts)",
             )
         engines = self._read(folder, "engine_table.csv")
         named = f" ({', '.join(dict.fromkeys(engines['engine']))})" if engines is not None and len(engines) else ""
@@ -849,6 +856,11 @@ def _draw_mask(path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     plt.close(plots.tree_mask(Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]), 3, path))
+
+
+def _upper_first(text: str) -> str:
+    """`text` with its first letter upper case, the rest as it is (model names keep their case)."""
+    return text[:1].upper() + text[1:]
 
 
 def _pair_labels(grid: Any) -> dict[str, str]:
