@@ -578,7 +578,8 @@ def categories_reading(winners: pd.DataFrame) -> str:
 
 
 KIND_READING = {  # what a pair's kind says about its draft, where the pairs are compared
-    "self-draft": "a quantized copy of the target agrees with it most: it is the same model, rounded",
+    "self-draft": "a 4-bit copy of the target is the same model, rounded: it misses only where rounding changes "
+    "the top token (how often, its rank-0 share says)",
     "same tokenizer": "a smaller model of the family shares the target's tokenizer and most of its training, "
     "and misses where its smaller capacity does",
     "other tokenizer": "a draft of another tokenizer is re-drafted along the target's tokens: where the two "
