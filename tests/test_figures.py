@@ -159,8 +159,10 @@ def test_the_grid_figure_is_legible_with_long_pair_names(tmp_path, tables):
     grid = pd.concat(
         [tables[0].assign(pair=p, kind=k) for p, k in ((long, "self-draft"), ("A -> B", "same tokenizer"))]
     )
-    plots.grid_vs_budget(grid, "tau", plots.TAU, "tau per pair", tmp_path / "grid.png")
+    fig = plots.grid_vs_budget(grid, "tau", plots.TAU, "tau per pair", tmp_path / "grid.png")
     assert saved_problems(tmp_path / "grid.png") == []
+    assert fig._suptitle.get_text() == "tau per pair", "the figure's title, not the last panel's pair"
+    plt.close(fig)
     # a panel whose shapes hold one budget only (the smoke run's self-draft): on the pair's budget axis
     means = grid[grid["shape"] != "oracle"].groupby("shape")["tau"].mean().sort_values(ascending=False)
     lowest = means.index[-1]

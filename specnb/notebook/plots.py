@@ -614,8 +614,8 @@ def grid_vs_budget(
             name, shapes = rows[pair][c]
             _budget_lines(ax, data[(data["pair"] == pair) & data["shape"].isin(shapes)], metric, style)
             _log2_ticks(ax, data.loc[data["pair"] == pair, "budget"])  # the pair's budgets (a panel may hold one)
-            title = f"{pair} ({kind})" if kind else pair
-            ax.set_title("\n".join(textwrap.wrap(title, 44) + [name]), fontsize=7.5)
+            heading = f"{pair} ({kind})" if kind else pair  # not `title`: that is the figure's
+            ax.set_title("\n".join(textwrap.wrap(heading, 44) + [name]), fontsize=7.5)
             legend_below(ax)
         axes[r][0].set_ylabel(label, fontsize=8)
     fig.suptitle(title, fontsize=10)
