@@ -84,12 +84,12 @@ def test_the_smoke_run_ends_in_a_report_whose_analysis_the_tables_bear_out(smoke
     assert (outputs / "report.html").exists() and (outputs / "report.ipynb").exists()
     assert re.findall(r"^## (.+)$", text, flags=re.M)[:4] == ["Summary", "1 Method", "2 Results", "3 Analysis"]
     assert "did not run" not in text
-    analysis = text.split("## 3 Analysis")[1].split("## 4 Reproduce")[0]
+    analysis = text.split("## 3 Analysis")[1].split("## 4 Limitations")[0]
     for heading in ("Which shape wins, and why", "Where adding draft tokens stops paying", "What tree attention costs"):
         assert f"**{heading}" in analysis, heading
     summary = text.split("## Summary")[1].split("## 1 Method")[0]
     findings = summary[summary.index("\n- ") :]
-    assert "**The shape, with few draft tokens" in findings and "**Tree attention**" in findings
+    assert "**With few draft tokens" in findings and "**Tree attention**" in findings
     tables = "\n".join(line for line in text.splitlines() if line.startswith("|"))
     cells = set(re.findall(r"\d+(?:\.\d+)?%?", tables))
     for drafted in (analysis, findings):

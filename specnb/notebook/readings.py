@@ -24,7 +24,7 @@ acceptance rate = accepted / drafted.
     analysis           the report's (notebook 07) drafted analysis in paragraphs across pairs: which shape
                        wins and why, where tokens stop paying, how the pairs differ, what tree attention
                        costs, whether speculation pays here; each number as one of the report's tables
-                       writes it (rank_shares, depth_table, trend_table, verify_cost_table)
+                       writes it (rank_shares, trend_table, verify_cost_table)
 """
 
 from __future__ import annotations
@@ -577,16 +577,6 @@ def categories_reading(winners: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n\n" + note
 
 
-KIND_READING = {  # what a pair's kind says about its draft, where the pairs are compared
-    "self-draft": "a 4-bit copy of the target is the same model, rounded: it misses only where rounding changes "
-    "the top token (how often, its rank-0 share says)",
-    "same tokenizer": "a smaller model of the family shares the target's tokenizer and most of its training, "
-    "and misses where its smaller capacity does",
-    "other tokenizer": "a draft of another tokenizer is re-drafted along the target's tokens: where the two "
-    "tokenizers split text differently its guesses are not whole target tokens",
-}
-
-
 def percent(value: float) -> str:
     """How the report's tables and analysis write a share: '77%'."""
     return f"{value:.0%}"
@@ -600,23 +590,11 @@ def rank_shares(ranks: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for pair, t in have.groupby("pair", sort=False):
         shares = t.sort_values("rank")["share"].tolist()
-        row = {"pair": pair, "kind": t["kind"].iloc[0]}
+        row = {"pair": pair} | ({} if t["kind"].iloc[0] == pair else {"kind": t["kind"].iloc[0]})  # named by kind
         row |= {f"rank {i}": percent(s) for i, s in enumerate(shares)}
         row["rank 0 squared"] = percent(shares[0] ** 2)
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def depth_table(depth: pd.DataFrame, shape: str = "chain", max_depth: int = 8) -> pd.DataFrame:
-    """`shape`'s acceptance by depth at its largest budget (01's depth_acceptance.csv: steps that
-    accepted at least d draft tokens), as shares, to `max_depth` (depths never reached left out)."""
-    mine = depth[depth["shape"] == shape]
-    mine = mine[(mine["budget"] == mine["budget"].max()) & (mine["acceptance"] > 0)].sort_values("depth")
-    mine = mine.head(max_depth)
-    return pd.DataFrame(
-        {"shape": [shape] * len(mine), "budget": mine["budget"], "depth": mine["depth"]}
-        | {"accepted": [percent(a) for a in mine["acceptance"]]}
-    )
 
 
 def trend_table(speed: pd.DataFrame) -> pd.DataFrame:
@@ -671,7 +649,6 @@ def _grouped(rows: pd.DataFrame, every: int) -> str:
 def analysis(
     best: pd.DataFrame | None,
     ranks: pd.DataFrame | None = None,
-    depth: pd.DataFrame | None = None,
     speed: pd.DataFrame | None = None,
     curve: pd.DataFrame | None = None,
     verdict: pd.DataFrame | None = None,
@@ -680,14 +657,14 @@ def analysis(
 ) -> str:
     """The report's drafted analysis in paragraphs, computed from the tables the report shows (each
     number written as its table writes it): which shape wins at which budget and why (acceptance by
-    sibling rank, `rank_shares`; by depth, `depth_table`), where adding draft tokens stops paying
-    (doubling gains less than `flat` of tau), how the pairs differ and what that says about the
-    draft, what tree attention costs and when it stops being nearly free (`trend_table`,
+    sibling rank, `rank_shares`: a level is reached only through the one above it), where adding draft
+    tokens stops paying (doubling gains less than `flat` of tau), how the pairs differ and how far
+    from the oracle bound, what tree attention costs and when it stops being nearly free (`trend_table`,
     `verify_cost_table`), and whether speculation pays off on this device (`verdict`: 01's
     recommendation as the report tabulates it). A paragraph whose table is missing is left out."""
     paragraphs = []
     if best is not None and len(best):
-        paragraphs += [_why_shapes(best, ranks, depth), _where_it_stops(best, flat), _pairs_differ(best)]
+        paragraphs += [_why_shapes(best, ranks), _where_it_stops(best, flat), _pairs_differ(best)]
     if speed is not None and "per_sequence_over_tree" in speed and speed["per_sequence_over_tree"].notna().any():
         paragraphs.append(_attention_cost(speed, curve))
     if costs is not None and len(costs) > 1:
@@ -756,22 +733,21 @@ def findings(
         for budget, label in ((best["budget"].min(), "few"), (best["budget"].max(), "many")):
             rows = best[best["budget"] == budget].sort_values("pair")
             bullets.append(
-                f"**The shape, with {label} draft tokens ({budget})**, paired on the same prompts (tau, bonus "
-                "included): " + "; ".join(_finding_winner(r) for r in rows.itertuples()) + "."
+                f"**With {label} draft tokens ({budget})**, paired on the same prompts (tau): "
+                + "; ".join(_finding_winner(r) for r in rows.itertuples())
+                + "."
             )
     shares = rank_shares(ranks) if ranks is not None and ranks["share"].notna().any() else pd.DataFrame()
     if len(shares) and "rank 1" in shares:
         deeper = [r["pair"] for _, r in shares.iterrows() if float(r["rank 0 squared"][:-1]) > float(r["rank 1"][:-1])]
         bullets.append(
-            "**Why**: the draft's top token is the target's next at "
-            + _names([f"{r['rank 0']} ({r['pair']})" for _, r in shares.iterrows()])
-            + " of positions, its second at "
+            "**Why**: a node one level under the draft's top token is accepted at about its top share squared ("
+            + _names([f"{r['rank 0 squared']} ({r['pair']})" for _, r in shares.iterrows()])
+            + "), a second sibling at its second share ("
             + _names(list(shares["rank 1"]))
-            + "; a node one level under the top token is accepted at about the top share squared ("
-            + _names(list(shares["rank 0 squared"]))
             + "), so "
             + (
-                "a node spent deeper on the top path earns more than one spent beside it, for every pair with ranks."
+                "depth pays before width, for every pair with ranks."
                 if len(deeper) == len(shares)
                 else f"depth pays first for {_names(deeper)} only, width for the others."
                 if deeper
@@ -797,23 +773,17 @@ def findings(
             + f" (verdict: {row['verdict']})"
         )
     if methods is not None and len(methods) and "speedup" in methods:
+        fastest = []
         for pair, t in methods.dropna(subset=["speedup"]).groupby("pair", sort=False):
             top = t.loc[t["speedup"].idxmax()]
             low, high = top.get("speedup_ci_low"), top.get("speedup_ci_high")
             has = low == low and high == high and low is not None and high is not None
-            side = (
-                ""
-                if not has
-                else "; its interval holds 1: cannot tell"
-                if low <= 1 <= high
-                else "; faster"
-                if low > 1
-                else "; slower"
-            )
+            side = "" if not has else " (cannot tell)" if low <= 1 <= high else " (faster)" if low > 1 else " (slower)"
             shown = f"{top['speedup']:.2f}" + (f" [{low:.2f}, {high:.2f}]" if has else "")
-            pays.append(f"02's fastest method for {pair}, {top['shape']}, ran at {shown}x the target alone{side}")
+            fastest.append(f"{pair}, {top['shape']}, {shown}x{side}")
+        pays.append("02's fastest method per pair against the target alone: " + "; ".join(fastest))
     if pays:
-        bullets.append("**Does it pay on this device?** " + "; ".join(pays) + ".")
+        bullets.append("**Does it pay on this device?** " + ". ".join(pays) + ".")
     return "\n".join(f"- {b}" for b in bullets)
 
 
@@ -823,7 +793,7 @@ def _finding_winner(r) -> str:
     return f"{r.pair}: {r.best_shape} ({tau})" + _against_runner_up(r)
 
 
-def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFrame | None) -> str:
+def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None) -> str:
     pairs = best["pair"].nunique()
     low, high = best["budget"].min(), best["budget"].max()
     out = (
@@ -835,33 +805,22 @@ def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None, depth: pd.DataFr
         top = ranks.dropna(subset=["share"]).pivot_table(index="pair", columns="rank", values="share")
         deeper = [pair for pair in shares["pair"] if top.loc[pair, 0] ** 2 > top.loc[pair, 1]]
         out += (
-            f" The draft's top token is the target's next at {_names(list(shares['rank 0']))} of positions "
-            f"({_names(list(shares['pair']))}), its second at {_names(list(shares['rank 1']))}; a second level "
-            f"under the top token is accepted at about the square of the first [Chen et al. 2024], "
-            f"{_names(list(shares['rank 0 squared']))}: "
+            " The rank table says why: a second level under the draft's top token is accepted at about the top "
+            "share squared [Chen et al. 2024], "
         )
         if len(deeper) == len(shares):
             out += (
-                "far more than a second sibling, so a node spent deeper on the top path is worth more than one "
-                "beside it, and deep trees (chain, dynamic, sparse) lead until the top path's acceptance decays."
+                "more than a second sibling, so a node spent deeper on the top path is worth more than one beside "
+                "it, and deep trees (chain, dynamic, sparse) lead until the top path's acceptance decays: a level is "
+                "reached only through the one above it."
             )
         elif not deeper:
             out += "less than a second sibling, so width pays before depth: wide and k-ary trees lead."
         else:
-            out += f"above the second sibling for {_names(deeper)} only, where depth pays first."
+            out += f"more than a second sibling for {_names(deeper)} only, where depth pays first."
     missing = sorted(set(best["pair"]) - set(shares["pair"] if len(shares) else []))
     if missing:
-        out += (
-            f" For {_names(missing)} the draft's ranks cannot be measured (another vocabulary: its trees are "
-            "re-drafted on the target's tokens)."
-        )
-    if depth is not None and len(depth) and (depth["shape"] == "chain").any():
-        d = depth_table(depth)
-        out += (
-            f" In 01's pair a chain of {d['budget'].iloc[0]} accepts at least 1, 2, ... tokens in "
-            f"{_names(list(d['accepted']))} of steps: a level is reached only through the one above it, so "
-            "each further token of a chain is worth less than the one before."
-        )
+        out += f" For {_names(missing)} no ranks: another vocabulary (its trees are re-drafted)."
     return out
 
 
@@ -885,27 +844,13 @@ def _where_it_stops(best: pd.DataFrame, flat: float) -> str:
             f"Tau still grows at the largest budget measured for {_names(grows)}; whether a larger budget pays is "
             "a question of cost: each added token lengthens the verify and, for deep trees, the draft. "
         )
-    falls, rises = [], []
-    for pair, b in best.groupby("pair", sort=False):
-        b = b.sort_values("budget")
-        first, last = b["acceptance_rate"].iloc[0], b["acceptance_rate"].iloc[-1]
-        said = f"{first:.2f} at {b['budget'].iloc[0]} to {last:.2f} at {b['budget'].iloc[-1]} ({pair})"
-        (falls if round(last, 2) < round(first, 2) else rises).append(said)
-    if falls:
+    rates = [b.sort_values("budget")["acceptance_rate"] for _, b in best.groupby("pair", sort=False)]
+    if all(len(r) > 1 and round(r.iloc[-1], 2) < round(r.iloc[0], 2) for r in rates):
         out += (
-            f"The best tree's acceptance rate falls, from {'; '.join(falls)}: each added node sits at a rank or "
-            "depth the target takes less often. "
+            "The best tree's acceptance rate falls with the budget for every pair (the grid): each added node sits "
+            "at a rank or depth the target takes less often. "
         )
-    if rises:
-        out += (
-            f"The acceptance rate of the best tree does not fall for {'; '.join(rises)}: the best shape at the "
-            "larger budget is another one, which spends its nodes where they are accepted more. "
-        )
-    out += (
-        "On a GPU a verify of more tokens costs little until it saturates, so tau decides; on a CPU each node costs "
-        "time, and the verify cost decides (01 prices it)."
-    )
-    return out
+    return out.rstrip()
 
 
 def _pairs_differ(best: pd.DataFrame) -> str:
@@ -922,9 +867,6 @@ def _pairs_differ(best: pd.DataFrame) -> str:
         )
         + ". "
     )
-    kinds = [k for k in dict.fromkeys(at["kind"]) if k in KIND_READING]
-    if kinds:
-        out += "; ".join(KIND_READING[k] for k in kinds).capitalize() + ". "
     bounded = at.dropna(subset=["oracle_tau"])
     if len(bounded):
         out += (
@@ -946,12 +888,12 @@ def _attention_cost(speed: pd.DataFrame, curve: pd.DataFrame | None) -> str:
         f"{where(high)}. "
     )
     moves = [
-        f"stays at {first} across {axis}" if word == "flat" else f"{word} with {axis} ({first} -> {last})"
+        f"stays flat across {axis}" if word == "flat" else f"{word} with {axis}"
         for axis, word, first, last in trend_moves(speed, ("grows", "shrinks", "flat"))
     ]
     if moves:
         out += (
-            f"Over the other axes, the speed-up {_names(moves)}. Each per-sequence call attends the whole shared "
+            f"Its median {_names(moves)} (the medians above). Each per-sequence call attends the whole shared "
             "prefix again and pays a call's overhead"
             + (
                 ", and a tree of more draft tokens has more leaves, hence more calls to replace. "
@@ -963,13 +905,6 @@ def _attention_cost(speed: pd.DataFrame, curve: pd.DataFrame | None) -> str:
         out += (
             "That reason predicts a speed-up growing with the prefix (each call re-reads it); it shrinks here, which "
             "these runs do not explain. "
-        )
-    if "mask_overhead" in speed and speed["mask_overhead"].notna().any():
-        m = speed.dropna(subset=["mask_overhead"])
-        top = m.loc[m["mask_overhead"].idxmax()]
-        out += (
-            f"The tree mask itself costs {m['mask_overhead'].min():.2f}x to {top['mask_overhead']:.2f}x plain causal "
-            f"attention over as many tokens, most at {where(top)}. "
         )
     if curve is not None and len(curve) and {"role", "kind", "nodes", "median_ms"} <= set(curve):
         costs = verify_cost_table(curve)
@@ -983,11 +918,10 @@ def _attention_cost(speed: pd.DataFrame, curve: pd.DataFrame | None) -> str:
             over = costs[ratio > 1.5].iloc[0]
             within = costs[ratio <= 1.5]["draft tokens"]
             out += (
-                "On the real target a verify stays within half again one decoded token"
+                "On the real target a verify stays within half again one decode"
                 + (f" up to {within.iloc[-1]} draft tokens" if len(within) else " at no budget measured")
-                + f", and costs {over['x a decode']}x one at {over['draft tokens']} ({over['median ms']} ms against "
-                f"{costs['median ms'].iloc[0]} ms): past that, tree attention and the extra rows of every layer "
-                "are no longer nearly free, and each added node must earn its time back in tau."
+                + f" and costs {over['x a decode']}x one at {over['draft tokens']} ({over['median ms']} ms against "
+                f"{costs['median ms'].iloc[0]} ms): past that, each added node must earn its time back in tau."
             )
     return out.rstrip()
 
@@ -1003,10 +937,7 @@ def _pays_off(row: pd.Series) -> str:
         bounds = [float(v) for v in re.findall(r"\d+\.\d+", str(row["expected speed-up"]))[1:3]]
         if len(bounds) == 2 and not bounds[0] <= float(measured.rstrip("x")) <= bounds[1]:
             side = "below" if float(measured.rstrip("x")) < bounds[0] else "above"
-            out += (
-                f", {side} the expected interval: the cost model and this measurement disagree on this run (the "
-                "model prices a step from the verify and draft curves alone)"
-            )
+            out += f", {side} the expected interval"
     steady = str(row.get("steady state measured") or "")
     if steady:
         out += (

@@ -380,12 +380,12 @@ class Report:
         "grid",
         "attention",
         "one_pair",
-        "pairs",
         "best_tree",
+        "pairs",
         "analysis",
-        "reproduce",
         "limitations",
         "references",
+        "reproduce",
         "glossary",
     )
 
@@ -455,7 +455,7 @@ class Report:
         profiles = sorted({str(i.get("profile")) for i in self.info.values()})
         decodes = sorted(
             {
-                f"{_number(i['timing'].get('decode_ms'), 0)} ms, {i['timing']['decode']}"
+                f"{_number(i['timing'].get('decode_ms'), 0)} ms, {str(i['timing']['decode']).split(', median')[0]}"
                 if i["timing"].get("decode_ms")
                 else str(i["timing"]["decode"])
                 for i in self.info.values()
@@ -480,11 +480,10 @@ class Report:
         if brief:
             return out + "These are the brief's Llama models."
         return out + (
-            "These are not the brief's Llama pairs (4-bit Llama-2-7B and Llama-3.2-3B targets on a T4): they are "
-            "embedded stand-ins of the same kinds (a smaller draft of the family, a draft of another tokenizer, a "
-            "quantized self-draft), run where there is no model hub. The brief's pairs are the t4 profile's "
-            "(`./run_notebooks.sh t4` on Colab), not run for this report. Acceptance (rate, length, tau) does not "
-            "depend on the device; speed does."
+            "These are not the brief's Llama pairs (4-bit Llama-2-7B and Llama-3.2-3B targets on a T4) but embedded "
+            "stand-ins of the same kinds (no model hub here); the brief's pairs are the t4 profile's "
+            "(`./run_notebooks.sh t4` on Colab), not run for this report. Acceptance does not depend on the "
+            "device; speed does."
         )
 
     def _tree_mask(self, doc: _Doc) -> None:
@@ -505,8 +504,7 @@ class Report:
         elif not self._not_run(doc, "01_tree_shapes"):
             doc.figure(
                 figure,
-                "01: each shape at its largest budget of at most 16 draft tokens (a node's label: its rank among its "
-                "siblings; its row: its depth); your trees at their node count",
+                "01: each shape at its largest budget up to 16 (a node's label: its sibling rank; its row: its depth)",
             )
 
     def _references(self, doc: _Doc) -> None:
@@ -544,20 +542,24 @@ class Report:
         else:
             table = self._read(f, "pairs_methods.csv")
             if table is not None and len(table):
-                for pair, t in table.groupby("pair", sort=False):
-                    lines.append(f"- 02, {pair}: " + greedy_summary(t))
+                said = [f"{pair}: " + greedy_summary(t) for pair, t in table.groupby("pair", sort=False)]
+                prefix = "greedy outputs against the target's own: "
+                lines.append("- 02, " + prefix + "; ".join(x.replace(prefix, "") for x in said))
         f = self.runs["03_tree_attention_timing"]
         if f is None:
             lines.append("- 03 did not run: no check of the attention implementations")
         else:
             check = self._read(f, "reference_check.csv")
             if check is not None and len(check):
+                tolerances = ", ".join(f"{t:.0e}" for t in dict.fromkeys(check["tolerance"]))
                 parts = ", ".join(
-                    f"{r.impl} {r.max_abs_error:.1e} (tolerance {r.tolerance:.0e})"
+                    f"{r.impl} {r.max_abs_error:.1e}"
                     + ("" if r.ok is True or str(r.ok) == "True" else f" **{r.note or 'not ok'}**")
                     for r in check.itertuples()
                 )
-                lines.append(f"- 03, tree attention against the reference (max abs error): {parts}")
+                lines.append(
+                    f"- 03, tree attention, max abs error against the reference (tolerance {tolerances}): {parts}"
+                )
         doc.text("\n".join(lines))
 
     def _grid(self, doc: _Doc) -> None:
@@ -577,11 +579,8 @@ class Report:
         doc.text(
             f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each"
             + (f" x {tokens} new tokens" if tokens else "")
-            + ", replayed from one collection per pair (re-drafted across tokenizers). Per pair and budget: the "
-            "winner by held-out tau, the runner-up, and the winner's lead measured per prompt (paired) with its 95% "
-            "interval, tied where it holds 0. Designs (sequoia, medusa) are fitted on some prompts and scored on the "
-            "others; hindsight is fitted and scored on the same prompts (in-sample: not a bound); the oracle is a "
-            "bound, not a method."
+            + ", replayed. Per pair and budget: the winner by held-out tau, the runner-up and the winner's lead "
+            "measured per prompt (paired) with its 95% interval, tied where it holds 0."
         )
         if best is not None and len(best):
             doc.table(_best_table(best), "02: the best tree per budget, per pair, paired against the runner-up")
@@ -592,34 +591,28 @@ class Report:
         if ranks is not None and ranks["share"].notna().any():
             doc.table(
                 readings.rank_shares(ranks),
-                "02: how often the draft's rank-r token is the target's next token, per pair (rank 0 squared: about "
-                "what a second level under the top token is accepted at, Sequoia's positional assumption)",
+                "02: how often the draft's rank-r token is the target's next (rank 0 squared: about what a second "
+                "level under the top token is accepted at)",
             )
         categories = self._read(folder, "grid_categories.csv")
         if categories is not None and len(categories):
             doc.table(
                 _category_table(categories),
-                "02: the winning shape and its tau per Spec-Bench category, at each pair's middle budget "
-                f"({int(categories['prompts'].max())} prompts a category: no interval; * where it is not the overall "
-                "winner)",
+                "02: the winner and its tau per Spec-Bench category, at each pair's middle budget "
+                f"({int(categories['prompts'].max())} prompts each, no interval; *: not the overall winner)",
             )
-        doc.figure(folder / "grid_best.png", "02: the best tree per budget, the pairs compared")
         doc.text(
-            "The grid: acceptance rate (accepted / drafted) / acceptance length (accepted per target call, bonus "
-            "excluded) [95% interval of the length]; tau = 1 + length except on steps with no bonus token (the "
-            "generation ended on an accepted token), counted below. A shape whose cells equal another's on every "
-            "budget shares its row; the oracle's rate is 1 by definition. Every metric with its interval, tau "
-            f"included: 02's appendix ({self._appendix('02_model_pairs')})."
+            "The grid: tau = 1 + length but on steps without a bonus token (counted below); shapes equal on every "
+            "budget share a row; hindsight is in-sample, the oracle a bound. Intervals: 02's appendix "
+            f"({self._appendix('02_model_pairs')})."
         )
         table, said = _compact_grid(grid)
-        doc.table(table, "02: rate / length [interval] per pair and shape, by draft tokens")
+        doc.table(table, "02: acceptance rate / acceptance length per pair and shape, by draft tokens")
         if said:
             doc.text(" ".join(said))
         doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
 
     def _one_pair(self, doc: _Doc) -> None:
-        from . import readings
-
         if self._not_run(doc, "01_tree_shapes"):
             return
         f = self.runs["01_tree_shapes"]
@@ -631,23 +624,10 @@ class Report:
             doc.text(
                 f"{_upper_first(self._pair_name(_pair_of(f)))}: {int(table['prompts'].max())} prompts"
                 + (f" x {tokens} new tokens" if tokens else "")
-                + ", every shape and budget replayed; dynamic: a tree "
-                "grown per step from the draft's confidence; oracle: the best tree drawn from the draft's top-k in "
-                "hindsight of every step (a bound, not a method). Its tables (rate, length and tau per shape and "
-                f"budget, with intervals): 01's appendix ({self._appendix('01_tree_shapes')})."
-            )
-        depth = self._read(f, "depth_acceptance.csv")
-        if depth is not None and (depth["shape"] == "chain").any():
-            d = readings.depth_table(depth)
-            wide = d.set_index(d["depth"].astype(str))["accepted"].to_frame().T
-            doc.table(
-                wide.assign(budget=d["budget"].iloc[0])[["budget", *wide.columns]],
-                "01: the share of the chain's steps that accepted at least d draft tokens, by depth d",
+                + f", every shape and budget replayed, up to {int(table['budget'].max())} draft tokens: 01's appendix "
+                f"({self._appendix('01_tree_shapes')})."
             )
         doc.figure(f / "tau_vs_budget.png", "01: tau by budget per shape")
-        measured = self._read(f, "measured.csv")
-        if measured is not None and len(measured):
-            doc.table(_speed_table(measured), "01: run end to end on the check prompts (wall clock on this device)")
 
     def _pairs(self, doc: _Doc) -> None:
         import pandas as pd
@@ -659,13 +639,16 @@ class Report:
         status = self._read(f, "pairs.csv")
         if status is not None and (status["status"] != "measured").any():  # each pair's models: 02's appendix
             doc.table(status[status["status"] != "measured"], "02: the pairs not measured, and why")
-        if table is not None and len(table):
+        timed = table.dropna(subset=["speedup"]) if table is not None and "speedup" in table else None
+        if timed is not None and len(timed):
+            fastest = timed.loc[timed.groupby("pair", sort=False)["speedup"].idxmax()]  # as the findings read it
+            rows = pd.concat([_speed_table(t).assign(pair=pair) for pair, t in fastest.groupby("pair", sort=False)])
+            rows["method"] = rows["shape"].astype(str) + ":" + rows["budget"].astype(str)
             doc.table(
-                pd.concat([_speed_table(t).assign(pair=pair) for pair, t in table.groupby("pair", sort=False)])[
-                    ["pair", "shape", "budget", "prompts", "speed-up", "greedy equal"]
-                ],
-                "02: each method run end to end, speed-up over the target alone [95% interval] and greedy equality "
-                f"(tokens/s and acceptance per method: 02's appendix, {self._appendix('02_model_pairs')})",
+                rows[["pair", "method", "speed-up", "greedy equal"]],
+                f"02: the fastest method per pair run end to end on {int(table['prompts'].max())} prompts, speed-up "
+                f"over the target alone [95% interval]; every method: the figure and 02's appendix "
+                f"({self._appendix('02_model_pairs')})",
             )
         doc.figure(f / "speedup.png", "02: tokens/s over the target alone per pair and method")
 
@@ -677,13 +660,11 @@ class Report:
         f = self.runs["03_tree_attention_timing"]
         speed = self._read(f, "speedup.csv")
         if speed is not None and len(speed):
-            _speedup_tables(doc, speed)
+            _speedup_tables(doc, speed, self._appendix("03_tree_attention_timing"))
         doc.figure(f / "tree_speedup.png", "03: one tree-masked call against one call per root-to-leaf sequence")
         grid = self._read(f, "attention_grid.csv")
         if grid is not None:
             _grid_tables(doc, grid[grid["impl"] == "sdpa"] if (grid["impl"] == "sdpa").any() else grid)
-            doc.text(f"Every implementation's times: 03's appendix ({self._appendix('03_tree_attention_timing')}).")
-        doc.figure(f / "time_vs_nodes.png", "03: attention time by draft tokens")
         curve = self._read(f, "verify_curve.csv")
         if curve is not None and len(curve):
             doc.table(
@@ -703,8 +684,8 @@ class Report:
         if recommendation is not None and len(recommendation):
             doc.table(
                 readings.step_costs(recommendation),
-                "01: the fastest tree against the one of highest tau, priced by the cost model on this device (tau "
-                "expected from the measured acceptance, one draft pass a level, times in ms)",
+                "01: the fastest tree against the one of highest tau, priced by the cost model (one draft pass a "
+                "level, ms on this device)",
             )
         if not (folder / RESULTS_FILE).exists():
             doc.text(f"01's run wrote no {RESULTS_FILE} (a run from before it did).")
@@ -717,17 +698,15 @@ class Report:
         else:
             doc.table(
                 verdict,
-                f"01: the tree to deploy for {self._pair_name(results.pair)}, expected speed-up over the target alone "
-                "from the cost model [95% interval], and as measured end to end (empty interval: too few prompts)",
+                f"01: the tree to deploy for {self._pair_name(results.pair)}, its speed-up over the target alone, "
+                "expected (cost model) and measured end to end",
             )
         engines = self._read(folder, "engine_table.csv")
         named = f" ({', '.join(dict.fromkeys(engines['engine']))})" if engines is not None and len(engines) else ""
         doc.text(
-            f"Every tree scored, each serving engine's setting{named} scored against this tree on the same prompts "
-            f"(paired), SGLang's flags per budget and the deploy lines ({DEPLOY_FILE}): 01's appendix "
-            f"({self._appendix('01_tree_shapes')}) and its run folder."
+            f"Every tree scored, each serving engine's setting{named} against this tree, SGLang's flags and the deploy "
+            f"lines ({DEPLOY_FILE}): 01's appendix."
         )
-        doc.figure(folder / "tree_best.png", "01: the tree of highest held-out tau")
 
     def _analysis(self, doc: _Doc) -> None:
         """Paragraphs computed from the tables this report shows (`readings.analysis`)."""
@@ -740,7 +719,6 @@ class Report:
         inputs = (
             self._read(pairs, "grid_best.csv"),
             self._read(pairs, "grid_ranks.csv"),
-            self._read(one, "depth_acceptance.csv"),
             self._read(attention, "speedup.csv"),
             curve if curve is not None else self._read(one, "verify_curve.csv"),
             _verdict_table(one) if one is not None else None,
@@ -788,7 +766,6 @@ class Report:
                     "decode (ms)": _number(timing.get("decode_ms"), 0),
                     "estimate (s)": _number(timing.get("estimate_s"), 0),
                     "actual (s)": i.get("duration_s"),
-                    "appendix": f"{nb}/{folder.name}/{nb}{REPORT_SUFFIX}",
                 }
             )
         doc.table(pd.DataFrame(rows), "the runs this report reads")
@@ -811,9 +788,8 @@ class Report:
                 + (
                     "Speeds are this GPU's; a T4 differs."
                     if gpu
-                    else "A CPU: wall-clock speed-ups here say nothing about a GPU, where a verify of N tokens costs "
-                    "little more than one decoded token until the GPU saturates (notebook 03's curve shows this "
-                    "machine's); acceptance (rate, length, tau) does not depend on the device."
+                    else "Speed-ups here say nothing about a GPU, where a verify of N tokens costs little more than "
+                    "one decode until the GPU saturates; acceptance does not depend on the device."
                 )
             )
         models = sorted(
@@ -826,21 +802,21 @@ class Report:
                 + (
                     "These are the brief's Llama models."
                     if brief
-                    else "Not the brief's Llama pairs (no model hub here): the embedded stand-ins of the same kinds "
-                    "(a smaller model of the family, a draft of another tokenizer, a quantized self-draft); the t4 "
-                    "profile runs the brief's pairs on a Colab T4, and has not been run for this report."
+                    else "Stand-ins, not the brief's Llama pairs; the t4 profile (the brief's pairs) was not run."
                 )
             )
+        sizes: dict[str, list[str]] = {}
         for nb, i in self.info.items():
             p = i.get("parameters", {})
             if p.get("max_prompts") and p.get("max_new_tokens"):
-                lines.append(
-                    f"- {REPORT_NOTEBOOKS.get(nb, nb)}: {p['max_prompts']} prompts x {p['max_new_tokens']} new tokens "
-                    "(intervals over prompts say how far the values could move with other prompts of the same kind)."
-                )
+                sizes.setdefault(f"{p['max_prompts']} prompts x {p['max_new_tokens']} new tokens", []).append(nb[:2])
+        for size, books in sizes.items():
+            lines.append(
+                f"- {' and '.join(books)}: {size} (intervals over prompts say how far the values could move with other "
+                "prompts of the same kind)."
+            )
         lines.append(
-            "- Greedy decoding throughout the grid: replay is exact for greedy outputs; sampled acceptance is tested "
-            "statistically in the test suite, not tabled here."
+            "- The grid is greedy (replay is exact for it); sampled acceptance is tested in the suite, not tabled."
         )
         doc.text("\n".join(lines))
 
@@ -902,7 +878,6 @@ def _best_table(best: Any) -> Any:
             else best["best_shape"],
             "tau held out": [with_interval(r, "tau_heldout") for _, r in best.iterrows()],
             "runner-up": best["runner_up"],
-            "its tau": best["runner_up_tau"].map(_number),
             "lead, paired [95%]": [
                 f"{r['lead']:+.2f}"
                 + (
@@ -934,10 +909,10 @@ def _wide_intervals(best: Any) -> str:
     if not len(wide):
         return f"Every paired interval is at most {WIDTH_GOAL} tau wide."
     return (
-        f"Paired intervals wider than {WIDTH_GOAL} tau, and the prompt farthest from the pooled lead: "
+        f"Paired intervals wider than {WIDTH_GOAL} tau (width, prompts; the prompt farthest from the lead, its own): "
         + "; ".join(
-            f"{r['pair']} at {r['budget']}: {w:.2f} over {int(r['prompts_compared'])} prompts, {r['widest_category']} "
-            f"prompt {r['widest_prompt']} (its own lead {r['widest_lead']:+.2f})"
+            f"{r['pair']} at {r['budget']}: {w:.2f}, {int(r['prompts_compared'])}; {r['widest_category']} "
+            f"#{r['widest_prompt']}, {r['widest_lead']:+.2f}"
             for (_, r), w in zip(wide.iterrows(), width[wide.index])
         )
         + "."
@@ -945,7 +920,7 @@ def _wide_intervals(best: Any) -> str:
 
 
 def _compact_grid(grid: Any) -> tuple[Any, list[str]]:
-    """02's grid as one table, (pair, shape) x budget, each cell 'rate / length [low, high]' (the
+    """02's grid as one table, (pair, shape) x budget, each cell 'rate / length' (the
     oracle: its length only, its rate being 1 by definition); a shape whose cells equal an earlier
     shape's on every budget shares that row ('chain (= hindsight)'), a shape without values is left
     out. Returns the table and the sentences that say what was left out (per pair, the reason once)
@@ -954,13 +929,12 @@ def _compact_grid(grid: Any) -> tuple[Any, list[str]]:
 
     cells = grid.copy()
     cells["_cell"] = [
-        (f"{_number(r['acceptance_rate'])} / " if r["shape"] != "oracle" else "")
-        + with_interval(r, "acceptance_length")
+        (f"{_number(r['acceptance_rate'])} / " if r["shape"] != "oracle" else "") + _number(r["acceptance_length"])
         if _number(r.get("acceptance_length"))
         else ""
         for _, r in grid.iterrows()
     ]
-    parts, said = [], []
+    parts, said, counts = [], [], []
     for pair, t in cells.groupby("pair", sort=False):
         wide = pivot(t.assign(_shown=t["_cell"]), "_shown")
         budgets = [c for c in wide.columns if c != "shape"]
@@ -985,11 +959,9 @@ def _compact_grid(grid: Any) -> tuple[Any, list[str]]:
             reasons = missing["note"].astype(str).str.split(":").str[0].unique()
             said.append(f"{pair}: {', '.join(missing['shape'])} {'; '.join(reasons)} (02's appendix says why).")
         if {"steps", "no_bonus_steps", "cut_steps"} <= set(t):
-            steps, no_bonus, cut = (int(t[c].sum()) for c in ("steps", "no_bonus_steps", "cut_steps"))
-            said.append(
-                f"{pair}: {steps} steps, {no_bonus} without a bonus token, {cut} drafted short by the end of the "
-                "generation."
-            )
+            counts.append(f"{pair} " + "/".join(str(int(t[c].sum())) for c in ("steps", "no_bonus_steps", "cut_steps")))
+    if counts:
+        said.append(f"Steps / without a bonus token / drafted short by the end: {'; '.join(counts)}.")
     table = pd.concat(parts, ignore_index=True).fillna("")
     budgets = sorted((c for c in table.columns if c not in ("pair", "shape")), key=float)
     table["pair"] = table["pair"].where(table["pair"] != table["pair"].shift(), "")  # a pair named on its first row
@@ -1069,9 +1041,8 @@ def _grid_tables(doc: _Doc, grid: Any) -> None:
     device = ", ".join(sorted({str(d) for d in grid.get("device", [])}))
     dtype = ", ".join(sorted({str(d) for d in grid.get("dtype", [])}))
     doc.text(
-        f"Median time of one attention call in ms [25th, 75th percentile], on {device or 'the device'} in "
-        f"{dtype or 'its dtype'}; rows: batch size and longest prefix (sequence length) in the batch, columns: "
-        "draft tokens per tree. causal: plain causal attention over the same tokens (the floor, no tree mask)."
+        f"Median ms of one attention call [25th, 75th percentile] on {device or 'the device'}, {dtype or 'its dtype'}; "
+        "rows: batch size and longest prefix (sequence length), columns: draft tokens."
     )
     g = grid.copy()
     ok = g["status"].eq("ok") if "status" in g else g["impl"].notna()
@@ -1086,23 +1057,20 @@ def _grid_tables(doc: _Doc, grid: Any) -> None:
         doc.text("Skipped points: " + "; ".join(notes))
 
 
-def _speedup_tables(doc: _Doc, speed: Any) -> None:
+def _speedup_tables(doc: _Doc, speed: Any, appendix: str) -> None:
     """The brief's question about tree attention: how much one tree-masked call saves over one call
-    per root-to-leaf sequence (per_sequence_over_tree), and what the tree mask costs over plain
-    causal attention on the same tokens (mask_overhead), by (batch, prefix) x draft tokens; the
-    speed-up's median by each axis."""
+    per root-to-leaf sequence (per_sequence_over_tree) by (batch, prefix) x draft tokens, and its
+    median by each axis; `appendix` links 03's appendix (every other table of 03)."""
     from . import readings
 
     doc.text(
-        "How much one tree-masked call (SDPA with the tree mask) saves over one call per root-to-leaf sequence "
-        "(verifying each candidate continuation separately): per-sequence time / tree time, above 1 the tree call is "
-        "faster. Then the tree mask's own cost: tree time over plain causal attention on as many tokens (1 = free). "
-        "The trees timed and their leaves: 03's appendix."
+        "One tree-masked call (SDPA) against one call per root-to-leaf sequence: per-sequence time / tree time, above "
+        "1 the tree call is faster. The trees timed, the mask's cost over causal attention and every "
+        f"implementation's times: 03's appendix ({appendix})."
     )
     index = ["shape", "batch", "prefix"] if speed["shape"].nunique() > 1 else ["batch", "prefix"]
     for column, caption in (
         ("per_sequence_over_tree", "03: speed-up of one tree call over one call per sequence (x), by draft tokens"),
-        ("mask_overhead", "03: tree mask over plain causal attention (x), by draft tokens"),
     ):
         if column in speed:
             cells = speed.assign(_cell=speed[column].map(_number))
@@ -1110,10 +1078,7 @@ def _speedup_tables(doc: _Doc, speed: Any) -> None:
             table.columns = [str(c) for c in table.columns]
             doc.table(table.reset_index(), caption)
     if speed["per_sequence_over_tree"].notna().any():
-        doc.table(
-            readings.trend_table(speed),
-            "03: the speed-up of one tree call over one call per sequence, median over the other axes",
-        )
+        doc.table(readings.trend_table(speed), "03: the speed-up's median over the other axes")
 
 
 def _ms_cell(row: Any) -> str:
