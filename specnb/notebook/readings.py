@@ -820,7 +820,8 @@ def _why_shapes(best: pd.DataFrame, ranks: pd.DataFrame | None) -> str:
             out += f"more than a second sibling for {_names(deeper)} only, where depth pays first."
     missing = sorted(set(best["pair"]) - set(shares["pair"] if len(shares) else []))
     if missing:
-        out += f" For {_names(missing)} no ranks: another vocabulary (its trees are re-drafted)."
+        plural = "s" if len(missing) > 1 else ""
+        out += f" For the {_names(missing)} pair{plural}: no ranks (another vocabulary; its trees are re-drafted)."
     return out
 
 
