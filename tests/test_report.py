@@ -218,6 +218,7 @@ def fake_02(outputs: Path) -> Path:
                 difference=lead,
                 difference_ci_low=lead - (0.3 if wide else 0.1),
                 difference_ci_high=lead + 0.1,
+                interval_width=0.4 if wide else 0.2,
                 prompts=4,
                 verdict="tied" if lead < 0.1 else "wins",
                 widest_prompt="p3" if wide else None,

@@ -327,7 +327,7 @@ def best_per_budget(table: pd.DataFrame, headline: pd.DataFrame) -> pd.DataFrame
                 "lead_ci_high": h.difference_ci_high,
                 "verdict": h.verdict,
                 "prompts_compared": h.prompts,
-                "interval_width": h.difference_ci_high - h.difference_ci_low,
+                "interval_width": getattr(h, "interval_width", math.nan),
                 "widest_prompt": getattr(h, "widest_prompt", None),
                 "widest_category": getattr(h, "widest_category", None),
                 "widest_lead": getattr(h, "widest_lead", math.nan),

@@ -834,6 +834,11 @@ def _draw_mask(path: Path) -> None:
     plt.close(plots.tree_mask(Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]), 3, path))
 
 
+def _first_only(column: Any) -> Any:
+    """`column` with each run of equal values written on its first row only (a pair names its rows once)."""
+    return column.where(column != column.shift(), "")
+
+
 def _upper_first(text: str) -> str:
     """`text` with its first letter upper case, the rest as it is (model names keep their case)."""
     return text[:1].upper() + text[1:]
@@ -868,7 +873,7 @@ def _best_table(best: Any) -> Any:
 
     return pd.DataFrame(
         {
-            "pair": best["pair"].where(best["pair"] != best["pair"].shift(), ""),  # named on its first row
+            "pair": _first_only(best["pair"]),
             "budget": best["budget"],
             "best shape": [
                 r["best_shape"] + (f" (= {r['same_as_winner']})" if r.get("same_as_winner") else "")
@@ -902,9 +907,9 @@ def _wide_intervals(best: Any) -> str:
     lead lies farthest from the pooled lead (what the width owes most to); '' where none is."""
     from ..analysis.ranking import WIDTH_GOAL
 
-    if "widest_prompt" not in best:
+    if "interval_width" not in best:
         return ""
-    width = best["lead_ci_high"] - best["lead_ci_low"]
+    width = best["interval_width"]  # `ranking.headline`'s, carried by `grid.best_per_budget`
     wide = best[width > WIDTH_GOAL]
     if not len(wide):
         return f"Every paired interval is at most {WIDTH_GOAL} tau wide."
@@ -964,7 +969,7 @@ def _compact_grid(grid: Any) -> tuple[Any, list[str]]:
         said.append(f"Steps / without a bonus token / drafted short by the end: {'; '.join(counts)}.")
     table = pd.concat(parts, ignore_index=True).fillna("")
     budgets = sorted((c for c in table.columns if c not in ("pair", "shape")), key=float)
-    table["pair"] = table["pair"].where(table["pair"] != table["pair"].shift(), "")  # a pair named on its first row
+    table["pair"] = _first_only(table["pair"])
     return table[["pair", "shape", *budgets]], said
 
 
