@@ -366,7 +366,7 @@ def smoke(tmp_path_factory):
     and the Ray test skips with the error (`smoke_ray_error`). Returns the outputs folder and the
     seconds the run took."""
     from specnb.io import embedded
-    from specnb.notebook import runner
+    from specnb.notebook import registry, runner
 
     embedded.install(runner.profile_models("smoke"))  # as run_notebooks.sh does first (a no-op once installed)
     outputs = tmp_path_factory.mktemp("outputs")
@@ -383,7 +383,7 @@ def smoke(tmp_path_factory):
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
 
     start = time.perf_counter()
-    last = (SMOKE_RAY_NOTEBOOK, runner.REPORT_NOTEBOOK)  # the report reads 01-03: it runs after them
+    last = (SMOKE_RAY_NOTEBOOK, registry.report_notebook().stem)  # the report reads 01-03: it runs after them
     others = [a for nb in runner.notebooks() if nb.stem not in last for a in ("--notebook", nb.stem)]
     proc = run(*others)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -397,7 +397,7 @@ def smoke(tmp_path_factory):
         shutil.rmtree(outputs / SMOKE_RAY_NOTEBOOK)
         proc = run("--notebook", SMOKE_RAY_NOTEBOOK)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    proc = run("--notebook", runner.REPORT_NOTEBOOK)
+    proc = run("--notebook", registry.report_notebook().stem)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return outputs, time.perf_counter() - start
 

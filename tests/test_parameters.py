@@ -60,7 +60,8 @@ def test_every_declared_parameter_has_a_rule_for_its_type(notebook: Path):
     types = declared_types(notebook)
     assert set(types) == set(runner.declared_parameters(notebook))
     for name, annotation in types.items():
-        rule = rule_for(notebook.stem, name)  # ValueError: the table lacks the name
+        rule = rule_for(notebook.stem, name)
+        assert rule is not None, f"{notebook.stem}: {name} has no rule in specnb.notebook.parameters.RULES"
         assert annotation_bases(annotation) == set(rule.types), f"{notebook.stem}: {name}: {annotation} vs {rule}"
         assert annotation_fits(annotation, runner.declared_parameters(notebook)[name]), name
 

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specnb.notebook import estimate, places, profiles, runner
-from specnb.notebook.report import BIBTEX, DRAFT_MARK, LAST_WRITTEN, Report, latest_run, pivot
+from specnb.notebook import estimate, places, profiles, registry, runner
+from specnb.notebook.report import BIBTEX, DRAFT_MARK, Report, latest_run, pivot
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = bytes.fromhex(
@@ -297,7 +297,7 @@ def sections(text: str) -> list[str]:
 
 def write_report(outputs: Path, **runs: str) -> dict[str, Path]:
     """07 through the runner on the runs under `outputs`: outputs/report.ipynb published and exported."""
-    assert runner.run("cpu", runs, [], [runner.REPORT_NOTEBOOK], outputs) == 0
+    assert runner.run("cpu", runs, [], [registry.report_notebook().stem], outputs) == 0
     return {suffix: outputs / f"report{suffix}" for suffix in (".ipynb", ".md", ".html", ".pdf")}
 
 
@@ -540,7 +540,7 @@ def test_an_interactive_run_that_ran_to_the_end_is_read_and_labelled(tmp_path):
     info = json.loads((halfway / "params.json").read_text()) | {"started": "2026-11-27 10:00:00"}
     (halfway / "params.json").write_text(json.dumps(info))
     assert latest_run(tmp_path, "02_model_pairs") == finished
-    (halfway / LAST_WRITTEN["02_model_pairs"]).write_text("category\n")
+    (halfway / registry.spec("02_model_pairs").written_last).write_text("category\n")
     assert latest_run(tmp_path, "02_model_pairs") == halfway
     assert "| 2026-11-27 10:00:00, run interactively |" in Report(tmp_path).text("reproduce")
 
@@ -669,7 +669,8 @@ def test_runner_records_the_estimate_and_the_actual_time(tmp_path, monkeypatch, 
     summary = json.loads((tmp_path / "out" / runner.SUMMARY_FILE).read_text())
     assert summary["runs"]["01_tree_shapes"]["estimate_s"] == timing["estimate_s"]
     assert runner.SHARED_RUN_ENV not in os.environ  # set for the run's kernels only
-    assert "--notebook 07_report (after 01-03)" in said and not (tmp_path / "out" / "report.html").exists()
+    # a project without a report notebook (no spec says "publish"): no report suggested, none written
+    assert "== the report" not in said and not (tmp_path / "out" / "report.html").exists()
 
 
 def test_the_report_command_exports_the_students_edit_and_publish_keeps_it(full, tmp_path):
@@ -699,7 +700,7 @@ def test_the_report_command_exports_the_students_edit_and_publish_keeps_it(full,
     for name in ("report.md", "report.html"):
         assert "My own analysis: the chain wins" in (outputs / name).read_text(), name
     assert (outputs / "index.md").exists()
-    (executed,) = (outputs / runner.REPORT_NOTEBOOK).glob("*/07_report.ipynb")
+    (executed,) = (outputs / registry.report_notebook().stem).glob("*/07_report.ipynb")
     publish(executed, outputs)
     (kept,) = outputs.glob("report.edited-*.ipynb")
     assert "My own analysis" in kept.read_text() and "My own analysis" not in (outputs / "report.md").read_text()

@@ -29,7 +29,6 @@ from .storage import read_json, write_json
 
 RESULTS_FILE = "tree_results.json"
 DEPLOY_FILE = "deploy.txt"
-NOTEBOOK = "01_tree_shapes"  # the run folders under outputs/ that `latest` searches
 
 
 @dataclass(frozen=True)
@@ -240,11 +239,11 @@ def read(path: str | Path) -> TreeResults:
     return TreeResults.from_json(json.loads(path.read_text()))
 
 
-def latest(outputs: str | Path, pair: str, notebook: str = NOTEBOOK) -> Path | None:
-    """The RESULTS_FILE of the newest run of `notebook` under `outputs` for `pair` (by `written`,
-    then path), None if there is none."""
+def latest(outputs: str | Path, pair: str) -> Path | None:
+    """The newest RESULTS_FILE for `pair` in a run folder under `outputs` (`outputs/<notebook>/<run>/`,
+    whichever notebook wrote it; by `written`, then path), None if there is none."""
     found = []
-    for path in sorted(Path(outputs).glob(f"{notebook}/*/{RESULTS_FILE}")):
+    for path in sorted(Path(outputs).glob(f"*/*/{RESULTS_FILE}")):
         data = read_json(path)  # {}: a half-written or foreign file is no result
         if data.get("pair") == pair:
             found.append((str(data.get("written", "")), str(path), path))

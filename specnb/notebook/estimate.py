@@ -73,7 +73,6 @@ def line_through(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] | Non
     return mean_t - slope * mean_d, slope
 
 
-CPU_NOTEBOOKS = ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing")
 REFERENCE_FILE = Path(__file__).with_name("reference_times.json")  # profile -> seconds per notebook, decode_ms, where
 OFF_LINE = 0.25  # a run whose time the line through the recorded runs misses by more is not recorded unasked
 
@@ -100,7 +99,7 @@ def reference(chain: Sequence[str]) -> tuple[str, Reference] | None:
         if name == T4_PROFILE:
             from .t4_estimate import estimate
 
-            per_notebook = estimate(chain[0]).groupby("notebook")["seconds"].sum()
+            per_notebook = estimate(chain[0]).groupby("stem")["seconds"].sum()
             return name, Reference(
                 {k: float(v) for k, v in per_notebook.items() if k != "set-up"},
                 None,

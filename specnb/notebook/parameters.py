@@ -1,7 +1,8 @@
 """Notebook parameters checked against their declared type and their range before any model loads.
 
 Every name a numbered notebook declares in its parameters cell (`name: annotation = literal  # help`)
-has one rule in `RULES` (or, where one notebook means something narrower, in `NOTEBOOK_RULES`).
+has one rule in `RULES` (or, where one notebook means something narrower, the rule of `NARROW` its
+spec names: `registry`, "rules").
 `check_parameters` checks a notebook's resolved values against the annotation's type, then each
 name's rule, then the rules between parameters (`CROSSES`), and raises one `ParameterError` listing
 every problem: the parameter, its value, its help, what is allowed and a value that works (the
@@ -15,7 +16,7 @@ notebook's own default, or its first items for a long list).
                                      CustomTrees, Pairs: frozen dataclasses saying what is `allowed` in
                                      words and what is wrong with a value (`fault`)
     Cross                            a rule between parameters (oracle_k <= top_k)
-    RULES, NOTEBOOK_RULES, CROSSES   the table; `rule_for` looks a name up in it
+    RULES, NARROW, CROSSES           the table; `rule_for` looks a name up in it
     declared_types, annotation_fits  name -> annotation text of a notebook's parameters cell; a value
                                      against one (`Declared`: one line of that cell)
     check_parameters                 the check; ParameterError listing every problem
@@ -48,6 +49,8 @@ from ..io.models import QUANTIZATIONS
 from ..io.prompts import SOURCES, source_prompts
 from ..io.tree_spec import MAX_NODES, PRESET, ShapeRule, parse_custom_shapes, parse_custom_trees
 from ..kernels.cpu_linear import LINEAR_PATHS
+from . import registry
+from .places import NOTEBOOKS
 
 MAX_TREE_NODES = MAX_NODES  # any budget, tree size or node count (`io.tree_spec`)
 MAX_NEW_TOKENS = 8192  # tokens generated per prompt (and distilled per training prompt)
@@ -500,12 +503,11 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "draft_dynamic": Flag(),
     }
 )
-# where one notebook means less than the name does elsewhere
-NOTEBOOK_RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(
+# where one notebook means less than the name does elsewhere: its spec names the rule (`registry`, "rules")
+NARROW: Mapping[str, Rule] = MappingProxyType(
     {
-        ("04_long_generation", "methods"): Each(MethodSpec(extra=(TARGET_ALONE,)), nonempty=False),
-        ("01_tree_shapes", "draft"): Text(nonempty=True),  # the pair's draft model fills every tree
-        ("06_batch_size", "draft"): Text(nonempty=True),
+        "methods_or_target_alone": Each(MethodSpec(extra=(TARGET_ALONE,)), nonempty=False),
+        "model": Text(nonempty=True),  # a draft model that fills every tree
     }
 )
 CROSSES: tuple[Cross, ...] = (
@@ -524,13 +526,14 @@ CROSSES: tuple[Cross, ...] = (
 )
 
 
-def rule_for(notebook: str, name: str) -> Rule:
-    """The rule of parameter `name` in notebook `notebook` (its stem); ValueError where the table has
-    none (tests/test_parameters.py checks that every declared name has one)."""
-    rule = NOTEBOOK_RULES.get((notebook, name)) or RULES.get(name)
-    if rule is None:
-        raise ValueError(f"{notebook}: parameter {name!r} has no rule in specnb.notebook.parameters.RULES: add one")
-    return rule
+def rule_for(notebook: str, name: str, folder: Path = NOTEBOOKS) -> Rule | None:
+    """The rule of parameter `name` in notebook `notebook` (its stem in `folder`): the narrower one its
+    spec names (`NARROW`), else `RULES`'; None where neither has one. ValueError where its spec names
+    a rule `NARROW` lacks."""
+    narrow = registry.spec(notebook, folder).rules.get(name)
+    if narrow is not None and narrow not in NARROW:
+        raise ValueError(f"{notebook}: its spec's rules name {narrow!r} for {name!r}; known: {sorted(NARROW)}")
+    return NARROW[narrow] if narrow is not None else RULES.get(name)
 
 
 @dataclass(frozen=True)
@@ -706,7 +709,7 @@ def check_parameters(notebook: Path, params: Mapping[str, Any]) -> None:
             continue
         d = cell[name]
         where = Where(name, d.annotation, _gist(d.help), _example(d.default))
-        rule = NOTEBOOK_RULES.get((notebook.stem, name)) or RULES.get(name) or Typed()  # Typed: a notebook of yours
+        rule = rule_for(notebook.stem, name, notebook.parent) or Typed()  # Typed: a name of yours without a rule
         found = _check(where, rule, value, ctx)
         problems += found
         if not found:

@@ -43,15 +43,17 @@ from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, hub_model
 from ..io.published import published_checkpoints
 from ..io.tree_spec import TreeSpecError, parse_custom_trees
+from .places import NOTEBOOKS
 from .profiles import RunnerError, hub_models, notebooks, published_heads, resolve
 from .run_memory import PART_NAMES, RunMemory, estimate_run, gb
 
 T4_USABLE = int(14 * GB)  # of the T4's 15 GB, what the models, caches and activations may take
 
 
-def resolved(profile: str, files: Sequence[str | Path] = ()) -> dict[str, dict[str, Any]]:
-    """The profile's parameters per notebook, with parameter files (`run_notebooks.sh -f`) layered on."""
-    return resolve(profile, {}, [Path(f) for f in files], notebooks())
+def resolved(profile: str, files: Sequence[str | Path] = (), folder: Path = NOTEBOOKS) -> dict[str, dict[str, Any]]:
+    """The profile's parameters per notebook of `folder` (profiles in its profiles/), with parameter
+    files (`run_notebooks.sh -f`) layered on."""
+    return resolve(profile, {}, [Path(f) for f in files], notebooks(folder), folder / "profiles")
 
 
 def custom_trees_of(params: dict[str, Any]) -> dict[str, Tree]:
@@ -92,10 +94,10 @@ def published_download(repo_id: str) -> Download:
     return Download(repo_id, "EAGLE head", h.dtype, size // size_of, size)
 
 
-def profile_downloads(profile: str) -> list[Download]:
-    """What the profile's notebooks download from the hub: every hub model they name (committed
-    configs, parameters x the dtype of the hub's files) and the published heads they load."""
-    resolved = resolve(profile, {}, [], notebooks())
+def profile_downloads(profile: str, folder: Path = NOTEBOOKS) -> list[Download]:
+    """What the profile's notebooks (in `folder`) download from the hub: every hub model they name
+    (committed configs, parameters x the dtype of the hub's files) and the published heads they load."""
+    resolved = resolve(profile, {}, [], notebooks(folder), folder / "profiles")
     out = []
     for hub_id in hub_models(resolved):
         model = hub_model(hub_id)

@@ -40,12 +40,13 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
-from . import glossary, references
+from . import glossary, references, registry
 from .pdf import markdown_pdf
 from .places import default_outputs
 
@@ -89,16 +90,21 @@ def report_notebook(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> nb
     return out
 
 
+def run_spec(notebook: Path) -> registry.NotebookSpec:
+    """The spec of the run's executed notebook (its metadata carries it, `registry`): the notebook's
+    own, wherever it was run from; `registry.DEFAULT` where the notebook is missing or unreadable."""
+    try:
+        return registry.read_spec(notebook)
+    except registry.SpecError:
+        return replace(registry.DEFAULT, stem=Path(notebook).stem)
+
+
 def headline(folder: Path, notebook: Path | None = None) -> str | None:
-    """The run's headline figure (a file name in `folder`): the one its notebook names in metadata
-    "specnb": {"headline": ...} when it exists, else the first PNG by name; None without figures."""
-    if notebook is not None and notebook.exists():
-        try:
-            name = nbformat.read(notebook, as_version=4).metadata.get("specnb", {}).get("headline")
-        except (OSError, ValueError):
-            name = None
-        if name and (folder / name).exists():
-            return name
+    """The run's headline figure (a file name in `folder`): the one its notebook's spec names when it
+    exists, else the first PNG by name; None without figures."""
+    name = run_spec(notebook).headline if notebook is not None else None
+    if name and (folder / name).exists():
+        return name
     pngs = sorted(p.name for p in folder.glob("*.png"))
     return pngs[0] if pngs else None
 
@@ -114,8 +120,9 @@ def write_index(outputs: Path) -> None:
         except json.JSONDecodeError:
             continue
         files = sorted(p.name for p in folder.iterdir() if p.suffix in (".html", ".ipynb", ".csv", ".png"))
-        figure = headline(folder, folder / f"{info.get('notebook')}.ipynb")
-        rows.append((info, folder.relative_to(outputs), files, figure))
+        executed = folder / f"{info.get('notebook')}.ipynb"
+        figure = headline(folder, executed)
+        rows.append((info, folder.relative_to(outputs), files, figure, run_spec(executed).purpose))
     md = [
         "# specnb runs",
         "",
@@ -123,7 +130,9 @@ def write_index(outputs: Path) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     body = []
-    for info, rel, files, figure in rows:
+    purposes = {str(info.get("notebook")): purpose for info, _, _, _, purpose in rows}
+    md[1:1] = ["", *(f"- **{stem}**: {purpose}" for stem, purpose in sorted(purposes.items()))]
+    for info, rel, files, figure, purpose in rows:
         stem = str(info.get("notebook"))
         commit = (info.get("environment", {}).get("git_commit") or "")[:12]
         forms = [
@@ -140,7 +149,7 @@ def write_index(outputs: Path) -> None:
             + " ".join(f"[{f}]({rel / f})" for f in others)
             + " |"
         )
-        body.append(_index_html_row(info, rel, figure, commit, forms, others))
+        body.append(_index_html_row(info, rel, figure, commit, forms, others, purpose))
     outputs.mkdir(parents=True, exist_ok=True)
     (outputs / "index.md").write_text("\n".join(md) + "\n")
     (outputs / "index.html").write_text(
@@ -156,7 +165,13 @@ def write_index(outputs: Path) -> None:
 
 
 def _index_html_row(
-    info: dict, rel: Path, figure: str | None, commit: str, forms: list[tuple[str, str]], others: list[str]
+    info: dict,
+    rel: Path,
+    figure: str | None,
+    commit: str,
+    forms: list[tuple[str, str]],
+    others: list[str],
+    purpose: str,
 ) -> str:
     """One run's row of index.html: its facts, its headline figure inline, its appendix forms and files."""
     stem = str(info.get("notebook"))
@@ -170,7 +185,7 @@ def _index_html_row(
         else ""
     )
     return (
-        f"<tr><td><b>{html.escape(stem)}</b><br>{html.escape(rel.name)}"
+        f"<tr><td><b>{html.escape(stem)}</b><br><i>{html.escape(purpose)}</i><br>{html.escape(rel.name)}"
         f"<br>profile {html.escape(str(info.get('profile')))}"
         f"<br>{html.escape(str(info.get('status')))}, {info.get('duration_s', '')} s"
         + (f"<br><i>{html.escape(str(info['error']))}</i>" if info.get("error") else "")
@@ -189,12 +204,6 @@ def _short(value: Any, limit: int = 120) -> str:
 
 # ---- the course report: notebook 07 shows it (`Report`), `publish` hands it in ----
 
-REPORT_NOTEBOOKS = {
-    "01_tree_shapes": "01 tree shapes and budgets",
-    "02_model_pairs": "02 model pairs",
-    "03_tree_attention_timing": "03 tree-attention timing",
-}
-REPORT_NOTEBOOK = "07_report"  # the report's notebook: the runner publishes its executed copy
 REPORT_IPYNB, REPORT_MD = "report.ipynb", "report.md"  # in outputs/, beside report.html and report.pdf
 REPORT_FILES = "report_files"  # the figures of report.md, beside it
 SUMMARY_FILE = "run_summary.json"  # written by the runner (`runner.SUMMARY_FILE`)
@@ -217,11 +226,6 @@ PRINT_CSS = (  # report.html on paper (report.pdf): nothing cut at a page edge, 
     "@media print{table,img,pre,figure{break-inside:avoid}h2{break-before:page}h1+*h2{break-before:auto}"
     "h2,h3,h4{break-after:avoid}}"
 )
-LAST_WRITTEN = {  # the file each notebook writes last: an interactive run that has it ran to the end
-    "01_tree_shapes": "tree_results.json",
-    "02_model_pairs": "step_costs.csv",
-    "03_tree_attention_timing": "cost_model.csv",
-}
 
 
 def latest_run(outputs: Path, notebook: str) -> Path | None:
@@ -234,7 +238,7 @@ def latest_run(outputs: Path, notebook: str) -> Path | None:
             info = json.loads(params.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        last = LAST_WRITTEN.get(notebook)
+        last = registry.spec(notebook).written_last  # its spec's: the file it writes last
         done = info.get("status") == "interactive" and last is not None and (params.parent / last).exists()
         if info.get("status") == "finished" or done:
             found.append((str(info.get("started", "")), params.parent.name, params.parent))
@@ -353,8 +357,12 @@ class Report:
     def __init__(self, outputs: Path | str, runs: dict[str, str] | None = None, folder: Path | str | None = None):
         self.outputs = Path(outputs)
         self.folder = Path(folder) if folder is not None else self.outputs
+        # the notebooks it reads (the report's spec, `registry`), by their stems
+        self.nb_shapes, self.nb_pairs, self.nb_timing = (
+            registry.stem(name) for name in ("tree_shapes", "model_pairs", "tree_attention_timing")
+        )
         self.runs: dict[str, Path | None] = {}
-        for nb in REPORT_NOTEBOOKS:
+        for nb in (self.nb_shapes, self.nb_pairs, self.nb_timing):
             given = (runs or {}).get(nb) or ""
             if given and not (Path(given) / "params.json").exists():
                 raise FileNotFoundError(
@@ -363,7 +371,7 @@ class Report:
                 )
             self.runs[nb] = Path(given) if given else latest_run(self.outputs, nb)
         self.info = {nb: json.loads((f / "params.json").read_text()) for nb, f in self.runs.items() if f is not None}
-        self.labels = _pair_labels(_csv(self.runs["02_model_pairs"], "grid.csv"))
+        self.labels = _pair_labels(_csv(self.runs[self.nb_pairs], "grid.csv"))
 
     def _read(self, folder: Path | None, name: str) -> Any:
         """A run's CSV table (None where it is missing), its pairs named by their labels (`_pair_labels`)."""
@@ -422,7 +430,7 @@ class Report:
         if self.runs[notebook] is not None:
             return False
         doc.text(
-            f"**{REPORT_NOTEBOOKS[notebook]} did not run** (no finished run under {self.outputs.name}/{notebook}/). "
+            f"**{registry.spec(notebook).label} did not run** (no finished run under {self.outputs.name}/{notebook}/). "
             f"Run it with `./run_notebooks.sh course --notebook {notebook}`, then this notebook again."
         )
         return True
@@ -432,7 +440,7 @@ class Report:
         from . import readings
 
         doc.text(self._framing())
-        one, pairs, attention = (self.runs[nb] for nb in REPORT_NOTEBOOKS)
+        one, pairs, attention = (self.runs[nb] for nb in (self.nb_shapes, self.nb_pairs, self.nb_timing))
         inputs = (
             self._read(pairs, "grid_best.csv"),
             self._read(pairs, "grid_ranks.csv"),
@@ -498,10 +506,10 @@ class Report:
 
     def _trees(self, doc: _Doc) -> None:
         """01's drawing of every shape measured (and the user's trees) at its budgets."""
-        figure = self.runs["01_tree_shapes"] / "trees.png" if self.runs["01_tree_shapes"] else None
+        figure = self.runs[self.nb_shapes] / "trees.png" if self.runs[self.nb_shapes] else None
         if figure is not None and not figure.exists():
             doc.text(f"*01's run drew no trees.png ({figure.parent.name}).*")
-        elif not self._not_run(doc, "01_tree_shapes"):
+        elif not self._not_run(doc, self.nb_shapes):
             doc.figure(
                 figure,
                 "01: each shape at its largest budget up to 16 (a node's label: its sibling rank; its row: its depth)",
@@ -520,7 +528,7 @@ class Report:
         from .readings import greedy_summary
 
         lines = []
-        f = self.runs["01_tree_shapes"]
+        f = self.runs[self.nb_shapes]
         if f is None:
             lines.append("- 01 did not run: no replay check, no greedy check of its own")
         else:
@@ -536,7 +544,7 @@ class Report:
             measured = self._read(f, "measured.csv")
             if measured is not None and len(measured):
                 lines.append("- 01, end-to-end runs: " + greedy_summary(measured))
-        f = self.runs["02_model_pairs"]
+        f = self.runs[self.nb_pairs]
         if f is None:
             lines.append("- 02 did not run: no greedy check of its pairs")
         else:
@@ -545,7 +553,7 @@ class Report:
                 said = [f"{pair}: " + greedy_summary(t) for pair, t in table.groupby("pair", sort=False)]
                 prefix = "greedy outputs against the target's own: "
                 lines.append("- 02, " + prefix + "; ".join(x.replace(prefix, "") for x in said))
-        f = self.runs["03_tree_attention_timing"]
+        f = self.runs[self.nb_timing]
         if f is None:
             lines.append("- 03 did not run: no check of the attention implementations")
         else:
@@ -567,15 +575,15 @@ class Report:
         shares, the winner per category, then the grid itself as one table (`_compact_grid`), and the figures."""
         from . import readings
 
-        if self._not_run(doc, "02_model_pairs"):
+        if self._not_run(doc, self.nb_pairs):
             return
-        folder = self.runs["02_model_pairs"]
+        folder = self.runs[self.nb_pairs]
         grid = self._read(folder, "grid.csv")
         if grid is None or not len(grid):
             doc.text("02's run wrote no grid (its parameter `grid` was off, or no pair ran).")
             return
         best = self._read(folder, "grid_best.csv")
-        tokens = self.info.get("02_model_pairs", {}).get("parameters", {}).get("max_new_tokens")
+        tokens = self.info.get(self.nb_pairs, {}).get("parameters", {}).get("max_new_tokens")
         doc.text(
             f"{grid['pair'].nunique()} pairs, {int(grid['prompts'].max())} prompts each"
             + (f" x {tokens} new tokens" if tokens else "")
@@ -604,7 +612,7 @@ class Report:
         doc.text(
             "The grid: tau = 1 + length but on steps without a bonus token (counted below); shapes equal on every "
             "budget share a row; hindsight is in-sample, the oracle a bound. Intervals: 02's appendix "
-            f"({self._appendix('02_model_pairs')})."
+            f"({self._appendix(self.nb_pairs)})."
         )
         table, said = _compact_grid(grid)
         doc.table(table, "02: acceptance rate / acceptance length per pair and shape, by draft tokens")
@@ -613,28 +621,28 @@ class Report:
         doc.figure(folder / "grid_tau.png", "02: tau by budget per shape, one panel per pair")
 
     def _one_pair(self, doc: _Doc) -> None:
-        if self._not_run(doc, "01_tree_shapes"):
+        if self._not_run(doc, self.nb_shapes):
             return
-        f = self.runs["01_tree_shapes"]
+        f = self.runs[self.nb_shapes]
         table = self._read(f, "replay.csv")
         if table is None:
             doc.text("01's run wrote no replay.csv.")
         else:
-            tokens = self.info.get("01_tree_shapes", {}).get("parameters", {}).get("max_new_tokens")
+            tokens = self.info.get(self.nb_shapes, {}).get("parameters", {}).get("max_new_tokens")
             doc.text(
                 f"{_upper_first(self._pair_name(_pair_of(f)))}: {int(table['prompts'].max())} prompts"
                 + (f" x {tokens} new tokens" if tokens else "")
                 + f", every shape and budget replayed, up to {int(table['budget'].max())} draft tokens: 01's appendix "
-                f"({self._appendix('01_tree_shapes')})."
+                f"({self._appendix(self.nb_shapes)})."
             )
         doc.figure(f / "tau_vs_budget.png", "01: tau by budget per shape")
 
     def _pairs(self, doc: _Doc) -> None:
         import pandas as pd
 
-        if self._not_run(doc, "02_model_pairs"):
+        if self._not_run(doc, self.nb_pairs):
             return
-        f = self.runs["02_model_pairs"]
+        f = self.runs[self.nb_pairs]
         table = self._read(f, "pairs_methods.csv")
         status = self._read(f, "pairs.csv")
         if status is not None and (status["status"] != "measured").any():  # each pair's models: 02's appendix
@@ -648,19 +656,19 @@ class Report:
                 rows[["pair", "method", "speed-up", "greedy equal"]],
                 f"02: the fastest method per pair run end to end on {int(table['prompts'].max())} prompts, speed-up "
                 f"over the target alone [95% interval]; every method: the figure and 02's appendix "
-                f"({self._appendix('02_model_pairs')})",
+                f"({self._appendix(self.nb_pairs)})",
             )
         doc.figure(f / "speedup.png", "02: tokens/s over the target alone per pair and method")
 
     def _attention(self, doc: _Doc) -> None:
         from . import readings
 
-        if self._not_run(doc, "03_tree_attention_timing"):
+        if self._not_run(doc, self.nb_timing):
             return
-        f = self.runs["03_tree_attention_timing"]
+        f = self.runs[self.nb_timing]
         speed = self._read(f, "speedup.csv")
         if speed is not None and len(speed):
-            _speedup_tables(doc, speed, self._appendix("03_tree_attention_timing"))
+            _speedup_tables(doc, speed, self._appendix(self.nb_timing))
         doc.figure(f / "tree_speedup.png", "03: one tree-masked call against one call per root-to-leaf sequence")
         grid = self._read(f, "attention_grid.csv")
         if grid is not None:
@@ -677,9 +685,9 @@ class Report:
         from ..io.tree_results import DEPLOY_FILE, RESULTS_FILE, read
         from . import readings
 
-        if self._not_run(doc, "01_tree_shapes"):
+        if self._not_run(doc, self.nb_shapes):
             return
-        folder = self.runs["01_tree_shapes"]
+        folder = self.runs[self.nb_shapes]
         recommendation = self._read(folder, "recommendation.csv")
         if recommendation is not None and len(recommendation):
             doc.table(
@@ -712,9 +720,9 @@ class Report:
         """Paragraphs computed from the tables this report shows (`readings.analysis`)."""
         from . import readings
 
-        for nb in REPORT_NOTEBOOKS:
+        for nb in (self.nb_shapes, self.nb_pairs, self.nb_timing):
             self._not_run(doc, nb)
-        one, pairs, attention = (self.runs[nb] for nb in REPORT_NOTEBOOKS)
+        one, pairs, attention = (self.runs[nb] for nb in (self.nb_shapes, self.nb_pairs, self.nb_timing))
         curve = self._read(attention, "verify_curve.csv")
         inputs = (
             self._read(pairs, "grid_best.csv"),
@@ -738,7 +746,10 @@ class Report:
         import pandas as pd
 
         profiles = sorted({str(i.get("profile")) for i in self.info.values()}) or ["course"]
-        books = " ".join(f"--notebook {nb}" for nb in (*REPORT_NOTEBOOKS, REPORT_NOTEBOOK))
+        books = " ".join(
+            f"--notebook {nb}"
+            for nb in (self.nb_shapes, self.nb_pairs, self.nb_timing, registry.report_notebook().stem)
+        )
         doc.text("From a clone of specnb (set-up, the embedded models, then the notebooks, then this report):")
         doc.code(
             "\n".join(
@@ -748,7 +759,7 @@ class Report:
             )
         )
         rows = []
-        for nb in REPORT_NOTEBOOKS:
+        for nb in (self.nb_shapes, self.nb_pairs, self.nb_timing):
             i = self.info.get(nb)
             if i is None:
                 rows.append({"notebook": nb, "run": "did not run"})
@@ -1198,7 +1209,7 @@ def main(argv: list[str] | None = None) -> int:
     if not report.exists():
         print(
             f"no {report}: run the report first, ./run_notebooks.sh course (01-03, then 07), or after runs of 01-03: "
-            f"./run_notebooks.sh course --notebook {REPORT_NOTEBOOK}",
+            f"./run_notebooks.sh course --notebook {registry.report_notebook().stem}",
             file=sys.stderr,
         )
         return 2

