@@ -21,6 +21,7 @@ from specnb.notebook.parameters import (
     annotation_fits,
     check_parameters,
     declared_types,
+    model_for,
     rule_for,
 )
 from specnb.training.medusa import TrainConfig
@@ -64,6 +65,17 @@ def test_every_declared_parameter_has_a_rule_for_its_type(notebook: Path):
         assert rule is not None, f"{notebook.stem}: {name} has no rule in specnb.notebook.parameters.RULES"
         assert annotation_bases(annotation) == set(rule.types), f"{notebook.stem}: {name}: {annotation} vs {rule}"
         assert annotation_fits(annotation, runner.declared_parameters(notebook)[name]), name
+
+
+@pytest.mark.parametrize("notebook", BOOKS, ids=lambda p: p.stem)
+def test_each_notebook_is_a_pydantic_model_of_its_parameters_cell(notebook: Path):
+    """The model's fields are the cell's names, its defaults the cell's literals; the literals pass."""
+    model = model_for(notebook)
+    cell = runner.declared_parameters(notebook)
+    assert set(model.model_fields) == set(cell)
+    assert {name: field.default for name, field in model.model_fields.items()} == cell
+    assert model.model_validate(cell, context={"custom": {}}).model_dump(exclude_unset=True) == cell
+    assert set(model.model_json_schema()["properties"]) == set(cell)
 
 
 def profile_cases() -> list[tuple[str, list[Path]]]:

@@ -1,42 +1,53 @@
-"""Notebook parameters checked against their declared type and their range before any model loads.
-
-Every name a numbered notebook declares in its parameters cell (`name: annotation = literal  # help`)
-has one rule in `RULES` (or, where one notebook means something narrower, the rule of `NARROW` its
-spec names: `registry`, "rules").
-`check_parameters` checks a notebook's resolved values against the annotation's type, then each
-name's rule, then the rules between parameters (`CROSSES`), and raises one `ParameterError` listing
-every problem: the parameter, its value, its help, what is allowed and a value that works (the
-notebook's own default, or its first items for a long list).
+"""Notebook parameters checked against their declared type and range before any model loads, by
+pydantic: a notebook's parameters become one pydantic model (`model_for`), its fields the names of its
+parameters cell (`name: annotation = literal  # help`), each typed by its rule in `RULES` (or, where
+one notebook means something narrower, the rule of `NARROW` its spec names: `registry`, "rules"),
+strict (a bool is no int, a string no number). `check_parameters` checks a notebook's resolved values
+against the cell's annotation, then the model, then the rules between parameters (`CROSSES`), and
+raises one `ParameterError` listing every problem: the parameter, its value, its help, what is allowed
+and a value that works (the notebook's own default, or its first items for a long list).
 
     MAX_TREE_NODES, MAX_NEW_TOKENS   stated limits: any budget, tree size or node count; tokens generated
     MAX_CHILDREN, MAX_DEPTH          stated limits: children per node and depth of grown trees, heads
     MODEL_DTYPES, EXECUTORS, LOSS_VOCABS, PAIR_TYPES
                                      choices the code accepts where it names no constant of its own
-    Rule and its kinds               Whole, Real, OneOf, Text, Flag, Each, Shape, MethodSpec, HeadShape,
-                                     CustomTrees, Pairs: frozen dataclasses saying what is `allowed` in
-                                     words and what is wrong with a value (`fault`)
+    Rule                             a pydantic type and what it allows in words; made by whole, real,
+                                     one_of, text, each, method_spec and the validators below
     Cross                            a rule between parameters (oracle_k <= top_k)
     RULES, NARROW, CROSSES           the table; `rule_for` looks a name up in it
-    declared_types, annotation_fits  name -> annotation text of a notebook's parameters cell; a value
-                                     against one (`Declared`: one line of that cell)
-    check_parameters                 the check; ParameterError listing every problem
+    declared, declared_types, annotation_fits
+                                     a notebook's parameters cell read as papermill reads it; a value
+                                     against an annotation's text
+    model_for, check_parameters      the notebook's model; the check (ParameterError listing every problem)
 
-Types, from the annotation: int (a bool is not one), float (an int is one), str, bool, list, dict,
-Optional[X] (None or X), Union[X, Y]. Values come from YAML, so `-p max_new_tokens abc` arrives as
-the string "abc" and `-p lr 1e-3` as the string "1e-3" (YAML 1.1); both are refused by type.
-Custom tree specs are `io.tree_spec`'s to check; here only that they come as a mapping.
+Types, from the annotation: int, float (an int is one), str, bool, list, dict, Optional[X] (None or
+X), Union[X, Y]. Values come from YAML, so `-p max_new_tokens abc` arrives as the string "abc" and
+`-p lr 1e-3` as the string "1e-3" (YAML 1.1); both are refused by type. Custom tree specs are
+`io.tree_spec`'s to check; here only that they come as a mapping.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+)
 
 from ..bench.attention import CAUSAL, IMPLEMENTATIONS
 from ..bench.attention_grid import EXPLICIT_SHAPE, head_shape
@@ -76,175 +87,68 @@ PAIR_TYPES: Mapping[str, str] = MappingProxyType(
 )
 EXAMPLE_CHARS = 80  # longest example and value shown in a message
 MAX_SHOWN = 4  # bad items of one list shown in its message
+STRICT = ConfigDict(strict=True, extra="forbid")
 
 
 @dataclass(frozen=True)
-class Context:
-    """What some rules need besides the value: the notebook, and its custom trees by name (None where
-    they do not parse: `io.tree_spec` reports that, and method specs are then checked as strings)."""
-
-    notebook: str
-    custom: Mapping[str, Tree | ShapeRule] | None
-
-
 class Rule:
-    """A parameter's range. `fault` is None for a good value, else what is wrong ("" where showing
-    the value says it); its type was already checked against the annotation (list items were not)."""
+    """A parameter's range: the pydantic type that checks a value (`type`), what it allows in words,
+    and the annotations (Optional stripped) it is written for. `none_ok`: None passes whatever the
+    annotation (custom_trees)."""
 
-    types: ClassVar[tuple[str, ...]] = ()  # the annotations (Optional stripped) the rule is written for
-    none_ok: ClassVar[bool] = False  # None passes whatever the annotation
-
-    def allowed(self) -> str:
-        raise NotImplementedError
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        raise NotImplementedError
+    type: Any
+    allowed: str
+    types: tuple[str, ...]
+    none_ok: bool = False
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class Whole(Rule):
+def whole(low: int, high: int | None = None) -> Rule:
     """An integer in low..high (high None: no upper bound)."""
-
-    low: int
-    high: int | None = None
-    types: ClassVar[tuple[str, ...]] = ("int",)
-
-    def allowed(self) -> str:
-        return f"an integer in {self.low}..{self.high}" if self.high is not None else f"an integer >= {self.low}"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if not _is_int(value):
-            return "not an integer"
-        return "" if value < self.low or (self.high is not None and value > self.high) else None
+    said = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
+    return Rule(Annotated[StrictInt, Field(ge=low, le=high)], said, ("int",))
 
 
-@dataclass(frozen=True)
-class Real(Rule):
+def real(low: float, high: float | None = None, above: bool = False) -> Rule:
     """A finite number from low (excluded where `above`) up to high (None: no upper bound)."""
-
-    low: float
-    high: float | None = None
-    above: bool = False
-    types: ClassVar[tuple[str, ...]] = ("float",)
-
-    def allowed(self) -> str:
-        if self.high is not None:
-            return f"a number in {'(' if self.above else '['}{self.low:g}, {self.high:g}]"
-        return f"a number {'>' if self.above else '>='} {self.low:g}"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return "not a number"
-        if not math.isfinite(value):
-            return "not finite"
-        low_ok = value > self.low if self.above else value >= self.low
-        return None if low_ok and (self.high is None or value <= self.high) else ""
+    if high is not None:
+        said = f"a number in {'(' if above else '['}{low:g}, {high:g}]"
+    else:
+        said = f"a number {'>' if above else '>='} {low:g}"
+    bound = Field(gt=low, le=high, allow_inf_nan=False) if above else Field(ge=low, le=high, allow_inf_nan=False)
+    return Rule(Annotated[float, bound], said, ("float",))
 
 
-@dataclass(frozen=True)
-class OneOf(Rule):
-    """One of a few strings."""
-
-    options: tuple[str, ...]
-    types: ClassVar[tuple[str, ...]] = ("str",)
-
-    def allowed(self) -> str:
-        said = ", ".join(map(repr, self.options))
-        return said if len(self.options) == 1 else f"one of {said}"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        return None if isinstance(value, str) and value in self.options else ""
+def one_of(options: tuple[str, ...]) -> Rule:
+    said = ", ".join(map(repr, options))
+    return Rule(Literal[options], said if len(options) == 1 else f"one of {said}", ("str",))
 
 
-@dataclass(frozen=True)
-class Typed(Rule):
-    """Whatever the annotation allows: a parameter the table does not name (a notebook of your own;
-    every parameter of specnb's notebooks has a rule, tests/test_parameters.py)."""
-
-    def allowed(self) -> str:
-        return "a value of the annotated type"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        return None
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("")
+    return value
 
 
-@dataclass(frozen=True)
-class Text(Rule):
+def text(nonempty: bool = False) -> Rule:
     """A string (a name, a path, an address); `nonempty`: not blank."""
-
-    nonempty: bool = False
-    types: ClassVar[tuple[str, ...]] = ("str",)
-
-    def allowed(self) -> str:
-        return "a non-empty string" if self.nonempty else "a string"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if not isinstance(value, str):
-            return "not a string"
-        return "" if self.nonempty and not value.strip() else None
+    if nonempty:
+        return Rule(Annotated[StrictStr, AfterValidator(_not_blank)], "a non-empty string", ("str",))
+    return Rule(StrictStr, "a string", ("str",))
 
 
-@dataclass(frozen=True)
-class PromptSource(Rule):
-    """A named prompt source or a JSONL file that exists and parses (`io.prompts.source_prompts`),
-    read here so that a missing or malformed file is refused before any model loads."""
-
-    types: ClassVar[tuple[str, ...]] = ("str",)
-
-    def allowed(self) -> str:
-        return f"{' or '.join(repr(s) for s in SOURCES)}, or the path of a Spec-Bench-style JSONL file"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if not isinstance(value, str) or not value.strip():
-            return ""
-        if value in SOURCES:
-            return None
-        try:
-            source_prompts(value)
-        except (OSError, ValueError) as e:  # PromptRequestError is a ValueError
-            return str(e)
-        return None
-
-
-@dataclass(frozen=True)
-class Flag(Rule):
-    """True or False (the annotation's type is the whole rule)."""
-
-    types: ClassVar[tuple[str, ...]] = ("bool",)
-
-    def allowed(self) -> str:
-        return "True or False"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        return None if isinstance(value, bool) else ""
-
-
-@dataclass(frozen=True)
-class Each(Rule):
+def each(item: Rule, nonempty: bool = True, includes: tuple[int, ...] = ()) -> Rule:
     """A list whose items each follow `item`; `nonempty`: at least one; `includes`: items it must hold."""
 
-    item: Rule
-    nonempty: bool = True
-    includes: tuple[int, ...] = ()
-    types: ClassVar[tuple[str, ...]] = ("list",)
+    def holds(value: list) -> list:
+        lacking = [f"it lacks {v}" for v in includes if v not in value]
+        if lacking:
+            raise ValueError("; ".join(lacking))
+        return value
 
-    def allowed(self) -> str:
-        holding = f", holding {', '.join(map(str, self.includes))}" if self.includes else ""
-        return f"a {'non-empty ' if self.nonempty else ''}list, each item {self.item.allowed()}{holding}"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if not isinstance(value, list):
-            return "not a list"
-        if self.nonempty and not value:
-            return "it is empty"
-        faults = ((i, v, self.item.fault(v, ctx)) for i, v in enumerate(value))
-        bad = [f"item {i} is {_show(v)}" + (f": {why}" if why else "") for i, v, why in faults if why is not None]
-        bad += [f"it lacks {v}" for v in self.includes if v not in value]
-        return "; ".join(bad[:MAX_SHOWN] + (["..."] if len(bad) > MAX_SHOWN else [])) or None
+    holding = f", holding {', '.join(map(str, includes))}" if includes else ""
+    said = f"a {'non-empty ' if nonempty else ''}list, each item {item.allowed}{holding}"
+    kind = Annotated[list[item.type], Field(min_length=1 if nonempty else 0), AfterValidator(holds)]
+    return Rule(kind, said, ("list",))
 
 
 def _shape_fault(shape: Any) -> str | None:
@@ -261,38 +165,23 @@ def _shape_fault(shape: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Shape(Rule):
-    """A `Tree.preset` name: chain, wide, sparse, kary<k>, beams<k>."""
+def _valid(fault: Callable[..., str | None]) -> Callable[..., Any]:
+    """A pydantic validator from a function saying what is wrong with a value (None: nothing)."""
 
-    types: ClassVar[tuple[str, ...]] = ("str",)
+    def check(value: Any, info: ValidationInfo) -> Any:
+        why = fault(value, (info.context or {}).get("custom"))
+        if why is not None:
+            raise ValueError(why)
+        return value
 
-    def allowed(self) -> str:
-        return f"a tree preset: chain, wide, sparse, kary<k> or beams<k> with k in 1..{MAX_TREE_NODES} (e.g. kary2)"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        return _shape_fault(value)
+    return check
 
 
-@dataclass(frozen=True)
-class MethodSpec(Rule):
-    """A method spec `drafters.methods.parse_method` reads (custom trees by name included), its
-    budget at most MAX_TREE_NODES; `extra`: other names the notebook takes (04: the target alone)."""
-
-    extra: tuple[str, ...] = ()
-    types: ClassVar[tuple[str, ...]] = ("str",)
-
-    def allowed(self) -> str:
-        extra = f", or {' or '.join(map(repr, self.extra))}" if self.extra else ""
-        return (
-            f"a method spec [drafter/]shape:budget with budget in 1..{MAX_TREE_NODES} (chain:4, ngram/kary2:8, "
-            f"dynamic:16, hf_assisted:4, or a custom tree's name){extra}"
-        )
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if not isinstance(value, str) or not value.strip():
+def _method_fault(extra: tuple[str, ...]) -> Callable[[Any, Any], str | None]:
+    def fault(value: str, custom: Mapping[str, Tree | ShapeRule] | None) -> str | None:
+        if not value.strip():
             return "not a method spec"
-        if value in self.extra:
+        if value in extra:
             return None
         head, _, budget = value.strip().partition(":")
         if budget.isdigit() and int(budget) > MAX_TREE_NODES:
@@ -300,74 +189,53 @@ class MethodSpec(Rule):
         shape = head.rsplit("/", 1)[-1]
         if PRESET.match(shape) and _shape_fault(shape):
             return _shape_fault(shape)
-        if ctx.custom is None:
+        if custom is None:  # the custom trees do not parse: `io.tree_spec` says why, the spec stays a string
             return None
         try:
-            parse_method(value, ctx.custom)
+            parse_method(value, custom)
         except ValueError as e:
             return str(e)
         return None
 
+    return fault
 
-@dataclass(frozen=True)
-class HeadShape(Rule):
+
+def method_spec(extra: tuple[str, ...] = ()) -> Rule:
+    """A method spec `drafters.methods.parse_method` reads (custom trees by name included, the
+    validation's context), its budget at most MAX_TREE_NODES; `extra`: other names the notebook
+    takes (04: the target alone)."""
+    also = f", or {' or '.join(map(repr, extra))}" if extra else ""
+    said = (
+        f"a method spec [drafter/]shape:budget with budget in 1..{MAX_TREE_NODES} (chain:4, ngram/kary2:8, "
+        f"dynamic:16, hf_assisted:4, or a custom tree's name){also}"
+    )
+    return Rule(Annotated[StrictStr, AfterValidator(_valid(_method_fault(extra)))], said, ("str",))
+
+
+def _head_fault(value: Any, custom: Any) -> str | None:
     """03's attention shape: "" (the target's config), a model name, or heads by hand
     (`bench.attention_grid.head_shape`, which reads no config for a mapping)."""
-
-    types: ClassVar[tuple[str, ...]] = ("str", "dict")
-
-    def allowed(self) -> str:
-        return f"'' (the target's config), a model's name, or a mapping like {EXPLICIT_SHAPE}"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if isinstance(value, str):
-            return None
-        try:
-            head_shape(value)
-        except (ValueError, TypeError) as e:
-            return str(e)
+    if isinstance(value, str):
         return None
+    try:
+        head_shape(value)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
 
 
-@dataclass(frozen=True)
-class CustomTrees(Rule):
-    """Trees by name: None or a mapping. Each spec (its paths, its size) is `io.tree_spec`'s to
-    check, before any model loads (the runner's check and the notebooks' `show_trees`)."""
-
-    types: ClassVar[tuple[str, ...]] = ("dict",)
-    none_ok: ClassVar[bool] = True
-
-    def allowed(self) -> str:
-        return "a mapping of names to tree specs (io.tree_spec), e.g. {'mine': {'branching': [2, 1]}}"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        return None if isinstance(value, dict) else ""
-
-
-@dataclass(frozen=True)
-class Pairs(Rule):
-    """02's pairs: mappings with the keys of `PAIR_TYPES` (target and draft required); each value is
-    then checked by the rule of its name in `RULES`."""
-
-    types: ClassVar[tuple[str, ...]] = ("list",)
-
-    def allowed(self) -> str:
-        optional = ", ".join(k for k in PAIR_TYPES if k not in ("target", "draft"))
-        return f"a non-empty list of mappings, each with target and draft, and optionally {optional}"
-
-    def fault(self, value: Any, ctx: Context) -> str | None:
-        if not isinstance(value, list) or not value:
-            return "it is empty" if isinstance(value, list) else "not a list"
-        bad = []
-        for i, pair in enumerate(value):
-            if not isinstance(pair, dict):
-                bad.append(f"item {i} is {_show(pair)}, not a mapping")
-                continue
-            unknown = sorted(set(map(str, pair)) - set(PAIR_TYPES))
-            missing = [k for k in ("target", "draft") if k not in pair]
-            bad += [f"item {i} has unknown keys {unknown}"] if unknown else []
-            bad += [f"item {i} lacks {' and '.join(missing)}"] if missing else []
-        return "; ".join(bad) or None
+def _prompts_fault(value: str, custom: Any) -> str | None:
+    """A named prompt source or a JSONL file that exists and parses (`io.prompts.source_prompts`),
+    read here so that a missing or malformed file is refused before any model loads."""
+    if not value.strip():
+        return ""
+    if value in SOURCES:
+        return None
+    try:
+        source_prompts(value)
+    except (OSError, ValueError) as e:  # PromptRequestError is a ValueError
+        return str(e)
+    return None
 
 
 @dataclass(frozen=True)
@@ -386,56 +254,77 @@ class Cross:
         return None if self.holds(**given) else self.message.format(**given)
 
 
-TREE = Whole(1, MAX_TREE_NODES)  # a budget: draft tokens per tree
-COUNT = Whole(1)  # prompts, repeats, rows, layers: at least one
-SOME = Whole(0)  # retries, warm-ups, workers, windows: zero allowed
-POSITIVE = Real(0.0, above=True)  # learning rates, epochs, temperatures
-METHODS = Each(MethodSpec(), nonempty=False)
-QUANTIZED = OneOf(tuple(q for q in QUANTIZATIONS if q is not None))  # None comes from Optional[str]
+TREE = whole(1, MAX_TREE_NODES)  # a budget: draft tokens per tree
+COUNT = whole(1)  # prompts, repeats, rows, layers: at least one
+SOME = whole(0)  # retries, warm-ups, workers, windows: zero allowed
+POSITIVE = real(0.0, above=True)  # learning rates, epochs, temperatures
+FLAG = Rule(StrictBool, "True or False", ("bool",))
+SHAPE = Rule(
+    Annotated[StrictStr, AfterValidator(_valid(lambda v, _: _shape_fault(v)))],
+    f"a tree preset: chain, wide, sparse, kary<k> or beams<k> with k in 1..{MAX_TREE_NODES} (e.g. kary2)",
+    ("str",),
+)
+METHODS = each(method_spec(), nonempty=False)
+QUANTIZED = one_of(tuple(q for q in QUANTIZATIONS if q is not None))  # None comes from Optional[str]
+PROMPTS = Rule(
+    Annotated[StrictStr, AfterValidator(_valid(_prompts_fault))],
+    f"{' or '.join(repr(s) for s in SOURCES)}, or the path of a Spec-Bench-style JSONL file",
+    ("str",),
+)
+HEAD_SHAPE = Rule(
+    Annotated[Any, AfterValidator(_valid(_head_fault))],
+    f"'' (the target's config), a model's name, or a mapping like {EXPLICIT_SHAPE}",
+    ("str", "dict"),
+)
+CUSTOM_TREES = Rule(
+    dict,
+    "a mapping of names to tree specs (io.tree_spec), e.g. {'mine': {'branching': [2, 1]}}",
+    ("dict",),
+    none_ok=True,
+)
 
-RULES: Mapping[str, Rule] = MappingProxyType(
+RULES: dict[str, Rule] = dict(
     {
         # the run (profile and run_dir are set by the runner)
-        "profile": Text(),
-        "run_dir": Text(),
-        "run_01": Text(),  # 07: the runs its report reads
-        "run_02": Text(),
-        "run_03": Text(),
-        "seed": Whole(0, 2**32 - 1),
+        "profile": text(),
+        "run_dir": text(),
+        "run_01": text(),  # 07: the runs its report reads
+        "run_02": text(),
+        "run_03": text(),
+        "seed": whole(0, 2**32 - 1),
         # models
-        "target": Text(nonempty=True),
-        "draft": Text(),
+        "target": text(nonempty=True),
+        "draft": text(),
         "target_quantization": QUANTIZED,
         "draft_quantization": QUANTIZED,
         "draft_layers": COUNT,
-        "model_dtype": OneOf(MODEL_DTYPES),
-        "cpu_linear": OneOf(LINEAR_PATHS),
-        "pairs": Pairs(),
+        "model_dtype": one_of(MODEL_DTYPES),
+        "cpu_linear": one_of(LINEAR_PATHS),
         # prompts and generation
-        "prompts": PromptSource(),
-        "categories": Each(Text(nonempty=True)),
+        "prompts": PROMPTS,
+        "categories": each(text(nonempty=True)),
         "per_category": COUNT,
         "max_prompts": COUNT,
         "max_prompt_tokens": COUNT,
-        "max_new_tokens": Whole(1, MAX_NEW_TOKENS),
+        "max_new_tokens": whole(1, MAX_NEW_TOKENS),
         "rounds": COUNT,
-        "stop_at_eos": Flag(),
+        "stop_at_eos": FLAG,
         # trees and methods
-        "shapes": Each(Shape()),
-        "cost_shapes": Each(Shape()),
-        "budgets": Each(TREE),
-        "nodes": Each(TREE),
-        "dynamic_budgets": Each(TREE),
-        "custom_trees": CustomTrees(),
+        "shapes": each(SHAPE),
+        "cost_shapes": each(SHAPE),
+        "budgets": each(TREE),
+        "nodes": each(TREE),
+        "dynamic_budgets": each(TREE),
+        "custom_trees": CUSTOM_TREES,
         "k": TREE,
         "speed_budget": TREE,
         "methods": METHODS,
         "measure": METHODS,
         "check_methods": METHODS,
-        "replay": Flag(),
-        "grid": Flag(),
-        "super_k": Whole(0, MAX_CHILDREN),
-        "super_depth": Whole(1, MAX_DEPTH),
+        "replay": FLAG,
+        "grid": FLAG,
+        "super_k": whole(0, MAX_CHILDREN),
+        "super_depth": whole(1, MAX_DEPTH),
         "super_prompts": COUNT,
         "top_k": TREE,
         "oracle_k": TREE,
@@ -444,70 +333,91 @@ RULES: Mapping[str, Rule] = MappingProxyType(
         "heldout_folds": COUNT,
         "method_prompts": COUNT,
         "grid_prompts": COUNT,
-        "run_tokens": Whole(1, MAX_NEW_TOKENS),
+        "run_tokens": whole(1, MAX_NEW_TOKENS),
         "batch": COUNT,
         # collection (01)
-        "executor": OneOf(EXECUTORS),
-        "ray_address": Text(),
+        "executor": one_of(EXECUTORS),
+        "ray_address": text(),
         "ray_workers": SOME,
-        "collection_folder": Text(),
+        "collection_folder": text(),
         "retries": SOME,
         # timing: attention grid (03), verify-cost and batch curves (01, 03, 06)
-        "attention_shape": HeadShape(),
-        "dtype": OneOf(MODEL_DTYPES),
-        "impls": Each(OneOf((*IMPLEMENTATIONS, CAUSAL))),
-        "batches": Each(COUNT),
-        "prefixes": Each(COUNT),
-        "ragged": Flag(),
+        "attention_shape": HEAD_SHAPE,
+        "dtype": one_of(MODEL_DTYPES),
+        "impls": each(one_of((*IMPLEMENTATIONS, CAUSAL))),
+        "batches": each(COUNT),
+        "prefixes": each(COUNT),
+        "ragged": FLAG,
         "warmup": SOME,
         "repeats": COUNT,
         "verify_prefix": COUNT,
-        "verify_nodes": Each(Whole(0, MAX_TREE_NODES), includes=(0,)),
+        "verify_nodes": each(whole(0, MAX_TREE_NODES), includes=(0,)),
         "verify_repeats": COUNT,
         "curve_prefix": COUNT,
         "curve_repeats": COUNT,
-        "acceptance": Each(Real(0.0, 1.0)),
-        "acceptance_from": Text(nonempty=True),
+        "acceptance": each(real(0.0, 1.0)),
+        "acceptance_from": text(nonempty=True),
         # bounded caches (04)
-        "windows": Each(SOME),
+        "windows": each(SOME),
         "sink": SOME,
-        "positions": OneOf(POSITIONS),
-        "draft_policy": Flag(),
+        "positions": one_of(POSITIONS),
+        "draft_policy": FLAG,
         "bin_tokens": COUNT,
         # learned drafters (05)
-        "heads": Text(nonempty=True),
-        "num_heads": Whole(1, MAX_DEPTH),
+        "heads": text(nonempty=True),
+        "num_heads": whole(1, MAX_DEPTH),
         "train_prompts": COUNT,
-        "distill_tokens": Whole(1, MAX_NEW_TOKENS),
+        "distill_tokens": whole(1, MAX_NEW_TOKENS),
         "gen_batch": COUNT,
         "epochs": POSITIVE,
         "batch_size": COUNT,
         "lr": POSITIVE,
-        "loss_vocab": OneOf(LOSS_VOCABS),
-        "share_lm_head": Flag(),
+        "loss_vocab": one_of(LOSS_VOCABS),
+        "share_lm_head": FLAG,
         "head_layers": COUNT,
-        "soft_labels": Flag(),
+        "soft_labels": FLAG,
         "samples": SOME,
-        "distill_bfloat16": Flag(),
-        "prompt_rows": Flag(),
+        "distill_bfloat16": FLAG,
+        "prompt_rows": FLAG,
         "test_prompts": COUNT,
         "typical_prompts": COUNT,
         "temperature": POSITIVE,
-        "eagle_heads": Text(nonempty=True),
+        "eagle_heads": text(nonempty=True),
         "eagle_epochs": POSITIVE,
         "eagle_lr": POSITIVE,
         "eagle_batch_rows": COUNT,
         "eagle_ce_rows": SOME,
-        "eagle_depth": Whole(1, MAX_DEPTH),
-        "dynamic_top_k": Whole(1, MAX_CHILDREN),
-        "draft_dynamic": Flag(),
+        "eagle_depth": whole(1, MAX_DEPTH),
+        "dynamic_top_k": whole(1, MAX_CHILDREN),
+        "draft_dynamic": FLAG,
     }
 )
+RULES["pairs"] = Rule(
+    Annotated[
+        list[
+            create_model(
+                "Pair",
+                __config__=STRICT,
+                **{
+                    key: (Optional[RULES[key].type], None)  # noqa: UP045 (a type built at run time)
+                    if annotation.startswith("Optional")
+                    else (RULES[key].type, ...)
+                    for key, annotation in PAIR_TYPES.items()
+                },
+            )
+        ],
+        Field(min_length=1),
+    ],
+    "a non-empty list of mappings, each with target and draft, and optionally "
+    + ", ".join(k for k in PAIR_TYPES if k not in ("target", "draft")),
+    ("list",),
+)
+RULES = MappingProxyType(RULES)
 # where one notebook means less than the name does elsewhere: its spec names the rule (`registry`, "rules")
 NARROW: Mapping[str, Rule] = MappingProxyType(
     {
-        "methods_or_target_alone": Each(MethodSpec(extra=(TARGET_ALONE,)), nonempty=False),
-        "model": Text(nonempty=True),  # a draft model that fills every tree
+        "methods_or_target_alone": each(method_spec(extra=(TARGET_ALONE,)), nonempty=False),
+        "model": text(nonempty=True),  # a draft model that fills every tree
     }
 )
 CROSSES: tuple[Cross, ...] = (
@@ -528,8 +438,8 @@ CROSSES: tuple[Cross, ...] = (
 
 def rule_for(notebook: str, name: str, folder: Path = NOTEBOOKS) -> Rule | None:
     """The rule of parameter `name` in notebook `notebook` (its stem in `folder`): the narrower one its
-    spec names (`NARROW`), else `RULES`'; None where neither has one. ValueError where its spec names
-    a rule `NARROW` lacks."""
+    spec names (`NARROW`), else `RULES`'; None where neither has one (a name of yours: its annotation
+    alone). ValueError where its spec names a rule `NARROW` lacks."""
     narrow = registry.spec(notebook, folder).rules.get(name)
     if narrow is not None and narrow not in NARROW:
         raise ValueError(f"{notebook}: its spec's rules name {narrow!r} for {name!r}; known: {sorted(NARROW)}")
@@ -649,41 +559,65 @@ def _type_fault(value: Any) -> str:
     return f"got a {type(value).__name__}"
 
 
-def _message(where: Where, rule: Rule, value: Any, fault: str) -> str:
-    optional = where.annotation.startswith("Optional") or rule.none_ok
-    allowed = ("None or " if optional else "") + rule.allowed()
+def _message(where: Where, rule: Rule | None, value: Any, fault: str) -> str:
+    optional = where.annotation.startswith("Optional") or (rule is not None and rule.none_ok)
+    allowed = ("None or " if optional else "") + (rule.allowed if rule is not None else "a value of its type")
     said = f" ({where.help})" if where.help else ""
     why = f" ({fault})" if fault else ""
     fix = f"; e.g. {where.label}={where.example}" if where.example else ""
     return f"{where.label}={_show(value)}{said}: must be {allowed}{why}{fix}"
 
 
-def _check(where: Where, rule: Rule, value: Any, ctx: Context) -> list[str]:
-    """The problems of one value: its type against the annotation, then its rule."""
-    if value is None and rule.none_ok:
-        return []
-    if isinstance(rule, Typed):  # a notebook of yours: its annotation, where this module reads it
-        try:
-            return (
-                [] if annotation_fits(where.annotation, value) else [_message(where, rule, value, _type_fault(value))]
-            )
-        except (ValueError, SyntaxError):
-            return []
-    if where.annotation and not annotation_fits(where.annotation, value):  # no annotation: the rule alone
-        return [_message(where, rule, value, _type_fault(value))]
-    if value is None:
-        return []
-    fault = rule.fault(value, ctx)
-    if fault is not None:
-        return [_message(where, rule, value, fault)]
-    if isinstance(rule, Pairs):
-        return [
-            problem
-            for i, pair in enumerate(value)
-            for key, item in pair.items()
-            for problem in _check(Where(f"{where.label}[{i}].{key}", PAIR_TYPES[key]), RULES[key], item, ctx)
-        ]
-    return []
+# pydantic's error types in the words of a message ("" where showing the value says it)
+REASONS = {
+    "int_type": "not an integer",
+    "float_type": "not a number",
+    "string_type": "not a string",
+    "bool_type": "not True or False",
+    "dict_type": "not a mapping",
+    "model_type": "not a mapping",
+    "finite_number": "not finite",
+    "too_short": "it is empty",
+}
+
+
+def _reason(error: Mapping[str, Any]) -> str:
+    if error["type"] == "value_error":  # one of this module's validators: its own words
+        return str(error["ctx"]["error"])
+    quiet = error["type"] == "literal_error" or "than" in error["type"]  # the value and the range say it
+    return REASONS.get(error["type"], "" if quiet else error["msg"])
+
+
+def _problems(where: Where, rule: Rule, value: Any, errors: list[Mapping[str, Any]]) -> list[str]:
+    """The messages of one value's pydantic errors (their locations within the value): one for the
+    value, its bad items named (at most MAX_SHOWN); each key of a pair (02's `pairs`) a message of its own."""
+    said: list[str] = []
+    keyed: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
+    unknown: dict[int, list[str]] = {}
+    lacking: dict[int, list[str]] = {}
+    for e in errors:
+        loc = e["loc"]
+        if not loc:
+            said.append(_reason(e))
+        elif len(loc) > 1 and e["type"] in ("extra_forbidden", "missing"):
+            (unknown if e["type"] == "extra_forbidden" else lacking).setdefault(loc[0], []).append(loc[1])
+        elif len(loc) > 1:  # a pair's key
+            keyed.setdefault((loc[0], loc[1]), []).append({**e, "loc": loc[2:]})
+        elif e["type"] == "model_type":
+            said.append(f"item {loc[0]} is {_show(e['input'])}, not a mapping")
+        else:
+            why = _reason(e)
+            said.append(f"item {loc[0]} is {_show(e['input'])}" + (f": {why}" if why else ""))
+    said += [f"item {i} has unknown keys {sorted(keys)}" for i, keys in unknown.items()]
+    said += [f"item {i} lacks {' and '.join(keys)}" for i, keys in lacking.items()]
+    out = []
+    if said or not keyed:
+        shown = [s for s in said if s]
+        more = ["..."] if len(shown) > MAX_SHOWN else []
+        out.append(_message(where, rule, value, "; ".join(shown[:MAX_SHOWN] + more)))
+    for (i, key), found in keyed.items():
+        out += _problems(Where(f"{where.label}[{i}].{key}", PAIR_TYPES[key]), RULES[key], value[i][key], found)
+    return out
 
 
 def _custom_trees(specs: Any) -> Mapping[str, Tree | ShapeRule] | None:
@@ -694,29 +628,64 @@ def _custom_trees(specs: Any) -> Mapping[str, Tree | ShapeRule] | None:
         return None
 
 
+def model_for(notebook: Path) -> type[BaseModel]:
+    """The notebook's parameters as a strict pydantic model: a field per name of its parameters cell
+    that has a rule (`rule_for`), of the rule's type (None allowed where the annotation is Optional),
+    the cell's literal its default. Validate with context={"custom": custom trees by name}."""
+    notebook = Path(notebook)
+    fields = {}
+    for name, d in declared(notebook).items():
+        rule = rule_for(notebook.stem, name, notebook.parent)
+        if rule is not None:
+            optional = d.annotation.startswith("Optional") or rule.none_ok
+            fields[name] = (Optional[rule.type] if optional else rule.type, d.default)  # noqa: UP045
+    return create_model(f"Parameters_{notebook.stem}", __config__=STRICT, **fields)
+
+
 def check_parameters(notebook: Path, params: Mapping[str, Any]) -> None:
     """Refuse, before any model loads, resolved parameters of `notebook` that do not fit their
-    declared type, their rule (`RULES`) or a rule between them (`CROSSES`): one ParameterError
+    declared type, their rule (`model_for`) or a rule between them (`CROSSES`): one ParameterError
     listing every problem, each naming the parameter, its value, what is allowed and a fix."""
     notebook = Path(notebook)
     cell = declared(notebook)
-    ctx = Context(notebook.stem, _custom_trees(params.get("custom_trees")))
+    model = model_for(notebook)
     problems: list[str] = []
-    passed: dict[str, Any] = {}
+    typed: dict[str, Any] = {}
     for name, value in params.items():
         if name not in cell:
             problems.append(f"{name}: not a parameter of {notebook.stem}; it declares {sorted(cell)}")
             continue
-        d = cell[name]
-        where = Where(name, d.annotation, _gist(d.help), _example(d.default))
-        rule = rule_for(notebook.stem, name, notebook.parent) or Typed()  # Typed: a name of yours without a rule
-        found = _check(where, rule, value, ctx)
-        problems += found
-        if not found:
-            passed[name] = value
+        rule = rule_for(notebook.stem, name, notebook.parent)
+        none_ok = value is None and rule is not None and rule.none_ok
+        try:
+            fits = none_ok or annotation_fits(cell[name].annotation, value)
+        except (ValueError, SyntaxError):  # an annotation this module does not read: the rule alone
+            fits = True
+        if not fits:
+            problems.append(_message(_where(name, cell[name]), rule, value, _type_fault(value)))
+        else:
+            typed[name] = value
+    errors: dict[str, list[Mapping[str, Any]]] = {}
+    try:
+        model.model_validate(
+            {k: v for k, v in typed.items() if k in model.model_fields},
+            context={"custom": _custom_trees(params.get("custom_trees"))},
+        )
+    except ValidationError as e:
+        for error in e.errors():
+            errors.setdefault(error["loc"][0], []).append({**error, "loc": error["loc"][1:]})
+    for name, found in errors.items():
+        problems += _problems(
+            _where(name, cell[name]), rule_for(notebook.stem, name, notebook.parent), typed[name], found
+        )
+    passed = {k: v for k, v in typed.items() if k not in errors}
     problems += [p for p in (c.problem(passed) for c in CROSSES) if p]
     if problems:
         raise ParameterError(
             f"{notebook.stem}: {len(problems)} parameter value{'s' if len(problems) > 1 else ''} to change "
             "(nothing was loaded):\n" + "\n".join(f"  {p}" for p in problems)
         )
+
+
+def _where(name: str, d: Declared) -> Where:
+    return Where(name, d.annotation, _gist(d.help), _example(d.default))
