@@ -167,8 +167,8 @@ def hf_assisted_refusal(
     pad_token_id: int,
     num_assistant_tokens: int = 4,
 ) -> str | None:
-    """What transformers says when asked for assisted generation on more than one row at once (its
-    issues #32165, #29769): the error message, or None if it ran."""
+    """What transformers says when asked for assisted generation on more than one row at once
+    (docs/batch-size.md names its issues): the error message, or None if it ran."""
     ids, mask = _left_padded(check_prompts(prompts, 1), pad_token_id)
     kwargs = _generate_kwargs(target, 2, GREEDY, None)
     try:
