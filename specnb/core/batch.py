@@ -1,6 +1,6 @@
 """Batched speculative generation: B prompts of different lengths, one target forward per step
 verifying B x (N + 1) tokens, each row under its own tree mask and positions (`core.ragged`). The
-loop and the step are batch 1's (`generation.generate_rows`); this module gives them a ragged target.
+loop and the step are batch 1's (`generation.Loop`); this module gives them a ragged target.
 
     speculative_generate_batch      draft -> verify -> accept -> commit for every row at once; rows
                                     accept different lengths (a per-row commit) and leave the batch
@@ -39,7 +39,7 @@ import torch
 
 from .acceptance import Acceptance
 from .drafting import Draft, Drafter, NoDraft, fill_levels
-from .generation import DrafterRows, GenerationResult, Meter, RowDrafting, generate_rows
+from .generation import DrafterRows, GenerationResult, Loop, Meter, Request, RowDrafting
 from .masks import attention_implementation, rooted_ancestor_mask
 from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows, stack, truncate
 from .runtime import eos_ids, make_generator, peak_memory, reset_peak_memory
@@ -305,8 +305,8 @@ def speculative_generate_batch(
     sequences = check_prompts(prompts, max_new_tokens)
     drafters = batch_drafter(drafter, len(sequences), tree, sampling)
     everyone = list(drafters.drafters) if isinstance(drafters, DrafterRows) else [drafters]
-    method = sampling.method("speculative_batch")
-    result = generate_batch(target, drafters, sequences, tree, max_new_tokens, sampling, eos_token_id, method)
+    request = Request(tree, max_new_tokens, sampling, eos_token_id)
+    result = generate_batch(target, drafters, sequences, request, sampling.method("speculative_batch"))
     for d in everyone:
         d.release()
     return result
@@ -329,45 +329,32 @@ def autoregressive_generate_batch(
     sequences = check_prompts(prompts, max_new_tokens)
     drafters = DrafterRows([NoDraft() for _ in sequences])
     sampling = dataclasses.replace(sampling, typical=None)
-    return generate_batch(
-        target,
-        drafters,
-        sequences,
-        NoDraft.empty,
-        max_new_tokens,
-        sampling,
-        eos_token_id,
-        "autoregressive_batch",
-        margins,
-    )
+    request = Request(NoDraft.empty, max_new_tokens, sampling, eos_token_id)
+    return generate_batch(target, drafters, sequences, request, "autoregressive_batch", margins)
 
 
 def generate_batch(
     target: torch.nn.Module,
     drafters: RowDrafting,
     sequences: list[list[int]],
-    tree: Tree,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    eos_token_id: int | Sequence[int] | None,
+    request: Request,
     method: str,
     margins: bool = False,
 ) -> BatchResult:
-    """The rows through `generate_rows`, the target on a `RaggedTarget` after the prompts' ragged
+    """The rows through the loop (`Loop.run`), the target on a `RaggedTarget` after the prompts' ragged
     prefill (all but each root); each row's `GenerationResult` in prompt order, with the batch's times
     (and with `margins`, its roots' top-1 minus top-2 logits in meta["margins"], `MarginRows`)."""
     attention_implementation(target)
-    eos, generators = eos_ids(target, eos_token_id), row_generators(sampling.seed, len(sequences), target.device)
-    meter = Meter(target.device)
+    generators = row_generators(request.sampling.seed, len(sequences), target.device)
+    meter = request.meter or Meter(target.device)
     reset_peak_memory(target.device)
     start = meter.now()
     ragged = RaggedTarget(RaggedCache.empty(target, len(sequences)))
     prefill_batch(target, ragged.ragged, [seq[:-1] for seq in sequences])
     prefill_time = meter.now() - start
     state = MarginRows(ragged, len(sequences)) if margins else ragged
-    new, steps = generate_rows(
-        target, state, drafters, sequences, tree, max_new_tokens, sampling, eos, generators, meter
-    )
+    loop = Loop(target, state, drafters, request, generators, eos_ids(target, request.eos_token_id), meter)
+    new, steps = loop.run(sequences)
     total = meter.now() - start
     rows = tuple(
         GenerationResult(

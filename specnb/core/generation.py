@@ -1,15 +1,16 @@
 """The generation loop: tree speculative decoding and its baseline, for one row or a batch, with the
 same instrumentation.
 
-`speculative_step` is one target call for B >= 1 rows: draft -> verify -> accept -> commit.
-`generate_rows` is the loop around it (each row until its `max_new_tokens` or EOS), with the
-bookkeeping kept out of the step: the bounded-cache policy, each row's tree cut to the tokens it has
+`Loop.step` is one target call for B >= 1 rows: draft -> verify -> accept -> commit. `Loop.run` is
+the loop around it (each row until its `max_new_tokens` or EOS), with the bookkeeping kept out of the
+step: the bounded-cache policy, each row's tree cut to the tokens it has
 left, the step records, rows leaving the batch. What a step measures is a `Meter` passed in: times
 (its clock syncs the device only if asked) and KV bytes. The target's side of a step is a `Rows` state: one
 row on a `TargetCache` here (`speculative_generate`, `autoregressive_generate`), a ragged batch in
 `core.batch`. The drafting side is `DrafterRows` (one `Drafter` per row) or the batched model
 drafter (`batch.BatchModelDrafter`). The target's own decoding is the same loop with a drafter that
-drafts nothing (`NoDraft`, an empty tree): one target call per token. Every loop returns a
+drafts nothing (`NoDraft`, an empty tree): one target call per token. A `Loop` holds what every step
+shares (the step context); a `Request` what a generation is asked for. Every loop returns a
 `GenerationResult` per row with one `Step` per target call that produced tokens.
 """
 
@@ -263,81 +264,90 @@ class StepOutcome:
         )
 
 
-def speculative_step(
-    target: torch.nn.Module,
-    state: Rows,
-    drafters: RowDrafting,
-    sequences: list[list[int]],
-    tree: Tree,
-    depths: list[int],
-    sampling: SamplingConfig,
-    generators: list[torch.Generator],
-    meter: Meter,
-) -> list[StepOutcome]:
-    """One target call for B rows: the drafters fill `tree` after each row's sequence (host ids; its
-    last token the root), each row's tree is cut to its depth in `depths`, the target verifies every
-    row's root + nodes in one forward under the tree masks, the acceptance rule keeps a branch per
-    row, and the target's cache keeps exactly the roots and those branches."""
-    t0 = meter.now()
-    request = tree.truncated(max(depths))
-    drafts = drafters.draft_rows(sequences, request, sampling, generators)
-    trees = [drafted_tree(d, request).truncated(depth) for d, depth in zip(drafts, depths)]
-    tokens = padded_tokens(drafts, trees, target.device)  # long [B, N]
-    t1 = meter.now()
-    logits = state.verify(target, [seq[-1] for seq in sequences], trees, tokens)  # [B, N + 1, V]
-    t2 = meter.now()
-    meter.at_peak(state, drafters)
-    results = [
-        accept(t, tokens[r, : t.num_nodes], logits[r, : t.num_nodes + 1], sampling, q_rows(d, t), g)
-        for r, (t, d, g) in enumerate(zip(trees, drafts, generators))
-    ]
-    state.commit([result.path for result in results])
-    drafters.observe_rows(drafts, results)
-    return [StepOutcome(t, res, t1 - t0, t2 - t1, d.draft_tokens) for t, res, d in zip(trees, results, drafts)]
+@dataclass(frozen=True)
+class Request:
+    """What a generation is asked for: the tree (each step's request, cut to the tokens a row has
+    left), the tokens to generate, the sampling settings, the EOS ids (None: the target's generation
+    config; (): never stop early), a bounded-cache policy for the target (one row), and what the steps
+    measure (`Meter`; None: a new one that waits for the device)."""
+
+    tree: Tree
+    max_new_tokens: int
+    sampling: SamplingConfig = GREEDY
+    eos_token_id: int | Sequence[int] | None = None
+    cache_policy: StreamingCache | None = None
+    meter: Meter | None = None
 
 
-def generate_rows(
-    target: torch.nn.Module,
-    state: Rows,
-    drafters: RowDrafting,
-    sequences: list[list[int]],
-    tree: Tree,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    eos: frozenset[int],
-    generators: list[torch.Generator],
-    meter: Meter,
-    cache_policy: StreamingCache | None = None,
-) -> tuple[list[list[int]], list[list[Step]]]:
-    """The loop: steps until every row has its `max_new_tokens` or an EOS, a finished row leaving
-    the batch. Returns each row's new tokens and steps (their times and KV bytes read by `meter`).
-    sequences: each row's prompt (host ids), the target's cache holding all but its last token
-    (or with the rest pending). cache_policy: one row on a `TargetCache`, cut before each step."""
-    active = list(range(len(sequences)))  # prompt indices of the rows still in the batch, in row order
-    new: list[list[int]] = [[] for _ in sequences]
-    steps: list[list[Step]] = [[] for _ in sequences]
-    while active:
-        depths = [max_new_tokens - len(new[i]) - 1 for i in active]  # no node past max_new_tokens (+1: the bonus)
-        if cache_policy is not None:
-            depths = [min(depths[0], bound_target(state, cache_policy, target, cut=bool(new[0])))]
-        rows = [sequences[i] + new[i] for i in active]
-        outcomes = speculative_step(
-            target, state, drafters, rows, tree, depths, sampling, [generators[i] for i in active], meter
-        )
-        finished = []
-        kv = meter.kv_bytes(state, drafters)
-        for r, (i, out) in enumerate(zip(active, outcomes)):
-            added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], eos)
-            steps[i].append(out.record(len(new[i]), added, *kv))
-            new[i] += added
-            if stopped or len(new[i]) >= max_new_tokens:
-                finished.append(r)
-        if finished:
-            stay = [r for r in range(len(active)) if r not in finished]
-            state.keep_rows(stay)
-            drafters.keep_rows(stay)
-            active = [active[r] for r in stay]
-    return new, steps
+@dataclass(frozen=True)
+class Loop:
+    """What every step of one generation shares: the target and its side of the step (`Rows`), the
+    drafting side (`RowDrafting`), the request, each row's generator (by prompt), the EOS ids and the
+    meter. `step` is one target call, `run` the loop around it."""
+
+    target: torch.nn.Module
+    state: Rows
+    drafters: RowDrafting
+    request: Request
+    generators: list[torch.Generator]
+    eos: frozenset[int]
+    meter: Meter
+
+    def step(
+        self, sequences: list[list[int]], depths: list[int], generators: list[torch.Generator]
+    ) -> list[StepOutcome]:
+        """One target call for B rows: the drafters fill the requested tree after each row's sequence
+        (host ids; its last token the root), each row's tree is cut to its depth in `depths`, the
+        target verifies every row's root + nodes in one forward under the tree masks, the acceptance
+        rule keeps a branch per row (with the row's generator), and the target's cache keeps exactly
+        the roots and those branches."""
+        sampling, meter = self.request.sampling, self.meter
+        t0 = meter.now()
+        request = self.request.tree.truncated(max(depths))
+        drafts = self.drafters.draft_rows(sequences, request, sampling, generators)
+        trees = [drafted_tree(d, request).truncated(depth) for d, depth in zip(drafts, depths)]
+        tokens = padded_tokens(drafts, trees, self.target.device)  # long [B, N]
+        t1 = meter.now()
+        logits = self.state.verify(self.target, [seq[-1] for seq in sequences], trees, tokens)  # [B, N + 1, V]
+        t2 = meter.now()
+        meter.at_peak(self.state, self.drafters)
+        results = [
+            accept(t, tokens[r, : t.num_nodes], logits[r, : t.num_nodes + 1], sampling, q_rows(d, t), g)
+            for r, (t, d, g) in enumerate(zip(trees, drafts, generators))
+        ]
+        self.state.commit([result.path for result in results])
+        self.drafters.observe_rows(drafts, results)
+        return [StepOutcome(t, res, t1 - t0, t2 - t1, d.draft_tokens) for t, res, d in zip(trees, results, drafts)]
+
+    def run(self, sequences: list[list[int]]) -> tuple[list[list[int]], list[list[Step]]]:
+        """Steps until every row has its `max_new_tokens` or an EOS, a finished row leaving the batch.
+        Returns each row's new tokens and steps (their times and KV bytes read by the meter).
+        sequences: each row's prompt (host ids), the target's cache holding all but its last token (or
+        with the rest pending). A cache policy: one row on a `TargetCache`, cut before each step."""
+        limit, policy = self.request.max_new_tokens, self.request.cache_policy
+        active = list(range(len(sequences)))  # prompt indices of the rows still in the batch, in row order
+        new: list[list[int]] = [[] for _ in sequences]
+        steps: list[list[Step]] = [[] for _ in sequences]
+        while active:
+            depths = [limit - len(new[i]) - 1 for i in active]  # no node past max_new_tokens (+1: the bonus)
+            if policy is not None:
+                depths = [min(depths[0], bound_target(self.state, policy, self.target, cut=bool(new[0])))]
+            rows = [sequences[i] + new[i] for i in active]
+            outcomes = self.step(rows, depths, [self.generators[i] for i in active])
+            finished = []
+            kv = self.meter.kv_bytes(self.state, self.drafters)
+            for r, (i, out) in enumerate(zip(active, outcomes)):
+                added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], self.eos)
+                steps[i].append(out.record(len(new[i]), added, *kv))
+                new[i] += added
+                if stopped or len(new[i]) >= limit:
+                    finished.append(r)
+            if finished:
+                stay = [r for r in range(len(active)) if r not in finished]
+                self.state.keep_rows(stay)
+                self.drafters.keep_rows(stay)
+                active = [active[r] for r in stay]
+        return new, steps
 
 
 def speculative_generate(
@@ -369,10 +379,8 @@ def speculative_generate(
     tree = tree or drafter.default_tree or Tree.chain(4)
     check_request(target, drafter, tree, sampling, cache_policy)
     prompt = check_input(input_ids, max_new_tokens)
-    method = sampling.method("speculative")
-    return generate_one(
-        target, drafter, prompt, tree, max_new_tokens, sampling, eos_token_id, cache_policy, meter, method
-    )
+    request = Request(tree, max_new_tokens, sampling, eos_token_id, cache_policy, meter)
+    return generate_one(target, drafter, prompt, request, sampling.method("speculative"))
 
 
 def autoregressive_generate(
@@ -390,36 +398,16 @@ def autoregressive_generate(
     the policy's limit: the streaming model's own decoding."""
     prompt = check_input(input_ids, max_new_tokens)
     sampling = dataclasses.replace(sampling, typical=None)
-    return generate_one(
-        target,
-        NoDraft(),
-        prompt,
-        NoDraft.empty,
-        max_new_tokens,
-        sampling,
-        eos_token_id,
-        cache_policy,
-        None,
-        "autoregressive",
-    )
+    request = Request(NoDraft.empty, max_new_tokens, sampling, eos_token_id, cache_policy)
+    return generate_one(target, NoDraft(), prompt, request, "autoregressive")
 
 
 def generate_one(
-    target: torch.nn.Module,
-    drafter: Drafter,
-    prompt: torch.Tensor,
-    tree: Tree,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    eos_token_id: int | Sequence[int] | None,
-    cache_policy: StreamingCache | None,
-    meter: Meter | None,
-    method: str,
+    target: torch.nn.Module, drafter: Drafter, prompt: torch.Tensor, request: Request, method: str
 ) -> GenerationResult:
-    """One row through `generate_rows`, its target on a `TargetCache` (prompt: long [1, T])."""
-    eos, generator = eos_ids(target, eos_token_id), make_generator(sampling.seed, target.device)
+    """One row through the loop (`Loop.run`), its target on a `TargetCache` (prompt: long [1, T])."""
     drafter.reset()
-    meter = meter or Meter(target.device)
+    meter = request.meter or Meter(target.device)
     meter.reset()
     reset_peak_memory(target.device)
     start = meter.now()
@@ -427,9 +415,9 @@ def generate_one(
     prefill_time = meter.now() - start
     sequences = [prompt[0].tolist()]
     rows = DrafterRows([drafter])
-    (new,), (steps,) = generate_rows(
-        target, state, rows, sequences, tree, max_new_tokens, sampling, eos, [generator], meter, cache_policy
-    )
+    generator = make_generator(request.sampling.seed, target.device)
+    loop = Loop(target, state, rows, request, [generator], eos_ids(target, request.eos_token_id), meter)
+    (new,), (steps,) = loop.run(sequences)
     total = meter.now() - start
     drafter.release()
     return GenerationResult(
@@ -443,7 +431,7 @@ def generate_one(
         kv_bytes=meter.total(state, rows),
         kv_peak_bytes=meter.peak(),
         evictions=state.evictions,
-        meta={"draft_evictions": drafter.evictions} if cache_policy is not None or drafter.evictions else {},
+        meta={"draft_evictions": drafter.evictions} if request.cache_policy is not None or drafter.evictions else {},
     )
 
 
