@@ -210,3 +210,19 @@ def test_deterministic_proposals_are_lossless(rule, lossless):
         samples.append(tuple(emitted[:2]))
     pvalue = chi_square_pvalue(samples, exact_first_two(vocab))
     assert (pvalue > ALPHA) if lossless else (pvalue < ALPHA)
+
+
+def test_a_target_known_by_its_greedy_tokens_accepts_as_its_logits_would():
+    """`accept` takes the target's greedy token per row (long [N + 1]) where no logits exist (a
+    re-draft reads them from a continuation), and only for greedy sampling."""
+    from specnb.core.acceptance import accept
+
+    tree = Tree.kary(2, 6)
+    tokens = torch.tensor([5, 7, 1, 2, 3, 4])
+    logits = torch.randn(tree.num_nodes + 1, 10, generator=torch.Generator().manual_seed(0))
+    logits[0, 7], logits[2, 3] = 50.0, 50.0  # the root wants node 1's token, node 1 wants its first child's
+    choices = logits.argmax(-1)
+    assert accept(tree, tokens, choices, SamplingConfig()) == accept(tree, tokens, logits, SamplingConfig())
+    assert accept(tree, tokens, choices, SamplingConfig()).path == (1, 4)
+    with pytest.raises(ValueError, match="sampling must be greedy"):
+        accept(tree, tokens, choices, SamplingConfig(temperature=1.0))

@@ -7,9 +7,11 @@ continuation c_0, c_1, ... whatever the drafter (`experiments.collect` stores it
 So a step can be re-run by the drafter alone: it drafts after the sequence so far; the target's
 argmax at each verified row is read from the continuation (at the root c_t; at a node whose path is
 c_t .. c_{t+d-1}, the token c_{t+d}; at any other node no child can be accepted, so its argmax does
-not matter); `greedy_accept` then picks the branch the real run picks, and the sequence advances by
-the same tokens, cut at EOS and at max_new_tokens as the loop cuts them. The steps equal a real
-run's (a test checks it), at the cost of the draft's forwards only.
+not matter); the acceptance rule then picks the branch the real run picks, and the sequence advances
+by the same tokens. It runs in the generation loop itself (`core.generation.Loop`: the same step, the
+same cuts at EOS and max_new_tokens, the same `Step` records, times 0), with the continuation read
+back as the target's side (`ContinuationRows`). The steps equal a real run's (a test checks it), at
+the cost of the draft's forwards only.
 
 What it cannot answer: sampling (a sampled continuation depends on the tree), wall clock, and
 anything defined by draft ranks of target tokens (Sequoia's and the hindsight trees, the oracle).
@@ -22,10 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.acceptance import greedy_accept
 from ..core.drafting import Drafter
-from ..core.generation import DrafterRows, RowDrafting, Step
-from ..core.runtime import cut_at_eos
+from ..core.generation import DrafterRows, Loop, Meter, Request, RowDrafting, Step
 from ..core.sampling import SamplingConfig
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -66,44 +66,61 @@ def redraft_rows(
     max_new_tokens: int,
     eos: Sequence[frozenset[int]],
 ) -> list[Redrafted]:
-    """`redraft` for B prompts at once: `drafting` drafts every row still going in one call (a
-    batched drafter, e.g. `drafters.cross_tokenizer.CrossTokenizerRows`, drafts them in one forward per
-    depth), each row accepts against its own continuation, and a row that has its tokens leaves the
-    batch. Each row drafts as it would alone (its tree cut to the tokens it has left: `depths`), so its
-    steps are its own `redraft`'s. drafting.drafters[r]: row r's own drafter (its draft-side accepted path)."""
-    rows = len(prompts)
+    """`redraft` for B prompts at once, through the generation loop itself (`core.generation.Loop`):
+    `drafting` drafts every row still going in one call (a batched drafter, e.g.
+    `drafters.cross_tokenizer.CrossTokenizerRows`, drafts them in one forward per depth), the target's
+    side is each row's continuation read back (`ContinuationRows`), and a row leaves the batch at its
+    stop token, its max_new_tokens or its continuation's end. Each row drafts as it would alone (its
+    tree cut to the tokens it has left), so its steps are its own `redraft`'s. drafting.drafters[r]:
+    row r's own drafter (its draft-side accepted path)."""
     conts = [[int(c) for c in x] for x in continuations]
-    seqs = [[int(p) for p in x] for x in prompts]
-    made = [0] * rows
-    steps: list[list[Step]] = [[] for _ in range(rows)]
-    paths: list[list[tuple[int, ...]]] = [[] for _ in range(rows)]
-    active = [i for i in range(rows) if min(max_new_tokens, len(conts[i]))]
-    if len(active) < rows:
-        drafting.keep_rows(active)
-    while active:
-        caps = [max_new_tokens - made[i] - 1 for i in active]
-        request = tree.truncated(max(caps))
-        drafts = drafting.draft_rows([seqs[i] for i in active], request, GREEDY, [None] * len(active), caps)
-        trees, results = [], []
-        for i, draft, cap in zip(active, drafts, caps):
-            drafted = (draft.tree if draft.tree is not None else request).truncated(cap)
-            tokens = draft.tokens[: drafted.num_nodes]
-            trees.append(drafted)
-            results.append(greedy_accept(drafted, tokens, _argmax(drafted, tokens.tolist(), conts[i], made[i])))
-        drafting.observe_rows(drafts, results)
-        stay = []
-        for r, (i, draft, drafted, result) in enumerate(zip(active, drafts, trees, results)):
-            added, stopped = cut_at_eos(list(result.tokens) + [result.next_token], eos[i])
-            steps[i].append(_step(made[i], drafted, result.path[: len(added)], len(added), draft.draft_tokens))
-            seqs[i] += added
-            made[i] += len(added)
-            paths[i].append(_draft_path(drafting.drafters[r], seqs[i], steps[i][-1]))
-            if not stopped and made[i] < min(max_new_tokens, len(conts[i])):
-                stay.append(r)
-        if len(stay) < len(active):
-            drafting.keep_rows(stay)
-            active = [active[r] for r in stay]
-    return [Redrafted(tuple(steps[i]), tuple(paths[i])) for i in range(rows)]
+    state = ContinuationRows(conts)
+    paths: list[list[tuple[int, ...]]] = [[] for _ in conts]
+
+    def after(i: int, r: int, sequence: list[int], step: Step) -> None:
+        paths[i].append(_draft_path(drafting.drafters[r], sequence, step.accepted_ranks))
+
+    loop = Loop(
+        None,
+        state,
+        drafting,
+        Request(tree, max_new_tokens, GREEDY),
+        [None] * len(conts),
+        list(eos),
+        Meter("cpu", sync=False, kv=False, timed=False),
+    )
+    _, steps = loop.run([[int(p) for p in x] for x in prompts], ends=[len(c) for c in conts], after=after)
+    return [Redrafted(tuple(steps[i]), tuple(paths[i])) for i in range(len(conts))]
+
+
+class ContinuationRows:
+    """The target's side of a re-drafted step (a `core.generation.Rows`): each row's greedy
+    continuation read back instead of a forward. `verify` gives the target's greedy token at each
+    row's root and tree nodes (`_argmax`), `commit` advances each row by its accepted path and the
+    bonus token (a row that stops there leaves the batch before its next step)."""
+
+    def __init__(self, continuations: list[list[int]]) -> None:
+        self.continuations = continuations
+        self.made = [0] * len(continuations)  # tokens of each row's continuation behind its root
+        self.rows = list(range(len(continuations)))  # the prompt of each row still in the batch
+
+    def verify(self, target: object, roots: list[int], trees: list[Tree], tokens: torch.Tensor) -> torch.Tensor:
+        """Long [B, N + 1]: each row's greedy token at its root and at each node of its tree."""
+        width = max(t.num_nodes for t in trees) + 1
+        out = torch.full((len(trees), width), -1, dtype=torch.long)
+        for r, (i, tree) in enumerate(zip(self.rows, trees)):
+            out[r, : tree.num_nodes + 1] = _argmax(tree, tokens[r].tolist(), self.continuations[i], self.made[i])
+        return out
+
+    def commit(self, paths: list[tuple[int, ...]]) -> None:
+        for i, path in zip(self.rows, paths):
+            self.made[i] += len(path) + 1
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
+
+    def kv_bytes(self) -> int:
+        return 0
 
 
 def _argmax(tree: Tree, tokens: list[int], continuation: list[int], made: int) -> torch.Tensor:
@@ -118,27 +135,10 @@ def _argmax(tree: Tree, tokens: list[int], continuation: list[int], made: int) -
     return torch.tensor(argmax)  # host: as the tokens
 
 
-def _step(position: int, tree: Tree, path: tuple[int, ...], added: int, draft_tokens: int | None) -> Step:
-    """The `Step` the loop records (`generation`): the path is already cut at EOS."""
-    rows = (0,) + tuple(i + 1 for i in path)
-    return Step(
-        position=position,
-        num_drafted=tree.num_nodes,
-        num_accepted=len(path),
-        num_tokens=added,
-        draft_time=0.0,
-        verify_time=0.0,
-        tree_depth=tree.depth,
-        accepted_ranks=tuple(tree.ranks[i] for i in path),
-        child_counts=tuple(len(tree.children[r]) for r in rows),
-        draft_tokens=draft_tokens,
-    )
-
-
-def _draft_path(drafter: Drafter, seq: list[int], step: Step) -> tuple[int, ...]:
+def _draft_path(drafter: Drafter, seq: list[int], accepted_ranks: tuple[int, ...]) -> tuple[int, ...]:
     """The accepted rank path in the draft's own tree (cross-tokenizer drafters), else the step's."""
     if not isinstance(drafter, CrossTokenizerDrafter):
-        return step.accepted_ranks
+        return accepted_ranks
     last = drafter.last_draft
     drafter.draft_view(seq)  # what the next draft does first: it finds the draft nodes accepted
     if last is None or last.tree is None:

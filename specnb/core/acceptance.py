@@ -55,8 +55,14 @@ def accept(
     """The branch the target keeps: greedy when `sampling.greedy`, else Medusa's LOSSY typical rule
     when `sampling.typical` is set, else lossless speculative sampling.
 
-    tokens: long [N] in the tree's canonical order; logits: the target's [N + 1, V] (row 0 the root);
-    q: the draft's probabilities [N + 1, V_draft] (None: deterministic proposals)."""
+    tokens: long [N] in the tree's canonical order; logits: the target's [N + 1, V] (row 0 the root),
+    or, for a target known only by its greedy tokens (`analysis.redraft`), long [N + 1] its greedy
+    token at each row (greedy sampling only); q: the draft's probabilities [N + 1, V_draft] (None:
+    deterministic proposals)."""
+    if not logits.is_floating_point():
+        if not sampling.greedy:
+            raise ValueError("a target known only by its greedy tokens accepts greedily: sampling must be greedy")
+        return greedy_accept(tree, tokens, logits)
     if sampling.greedy:
         return greedy_accept(tree, tokens, logits.argmax(-1))
     p = probabilities(logits, sampling)

@@ -353,7 +353,8 @@ def generate_batch(
     prefill_batch(target, ragged.ragged, [seq[:-1] for seq in sequences])
     prefill_time = meter.now() - start
     state = MarginRows(ragged, len(sequences)) if margins else ragged
-    loop = Loop(target, state, drafters, request, generators, eos_ids(target, request.eos_token_id), meter)
+    eos = [eos_ids(target, request.eos_token_id)] * len(sequences)
+    loop = Loop(target, state, drafters, request, generators, eos, meter)
     new, steps = loop.run(sequences)
     total = meter.now() - start
     rows = tuple(

@@ -17,7 +17,7 @@ shares (the step context); a `Request` what a generation is asked for. Every loo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -175,13 +175,14 @@ class Meter:
     waiting for the device only with sync=True (`runtime.Clock`: sync=False, what the host saw, and
     no device sync for timing); with kv=True it reads the caches' bytes (tensor shapes: no sync) at
     each step's peak, the tree in the target's cache, and after each step. kv=False reads none: the
-    step records say 0 and the result's KV fields None."""
+    step records say 0 and the result's KV fields None. timed=False reads no clock (times 0)."""
 
-    def __init__(self, device: torch.device | str, sync: bool = True, kv: bool = True) -> None:
-        self.clock, self.kv, self.kv_peak = Clock(device, sync), kv, 0
+    def __init__(self, device: torch.device | str, sync: bool = True, kv: bool = True, timed: bool = True) -> None:
+        self.clock, self.kv, self.kv_peak, self.timed = Clock(device, sync), kv, 0, timed
 
     def now(self) -> float:
-        return self.clock.now()
+        """The clock's time; 0.0 with timed=False (a re-draft: steps without wall clock)."""
+        return self.clock.now() if self.timed else 0.0
 
     def reset(self) -> None:
         """A new generation: no peak seen yet."""
@@ -282,16 +283,21 @@ class Request:
 @dataclass(frozen=True)
 class Loop:
     """What every step of one generation shares: the target and its side of the step (`Rows`), the
-    drafting side (`RowDrafting`), the request, each row's generator (by prompt), the EOS ids and the
-    meter. `step` is one target call, `run` the loop around it."""
+    drafting side (`RowDrafting`), the request, each row's generator and stop tokens (by prompt), and
+    the meter. `step` is one target call, `run` the loop around it. target: None where the target's
+    side needs no model (`analysis.redraft`: a continuation read back), the host then its device."""
 
-    target: torch.nn.Module
+    target: torch.nn.Module | None
     state: Rows
     drafters: RowDrafting
     request: Request
-    generators: list[torch.Generator]
-    eos: frozenset[int]
+    generators: list[torch.Generator | None]
+    eos: list[frozenset[int]]
     meter: Meter
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device if self.target is not None else torch.device("cpu")
 
     def step(
         self, sequences: list[list[int]], depths: list[int], generators: list[torch.Generator]
@@ -304,11 +310,12 @@ class Loop:
         sampling, meter = self.request.sampling, self.meter
         t0 = meter.now()
         request = self.request.tree.truncated(max(depths))
-        drafts = self.drafters.draft_rows(sequences, request, sampling, generators)
+        drafts = self.drafters.draft_rows(sequences, request, sampling, generators, depths)  # each as if alone
         trees = [drafted_tree(d, request).truncated(depth) for d, depth in zip(drafts, depths)]
-        tokens = padded_tokens(drafts, trees, self.target.device)  # long [B, N]
+        tokens = padded_tokens(drafts, trees, self.device)  # long [B, N]
         t1 = meter.now()
         logits = self.state.verify(self.target, [seq[-1] for seq in sequences], trees, tokens)  # [B, N + 1, V]
+        # (a target known by its greedy tokens alone gives them, long [B, N + 1]: `acceptance.accept`)
         t2 = meter.now()
         meter.at_peak(self.state, self.drafters)
         results = [
@@ -319,13 +326,24 @@ class Loop:
         self.drafters.observe_rows(drafts, results)
         return [StepOutcome(t, res, t1 - t0, t2 - t1, d.draft_tokens) for t, res, d in zip(trees, results, drafts)]
 
-    def run(self, sequences: list[list[int]]) -> tuple[list[list[int]], list[list[Step]]]:
-        """Steps until every row has its `max_new_tokens` or an EOS, a finished row leaving the batch.
-        Returns each row's new tokens and steps (their times and KV bytes read by the meter).
-        sequences: each row's prompt (host ids), the target's cache holding all but its last token (or
-        with the rest pending). A cache policy: one row on a `TargetCache`, cut before each step."""
+    def run(
+        self,
+        sequences: list[list[int]],
+        ends: Sequence[int] | None = None,
+        after: Callable[[int, int, list[int], Step], None] | None = None,
+    ) -> tuple[list[list[int]], list[list[Step]]]:
+        """Steps until every row has its `max_new_tokens` (or its end, `ends[i]`, where sooner) or an
+        EOS, a finished row leaving the batch. Returns each row's new tokens and steps (their times and
+        KV bytes read by the meter). sequences: each row's prompt (host ids), the target's cache holding
+        all but its last token (or with the rest pending). A cache policy: one row on a `TargetCache`,
+        cut before each step. after(i, r, sequence, step): called after each row's step (prompt i, row r
+        of the batch, its sequence so far, the step's record), before a finished row leaves."""
         limit, policy = self.request.max_new_tokens, self.request.cache_policy
-        active = list(range(len(sequences)))  # prompt indices of the rows still in the batch, in row order
+        ends = [min(limit, e) for e in ends] if ends is not None else [limit] * len(sequences)
+        active = [i for i in range(len(sequences)) if ends[i] > 0]  # prompt indices still in the batch, in row order
+        if len(active) < len(sequences):
+            self.state.keep_rows(active)
+            self.drafters.keep_rows(active)
         new: list[list[int]] = [[] for _ in sequences]
         steps: list[list[Step]] = [[] for _ in sequences]
         while active:
@@ -337,10 +355,12 @@ class Loop:
             finished = []
             kv = self.meter.kv_bytes(self.state, self.drafters)
             for r, (i, out) in enumerate(zip(active, outcomes)):
-                added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], self.eos)
+                added, stopped = cut_at_eos([*out.acceptance.tokens, out.acceptance.next_token], self.eos[i])
                 steps[i].append(out.record(len(new[i]), added, *kv))
                 new[i] += added
-                if stopped or len(new[i]) >= limit:
+                if after is not None:
+                    after(i, r, sequences[i] + new[i], steps[i][-1])
+                if stopped or len(new[i]) >= ends[i]:
                     finished.append(r)
             if finished:
                 stay = [r for r in range(len(active)) if r not in finished]
@@ -416,7 +436,7 @@ def generate_one(
     sequences = [prompt[0].tolist()]
     rows = DrafterRows([drafter])
     generator = make_generator(request.sampling.seed, target.device)
-    loop = Loop(target, state, rows, request, [generator], eos_ids(target, request.eos_token_id), meter)
+    loop = Loop(target, state, rows, request, [generator], [eos_ids(target, request.eos_token_id)], meter)
     (new,), (steps,) = loop.run(sequences)
     total = meter.now() - start
     drafter.release()
