@@ -4,9 +4,11 @@
                                 DECODE_PREFIX-token cache, median of DECODE_REPEATS after DECODE_WARMUP
                                 (a few seconds, the load included); None when the target is a hub model
     reference(profile, chain)   REFERENCES[profile] (or of the first profile it extends that has some)
-    plan(...)                   the estimate of each notebook: its share of the reference times, of a
-                                whole run's time at this decode step on the line fitted to the
-                                profile's runs (`Reference.line`); without such runs, its reference
+    plan(...)                   the estimate of each notebook: on the line through its own times at
+                                different decode steps (`Reference.notebook_line`: its fixed part and
+                                its part per ms); else its share of the reference
+                                times, of a whole run's time at this decode step on the line fitted to
+                                the profile's runs (`Reference.line`); without such runs, its reference
                                 time x (decode here / decode there); unscaled where either is unknown
     Progress                    the progress line between notebooks: elapsed, and the time left (the
                                 remaining estimates, corrected by how the finished notebooks compared)
@@ -14,8 +16,9 @@
 The reference times per profile live in reference_times.json beside this module (REFERENCES), each
 with the decode step of the machine it was measured on; `python -m specnb.notebook.estimate record`
 rewrites a profile's from a finished run (its run_summary.json and records) and adds it to the
-profile's runs. A notebook's time does not all scale with the decode step (loading, prompts, plotting
-do not): the runs on machines of different speed give the fixed part and the part that scales. The
+profile's runs and, notebook by notebook, to its notebook runs. A notebook's time does not all scale
+with the decode step (loading, prompts, plotting do not): the runs on machines of different speed give
+the fixed part and the part that scales, notebook by notebook where each was timed. The
 estimate is a first figure, not a promise (a machine whose speed changes during a run is not
 foreseen): the actual time is recorded beside it in each run's params.json ("timing").
 
@@ -54,10 +57,25 @@ class Reference:
     # whole runs of the profile on machines of different speed: {"decode_ms", "seconds" (its notebooks
     # together), "where"}; `line` fits their time to the decode step
     runs: tuple[Mapping[str, Any], ...] = ()
+    # runs that timed each notebook on its own, whole or not (a course run times 01-03 and 07 with the
+    # cpu profile's values): {"decode_ms", "notebooks": {stem: seconds}, "where"}; `notebook_line`
+    notebook_runs: tuple[Mapping[str, Any], ...] = ()
 
     def line(self) -> tuple[float, float] | None:
         """`line_through` its runs."""
         return line_through(self.runs)
+
+    def notebook_line(self, notebook: str) -> tuple[float, float] | None:
+        """`line_through` the notebook's own times (`notebook_runs`): its own fixed part and part per ms
+        of decode (loading, Python and the draft's batched forwards in one notebook, decoding in
+        another do not scale alike)."""
+        return line_through(
+            [
+                {"decode_ms": r["decode_ms"], "seconds": r["notebooks"][notebook]}
+                for r in self.notebook_runs
+                if notebook in r["notebooks"]
+            ]
+        )
 
 
 def line_through(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -81,7 +99,13 @@ def load_references(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
     """The reference times per profile, from the data file (`record` rewrites a profile's from a run)."""
     data = json.loads(Path(path).read_text())
     return {
-        name: Reference(dict(r["seconds"]), r.get("decode_ms"), str(r["where"]), tuple(r.get("runs", ())))
+        name: Reference(
+            dict(r["seconds"]),
+            r.get("decode_ms"),
+            str(r["where"]),
+            tuple(r.get("runs", ())),
+            tuple(r.get("notebook_runs", ())),
+        )
         for name, r in data.items()
     }
 
@@ -233,6 +257,19 @@ def plan(
             f"{min(float(r['decode_ms']) for r in ref.runs):.0f}-{max(float(r['decode_ms']) for r in ref.runs):.0f} ms"
         )
     out.estimates = {b: (ref.seconds[b] * factor if b in ref.seconds else None) for b in books}
+    own = {b: ref.notebook_line(b) for b in books} if decode[0] is not None else {}
+    for b, fit in own.items():  # a notebook timed on machines of different speed: its own line
+        if fit is not None:
+            out.estimates[b] = max(fit[0] + fit[1] * decode[0], 0.0)
+    fitted = [b for b, fit in own.items() if fit is not None]
+    if fitted:
+        decodes = sorted({float(r["decode_ms"]) for r in ref.notebook_runs})
+        out.how = (
+            f"{len(fitted)} notebooks each on the line through its own times at decode steps of "
+            + ", ".join(f"{d:.0f}" for d in decodes)
+            + " ms"
+            + (f"; the others {out.how or 'scaled by the decode step'}" if len(fitted) < len(books) else "")
+        )
     return out
 
 
@@ -292,6 +329,11 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> R
     earlier = list(data.get(summary["profile"], {}).get("runs", []))
     seconds = {nb: float(r["actual_s"]) for nb, r in runs.items()}
     this = {"decode_ms": round(float(decode), 1), "seconds": round(sum(seconds.values()), 1), "where": where}
+    timed = {
+        "decode_ms": this["decode_ms"],
+        "notebooks": {nb: round(t, 1) for nb, t in seconds.items()},
+        "where": where,
+    }
     line = line_through(earlier)
     if line is not None and not force:
         told = line[0] + line[1] * this["decode_ms"]
@@ -302,12 +344,14 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> R
                 f"more than {OFF_LINE:.0%} off): the decode check may have misread the machine's speed (compare 01's "
                 "verify curve, verify_curve.csv); --force records it anyway"
             )
-    reference = Reference(seconds, this["decode_ms"], where, (*earlier, this))
+    timed_before = list(data.get(summary["profile"], {}).get("notebook_runs", []))
+    reference = Reference(seconds, this["decode_ms"], where, (*earlier, this), (*timed_before, timed))
     data[summary["profile"]] = {
         "seconds": seconds,
         "decode_ms": reference.decode_ms,
         "where": where,
         "runs": list(reference.runs),
+        "notebook_runs": list(reference.notebook_runs),
     }
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
     return reference
