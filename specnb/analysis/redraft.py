@@ -107,7 +107,7 @@ class ContinuationRows:
     def verify(self, target: object, roots: list[int], trees: list[Tree], tokens: torch.Tensor) -> torch.Tensor:
         """Long [B, N + 1]: each row's greedy token at its root and at each node of its tree."""
         width = max(t.num_nodes for t in trees) + 1
-        out = torch.full((len(trees), width), -1, dtype=torch.long)
+        out = torch.full((len(trees), width), -1, dtype=torch.long)  # host: read by the acceptance on the host
         for r, (i, tree) in enumerate(zip(self.rows, trees)):
             out[r, : tree.num_nodes + 1] = _argmax(tree, tokens[r].tolist(), self.continuations[i], self.made[i])
         return out
