@@ -3,11 +3,11 @@ same instrumentation.
 
 `Loop.step` is one target call for B >= 1 rows: draft -> verify -> accept -> commit. `Loop.run` is
 the loop around it (each row until its `max_new_tokens` or EOS), with the bookkeeping kept out of the
-step: the bounded-cache policy, each row's tree cut to the tokens it has
-left, the step records, rows leaving the batch. What a step measures is a `Meter` passed in: times
-(its clock syncs the device only if asked) and KV bytes. The target's side of a step is a `Rows` state: one
-row on a `TargetCache` here (`speculative_generate`, `autoregressive_generate`), a ragged batch in
-`core.batch`. The drafting side is `DrafterRows` (one `Drafter` per row) or the batched model
+step: the bounded-cache policy, each row's tree cut to the tokens it has left, the step records, rows
+leaving the batch. What a step measures is a `Meter` passed in: times (its clock syncs the device only
+if asked) and KV bytes. The target's side of a step is a `Rows` state: one row on a `TargetCache` here
+(`speculative_generate`, `autoregressive_generate`), a ragged batch in `core.batch`, a continuation
+read back in `analysis.redraft`. The drafting side is `DrafterRows` (one `Drafter` per row) or the batched model
 drafter (`batch.BatchModelDrafter`). The target's own decoding is the same loop with a drafter that
 drafts nothing (`NoDraft`, an empty tree): one target call per token. A `Loop` holds what every step
 shares (the step context); a `Request` what a generation is asked for. Every loop returns a
@@ -81,7 +81,8 @@ class Rows(Protocol):
         self, target: torch.nn.Module, roots: list[int], trees: list[Tree], tokens: torch.Tensor
     ) -> torch.Tensor:
         """Float32 logits [B, N + 1, V] at each row's root and its tree's nodes (tokens long [B, N],
-        row r's first `trees[r].num_nodes` its tree's); the cache then holds the roots and trees."""
+        row r's first `trees[r].num_nodes` its tree's); the cache then holds the roots and trees. A
+        target known only by its greedy tokens gives those instead, long [B, N + 1] (greedy only)."""
 
     def commit(self, paths: list[tuple[int, ...]]) -> None:
         """Each row keeps its root and the accepted nodes `paths[r]` of the tree just verified."""
