@@ -10,6 +10,7 @@ from specnb import Tree
 from specnb.core.cache import new_cache
 from specnb.core.masks import model_mask, prefix_tree_mask, rooted_ancestor_mask, use_attention
 from specnb.core.verification import commit, prefill, verify
+from specnb.kernels.gqa_sdpa import GQA_SDPA
 from specnb.training.grouped_attention import GROUPED_ATTENTION, grouped_attention
 
 ATOL = 1e-4  # fp32; path logits come from different matmul shapes, so not bit-identical
@@ -29,7 +30,7 @@ def plain_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", GQA_SDPA, "eager"])
 @pytest.mark.parametrize("name", list(TREES))
 def test_tree_logits_equal_each_path(arch, attn, name):
     tree = TREES[name]
@@ -90,6 +91,24 @@ def test_grouped_attention_equals_sdpa_with_repeated_keys():
         grouped_attention(torch.nn.Module(), q, k, v, mask.float())
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["kary", "sparse"])
+def test_grouped_heads_read_in_place_give_sdpas_logits_to_the_bit(arch, name):
+    """`kernels.gqa_sdpa` (a CPU model's attention, `io.models.load_model`) is transformers' sdpa
+    without copying the 2 key/value heads for the 4 query heads: a prefill and a tree's verify give
+    the same logits, bit for bit."""
+    tree, prompt = TREES[name], random_prompt(5, length=9)
+    tokens = torch.randint(3, 60, (tree.num_nodes,), generator=torch.Generator().manual_seed(2))
+    out = {}
+    for attn in ("sdpa", GQA_SDPA):
+        model = tiny_model(3, arch=arch, attn=attn)
+        assert model.config.num_key_value_heads < model.config.num_attention_heads
+        cache = new_cache(model)
+        prefill(model, cache, prompt[:, :-1])
+        out[attn] = (plain_logits(model, prompt), verify(model, cache, int(prompt[0, -1]), tree, tokens))
+    assert all(torch.equal(a, b) for a, b in zip(out["sdpa"], out[GQA_SDPA]))
+
+
 def test_use_attention_switches_and_restores():
     model = tiny_model(3)
     before = model.config._attn_implementation
@@ -109,7 +128,7 @@ def test_unsupported_attention_is_refused():
         verify(model, cache, 5, Tree.chain(2), torch.tensor([6, 7]))
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", GQA_SDPA, "eager"])
 @pytest.mark.parametrize("path_leaf", [None, 0, 3, 5])
 def test_commit_equals_plain_prefill_of_accepted_sequence(attn, path_leaf):
     tree = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 1, 0)])

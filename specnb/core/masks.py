@@ -20,8 +20,10 @@ from contextlib import contextmanager
 
 import torch
 
+from ..kernels.gqa_sdpa import GQA_SDPA
+
 # attention implementations that take a dense 4D mask exactly as given
-SUPPORTED_ATTENTION = ("sdpa", "eager")
+SUPPORTED_ATTENTION = ("sdpa", GQA_SDPA, "eager")  # GQA_SDPA: sdpa without repeated key/value heads (a CPU's)
 
 
 def attention_implementation(model: torch.nn.Module) -> str:
@@ -82,7 +84,7 @@ def paths_visible(nodes: Sequence[tuple[int, ...]], fed: Sequence[tuple[int, ...
 
 def model_mask(mask: torch.Tensor, model: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """Convert a boolean "may attend" mask to what `model`'s attention implementation reads."""
-    if attention_implementation(model) == "sdpa":
+    if attention_implementation(model) in ("sdpa", GQA_SDPA):
         return mask
     # eager: additive float mask, 0 where attending and the dtype's minimum elsewhere
     neg = torch.finfo(dtype).min
