@@ -10,9 +10,10 @@ from specnb import Tree
 from specnb.core.cache import new_cache
 from specnb.core.masks import model_mask, prefix_tree_mask, rooted_ancestor_mask, use_attention
 from specnb.core.verification import commit, prefill, verify
-from specnb.kernels.gqa_sdpa import GQA_SDPA
+from specnb.kernels.gqa_sdpa import register
 from specnb.training.grouped_attention import GROUPED_ATTENTION, grouped_attention
 
+GQA_SDPA = register()  # a CPU model's attention (`io.models.load_model`)
 ATOL = 1e-4  # fp32; path logits come from different matmul shapes, so not bit-identical
 
 TREES = {

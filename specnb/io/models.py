@@ -40,7 +40,7 @@ from transformers import (
 )
 
 from ..kernels.cpu_linear import PackedLinear, check_linear_path, pack_linears
-from ..kernels.gqa_sdpa import GQA_SDPA
+from ..kernels.gqa_sdpa import register as register_gqa_sdpa
 from . import embedded
 from .model_configs import config_of, hub_model, known_models
 from .sources import ModelSourceError, Source, check_sources, resolve_source
@@ -166,7 +166,9 @@ def _load_causal_lm(
     device = torch.device(device) if device is not None else default_device()
     dtype = model_dtype(dtype) or default_dtype(device)
     if attn_implementation == "sdpa" and device.type == "cpu":
-        attn_implementation = GQA_SDPA  # the same sdpa, grouped key/value heads not copied (`kernels.gqa_sdpa`)
+        attn_implementation = (
+            register_gqa_sdpa()
+        )  # the same sdpa, grouped key/value heads not copied (`kernels.gqa_sdpa`)
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "attn_implementation": attn_implementation,

@@ -4,17 +4,15 @@ transformers' sdpa passes enable_gqa only without a mask (its CUDA kernels take 
 one); with a mask and more than one query token (a tree's verify, a level of drafting, a prefill) it
 copies every cached key and value Hq / Hkv times, in every layer, before the call. On a CPU, torch's
 sdpa takes the grouped heads with the mask: the same output (a test compares them) without that copy.
-`GQA_SDPA` is registered with transformers' attention interface, and with its mask interface as sdpa,
-when this module is imported; `io.models.load_model` loads a model on a CPU with it where sdpa was
-asked for. Softcap and position-bias attention go to transformers' own sdpa.
+`register` registers `gqa_sdpa` with transformers' attention interface, and sdpa's mask with its mask
+interface, as GQA_SDPA (transformers is imported then, not with this module: the runner imports no
+model code); `io.models.load_model` loads a model on a CPU with it where sdpa was asked for. Softcap and
+position-bias attention go to transformers' own sdpa.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GQA_SDPA = "specnb_gqa_sdpa"
 
@@ -33,6 +31,8 @@ def gqa_sdpa(
     """transformers' sdpa (query [B, Hq, q, D], key and value [B, Hkv, L, D], the mask [B, 1, q, L] or
     None) with the key/value heads shared by Hq / Hkv query heads read in place; returns [B, q, Hq, D]."""
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     q_length = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -52,5 +52,11 @@ def gqa_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(GQA_SDPA, gqa_sdpa)
-AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
+def register() -> str:
+    """GQA_SDPA, registered with transformers' attention and mask interfaces (again: a no-op)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GQA_SDPA, gqa_sdpa)
+    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
+    return GQA_SDPA
