@@ -7,7 +7,7 @@ from test_trees import random_tree
 from transformers import DynamicCache
 
 from specnb import Tree
-from specnb.core.cache import new_cache
+from specnb.core.cache import GrowingLayer, layer_states, new_cache, restore_layers
 from specnb.core.masks import model_mask, prefix_tree_mask, rooted_ancestor_mask, use_attention
 from specnb.core.verification import commit, prefill, verify
 from specnb.kernels.gqa_sdpa import register
@@ -108,6 +108,42 @@ def test_grouped_heads_read_in_place_give_sdpas_logits_to_the_bit(arch, name):
         prefill(model, cache, prompt[:, :-1])
         out[attn] = (plain_logits(model, prompt), verify(model, cache, int(prompt[0, -1]), tree, tokens))
     assert all(torch.equal(a, b) for a, b in zip(out["sdpa"], out[GQA_SDPA]))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", GQA_SDPA, "eager"])
+def test_a_growing_cache_gives_a_dynamic_caches_logits_to_the_bit(attn, monkeypatch):
+    """`GrowingLayer` (new_cache's layers: appends in place into spare columns) against transformers'
+    own DynamicCache, step after step of verify and commit (trees whose accepted branch is gathered,
+    chains that are cropped), past the spare columns several times (SPARE set to 5): the same logits
+    and the same committed keys and values, bit for bit; and a layer's held columns are never written
+    by a later update (`layer_states` stays valid)."""
+    monkeypatch.setattr(GrowingLayer, "SPARE", 5)
+    model = tiny_model(3, attn=attn)
+    prompt = random_prompt(5, length=9)
+    growing, stock = new_cache(model), DynamicCache(config=model.config)
+    assert all(type(layer) is GrowingLayer for layer in growing.layers)
+    for cache in (growing, stock):
+        prefill(model, cache, prompt[:, :-1])
+    root, g = int(prompt[0, -1]), torch.Generator().manual_seed(5)
+    for step in range(8):
+        tree = (TREES["sparse"], TREES["chain"])[step % 2]
+        tokens = torch.randint(3, 60, (tree.num_nodes,), generator=g)
+        held = growing.get_seq_length()
+        saved = layer_states(growing, len(growing.layers))
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in growing.layers]
+        logits = [verify(model, cache, root, tree, tokens) for cache in (growing, stock)]
+        assert torch.equal(*logits)
+        restore_layers(growing, saved)  # what a self-draft does: the held columns are as they were
+        assert growing.get_seq_length() == held
+        assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+                   for layer, (k, v) in zip(growing.layers, before))
+        assert torch.equal(verify(model, growing, root, tree, tokens), logits[1])  # and verify again
+        path = tree.node_path(tree.num_nodes - 1 - step % 3)
+        for cache in (growing, stock):
+            commit(cache, held, path)
+        assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                   for a, b in zip(growing.layers, stock.layers))
+        root = int(torch.randint(3, 60, (1,), generator=g))
 
 
 def test_use_attention_switches_and_restores():
