@@ -18,12 +18,13 @@ import numpy as np
 import pandas as pd
 import papermill
 import pytest
+import torch
 from conftest import smoke_ray_error, tiny_notebook
 from papermill.translators import PythonTranslator
 
 from specnb.experiments.grid import COLUMNS as GRID_COLUMNS
 from specnb.io.tree_spec import ShapeRule
-from specnb.notebook import runner
+from specnb.notebook import profiles, runner
 from specnb.notebook.legibility import saved_problems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -538,6 +539,27 @@ def test_extends_takes_the_parent_and_changes_only_what_it_lists(tmp_path):
     extra.write_text("extends: base\n")
     with pytest.raises(runner.RunnerError, match="belong in a profile"):
         runner.resolve("child", {}, [extra], [books / "01_x.ipynb"], books / "profiles")
+
+
+def test_extends_may_name_a_parent_per_device(tmp_path, monkeypatch):
+    """`extends: {cpu: A, cuda: B}` (the course profile's): A's values without CUDA, B's with it; any
+    other mapping is refused, naming the form."""
+    books = tmp_path / "notebooks"
+    (books / "profiles").mkdir(parents=True)
+    one_notebook(books, "a: int = 0  # a")
+    (books / "profiles" / "small.yaml").write_text("all:\n  a: 1\n")
+    (books / "profiles" / "big.yaml").write_text("all:\n  a: 2\n")
+    (books / "profiles" / "both.yaml").write_text("extends: {cpu: small, cuda: big}\n")
+    resolved = lambda p: runner.resolve(p, {}, [], [books / "01_x.ipynb"], books / "profiles")["01_x"]["a"]  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolved("both") == 1
+    assert profiles.profile_chain("both", books / "profiles") == ["both", "small"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolved("both") == 2
+    assert profiles.profile_chain("both", books / "profiles") == ["both", "big"]
+    (books / "profiles" / "odd.yaml").write_text("extends: {cpu: small, tpu: big}\n")
+    with pytest.raises(runner.RunnerError, match=r"one per device as \{cpu: NAME, cuda: NAME\}"):
+        resolved("odd")
 
 
 def test_a_flat_parameter_file_is_read_as_all(tmp_path):

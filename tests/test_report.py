@@ -576,20 +576,38 @@ def test_report_renders_in_headless_chromium(full, chromium, tmp_path):
     assert (pixels < 200).mean() > 0.02, "the report's screenshot is blank"
 
 
-def test_course_profile_runs_01_to_03_with_cpu_values_here(monkeypatch):
-    monkeypatch.setattr(profiles, "auto_profile", lambda: "cpu")
+def test_course_profile_runs_01_to_03_with_course_cpu_values_here_and_t4s_on_a_gpu(monkeypatch):
+    """On a CPU the course profile is the cpu profile's grid (every shape, budget, prompt and token the
+    same) with fewer end-to-end runs and the other-tokenizer pair's grid narrowed; on a GPU the t4
+    profile's values."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     settings = runner.runner_settings("course")
     assert settings.notebooks == ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing", "07_report")
-    assert profiles.load_profile("course") == profiles.load_profile("cpu")
-    assert runner.profile_chain("course") == ["course", "cpu"]
-    monkeypatch.setattr(profiles, "auto_profile", lambda: "t4")
+    assert runner.profile_chain("course") == ["course", "course-cpu", "cpu"]
+    course, cpu = profiles.load_profile("course"), profiles.load_profile("cpu")
+    assert {k for k, v in course.items() if v != (cpu.get(k) or {})} == {"01_tree_shapes", "02_model_pairs"}
+    books = runner.notebooks(only=["01_tree_shapes", "02_model_pairs"])
+    mine, theirs = runner.resolve("course", {}, [], books), runner.resolve("cpu", {}, [], books)
+    for book in mine:  # the grid's data are the cpu profile's: only the end-to-end runs differ
+        changed = {k for k in mine[book] if mine[book][k] != theirs[book][k]} - {"profile"}
+        assert changed == {"01_tree_shapes": {"measure_prompts"}, "02_model_pairs": {"pairs", "methods"}}[book]
+    for ours, cpus in zip(mine["02_model_pairs"]["pairs"], theirs["02_model_pairs"]["pairs"]):
+        narrowed = ("methods", "shapes", "dynamic_budgets")
+        assert {k: v for k, v in ours.items() if k not in narrowed} == {k: v for k, v in cpus.items() if k not in narrowed}
+        for name in narrowed[1:]:
+            assert set(ours.get(name, [])) <= set(cpus.get(name, []))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert profiles.load_profile("course") == profiles.load_profile("t4")
     models = runner.profile_models("course")
     assert "meta-llama/Llama-2-7b-hf" not in models and "lmsys/vicuna-7b-v1.3" not in " ".join(models)
 
 
 def test_course_profile_installs_only_the_models_of_01_to_03(monkeypatch):
-    monkeypatch.setattr(profiles, "auto_profile", lambda: "cpu")
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     course = set(runner.profile_models("course"))
     everything = set(runner.profile_models("cpu"))
     books = runner.notebooks(only=["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"])

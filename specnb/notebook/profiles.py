@@ -35,6 +35,7 @@ PROFILE_KEYS = ("extends", "runner")  # keys of a profile that are not parameter
 RUNNER_KEYS = ("env", "standins", "notebooks")
 SECTION = re.compile(r"^\d\d_\w+$")  # a notebook's section in a parameter file: 01_tree_shapes
 AUTO = "auto"  # `extends: auto`: t4 where CUDA is present, else cpu
+DEVICES = ("cpu", "cuda")  # `extends: {cpu: NAME, cuda: NAME}`: the parent by where it runs
 
 
 class RunnerError(Exception):
@@ -78,20 +79,28 @@ class RunnerSettings:
 
 def auto_profile() -> str:
     """What `auto` means: the t4 profile where CUDA is present, else cpu."""
-    import torch
+    return parent_profile({"cpu": "cpu", "cuda": "t4"})
 
-    return "t4" if torch.cuda.is_available() else "cpu"
+
+def parent_profile(extends: str | dict | None) -> str | None:
+    """The profile `extends` names here: a name, `auto`, or {cpu: NAME, cuda: NAME} by whether CUDA is
+    present (a profile whose values differ by device: course takes course-cpu on a CPU, t4 on a GPU)."""
+    if isinstance(extends, dict):
+        import torch
+
+        return extends["cuda" if torch.cuda.is_available() else "cpu"]
+    return auto_profile() if extends == AUTO else extends
 
 
 def profile_chain(name: str, folder: Path = PROFILES) -> list[str]:
-    """The profile and the ones it extends, in order (`auto` resolved)."""
+    """The profile and the ones it extends, in order (`auto` and devices resolved)."""
     chain = [name]
     while len(chain) < 20:
         path = folder / f"{chain[-1]}.yaml"
-        parent = (_read_yaml(path, profile=True).get("extends") if path.exists() else None) or None
+        parent = parent_profile(_read_yaml(path, profile=True).get("extends") if path.exists() else None)
         if parent is None:
             break
-        chain.append(auto_profile() if parent == AUTO else parent)
+        chain.append(parent)
     return chain
 
 
@@ -114,9 +123,7 @@ def _load_chain(name: str, folder: Path, seen: tuple[str, ...] = ()) -> tuple[di
         raise RunnerError(f"unknown profile {name!r}; profiles: {known} (in {folder})")
     data = _read_yaml(path, profile=True)
     sections, settings = {}, RunnerSettings()
-    parent = data.pop("extends", None)
-    if parent == AUTO:
-        parent = auto_profile()
+    parent = parent_profile(data.pop("extends", None))
     if parent is not None:
         sections, settings = _load_chain(parent, folder, seen + (name,))
         sections = {k: dict(v or {}) for k, v in sections.items()}
@@ -261,8 +268,13 @@ def _read_yaml(path: Path, profile: bool = False) -> dict[str, Any]:
     extra = [k for k in PROFILE_KEYS if k in data]
     if extra and not profile:
         raise RunnerError(f"{path}: {extra} belong in a profile (notebooks/profiles/*.yaml), not a parameter file")
-    if "extends" in data and not isinstance(data["extends"], str):
-        raise RunnerError(f"{path}: extends names one profile, got {data['extends']!r}")
+    extends = data.get("extends")
+    by_device = isinstance(extends, dict) and set(extends) == set(DEVICES) and all(isinstance(v, str) for v in extends.values())
+    if "extends" in data and not (isinstance(extends, str) or by_device):
+        raise RunnerError(
+            f"{path}: extends names one profile (or auto), or one per device as {{cpu: NAME, cuda: NAME}}; "
+            f"got {extends!r}"
+        )
     if not all(isinstance(v, (dict, type(None))) for k, v in data.items() if k != "extends"):
         raise RunnerError(f"{path}: expected sections ('all:' or a notebook name) holding name: value pairs")
     return data

@@ -10,7 +10,8 @@ against the parameters the notebooks declare before anything runs. Two more keys
 
     extends: t4            start from profile t4's sections (and its runner settings); this file's
                            sections change only the names they list (a list value replaces a list);
-                           `extends: auto` takes t4 where CUDA is present, else cpu (`auto_profile`)
+                           `extends: auto` takes t4 where CUDA is present, else cpu (`auto_profile`);
+                           `extends: {cpu: course-cpu, cuda: t4}` names the parent per device
     runner:                what the runner does before the notebooks run (`RunnerSettings`)
       env: {HF_HUB_OFFLINE: "1", HF_HOME: "{cache}/hf-standins"}
                            environment variables, set for the run and inherited by the papermill
