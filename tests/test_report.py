@@ -595,7 +595,9 @@ def test_course_profile_runs_01_to_03_with_course_cpu_values_here_and_t4s_on_a_g
         assert changed == {"01_tree_shapes": {"measure_prompts"}, "02_model_pairs": {"pairs", "methods"}}[book]
     for ours, cpus in zip(mine["02_model_pairs"]["pairs"], theirs["02_model_pairs"]["pairs"]):
         narrowed = ("methods", "shapes", "dynamic_budgets")
-        assert {k: v for k, v in ours.items() if k not in narrowed} == {k: v for k, v in cpus.items() if k not in narrowed}
+        assert {k: v for k, v in ours.items() if k not in narrowed} == {
+            k: v for k, v in cpus.items() if k not in narrowed
+        }
         for name in narrowed[1:]:
             assert set(ours.get(name, [])) <= set(cpus.get(name, []))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

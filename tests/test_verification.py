@@ -135,14 +135,17 @@ def test_a_growing_cache_gives_a_dynamic_caches_logits_to_the_bit(attn, monkeypa
         assert torch.equal(*logits)
         restore_layers(growing, saved)  # what a self-draft does: the held columns are as they were
         assert growing.get_seq_length() == held
-        assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-                   for layer, (k, v) in zip(growing.layers, before))
+        assert all(
+            torch.equal(layer.keys, k) and torch.equal(layer.values, v) for layer, (k, v) in zip(growing.layers, before)
+        )
         assert torch.equal(verify(model, growing, root, tree, tokens), logits[1])  # and verify again
         path = tree.node_path(tree.num_nodes - 1 - step % 3)
         for cache in (growing, stock):
             commit(cache, held, path)
-        assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-                   for a, b in zip(growing.layers, stock.layers))
+        assert all(
+            torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            for a, b in zip(growing.layers, stock.layers)
+        )
         root = int(torch.randint(3, 60, (1,), generator=g))
 
 

@@ -269,7 +269,9 @@ def _read_yaml(path: Path, profile: bool = False) -> dict[str, Any]:
     if extra and not profile:
         raise RunnerError(f"{path}: {extra} belong in a profile (notebooks/profiles/*.yaml), not a parameter file")
     extends = data.get("extends")
-    by_device = isinstance(extends, dict) and set(extends) == set(DEVICES) and all(isinstance(v, str) for v in extends.values())
+    by_device = (
+        isinstance(extends, dict) and set(extends) == set(DEVICES) and all(isinstance(v, str) for v in extends.values())
+    )
     if "extends" in data and not (isinstance(extends, str) or by_device):
         raise RunnerError(
             f"{path}: extends names one profile (or auto), or one per device as {{cpu: NAME, cuda: NAME}}; "
