@@ -526,18 +526,21 @@ def test_redraft_takes_the_steps_of_a_real_run(vocabs, kind, tree_name):
 
 
 @pytest.mark.parametrize("kind", ["bigram_other_word", "random"])
-@pytest.mark.parametrize("tree_name", ["chain4", "kary2x10", "sparse12"])
+@pytest.mark.parametrize("tree_name", ["chain4", "kary2x10", "sparse12", "dynamic10"])
 def test_prompts_redrafted_together_take_each_prompts_own_steps(vocabs, kind, tree_name):
     """Three prompts of different lengths re-drafted at once (`CrossTokenizerRows`: one draft forward
     per depth for every row, rows leaving as they finish, a row's view re-encoded from an earlier
-    point fed again there) take, prompt by prompt, the steps of that prompt re-drafted alone, which a
-    test above holds equal to a real run's, up to the continuation's end and its last short steps."""
+    point fed again there; dynamic trees by `BatchDynamicDrafter`, each row its own tree) take, prompt
+    by prompt, the steps of that prompt re-drafted alone, which a test above holds equal to a real
+    run's, up to the continuation's end and its last short steps."""
     from specnb.analysis.redraft import redraft, redraft_rows
     from specnb.drafters.cross_tokenizer import CrossTokenizerRows
+    from specnb.drafters.dynamic import BatchDynamicDrafter
 
     t, d, tt, dt = vocabs
     target, draft = pair(kind, t, d)
-    tree = TREES[tree_name]
+    tree = TREES[tree_name] or Tree.chain(5)  # dynamic10: its depth cap (`cross_drafter`'s max_depth)
+    batch = BatchDynamicDrafter(draft, n=10, top_k=4, max_depth=5) if tree_name == "dynamic10" else draft
     texts = [" hello the", " the cat sat on the ma", " a"]
     prompts = [ids_of(t, text) for text in texts]
     conts = [
@@ -546,10 +549,13 @@ def test_prompts_redrafted_together_take_each_prompts_own_steps(vocabs, kind, tr
         ).tokens.tolist()
         for p, n in zip(prompts, (MAX_NEW, MAX_NEW - 7, MAX_NEW))
     ]  # one continuation shorter than max_new_tokens: its row leaves first
-    together = redraft_rows(CrossTokenizerRows(draft, dt, tt, 3), prompts, conts, tree, MAX_NEW, [frozenset()] * 3)
+    together = redraft_rows(CrossTokenizerRows(batch, dt, tt, 3), prompts, conts, tree, MAX_NEW, [frozenset()] * 3)
+    shapes = set()
     for p, c, mine in zip(prompts, conts, together):
         alone = redraft(cross_drafter(draft, tree_name, dt, tt), p, c, tree, MAX_NEW)
         assert mine.steps == alone.steps and mine.draft_paths == alone.draft_paths
+        shapes |= {s.child_counts for s in mine.steps}
+    assert len(shapes) > 1  # trees of several shapes: cut near the end, and a dynamic tree's own
 
 
 def test_redraft_of_a_same_vocabulary_drafter_equals_the_replay(tiny_target, tiny_draft):

@@ -74,3 +74,34 @@ def test_sampled_output_follows_the_target(sampling_pair):  # noqa: F811
     target, draft, prompt, exact = sampling_pair
     samples = first_two(target, DynamicTreeDrafter(draft, n=5, top_k=3, max_depth=2), prompt, None, runs=2500)
     assert chi_square_pvalue(samples, exact) > ALPHA
+
+
+@pytest.mark.parametrize("n,top_k,depth", [(6, 3, 4), (12, 4, 6)])
+def test_rows_drafted_together_take_each_rows_own_dynamic_trees(tiny_target, tiny_draft, n, top_k, depth):
+    """`BatchDynamicDrafter`: three prompts of different lengths in one batch (one draft forward per
+    depth for every row, each row's level padded to the widest) take, row by row, the steps of that
+    prompt with its own `DynamicTreeDrafter`: the same trees, tokens and acceptances; the output is
+    the target's greedy output."""
+    from specnb.core.batch import speculative_generate_batch
+    from specnb.drafters.dynamic import BatchDynamicDrafter
+
+    prompts = [random_prompt(s, length=m)[0] for s, m in ((3, 5), (4, 17), (5, 9))]
+    batch = speculative_generate_batch(
+        tiny_target, BatchDynamicDrafter(tiny_draft, n, top_k, depth), prompts, Tree.chain(depth), 20, eos_token_id=()
+    )
+    shapes = set()
+    for prompt, row in zip(prompts, batch.rows):
+        alone = speculative_generate(
+            tiny_target,
+            DynamicTreeDrafter(tiny_draft, n, top_k, depth),
+            prompt[None],
+            Tree.chain(depth),
+            20,
+            eos_token_id=(),
+        )
+        assert row.tokens.tolist() == alone.tokens.tolist()
+        assert [(s.child_counts, s.accepted_ranks, s.num_tokens) for s in row.steps] == [
+            (s.child_counts, s.accepted_ranks, s.num_tokens) for s in alone.steps
+        ]
+        shapes |= {s.child_counts for s in row.steps}
+    assert len(shapes) > 1  # the trees differ from step to step and row to row

@@ -193,14 +193,18 @@ class CrossTokenizerRows:
     """B rows drafted across tokenizers at once (a `core.generation.RowDrafting`): each row's text work
     is its own `CrossTokenizerDrafter`'s (`drafters[r]`: its view of the target's sequence in draft
     tokens, the target-token trie of its draft tree), and the draft model drafts every row's tree in
-    one forward per depth (`core.batch.BatchModelDrafter`, a view re-encoded from an earlier point
-    fed again from there). Each row's drafts equal its own `CrossTokenizerDrafter(model, ...)`'s, up to
-    the float rounding of another batch shape."""
+    one forward per depth (`model`: a draft model, drafted by `core.batch.BatchModelDrafter`, or such a
+    batch drafter, e.g. `dynamic.BatchDynamicDrafter` for each row's own dynamic tree; a view
+    re-encoded from an earlier point is fed again from there). Each row's drafts equal its own
+    `CrossTokenizerDrafter`'s of the same inner drafter, up to the float rounding of another batch shape."""
 
-    def __init__(self, model: torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any, rows: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module | BatchModelDrafter, draft_tokenizer: Any, target_tokenizer: Any, rows: int
+    ) -> None:
         draft_text = draft_tokenizer if isinstance(draft_tokenizer, TokenText) else TokenText.of(draft_tokenizer)
         target_text = target_tokenizer if isinstance(target_tokenizer, TokenText) else TokenText.of(target_tokenizer)
-        self.batch = BatchModelDrafter(model)
+        self.batch = model if isinstance(model, BatchModelDrafter) else BatchModelDrafter(model)
+        self.batch.reset()
         self.drafters = [CrossTokenizerDrafter(NoDraft(), draft_text, target_text) for _ in range(rows)]
 
     def draft_rows(
@@ -217,14 +221,19 @@ class CrossTokenizerRows:
         if not all(views):
             raise ValueError("every row needs a sequence of at least one draft token")
         cuts = [tree] * len(views) if depths is None else [tree.truncated(d) for d in depths]
-        drafted = self.batch.draft_rows(views, tree, GREEDY, [None] * len(views)) if tree.num_nodes else None
+        drafted = (
+            self.batch.draft_rows(views, tree, GREEDY, [None] * len(views), [c.depth for c in cuts])
+            if tree.num_nodes
+            else None
+        )
         out = []
         for r, (d, seq, v, cut) in enumerate(zip(self.drafters, sequences, views, cuts)):
             if cut.num_nodes == 0:  # as `CrossTokenizerDrafter.draft` of an empty tree
                 d.last_draft = None
                 out.append(EMPTY)
-            else:
-                out.append(d.propose(list(seq), v, Draft(drafted[r].tokens[: cut.num_nodes], None), cut))
+            else:  # a tree the batch drafter shaped (cut to the row's depth), or the first nodes of `tree`'s
+                own = drafted[r] if drafted[r].tree is not None else Draft(drafted[r].tokens[: cut.num_nodes], None)
+                out.append(d.propose(list(seq), v, own, cut))
         return out
 
     def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.batch import BatchModelDrafter
 from ..core.drafting import Draft, ModelDrafter
 from ..core.forward import forward
 from ..core.masks import paths_visible
+from ..core.ragged import RaggedCache, block_forward, discard
 from ..core.sampling import SamplingConfig, top_tokens
 from ..core.streaming import StreamingCache
 from ..core.trees import Path, Tree
@@ -91,7 +93,7 @@ class DynamicTreeDrafter(ModelDrafter):
         root_logits = self._advance(seq)
         scores: dict[Path, float] = {}
         token: dict[Path, int] = {}
-        self._add_children([()], [0.0], root_logits[None], scores, token)
+        add_children([()], [0.0], root_logits[None], self.top_k, scores, token)
         chosen = top_n(scores, n)
         for depth in range(1, max_depth):
             level = [p for p in chosen if len(p) == depth]
@@ -103,7 +105,7 @@ class DynamicTreeDrafter(ModelDrafter):
             logits = forward(
                 self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth - self._shift), visible
             )  # host: positions
-            self._add_children(level, [scores[p] for p in level], logits, scores, token)
+            add_children(level, [scores[p] for p in level], logits, self.top_k, scores, token)
             chosen = top_n(scores, n)
         tree = Tree.from_paths(chosen)
         return ScoredTree(
@@ -112,13 +114,86 @@ class DynamicTreeDrafter(ModelDrafter):
             torch.tensor([scores[p] for p in tree.paths], dtype=torch.float32),  # host: scores
         )
 
-    def _add_children(
-        self, paths: list[Path], base: list[float], logits: torch.Tensor, scores: dict, token: dict
-    ) -> None:
-        """Score the top_k children of each path from its logits (rows of `logits`), one device read."""
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        top = top_tokens(logq, self.top_k)  # [k, top_k], ties to the lower token id
-        for path, score, values, indices in zip(paths, base, logq.gather(-1, top).tolist(), top.tolist()):
-            for rank, (lq, tok) in enumerate(zip(values, indices)):
-                scores[path + (rank,)] = score + lq
-                token[path + (rank,)] = tok
+
+class BatchDynamicDrafter(BatchModelDrafter):
+    """`DynamicTreeDrafter` for B rows at once (a `core.generation.RowDrafting`): each row's own top-n
+    tree, built as the single drafter builds it, with one draft forward per depth for the whole batch
+    on the ragged draft cache of `core.batch.BatchModelDrafter` (a depth's nodes of every row in one
+    block, each row's padded to the widest row's; the nodes discarded after the step). Each row's
+    draft equals its own `DynamicTreeDrafter`'s, up to the float rounding of another batch shape."""
+
+    def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6) -> None:
+        if n < 1 or top_k < 1 or max_depth < 1:
+            raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
+        super().__init__(model)
+        self.n, self.top_k, self.max_depth = n, top_k, max_depth
+        self.default_tree = Tree.chain(max_depth)
+
+    @torch.inference_mode()
+    def draft_rows(
+        self,
+        sequences: list[list[int]],
+        tree: Tree,
+        sampling: SamplingConfig,
+        generators: list,
+        depths: list[int] | None = None,
+    ) -> list[Draft]:
+        """Each row's top-n tree after its sequence, cut to `tree`'s depth (or to depths[r]: as the row
+        drafts alone near its end). `sampling` and `generators` are unused: the proposals are chosen."""
+        if self.ragged is None:
+            self.ragged = RaggedCache.empty(self.model, len(sequences))
+            self.committed = [[] for _ in sequences]
+        b = len(sequences)
+        root_logits = self._advance(sequences)  # [B, V]
+        roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
+        scores: list[dict[Path, float]] = [{} for _ in range(b)]
+        token: list[dict[Path, int]] = [{} for _ in range(b)]
+        for r in range(b):
+            add_children([()], [0.0], root_logits[r][None], self.top_k, scores[r], token[r])
+        chosen = [top_n(s, self.n) for s in scores]
+        column: list[dict[Path, int]] = [{} for _ in range(b)]  # each row's fed nodes' scratch columns
+        fed = 0  # scratch columns so far, every row's
+        for depth in range(1, self.max_depth):
+            levels = [[p for p in c if len(p) == depth] for c in chosen]
+            width = max(map(len, levels))
+            if not width:
+                break
+            ids = torch.zeros(b, width, dtype=torch.long)  # host: moved by block_forward
+            valid = torch.zeros(b, width, dtype=torch.bool)  # host
+            visible = torch.zeros(b, width, fed + width, dtype=torch.bool)  # host
+            for r, level in enumerate(levels):
+                for j, path in enumerate(level):
+                    ids[r, j], valid[r, j] = token[r][path], True
+                    for a in range(1, depth):  # its ancestors (all fed), and itself
+                        visible[r, j, column[r][path[:a]]] = True
+                    visible[r, j, fed + j] = True
+                    column[r][path] = fed + j
+            positions = (roots + depth)[:, None].expand(b, width)
+            logits = block_forward(self.model, self.ragged, ids, positions, visible, valid)  # [B, W, V]
+            fed += width
+            for r, level in enumerate(levels):
+                if level:
+                    add_children(
+                        level, [scores[r][p] for p in level], logits[r, : len(level)], self.top_k, scores[r], token[r]
+                    )
+                    chosen[r] = top_n(scores[r], self.n)
+        discard(self.ragged)
+        out = []
+        for r in range(b):
+            own = Tree.from_paths(chosen[r])
+            own = own.truncated(min(own.depth, tree.depth if depths is None else depths[r]))
+            out.append(Draft(torch.tensor([token[r][p] for p in own.paths], dtype=torch.long), None, own))  # host
+        return out
+
+
+def add_children(
+    paths: list[Path], base: list[float], logits: torch.Tensor, top_k: int, scores: dict, token: dict
+) -> None:
+    """Score the top_k children of each path (its score in `base`) from its logits (rows of `logits`),
+    into `scores` and `token` by child path; one device read."""
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    top = top_tokens(logq, top_k)  # [k, top_k], ties to the lower token id
+    for path, score, values, indices in zip(paths, base, logq.gather(-1, top).tolist(), top.tolist()):
+        for rank, (lq, tok) in enumerate(zip(values, indices)):
+            scores[path + (rank,)] = score + lq
+            token[path + (rank,)] = tok

@@ -18,10 +18,11 @@ from ..analysis import replay, spread
 from ..analysis.collection import Collection
 from ..analysis.metrics import summarize
 from ..analysis.redraft import Redrafted, redraft_rows
-from ..core.generation import DrafterRows, GenerationResult, RowDrafting
+from ..core.generation import GenerationResult, RowDrafting
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerRows
-from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, build_drafter, method_of
+from ..drafters.dynamic import BatchDynamicDrafter
+from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K
 from ..drafters.retokenize import TokenText
 from ..io.models import load_tokenizer
 
@@ -37,21 +38,15 @@ Redrafter = Callable[[str, int, Tree, int], RowDrafting]  # (shape, budget, tree
 
 def redrafter(draft: torch.nn.Module, target_tokenizer, draft_tokenizer) -> Redrafter:
     """(shape, budget, tree, rows) -> fresh cross-tokenizer drafting of `draft` for that many prompts
-    at once: a static tree (a preset's or a custom one, `tree`) by `CrossTokenizerRows` (every row's tree
-    in one draft forward per depth), "dynamic" by one dynamic-tree drafter of that budget per row; the
+    at once (`CrossTokenizerRows`: every row's tree in one draft forward per depth): a static tree (a
+    preset's or a custom one, `tree`), or "dynamic", each row's own dynamic tree of that budget
+    (`dynamic.BatchDynamicDrafter`, with the xtok/dynamic method's children per node and depth); the
     vocabularies read once."""
     texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
 
     def rows_of(shape: str, budget: int, tree: Tree, rows: int) -> RowDrafting:
-        if shape != DYNAMIC:
-            return CrossTokenizerRows(draft, texts[1], texts[0], rows)
-        method = method_of((f"xtok/{shape}", budget), tree)
-        return DrafterRows(
-            [
-                build_drafter(method, None, draft, target_tokenizer=texts[0], draft_tokenizer=texts[1])
-                for _ in range(rows)
-            ]
-        )
+        model = draft if shape != DYNAMIC else BatchDynamicDrafter(draft, budget, DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH)
+        return CrossTokenizerRows(model, texts[1], texts[0], rows)
 
     return rows_of
 
@@ -128,7 +123,7 @@ def redraft_table(
     `replay_study.replay_table` (tau_all and its ratios NaN: they need the draft's ranks of the
     target's tokens), with the intervals `replay` gives. The same per prompt (shape, budget,
     prompt_id, category, tokens, steps, drafted, accepted) in attrs["per_prompt"]. dynamic_prompts:
-    dynamic trees on the first that many prompts only (each row drafts its own, unbatched), as dynamic
+    dynamic trees on the first that many prompts only (each row its own tree, batched), as dynamic
     trees of a shared vocabulary are replayed on the super-tree prompts."""
     rows, per_prompt = [], []
     categories = {p.prompt_id: p.category for p in collection.prompts}
