@@ -578,8 +578,8 @@ def test_report_renders_in_headless_chromium(full, chromium, tmp_path):
 
 def test_course_profile_runs_01_to_03_with_course_cpu_values_here_and_t4s_on_a_gpu(monkeypatch):
     """On a CPU the course profile is the cpu profile's grid (every shape, budget, prompt and token the
-    same) with fewer end-to-end runs and the other-tokenizer pair's grid narrowed; on a GPU the t4
-    profile's values."""
+    same) with fewer end-to-end runs, the other-tokenizer pair's grid narrowed, and 03's grid without
+    FlexAttention (compiled on a CPU); on a GPU the t4 profile's values."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -587,12 +587,24 @@ def test_course_profile_runs_01_to_03_with_course_cpu_values_here_and_t4s_on_a_g
     assert settings.notebooks == ("01_tree_shapes", "02_model_pairs", "03_tree_attention_timing", "07_report")
     assert runner.profile_chain("course") == ["course", "course-cpu", "cpu"]
     course, cpu = profiles.load_profile("course"), profiles.load_profile("cpu")
-    assert {k for k, v in course.items() if v != (cpu.get(k) or {})} == {"01_tree_shapes", "02_model_pairs"}
-    books = runner.notebooks(only=["01_tree_shapes", "02_model_pairs"])
+    assert {k for k, v in course.items() if v != (cpu.get(k) or {})} == {
+        "01_tree_shapes",
+        "02_model_pairs",
+        "03_tree_attention_timing",
+    }
+    books = runner.notebooks(only=["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"])
     mine, theirs = runner.resolve("course", {}, [], books), runner.resolve("cpu", {}, [], books)
     for book in mine:  # the grid's data are the cpu profile's: only the end-to-end runs differ
         changed = {k for k in mine[book] if mine[book][k] != theirs[book][k]} - {"profile"}
-        assert changed == {"01_tree_shapes": {"measure_prompts"}, "02_model_pairs": {"pairs", "methods"}}[book]
+        assert (
+            changed
+            == {
+                "01_tree_shapes": {"measure_prompts"},
+                "02_model_pairs": {"pairs", "methods"},
+                "03_tree_attention_timing": {"impls"},
+            }[book]
+        )
+    assert set(mine["03_tree_attention_timing"]["impls"]) == set(theirs["03_tree_attention_timing"]["impls"]) - {"flex"}
     for ours, cpus in zip(mine["02_model_pairs"]["pairs"], theirs["02_model_pairs"]["pairs"]):
         narrowed = ("methods", "shapes", "dynamic_budgets")
         assert {k: v for k, v in ours.items() if k not in narrowed} == {
