@@ -247,3 +247,52 @@ def test_the_batch_drafter_is_a_drafter_of_batch_one(tiny_target, tiny_draft, tr
             for d in (drafter, ModelDrafter(draft))
         )
         assert torch.equal(again.tokens, alone.tokens)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_rows_of_very_different_lengths_read_only_their_own_keys_with_a_plain_reads_logits(monkeypatch, arch):
+    """`core.ragged.row_spans`: rows of 3 to 70 committed tokens in one batch on a CPU model's attention
+    (`kernels.gqa_sdpa`) read their committed keys in runs of rows, each up to its own longest row, and
+    the scratch after them (`split_sdpa`, parts joined by their log-sum-exp): a tree verified on top
+    gives the logits of the plain read of every key, to float rounding, and the split read was taken."""
+    from specnb.core import ragged
+    from specnb.core.batch import RaggedTarget, prefill_batch
+    from specnb.kernels.gqa_sdpa import register
+
+    model = tiny_model(11, arch=arch, attn=register())
+    lengths = [3, 5, 60, 70, 4, 6]
+    sequences = [random_prompt(20 + i, length=n)[0].tolist() for i, n in enumerate(lengths)]
+    tree = Tree.kary(2, 6)
+    tokens = torch.stack([random_prompt(40 + i, length=tree.num_nodes)[0] for i in range(len(lengths))])
+    split = ragged.row_spans
+    taken = []
+
+    def verify(spans) -> torch.Tensor:
+        monkeypatch.setattr(ragged, "row_spans", spans)
+        monkeypatch.setattr(ragged, "RUN_COST", 8)  # a run costs little next to rows this short
+        target = RaggedTarget(RaggedCache.empty(model, len(sequences)))
+        prefill_batch(model, target.ragged, [s[:-1] for s in sequences])
+        logits = target.verify(model, [s[-1] for s in sequences], [tree] * len(sequences), tokens)
+        monkeypatch.undo()
+        return logits
+
+    def spy(*args):
+        taken.append(split(*args))
+        return taken[-1]
+
+    plain, mine = verify(lambda *args: None), verify(spy)
+    assert taken and taken[-1] is not None and len(taken[-1].runs) > 1
+    assert torch.allclose(plain, mine, atol=1e-5, rtol=1e-5)
+    assert torch.equal(plain.argmax(-1), mine.argmax(-1))
+
+
+def test_the_cheapest_runs_split_rows_where_their_lengths_jump():
+    from specnb.core.ragged import cheapest_runs
+
+    assert cheapest_runs([10, 12, 100, 90, 11], 0) == (
+        [(0, 1, 10), (1, 2, 12), (2, 3, 100), (3, 4, 90), (4, 5, 11)],
+        223,
+    )
+    assert cheapest_runs([10, 12, 100, 90, 11], 40) == ([(0, 2, 12), (2, 4, 100), (4, 5, 11)], 355)
+    assert cheapest_runs([10, 12, 100, 90, 11], 1000) == ([(0, 5, 100)], 1500)
+    assert cheapest_runs([], 40) == ([], 0)

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..kernels.gqa_sdpa import GQA_SDPA, RowSpans
 from .cache import crop, new_cache
-from .masks import model_mask
+from .masks import attention_implementation, model_mask
 
 
 @dataclass
@@ -93,6 +94,7 @@ def block_forward(
     tail[:, :, scratch:] &= valid[:, :, None]
     tail[:, :, scratch:] |= torch.eye(m, dtype=torch.bool, device=device)[None]  # every entry sees itself
     mask = torch.cat([committed & valid[:, :, None], tail], dim=2)  # [B, M, width + M]
+    spans = row_spans(model, ragged, mask[:, None])
     out = model(
         input_ids=ids.to(device),
         position_ids=positions.to(device),
@@ -100,8 +102,46 @@ def block_forward(
         cache=ragged.cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,
+        **({} if spans is None else {"row_spans": spans}),
     )
     return out.logits
+
+
+RUN_COST = 512  # a run of rows in a split read (`row_spans`) costs about what reading this many keys does
+SPLIT_SAVING = 0.3  # a split read pays when it skips at least this share of the committed keys
+
+
+def row_spans(model: torch.nn.Module, ragged: RaggedCache, mask: torch.Tensor) -> RowSpans | None:
+    """Where a batch's rows differ much in length, runs of consecutive rows, each reading its committed
+    keys only up to its longest row (`kernels.gqa_sdpa.split_sdpa`; mask: bool [B, 1, M, L] "may
+    attend"): the runs that read the fewest keys, RUN_COST per run added (`cheapest_runs`); None where
+    a plain read is as good (not GQA_SDPA on a CPU, or less than SPLIT_SAVING of the keys saved). Rows
+    in length order (`experiments.redraft_study.redrafts` sorts its prompts) make few runs."""
+    if not ragged.base or model.device.type != "cpu" or attention_implementation(model) != GQA_SDPA:
+        return None
+    runs, read = cheapest_runs(ragged.lengths, RUN_COST)
+    if len(runs) < 2 or read > (1 - SPLIT_SAVING) * ragged.rows * ragged.base:
+        return None
+    return RowSpans.of([(a, b, max(w, 1)) for a, b, w in runs], ragged.base, mask, model.dtype)
+
+
+def cheapest_runs(lengths: list[int], cost: int) -> tuple[list[tuple[int, int, int]], int]:
+    """The split of rows 0..B-1 into runs of consecutive rows (start, stop, longest length) that
+    minimises the keys read, sum of rows x longest length, plus `cost` per run; and that sum."""
+    n = len(lengths)
+    best, cut = [0] + [0] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest, best[j] = 0, -1
+        for i in range(j - 1, -1, -1):
+            longest = max(longest, lengths[i])
+            read = best[i] + (j - i) * longest + cost
+            if best[j] < 0 or read < best[j]:
+                best[j], cut[j] = read, i
+    runs, j = [], n
+    while j:
+        runs.append((cut[j], j, max(lengths[cut[j] : j])))
+        j = cut[j]
+    return runs[::-1], best[n]
 
 
 def causal_block(ragged: RaggedCache, rows: list[list[int]]) -> tuple[tuple[torch.Tensor, ...], list[list[int]]]:

@@ -76,7 +76,8 @@ def redrafts(
         if max_new_tokens is None
         else min(max_new_tokens, collection.config.max_new_tokens)
     )
-    prompts = collection.prompts
+    # rows of similar length side by side: a batch of a few long prompts reads fewer keys (`core.ragged.row_spans`)
+    prompts = sorted(collection.prompts, key=lambda p: len(p.prompt) + len(p.tokens))
     drafting = redraft_with(shape, budget, tree, len(prompts))
     # the continuation holds a stop token only as its last token, when it stopped: the one stop
     # token that can cut a step

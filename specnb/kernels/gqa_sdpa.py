@@ -8,13 +8,64 @@ sdpa takes the grouped heads with the mask: the same output (a test compares the
 interface, as GQA_SDPA (transformers is imported then, not with this module: the runner imports no
 model code); `io.models.load_model` loads a model on a CPU with it where sdpa was asked for. Softcap and
 position-bias attention go to transformers' own sdpa.
+
+Rows of very different lengths (`core.ragged`: a batch's committed keys padded to its longest row)
+read only the keys they need when the forward passes `row_spans` (`RowSpans`): each run of rows its
+committed columns up to its own longest row, every row the scratch columns after `base`, the two
+parts joined by their log-sum-exp. The same attention, up to float rounding; on a CPU sdpa reads every
+key of every row, masked or not, so this is what a batch with a few long prompts costs less.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 GQA_SDPA = "specnb_gqa_sdpa"
+
+
+@dataclass(frozen=True)
+class RowSpans:
+    """What each run of rows reads (`split_sdpa`): rows [start, stop) their first `width` columns,
+    every row the columns from `base` on; the masks additive, made once per forward for all layers."""
+
+    runs: tuple[tuple[int, int, int], ...]  # (start, stop, width)
+    base: int
+    masks: tuple[torch.Tensor, ...]  # per run, float [stop - start, 1, M, width]
+    seen: tuple[torch.Tensor, ...]  # per run, bool [stop - start, 1, M]: a query that sees a column there
+    tail: torch.Tensor  # float [B, 1, M, L - base]: every query sees at least itself there
+
+    @classmethod
+    def of(cls, runs: list[tuple[int, int, int]], base: int, mask: torch.Tensor, dtype: torch.dtype) -> RowSpans:
+        """The spans of `runs` under the boolean mask [B, 1, M, L] ("may attend")."""
+
+        def additive(m: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+
+        parts = [mask[a:b, :, :, :w] for a, b, w in runs]
+        return cls(
+            tuple(runs), base, tuple(map(additive, parts)), tuple(p.any(-1) for p in parts), additive(mask[..., base:])
+        )
+
+
+def split_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spans: RowSpans, scale: float | None
+) -> torch.Tensor:
+    """Attention [B, Hq, q, D] as sdpa gives it under the mask `spans` was made from, each run of rows
+    reading its own committed width and the columns from `spans.base` (module docstring)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # output and log-sum-exp
+    tail, tail_lse = flash(
+        query, key[:, :, spans.base :], value[:, :, spans.base :], 0.0, False, attn_mask=spans.tail, scale=scale
+    )[:2]
+    out = torch.empty_like(query)
+    for (a, b, w), mask, seen in zip(spans.runs, spans.masks, spans.seen):
+        part, lse = flash(query[a:b], key[a:b, :, :w], value[a:b, :, :w], 0.0, False, attn_mask=mask, scale=scale)[:2]
+        lse = lse.masked_fill(~seen, float("-inf"))  # a query that sees nothing here: weight 0 (flash gives lse 0)
+        top = torch.maximum(lse, tail_lse[a:b])
+        x, y = torch.exp(lse - top)[..., None], torch.exp(tail_lse[a:b] - top)[..., None]
+        out[a:b] = (x * part + y * tail[a:b]) / (x + y)
+    return out
 
 
 def gqa_sdpa(
@@ -34,6 +85,9 @@ def gqa_sdpa(
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+    spans = kwargs.get("row_spans")
+    if spans is not None and attention_mask is not None and query.device.type == "cpu" and dropout == 0.0:
+        return split_sdpa(query, key, value, spans, scaling).transpose(1, 2).contiguous(), None
     q_length = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = q_length > 1 and attention_mask is None and causal
