@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     model_arguments(ap, "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     ap.add_argument("--prompts", type=int, default=26, help="Spec-Bench prompts, categories taken in turn")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=16, help="prompts decoded at once on the batched path")
+    ap.add_argument("--batch", type=int, default=32, help="prompts decoded at once on the batched path (01 and 02: 32)")
     ap.add_argument("--super", type=int, default=4, help="prompts with super-trees (size 16, 8 children, depth 6)")
     ap.add_argument("--quick", action="store_true", help="8 prompts, 32 tokens, super-trees on 2")
     args = ap.parse_args(argv)
