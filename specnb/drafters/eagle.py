@@ -48,11 +48,11 @@ from ..core.acceptance import Acceptance
 from ..core.cache import crop, new_cache
 from ..core.drafting import Draft, Drafter, fill_levels, level_indices
 from ..core.masks import causal_visible, model_mask, paths_visible
-from ..core.sampling import SamplingConfig, top_tokens
+from ..core.sampling import SamplingConfig
 from ..core.streaming import kv_bytes
 from ..core.trees import Level, Tree
 from ..io.eagle_checkpoint import check_checkpoint, load_checkpoint, save_checkpoint
-from .dynamic import ScoredTree, top_n
+from .dynamic import ScoredTree, add_children, top_n
 from .hidden_rows import FinalNormRows
 
 
@@ -384,7 +384,7 @@ class EagleDynamicDrafter(EagleDrafter):
         feature: dict[tuple[int, ...], torch.Tensor] = {
             (): g_root
         }  # a fed node's output: its children's parent feature
-        self._score_children([()], [0.0], self.head.project(g_root[None]), scores, token)
+        add_children([()], [0.0], self.head.project(g_root[None]), self.top_k, scores, token)
         chosen = top_n(scores, self.n)
         fed: list[tuple[int, ...]] = []
         try:
@@ -400,7 +400,7 @@ class EagleDynamicDrafter(EagleDrafter):
                 positions = torch.full((1, k), committed - 1 + depth)  # host: moved by the head
                 g = self.head(feats, ids, positions, visible[None], self._cache)[0]  # [k, H]
                 feature.update(zip(level, g))
-                self._score_children(level, [scores[p] for p in level], self.head.project(g), scores, token)
+                add_children(level, [scores[p] for p in level], self.head.project(g), self.top_k, scores, token)
                 chosen = top_n(scores, self.n)
         finally:
             crop(self._cache, committed)
@@ -410,14 +410,3 @@ class EagleDynamicDrafter(EagleDrafter):
             torch.tensor([token[p] for p in out.paths], dtype=torch.long, device=device),
             torch.tensor([scores[p] for p in out.paths], dtype=torch.float32),
         )  # host: scores
-
-    def _score_children(
-        self, paths: list[tuple[int, ...]], base: list[float], logits: torch.Tensor, scores: dict, token: dict
-    ) -> None:
-        """Score the top_k children of each path from its logits (rows of `logits` [P, V])."""
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        top = top_tokens(logq, self.top_k)  # [P, top_k]
-        for path, score, values, indices in zip(paths, base, logq.gather(-1, top).tolist(), top.tolist()):
-            for rank, (lq, tok) in enumerate(zip(values, indices)):
-                scores[path + (rank,)] = score + lq
-                token[path + (rank,)] = tok
