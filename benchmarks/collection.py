@@ -9,12 +9,18 @@ rank of every token, and with --super the super-trees):
     batched                the target's own greedy decoding, --batch prompts at once
                            (`experiments.continuations`), then the same ranks and super-trees
 
-In one process, one after the other in a rotated order per --repeats, so both see the machine alike.
+In one process, one after the other, so both see the machine alike.
 Printed: per path, target tokens collected per second, without super-trees and with them on every
 prompt (--super), the continuations compared token for token (equal, or different only from a
 reported near tie), and the machine's decode step of the target (`notebook.estimate.decode_ms`: the
-scale for another machine). The last line: `collection_speedup=<x> with_super_trees=<y>
-continuations_equal=<n>/<N> ties=<k> decode_ms=<d>`.
+scale for another machine).
+
+And the floor, measured in the same run: every prompt and its continuation through the target in one
+forward (batch 1), the least arithmetic any path that passes every token through the target once does,
+plus the batched path's own draft work (ranks). Where the target's arithmetic, not its weights' reads,
+bounds a step (a CPU: a batch of a few dozen rows is already so), no batching beats it, and the one
+prompt path's time over it is the most this machine allows. The last line:
+`collection_speedup=<x> with_super_trees=<y> bound=<z> continuations_equal=<n>/<N> ties=<k> decode_ms=<d>`.
 
     python benchmarks/collection.py            # 26 Spec-Bench prompts (two per category), 128 tokens
     python benchmarks/collection.py --quick    # 8 prompts, 32 tokens, super-trees on 2
@@ -28,9 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from options import model_arguments
 
 from specnb.analysis.quality import compare_greedy
+from specnb.core.cache import new_cache
+from specnb.core.forward import forward
 from specnb.drafters.methods import trees_for
 from specnb.experiments.pairs import Pair, PairModels
 from specnb.experiments.replay_study import PairCollectConfig, collect_pair
@@ -91,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     one, batched = rows[("one prompt at a time", 0)], rows[("batched", 0)]
+    target_s = sum(teacher_forced(target, p.prompt, p.tokens) for p in batched[2].collection.prompts)
+    draft_s = sum(t for p in batched[2].collection.prompts for k, t in p.times.items() if k != "continuation")
+    bound = one[1] / (target_s + draft_s)
+    print(
+        f"floor: every prompt and continuation through the target in one forward each {target_s:.1f} s, "
+        f"the batched path's ranks {draft_s:.1f} s: the batched path takes {batched[1] / (target_s + draft_s):.2f}x "
+        f"the floor; the one-prompt path's time over it, {bound:.2f}x, is the most this machine allows",
+        flush=True,
+    )
     verdicts = [
         compare_greedy(b.tokens.tolist(), a.tokens.tolist(), report_margins(batched[2], b.prompt_id)).verdict
         for a, b in zip(one[2].collection.prompts, batched[2].collection.prompts)
@@ -99,11 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     with_super = [rows[(p, args.super)] for p in ("one prompt at a time", "batched")]
     super_speedup = (with_super[1][0] / with_super[1][1]) / (with_super[0][0] / with_super[0][1])
     print(
-        f"collection_speedup={speedup:.2f} with_super_trees={super_speedup:.2f} "
+        f"collection_speedup={speedup:.2f} with_super_trees={super_speedup:.2f} bound={bound:.2f} "
         f"continuations_equal={verdicts.count('exact')}/{len(verdicts)} ties={verdicts.count('tie')} "
         f"decode_ms={ms if ms is None else round(ms, 1)}"
     )
     return 0 if "mismatch" not in verdicts else 1
+
+
+def teacher_forced(target: torch.nn.Module, prompt, tokens) -> float:
+    """Seconds of one batch-1 forward of the target over a prompt and its continuation (its last logits)."""
+    seq = torch.cat([torch.as_tensor(prompt), torch.as_tensor(tokens)]).long()
+    start = time.perf_counter()
+    forward(target, new_cache(target), seq, logits_to_keep=1)
+    return time.perf_counter() - start
 
 
 def report_margins(report, prompt_id: str) -> list[float]:

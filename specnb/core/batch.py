@@ -123,7 +123,10 @@ def prefill_batch(model: torch.nn.Module, ragged: RaggedCache, sequences: Sequen
     ragged.cache, ragged.lengths, ragged.base = placed.cache, placed.lengths, placed.base
 
 
-PADDING = 1.5  # prefill groups: the padded block at most this many times the rows' own tokens
+# Prefill groups: the padded block at most this many times the rows' own tokens. A prefill is bound by
+# the linear layers' arithmetic on a CPU, so padding costs what it holds: 26 Spec-Bench prompts of
+# 39-741 tokens (4,459 in all) on Qwen2.5-Coder-1.5B took 38.6-39.8 s at 1.05 against 46.7-49.0 s at 1.5.
+PADDING = 1.05
 
 
 @dataclass

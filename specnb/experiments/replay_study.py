@@ -390,7 +390,7 @@ def replayed_steps_frame(
 
 def replay_depths(table: pd.DataFrame) -> pd.DataFrame:
     """Tidy per-depth acceptance (P(accepted >= d), run trajectory) from a replay table, in the
-    columns of `depth_table`, for the trees a real drafter could build (not the oracle)."""
+    columns depth and acceptance, for the trees a real drafter could build (not the oracle)."""
     cols = [c for c in table.columns if re.fullmatch(r"depth_\d+_acceptance", c)]
     long = table[table["shape"] != "oracle"].melt(
         id_vars=["shape", "budget"], value_vars=cols, var_name="depth", value_name="acceptance"

@@ -1,6 +1,6 @@
 """The tidy tables the notebooks compute from a sweep's units (`experiments`): per method
 pooled metrics with 95% intervals over prompts (`shape_table`), the target alone (`baseline_table`),
-acceptance per depth (`depth_table`), how often each node is accepted (`node_frequency`), specnb's
+how often each node is accepted (`node_frequency`), specnb's
 methods against transformers' on the same prompts (`head_to_head`) and the draft and verify cost of
 a step against the target's own (`step_costs`).
 
@@ -117,17 +117,6 @@ def baseline_table(units: pd.DataFrame, by: Sequence[str] = ("pair",)) -> pd.Dat
     )
     out["tokens_per_s"] = out["tokens"] / out["time_s"]
     return out
-
-
-def depth_table(steps: pd.DataFrame, by: Sequence[str] = ("pair", "shape", "budget")) -> pd.DataFrame:
-    """Tidy per-depth acceptance: steps that accepted at least d draft tokens / steps."""
-    rows = []
-    spec = steps[steps["shape"] != BASELINE]
-    for key, g in spec.groupby(list(by), sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        for d in range(1, int(g["tree_depth"].max()) + 1):
-            rows.append({**dict(zip(by, key)), "depth": d, "acceptance": float((g["num_accepted"] >= d).mean())})
-    return pd.DataFrame(rows)
 
 
 def node_frequency(steps: pd.DataFrame, tree: Tree) -> dict[tuple[int, ...], float]:

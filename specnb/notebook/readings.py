@@ -946,32 +946,3 @@ def _pays_off(row: pd.Series) -> str:
             f"was predicted at {row['steady state predicted']} and measured at {steady}"
         )
     return out + f". Verdict: **{row['verdict']}**."
-
-
-def sglang_reading(table: pd.DataFrame, skipped: list[str] | None = None) -> str:
-    """Markdown: SGLang's flags chosen by replay (`engine_choice.grown_tree`), the fastest by expected
-    speed-up, and how tau moves with the budget; why there are none where the table is empty."""
-    if table is None or table.empty:
-        return (
-            "- SGLang's flags: not replayed (no super-trees collected, super_k = 0, or a draft of another "
-            "tokenizer): deploy.txt gives the flags of the recommended tree's size instead."
-        )
-    best = table.loc[table["speedup"].idxmax()]
-    out = (
-        f"- SGLang grows its own tree each step; replaying its rule on this pair's super-trees over "
-        f"{int(table['flags_tried'].sum())} flag settings, the fastest is `{best['line']}`: held-out tau "
-        f"{best['tau_heldout']:.2f}{_bracket(best['tau_heldout_ci_low'], best['tau_heldout_ci_high'])}, expected "
-        f"{best['speedup']:.2f}x{_bracket(best['speedup_ci_low'], best['speedup_ci_high'])} the target alone: "
-        f"{best['verdict']} (also in deploy.txt)."
-    )
-    out += (
-        " Per budget: "
-        + "; ".join(
-            f"{r.budget} draft tokens: {r.num_steps} steps x top-{r.topk}, tau {r.tau_heldout:.2f}"
-            for r in table.itertuples()
-        )
-        + "."
-    )
-    if skipped:
-        out += f" Not replayed ({len(skipped)} settings): the super-trees hold too few nodes for them."
-    return out
