@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.topk_head import TopKHead, draft_head
 from .acceptance import Acceptance
 from .drafting import Draft, Drafter, NoDraft, fill_levels
 from .generation import DrafterRows, GenerationResult, Loop, Meter, Request, RowDrafting
@@ -202,10 +203,18 @@ class BatchModelDrafter(Drafter):
 
     The drafting side of the generation loop for every row at once (`generation.RowDrafting`:
     `draft_rows`), and a `Drafter`: `draft` drafts one sequence as a batch of one, so
-    `speculative_generate` takes it as it takes any drafter."""
+    `speculative_generate` takes it as it takes any drafter.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    head: as `drafting.ModelDrafter`'s: "auto" (default) ranks greedy drafts with a
+    `topk_head.TopKHead` where one pays (`topk_head.draft_head`), the same top-k tokens as the
+    model's own head; sampled drafts use the model's own head. None: always the model's own head;
+    or a TopKHead to use."""
+
+    def __init__(self, model: torch.nn.Module, head: TopKHead | str | None = "auto") -> None:
+        if isinstance(head, str) and head != "auto":
+            raise ValueError(f"head must be 'auto', None or a TopKHead, got {head!r}")
         self.model = model
+        self.head = draft_head(model) if head == "auto" else head
         self.reset()
 
     def reset(self) -> None:
@@ -249,7 +258,9 @@ class BatchModelDrafter(Drafter):
         if self.ragged is None:
             self.ragged = RaggedCache.empty(self.model, len(sequences))
             self.committed = [[] for _ in sequences]
-        logits = self._advance(sequences)  # [B, V]
+        # k at each depth's parents: the TopKHead's exact top k (the children chosen there); 0: the model's head
+        k = [lv.width if self.head is not None and sampling.greedy else 0 for lv in tree.levels] + [0]
+        logits = self._advance(sequences, k[0])  # [B, V]
         b = len(sequences)
         roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
         fed_nodes: list[int] = []  # nodes fed so far, in scratch-column order
@@ -261,16 +272,18 @@ class BatchModelDrafter(Drafter):
             valid = torch.ones(b, len(fed), dtype=torch.bool)  # host
             positions = (roots + level.depth)[:, None].expand(b, len(fed))
             fed_nodes.extend(fed)
-            return block_forward(self.model, self.ragged, ids, positions, visible, valid)
+            head = self.head if k[level.depth] else None
+            return block_forward(self.model, self.ragged, ids, positions, visible, valid, head=head, k=k[level.depth])
 
         draft = fill_levels(tree, logits[:, None], sampling, generators, feed, draw=draw_rows)
         discard(self.ragged)
         return [Draft(draft.tokens[r], None if draft.q is None else draft.q[r]) for r in range(b)]
 
-    def _advance(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _advance(self, sequences: Sequence[Sequence[int]], k: int = 0) -> torch.Tensor:
         """Feed each row what its cache lacks (at least its root); float32 logits [B, V] at each
-        root. A row whose sequence departs from what its cache holds (a text re-encoded from an
-        earlier point) keeps the common prefix and is fed from there."""
+        root (top `k` exact from the TopKHead where k > 0, else the model's own head's). A row whose
+        sequence departs from what its cache holds (a text re-encoded from an earlier point) keeps the
+        common prefix and is fed from there."""
         new = []
         for b, seq in enumerate(sequences):
             held, same = self.committed[b], 0
@@ -282,7 +295,8 @@ class BatchModelDrafter(Drafter):
                 truncate(self.ragged, b, same)
             new.append(list(seq[same:]))
         block, columns = causal_block(self.ragged, new)
-        root_logits = block_forward(self.model, self.ragged, *block, logits_to_keep=1)[
+        head = self.head if k else None
+        root_logits = block_forward(self.model, self.ragged, *block, logits_to_keep=1, head=head, k=k)[
             :, -1
         ].float()  # [B, V]: each root
         commit(self.ragged, columns)

@@ -32,6 +32,7 @@ import torch
 from transformers import DynamicCache
 
 from ..kernels.gqa_sdpa import GQA_SDPA, RowSpans
+from ..kernels.topk_head import TopKHead
 from .cache import crop, new_cache
 from .masks import attention_implementation, model_mask
 
@@ -67,6 +68,8 @@ def block_forward(
     visible: torch.Tensor,
     valid: torch.Tensor,
     logits_to_keep: int = 0,
+    head: TopKHead | None = None,
+    k: int = 0,
 ) -> torch.Tensor:
     """Logits [B, M', V] (model dtype; M' = M, or the last `logits_to_keep` columns) of one block.
 
@@ -74,7 +77,8 @@ def block_forward(
     scratch columns (the S = width - base appended since the last commit, then this block) each
     block entry sees besides its row's committed tokens. valid: bool [B, M], False for padding
     entries (they see only themselves; nobody sees them). After the call the cache holds the block
-    as scratch."""
+    as scratch. head: a `topk_head.TopKHead` for the model's LM head (float32 logits whose top `k`
+    per entry are exact, as `forward.forward` takes it); None: the model's own head."""
     device = model.device
     b, m = ids.shape
     width = ragged.width
@@ -95,16 +99,19 @@ def block_forward(
     tail[:, :, scratch:] |= torch.eye(m, dtype=torch.bool, device=device)[None]  # every entry sees itself
     mask = torch.cat([committed & valid[:, :, None], tail], dim=2)  # [B, M, width + M]
     spans = row_spans(model, ragged, mask[:, None])
-    out = model(
-        input_ids=ids.to(device),
-        position_ids=positions.to(device),
-        attention_mask=model_mask(mask[:, None], model, model.dtype),
-        cache=ragged.cache,
-        use_cache=True,
-        logits_to_keep=logits_to_keep,
+    inputs = {
+        "input_ids": ids.to(device),
+        "position_ids": positions.to(device),
+        "attention_mask": model_mask(mask[:, None], model, model.dtype),
+        "cache": ragged.cache,
+        "use_cache": True,
         **({} if spans is None else {"row_spans": spans}),
-    )
-    return out.logits
+    }
+    if head is not None:
+        hidden = model.model(**inputs).last_hidden_state  # [B, M, H]
+        hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return head(hidden, k).reshape(*hidden.shape[:2], -1)
+    return model(**inputs, logits_to_keep=logits_to_keep).logits
 
 
 RUN_COST = 512  # a run of rows in a split read (`row_spans`) costs about what reading this many keys does

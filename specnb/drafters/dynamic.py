@@ -125,7 +125,7 @@ class BatchDynamicDrafter(BatchModelDrafter):
     def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6) -> None:
         if n < 1 or top_k < 1 or max_depth < 1:
             raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
-        super().__init__(model)
+        super().__init__(model, head=None)  # scores read every child's log q: the model's own head
         self.n, self.top_k, self.max_depth = n, top_k, max_depth
         self.default_tree = Tree.chain(max_depth)
 
