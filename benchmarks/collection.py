@@ -15,11 +15,12 @@ prompt (--super), the continuations compared token for token (equal, or differen
 reported near tie), and the machine's decode step of the target (`notebook.estimate.decode_ms`: the
 scale for another machine).
 
-And the floor, measured in the same run: every prompt and its continuation through the target in one
-forward (batch 1), the least arithmetic any path that passes every token through the target once does,
-plus the batched path's own draft work (ranks). Where the target's arithmetic, not its weights' reads,
-bounds a step (a CPU: a batch of a few dozen rows is already so), no batching beats it, and the one
-prompt path's time over it is the most this machine allows. The last line:
+And a floor, measured in the same run: every prompt and its continuation through the target in one
+forward (batch 1; the LM head on as many positions as decoding computes), the least arithmetic
+any path that passes every token through the target once does, plus the batched path's own draft work
+(ranks). Where the target's arithmetic, not its weights' reads, bounds a step, no batching beats it; the
+one-prompt path's time over it estimates the most batching could gain on this machine (one timing of
+each: a shared machine's speed moves between them). The last line:
 `collection_speedup=<x> with_super_trees=<y> bound=<z> continuations_equal=<n>/<N> ties=<k> decode_ms=<d>`.
 
     python benchmarks/collection.py            # 26 Spec-Bench prompts (two per category), 128 tokens
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"floor: every prompt and continuation through the target in one forward each {target_s:.1f} s, "
         f"the batched path's ranks {draft_s:.1f} s: the batched path takes {batched[1] / (target_s + draft_s):.2f}x "
-        f"the floor; the one-prompt path's time over it, {bound:.2f}x, is the most this machine allows",
+        f"the floor; the one-prompt path's time over it, {bound:.2f}x, estimates the most batching could gain here",
         flush=True,
     )
     verdicts = [
@@ -125,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def teacher_forced(target: torch.nn.Module, prompt, tokens) -> float:
-    """Seconds of one batch-1 forward of the target over a prompt and its continuation (its last logits)."""
+    """Seconds of one batch-1 forward of the target over a prompt and its continuation, the LM head on as
+    many positions as the continuation has tokens (what decoding them computes)."""
     seq = torch.cat([torch.as_tensor(prompt), torch.as_tensor(tokens)]).long()
     start = time.perf_counter()
-    forward(target, new_cache(target), seq, logits_to_keep=1)
+    forward(target, new_cache(target), seq, logits_to_keep=max(len(tokens), 1))
     return time.perf_counter() - start
 
 
