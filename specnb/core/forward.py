@@ -51,7 +51,14 @@ def forward(
         "cache": cache,
         "use_cache": True,
     }
-    if head is not None:
-        hidden = model.model(**inputs).last_hidden_state[0]  # [n, H]
-        return head(hidden[-logits_to_keep:] if logits_to_keep else hidden, k)
-    return model(**inputs, logits_to_keep=logits_to_keep).logits[0]
+    return logits(model, inputs, logits_to_keep, head, k)[0]
+
+
+def logits(model: torch.nn.Module, inputs: dict, logits_to_keep: int, head: TopKHead | None, k: int) -> torch.Tensor:
+    """Logits [B, M', V] of a forward with `inputs` (the model's keyword arguments): the model's own head
+    on the last `logits_to_keep` positions (0: all), or the TopKHead `head` (top `k` exact) on them."""
+    if head is None:
+        return model(**inputs, logits_to_keep=logits_to_keep).logits
+    hidden = model.model(**inputs).last_hidden_state  # [B, M, H]
+    hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+    return head(hidden, k).reshape(*hidden.shape[:2], -1)

@@ -34,6 +34,7 @@ from transformers import DynamicCache
 from ..kernels.gqa_sdpa import GQA_SDPA, RowSpans
 from ..kernels.topk_head import TopKHead
 from .cache import crop, new_cache
+from .forward import logits
 from .masks import attention_implementation, model_mask
 
 
@@ -107,11 +108,7 @@ def block_forward(
         "use_cache": True,
         **({} if spans is None else {"row_spans": spans}),
     }
-    if head is not None:
-        hidden = model.model(**inputs).last_hidden_state  # [B, M, H]
-        hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return head(hidden, k).reshape(*hidden.shape[:2], -1)
-    return model(**inputs, logits_to_keep=logits_to_keep).logits
+    return logits(model, inputs, logits_to_keep, head, k)
 
 
 RUN_COST = 512  # a run of rows in a split read (`row_spans`) costs about what reading this many keys does
