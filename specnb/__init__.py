@@ -29,7 +29,7 @@ Layers, each a folder; a layer imports only the layers above it in this list (te
                   (in process or on Ray), replay, redraft, batch, learned-drafter and long-generation
                   studies
     notebook/     running the notebooks: runner, session, plots, legibility, readings, report, and
-                  the profiles' costs (profile_memory, t4_estimate, dryrun stand-ins)
+                  the profiles' costs (estimate: time and memory; dryrun stand-ins)
 
 The names below are importable from `specnb` directly; every module is imported by its folder
 (`from specnb.analysis import replay`).

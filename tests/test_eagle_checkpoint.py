@@ -205,7 +205,7 @@ def test_published_entries_match_their_base_models_where_committed():
 def test_download_size_is_eagles_fc_layer_and_embedding():
     """EAGLE-Vicuna-7B-v1.3 by hand: fc 8192 x 4096 + 4096, attention 4 x 4096^2, MLP 3 x 4096 x 11008,
     the post-attention norm 4096 (0.236 B: EAGLE's "0.24B"), and the embedding 32000 x 4096, in float32."""
-    from specnb.notebook.profile_memory import published_download
+    from specnb.notebook.estimate import published_download
 
     row = published_download("yuhuili/EAGLE-Vicuna-7B-v1.3")
     layer = 8192 * 4096 + 4096 + 4 * 4096**2 + 3 * 4096 * 11008 + 4096

@@ -90,16 +90,13 @@ def test_the_runner_loads_no_model_classes():
     assert out.stdout.strip() == "False", "importing the runner imported transformers.modeling_utils"
 
 
-def test_the_report_estimate_and_figure_check_load_no_torch():
-    """Their commands read runs from disk (`places.default_outputs`): none needs torch, which would
+def test_the_report_and_figure_check_load_no_torch():
+    """Their commands read runs from disk (`places.default_outputs`): neither needs torch, which would
     cost seconds of import for a report."""
-    code = (
-        "import sys, specnb.notebook.report, specnb.notebook.estimate, specnb.notebook.legibility\n"
-        "print('torch' in sys.modules)\n"
-    )
+    code = "import sys, specnb.notebook.report, specnb.notebook.legibility\nprint('torch' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "False", "importing the report, the estimate or the figure check imported torch"
+    assert out.stdout.strip() == "False", "importing the report or the figure check imported torch"
 
 
 def test_top_level_names_resolve():

@@ -9,9 +9,8 @@ from transformers import LlamaConfig
 
 from specnb.analysis.memory import kv_cache_bytes, nf4_linear_bytes, weight_bytes
 from specnb.io.model_configs import config_of
-from specnb.notebook.profile_memory import T4_USABLE, memory_markdown, profile_memory
+from specnb.notebook.estimate import PART_NAMES, T4_USABLE, gb, memory_markdown, profile_memory
 from specnb.notebook.profiles import notebooks, resolve
-from specnb.notebook.run_memory import PART_NAMES, gb
 
 
 def tiny(tied: bool) -> LlamaConfig:
@@ -88,7 +87,7 @@ def test_every_t4_notebook_fits_a_t4_and_the_t4_page_says_so():
     assert PART_NAMES["grid"] in table and PART_NAMES["training"] not in table  # only parts some notebook has
     t4_page = (Path(__file__).resolve().parents[1] / "docs" / "t4.md").read_text()
     assert table in t4_page, (
-        "docs/t4.md's memory table is profile_memory's output (python -m specnb.notebook.profile_memory t4)"
+        "docs/t4.md's memory table is profile_memory's output (python -m specnb.notebook.estimate memory t4)"
     )
     smaller = memory_markdown("t4", usable=int(5e9))  # a smaller device: the notebooks that do not fit say so
     assert "| 06_batch_size |" in smaller and "**NO** |" in smaller.split("| 06_batch_size |")[1].splitlines()[0]
@@ -100,7 +99,7 @@ def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_colab_page_
     32000 x 4096) float16 values; the published EAGLE head: fc, one layer and the embedding in float32."""
     from pathlib import Path
 
-    from specnb.notebook.profile_memory import FREE_DRIVE, download_markdown, drive_warning, profile_downloads
+    from specnb.notebook.estimate import FREE_DRIVE, download_markdown, drive_warning, profile_downloads
 
     rows = {r.name: r for r in profile_downloads("t4")}
     assert rows["meta-llama/Llama-2-7b-hf"].parameters == 6_738_415_616
@@ -125,23 +124,38 @@ def test_the_t4_profile_downloads_what_its_configs_add_up_to_and_the_colab_page_
 
 
 def test_the_t4_time_estimate_adds_up_from_its_parts_and_is_the_t4_pages():
-    """docs/t4.md's T4 time is `t4_estimate`'s output, so it cannot drift from the profile; its parts
+    """docs/t4.md's T4 time is `estimate.t4_time`'s output, so it cannot drift from the profile; its parts
     follow the profile's sizes (twice the tokens in 04: its generations cost more)."""
     from dataclasses import replace
     from pathlib import Path
 
-    from specnb.notebook import t4_estimate as est
+    from specnb.notebook import estimate as est
 
-    table = est.estimate("t4")
+    table = est.t4_time("t4")
     assert set(table["notebook"]) == {"set-up", "01", "02", "03", "04", "05", "06"}
     assert (table["seconds"] >= 0).all() and abs(
         table["seconds"].sum() - (table["count"] * table["each_s"]).sum()
     ) < 1e-6
     t4_page = (Path(__file__).resolve().parents[1] / "docs" / "t4.md").read_text()
-    assert est.estimate_markdown("t4") in t4_page, "docs/t4.md's T4 estimate is this module's output"
+    assert est.t4_markdown("t4") in t4_page, "docs/t4.md's T4 estimate is this module's output"
     c = est.Costs(est.T4Figures.published())
     step = c.step("meta-llama/Llama-2-7b-hf", "4bit")
     assert 0.1 < step < 0.2  # ~2x Qwen2.5-3B's 60.8 ms: about twice its nf4 bytes
     assert abs(c.verify("meta-llama/Llama-2-7b-hf", "4bit", 8) / step - 1.6) < 1e-9  # the published 8-row point
-    slower = est.estimate("t4", replace(est.T4Figures.published(), tau=1.25))
+    slower = est.t4_time("t4", replace(est.T4Figures.published(), tau=1.25))
     assert slower["seconds"].sum() > table["seconds"].sum()
+
+
+def test_one_command_gives_each_notebooks_time_on_a_t4_or_a_cpu_and_its_memory(capsys):
+    """`python -m specnb.notebook.estimate`: the T4 time from published figures, a CPU's from the profile's
+    reference runs scaled by a decode step (only the notebooks the profile runs), the memory table."""
+    from specnb.notebook import estimate as est
+
+    assert est.main(["time", "t4"]) == 0 and est.t4_markdown("t4") in capsys.readouterr().out
+    reference = est.reference(["course", "cpu"])[1]
+    assert est.main(["time", "course", "--device", "cpu", "--decode-ms", str(2 * reference.decode_ms)]) == 0
+    said = capsys.readouterr().out
+    assert "01_tree_shapes" in said and "04_long_generation" not in said, "course runs 01-03 and 07 only"
+    assert f"{2 * reference.decode_ms:.0f} ms (given)" in said
+    assert est.main(["memory", "t4"]) == 0 and est.memory_markdown("t4") in capsys.readouterr().out
+    assert est.main(["time", "no-such-profile"]) == 2 and "no-such-profile" in capsys.readouterr().err

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from specnb.notebook import t4_estimate as est
-from specnb.notebook.profile_memory import profile_memory
+from specnb.notebook import estimate as est
+from specnb.notebook.estimate import profile_memory
 
 BIG = 12 + 12 * 12  # {"branching": [12, 12]}: more nodes than any tree of the t4 profile (128)
 
@@ -30,7 +30,7 @@ def test_a_custom_tree_larger_than_every_budget_costs_memory_and_time(tmp_path):
     assert big["03_tree_attention_timing"].grid > plain["03_tree_attention_timing"].grid  # timed at every point
     assert big["04_long_generation"] == plain["04_long_generation"]  # 04 takes no trees of the user's
 
-    table, more = est.estimate("t4"), est.estimate("t4", files=[mine])
+    table, more = est.t4_time("t4"), est.t4_time("t4", files=[mine])
     by, more_by = table.groupby("notebook")["seconds"].sum(), more.groupby("notebook")["seconds"].sum()
     for notebook in ("01", "03", "06"):
         assert more_by[notebook] > by[notebook], notebook
@@ -41,4 +41,4 @@ def test_a_custom_tree_larger_than_every_budget_costs_memory_and_time(tmp_path):
     before, after = redrafted(table), redrafted(more)
     assert len(before) == len(after) == 1
     trees = lambda part: int(re.search(r"\((\d+) trees", part).group(1))  # noqa: E731
-    assert trees(after[0]) == trees(before[0]) + 1 + len(est.resolved("t4", [])["02_model_pairs"]["shapes"])
+    assert trees(after[0]) == trees(before[0]) + 1 + len(est.profile_params("t4", [])["02_model_pairs"]["shapes"])

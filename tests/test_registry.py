@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from conftest import ROOT, tiny_notebook
 
-from specnb.notebook import parameters, registry, run_memory, runner, t4_estimate
+from specnb.notebook import estimate, parameters, registry, runner
 from specnb.notebook.places import NOTEBOOKS
 from specnb.notebook.profiles import RunnerError, declared_parameters
 
@@ -22,9 +22,9 @@ SPECS = registry.specs()
 def test_every_notebook_declares_a_spec_the_code_can_read(spec):
     declared = declared_parameters(NOTEBOOKS / f"{spec.stem}.ipynb")
     assert spec.declared and spec.purpose and spec.title, spec.stem
-    assert spec.memory in run_memory.RULES and spec.t4 in t4_estimate.RULES
+    assert spec.estimate in estimate.RULES
     assert set(spec.rules.values()) <= set(parameters.NARROW) and set(spec.rules) <= set(declared)
-    assert set(spec.lower) <= set(run_memory.PART_NAMES)
+    assert set(spec.lower) <= set(estimate.PART_NAMES)
     named = {n for names in spec.lower.values() for n in names if n.isidentifier()}
     assert named <= set(declared), f"{spec.stem}: lower names {sorted(named - set(declared))}, not its parameters"
     assert all(registry.stem(name) for name in spec.reads)
@@ -55,9 +55,9 @@ def test_no_notebook_is_named_by_its_number_in_the_package():
 def test_a_spec_with_an_unknown_key_is_refused_with_what_is_allowed(tmp_path):
     path = tiny_notebook(tmp_path / "01_odd.ipynb", 'run_dir: str = ""  # folder')
     nb = nbformat.read(path, as_version=4)
-    nb.metadata["specnb"] = {"purpose": "odd", "memroy": "generation"}
+    nb.metadata["specnb"] = {"purpose": "odd", "estimat": "generation"}
     nbformat.write(nb, path)
-    with pytest.raises(registry.SpecError, match=r"unknown keys \['memroy'\]; allowed: .*'memory'"):
+    with pytest.raises(registry.SpecError, match=r"unknown keys \['estimat'\]; allowed: .*'estimate'"):
         registry.read_spec(path)
     nb.metadata["specnb"] = {"headline": "x.png"}  # a headline alone: an undeclared notebook, its figure kept
     nbformat.write(nb, path)
@@ -70,9 +70,8 @@ MINE = {
     "headline": "mine.png",
     "writes": ["mine.csv", "mine.png"],
     "written_last": "mine.csv",
-    "memory": "generation",
+    "estimate": "generation",
     "lower": {"weights": ["target", "draft"], "kv_cache": ["max_new_tokens"]},
-    "t4": "generation",
     "rules": {"draft": "model"},
 }
 
@@ -116,20 +115,20 @@ def test_a_new_notebook_is_the_notebook_and_its_spec(tmp_path, monkeypatch, caps
     nb.metadata["specnb"] = MINE
     nbformat.write(nb, path)
 
-    memory = run_memory.estimate_run("08_mine", params, device="cpu", folder=books)
-    larger = run_memory.estimate_run("08_mine", params | {"max_new_tokens": 4096}, device="cpu", folder=books)
+    memory = estimate.notebook_memory("08_mine", params, device="cpu", folder=books)
+    larger = estimate.notebook_memory("08_mine", params | {"max_new_tokens": 4096}, device="cpu", folder=books)
     assert memory.weights > 0 and larger.kv_cache > memory.kv_cache and not memory.notes, memory.describe()
-    said = run_memory.refusal(memory, memory.total // 2, "a test", books)
+    said = estimate.refusal(memory, memory.total // 2, "a test", books)
     assert "weights" in said and "target, draft" in said, said
 
-    table = t4_estimate.estimate("mine", folder=books)
+    table = estimate.t4_time("mine", folder=books)
     mine = table[table["stem"] == "08_mine"]
     assert set(mine["notebook"]) == {"08"} and mine["seconds"].sum() > 0
     assert "chain:4: 64 tokens x 1 caches" in set(mine["part"])
 
     report = tiny_notebook(books / "09_summary.ipynb", 'run_dir: str = ""  # folder', "pass")
     nb = nbformat.read(report, as_version=4)
-    nb.metadata["specnb"] = {"purpose": "my report", "reads": ["mine"], "publish": True, "memory": "none", "t4": "none"}
+    nb.metadata["specnb"] = {"purpose": "my report", "reads": ["mine"], "publish": True, "estimate": "none"}
     nbformat.write(nb, report)
     assert registry.report_notebook(books).stem == "09_summary"
 
@@ -146,8 +145,6 @@ def test_a_new_notebook_is_the_notebook_and_its_spec(tmp_path, monkeypatch, caps
 
 def test_the_t4_profile_estimates_every_notebook_that_runs_a_model():
     """The runner's estimate for a T4 profile takes the T4 time estimate's rows by their stems."""
-    from specnb.notebook import estimate
-
     plan = estimate.plan("t4", ["t4"], [s.stem for s in SPECS])
     for spec in SPECS:
-        assert (plan.estimates[spec.stem] or 0) > 0 or spec.t4 == "none", spec.stem
+        assert (plan.estimates[spec.stem] or 0) > 0 or spec.estimate == "none", spec.stem

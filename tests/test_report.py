@@ -846,9 +846,9 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
 
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert estimate.REFERENCE_FILE.name in shipped["specnb.notebook"], "an installed specnb reads it too"
-    from specnb.notebook.t4_estimate import FIGURES_FILE
-
-    assert FIGURES_FILE.name in shipped["specnb.notebook"], "the T4 estimate's inputs: data an installed specnb reads"
+    assert estimate.FIGURES_FILE.name in shipped["specnb.notebook"], (
+        "the T4 estimate's inputs: data an installed specnb reads"
+    )
 
 
 def test_record_reads_the_runs_where_the_runner_writes_them(tmp_path, monkeypatch, capsys):

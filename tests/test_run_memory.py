@@ -1,4 +1,4 @@
-"""A run's memory estimate before any model loads (`notebook.run_memory`): the arithmetic by hand on a
+"""A run's memory estimate before any model loads (`notebook.estimate`): the arithmetic by hand on a
 tiny config in a local folder, the estimate growing with the parameters that size it, a run far
 beyond this machine refused with its figures, and every profile's own parameters accepted."""
 
@@ -10,17 +10,17 @@ from transformers import LlamaConfig
 from specnb.analysis.memory import weight_bytes
 from specnb.core.trees import Tree
 from specnb.experiments.checks import ParameterError
-from specnb.notebook.places import PROFILES
-from specnb.notebook.profiles import declared_parameters, notebooks, resolve
-from specnb.notebook.run_memory import (
+from specnb.notebook.estimate import (
     RUNTIME,
     RunMemory,
     available_bytes,
     check_run_memory,
-    estimate_run,
     forward_bytes,
+    notebook_memory,
     widest_rank,
 )
+from specnb.notebook.places import PROFILES
+from specnb.notebook.profiles import declared_parameters, notebooks, resolve
 
 GIB24 = (24 * 2**30, "24 GiB, the test's machine")
 T4_MEMORY = 15e9  # a T4's 15 GB
@@ -80,7 +80,7 @@ def test_a_tiny_pair_by_hand(tiny):
         max_prompt_tokens=50,
         max_new_tokens=7,
     )
-    m = estimate_run("06_batch_size", params, device="cpu")
+    m = notebook_memory("06_batch_size", params, device="cpu")
     # parameters: embeddings and LM head 2 x 101 x 24 = 4848; a layer 576 + 288 + 288 + 576 + 3 x 960 + 2 x 24 = 4656,
     # three of them 13968; the final norm 24: 18840, float32 on a CPU, target and draft
     assert m.weights == 2 * 18840 * 4
@@ -109,7 +109,7 @@ def test_02_holds_a_model_a_later_pair_uses(tmp_path):
         {"target": str(small), "draft": str(small), "draft_layers": 1, "methods": ["chain:2048"]},
         {"target": str(big), "draft": str(small)},
     ]
-    m = estimate_run("02_model_pairs", defaults("02_model_pairs", pairs=pairs, methods=["chain:4"]), device="cpu")
+    m = notebook_memory("02_model_pairs", defaults("02_model_pairs", pairs=pairs, methods=["chain:4"]), device="cpu")
     w_big, w_small = (weight_bytes(tiny_config(n)).total * 2 for n in (7, 2))  # float16 bytes x 2: float32
     assert m.weights == w_big + 2 * w_small  # the one-layer draft is counted whole: it is cut after loading
     assert "pair 2 of 3" in m.notes[0] and "3 models held" in m.notes[0]
@@ -132,8 +132,8 @@ def test_02_holds_a_model_a_later_pair_uses(tmp_path):
 )
 def test_the_estimate_grows_with_what_sizes_it(tiny, notebook, name, small, large, part):
     base = defaults(notebook, target=tiny, draft=tiny)
-    lo = estimate_run(notebook, {**base, name: small}, device="cpu")
-    hi = estimate_run(notebook, {**base, name: large}, device="cpu")
+    lo = notebook_memory(notebook, {**base, name: small}, device="cpu")
+    hi = notebook_memory(notebook, {**base, name: large}, device="cpu")
     assert lo.parts()[part] < hi.parts()[part] and lo.total < hi.total
 
 
@@ -148,13 +148,13 @@ def test_widest_rank_is_the_presets(shape, nodes):
 
 
 def test_an_unsized_model_counts_zero_and_says_so():
-    m = estimate_run("04_long_generation", defaults("04_long_generation", target="no-such-model", draft=""), "cpu")
+    m = notebook_memory("04_long_generation", defaults("04_long_generation", target="no-such-model", draft=""), "cpu")
     assert m.weights == m.kv_cache == 0 and "no-such-model" in m.describe()
 
 
 def test_a_huge_budget_is_refused_with_its_figures():
     params = resolve("cpu", {"budgets": [100000]}, [], notebooks(), PROFILES)["01_tree_shapes"]
-    memory = estimate_run("01_tree_shapes", params)
+    memory = notebook_memory("01_tree_shapes", params)
     assert memory.total > 10 * GIB24[0]  # the 100000-node mask alone is 10^10 x 5 bytes, whatever the models
     with pytest.raises(ParameterError) as refused:
         check_run_memory({"01_tree_shapes": params, "04_long_generation": {}}, GIB24)
@@ -175,7 +175,7 @@ def test_the_t4_profile_fits_a_t4():
     pytest.importorskip("bitsandbytes")
     resolved = resolve("t4", {}, [], notebooks(), PROFILES)
     for notebook, params in resolved.items():
-        memory = estimate_run(notebook, params, device="cuda")
+        memory = notebook_memory(notebook, params, device="cuda")
         loads_models = notebook != "07_report"  # the report reads the runs' tables only
         assert (memory.weights > 2e9) == loads_models and memory.total < T4_MEMORY, memory.describe()
 

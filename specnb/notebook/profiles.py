@@ -9,8 +9,8 @@
     hub_models, published_heads, strings_in   the hub models and published heads parameters name
     parse_value            a -p value as YAML reads it
 
-`notebook.runner` documents the profile format; `notebook.profile_memory` and `notebook.t4_estimate`
-read profiles through this module too.
+`notebook.runner` documents the profile format; `notebook.estimate` reads profiles through this
+module too.
 """
 
 from __future__ import annotations

@@ -11,13 +11,12 @@ for a notebook by its name (the stem without its number, `stem("model_pairs")`).
         "reads": ["tree_shapes", ...],          notebooks whose runs it reads (by name)
         "decode": true,                         its target's decode step scales the time estimates
         "publish": true,                        the report: its executed copy is published (outputs/report.*)
-        "memory": "tree_shapes",                its memory rule (`run_memory.RULES`)
+        "estimate": "tree_shapes",              its memory and T4 time rule (`estimate.RULES`)
         "lower": {"weights": ["target", ...]},  the parameters that size each memory part (a refusal names them)
-        "t4": "tree_shapes",                    its T4 time rule (`t4_estimate.RULES`)
         "rules": {"draft": "model"}}}           parameter rules narrower than the shared ones (`parameters.NARROW`)
 
 Who reads it: the runner (which notebook times the decode step, which one is published), the parameter
-check (`rules`), the memory and time estimates (`memory`, `lower`, `t4`), the index (`purpose`,
+check (`rules`), the memory and time estimates (`estimate`, `lower`), the index (`purpose`,
 `headline`) and the report (`reads`, `title`, `written_last`). Adding a notebook is the notebook with
 its spec; a notebook without one is sized by the generic rules (`DEFAULT`), and says so.
 
@@ -57,9 +56,8 @@ class NotebookSpec:
     reads: tuple[str, ...] = ()
     decode: bool = False
     publish: bool = False
-    memory: str = "generation"
+    estimate: str = "generation"
     lower: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    t4: str = "generation"
     rules: dict[str, str] = field(default_factory=dict)
     declared: bool = True
 

@@ -30,7 +30,7 @@ tables and figures the notebook writes there. A finished run is never
 overwritten: the same parameters again get a new folder. An interrupted run resumes in its folder
 (the notebooks' sweeps skip finished units); a live run holds its folder (`execution.RunLock`), and a
 second run of it is refused. Every parameter is checked against its type and range
-(`notebook.parameters`) and the run's memory estimated (`notebook.run_memory`) before any model loads.
+(`notebook.parameters`) and the run's memory estimated (`notebook.estimate`) before any model loads.
 A notebook ends finished, failed (a cell's error, a dead kernel) or interrupted (Ctrl-C, SIGTERM,
 SIGHUP: exit status 130), each recorded in params.json (`execution.execute`). `outputs/index.md` and
 `index.html` list every run (`report.write_index`), with each run's headline figure, and the
@@ -68,11 +68,10 @@ from ..io.model_configs import hub_model
 from ..io.sources import TOKEN_HELP, offline, token_visible
 from ..io.storage import environment, read_json, write_json
 from ..io.tree_spec import TreeSpecError, parse_custom_trees
-from . import estimate, parameters, registry, run_memory
+from . import estimate, parameters, registry
 from .dryrun import install_standins
 from .execution import RunLock, RunLockedError, execute, signals_ignored, stop_signals
 from .places import NOTEBOOKS, default_outputs
-from .profile_memory import drive_warning
 from .profiles import (
     RunnerError,
     RunnerSettings,
@@ -154,7 +153,7 @@ def run(
     with contextlib.ExitStack() as locks, applied_environment(env):
         check_tokens(resolved)
         install_models(resolved)
-        warning = drive_warning(profile, dict(os.environ)) if hub_models(resolved) else None
+        warning = estimate.drive_warning(profile, dict(os.environ)) if hub_models(resolved) else None
         if warning:
             print(warning, file=sys.stderr, flush=True)
         if settings.standins:
@@ -385,9 +384,9 @@ def check_parameters(books: list[Path], resolved: dict[str, dict[str, Any]]) -> 
 
 def check_memory(resolved: dict[str, dict[str, Any]], books_folder: Path = NOTEBOOKS) -> None:
     """RunnerError, before any model loads, when a notebook's estimated memory exceeds what this
-    machine has (`notebook.run_memory`)."""
+    machine has (`notebook.estimate`)."""
     try:
-        run_memory.check_run_memory(resolved, folder=books_folder)
+        estimate.check_run_memory(resolved, folder=books_folder)
     except ParameterError as e:
         raise RunnerError(str(e)) from None
 

@@ -42,10 +42,10 @@ from ..core.trees import Tree
 from ..io.prompts import PromptSummary
 from ..io.storage import environment, write_json
 from ..io.tree_spec import ShapeRule, parse_custom_shapes, parse_custom_trees
+from .estimate import check_run_memory
 from .parameters import check_parameters
 from .places import NOTEBOOKS, default_outputs
 from .profiles import declared_parameters, resolve, strings_in
-from .run_memory import check_run_memory
 from .runner import SHARED_RUN_ENV
 
 SHARED_NOTE = "shared_folder.txt"  # in a run folder: the name of the shared folder it used (`shared_folder`)
