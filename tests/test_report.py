@@ -842,6 +842,11 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
         estimate.record(outputs, other)
     assert other.read_text() == estimate.REFERENCE_FILE.read_text()
     assert estimate.record(outputs, other, force=True).runs[-1]["seconds"] == round(on_line / 1.3, 1)
+    other.write_text(estimate.REFERENCE_FILE.read_text())  # the code got faster: the run replaces the others
+    fresh = estimate.record(outputs, other, fresh=True)
+    assert len(fresh.runs) == len(fresh.notebook_runs) == 1 and fresh.line() is None
+    assert fresh.runs[0]["seconds"] == round(on_line / 1.3, 1) and fresh.decode_ms == 150.0
+    assert estimate.load_references(other)["smoke"] == estimate.REFERENCES["smoke"], "other profiles are kept"
     import tomllib
 
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]

@@ -6,7 +6,7 @@ the notebook's resolved parameters and the models' configs. A notebook without a
 
     python -m specnb.notebook.estimate time [PROFILE] [-f FILE ...] [--device t4|cpu] [--decode-ms MS]
     python -m specnb.notebook.estimate memory [PROFILE] [-f FILE ...] [--usable-gb GB]
-    python -m specnb.notebook.estimate record [--outputs DIR] [--force]
+    python -m specnb.notebook.estimate record [--outputs DIR] [--force] [--fresh]
 
 -f: parameter files layered on the profile as `run_notebooks.sh -f` layers them (the user's
 `custom_trees` are counted where the notebooks run them; the T4 time and the memory: a CPU's time is
@@ -18,9 +18,9 @@ module holds per profile the seconds of each notebook on some machine and that m
 speed give each notebook a fixed part and a part per ms of decode (`line_through`), and the runner
 scales them by this machine's decode step, measured in a few seconds before the first notebook
 ($SPECNB_DECODE_MS gives it; "skip" scales nothing). `record` adds a finished run to its profile's
-references. `Progress` prints the time left between notebooks, corrected by how the finished ones
-compared. The estimate is a first figure, not a promise: each run's params.json records the actual time
-beside it ("timing").
+references (--fresh: in place of them, where the code's speed changed). `Progress` prints the time
+left between notebooks, corrected by how the finished ones compared. The estimate is a first figure,
+not a promise: each run's params.json records the actual time beside it ("timing").
 
 Time on a T4 (`t4_time`, the t4 profile's estimate; docs/t4.md's figure is its output): an ESTIMATE
 from published figures and the profile's sizes, not a measurement. Its inputs (`T4Figures`,
@@ -384,13 +384,15 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
-def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> Reference:
+def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fresh: bool = False) -> Reference:
     """The last run under `outputs` (its run_summary.json, written by the runner) as its profile's
     reference: each finished notebook's actual seconds, the decode step the runner measured, and where
     (commit, start, device) from the runs' records. Refused where the run has no finished notebook or
     no measured decode step (its times could not be scaled), and, unless `force`, where the line through
     the profile's recorded runs misses its time by more than `OFF_LINE` (its decode check read the
-    machine's speed wrong, or the machine's speed moved during the run: it would bend every estimate)."""
+    machine's speed wrong, or the machine's speed moved during the run: it would bend every estimate).
+    fresh: the run replaces the profile's recorded runs (the code's speed changed since they were taken:
+    a line through them would price today's notebooks by yesterday's code)."""
     outputs = Path(outputs)
     summary = json.loads((outputs / "run_summary.json").read_text())
     runs = {nb: r for nb, r in summary.get("runs", {}).items() if r.get("status") == "finished"}
@@ -408,7 +410,8 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> R
         f"({(summary.get('plan') or {}).get('decode_how', '')})"
     )
     data = json.loads(Path(path).read_text())
-    earlier = list(data.get(summary["profile"], {}).get("runs", []))
+    kept = {} if fresh else data.get(summary["profile"], {})
+    earlier = list(kept.get("runs", []))
     seconds = {nb: float(r["actual_s"]) for nb, r in runs.items()}
     this = {"decode_ms": round(float(decode), 1), "seconds": round(sum(seconds.values()), 1), "where": where}
     timed = {
@@ -426,7 +429,7 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False) -> R
                 f"more than {OFF_LINE:.0%} off): the decode check may have misread the machine's speed (compare 01's "
                 "verify curve, verify_curve.csv); --force records it anyway"
             )
-    timed_before = list(data.get(summary["profile"], {}).get("notebook_runs", []))
+    timed_before = list(kept.get("notebook_runs", []))
     reference = Reference(seconds, this["decode_ms"], where, (*earlier, this), (*timed_before, timed))
     data[summary["profile"]] = {
         "seconds": seconds,
@@ -1683,10 +1686,14 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="make the last run under OUTPUTS its profile's reference times")
     rec.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
     rec.add_argument("--force", action="store_true", help="record a run far off the line through the recorded runs")
+    rec.add_argument(
+        "--fresh", action="store_true", help="the run replaces the recorded runs (the code's speed changed)"
+    )
     args = ap.parse_args(argv)
     try:
         if args.command == "record":
-            print(f"{REFERENCE_FILE}: {record(args.outputs or default_outputs(), force=args.force).where}")
+            made = record(args.outputs or default_outputs(), force=args.force, fresh=args.fresh)
+            print(f"{REFERENCE_FILE}: {made.where}")
         elif args.command == "memory":
             print(memory_markdown(args.profile, int(args.usable_gb * GB), args.files))
             print("\nDownloads:\n\n" + download_markdown(args.profile))
