@@ -842,10 +842,20 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
         estimate.record(outputs, other)
     assert other.read_text() == estimate.REFERENCE_FILE.read_text()
     assert estimate.record(outputs, other, force=True).runs[-1]["seconds"] == round(on_line / 1.3, 1)
-    other.write_text(estimate.REFERENCE_FILE.read_text())  # the code got faster: the run replaces the others
+    other.write_text(estimate.REFERENCE_FILE.read_text())  # the code got faster: the recorded runs scaled to it
+    shipped = estimate.REFERENCES["cpu"]
     fresh = estimate.record(outputs, other, fresh=True)
-    assert len(fresh.runs) == len(fresh.notebook_runs) == 1 and fresh.line() is None
-    assert fresh.runs[0]["seconds"] == round(on_line / 1.3, 1) and fresh.decode_ms == 150.0
+    fixed, per_ms = shipped.notebook_line("01_tree_shapes")
+    factor = (on_line / 1.3) / (fixed + per_ms * 150.0)  # this run over what the recorded ones say at 150 ms
+    earlier = [r["notebooks"]["01_tree_shapes"] for r in fresh.notebook_runs[:-1]]
+    assert earlier == pytest.approx([factor * r["notebooks"]["01_tree_shapes"] for r in shipped.notebook_runs], abs=0.1)
+    assert all("scaled to the code of" in r["where"] for r in fresh.notebook_runs[:-1])
+    assert all(set(r["notebooks"]) == {"01_tree_shapes"} for r in fresh.notebook_runs), "only notebooks this run timed"
+    fit = fresh.notebook_line("01_tree_shapes")  # the line's level is this run's, its slope the runs' shape
+    assert fit[0] + fit[1] * 150.0 == pytest.approx(on_line / 1.3, rel=1e-3) and fit[1] == pytest.approx(
+        factor * per_ms
+    )
+    assert fresh.line()[0] + fresh.line()[1] * 150.0 == pytest.approx(on_line / 1.3, rel=1e-3)
     assert estimate.load_references(other)["smoke"] == estimate.REFERENCES["smoke"], "other profiles are kept"
     import tomllib
 

@@ -18,9 +18,10 @@ module holds per profile the seconds of each notebook on some machine and that m
 speed give each notebook a fixed part and a part per ms of decode (`line_through`), and the runner
 scales them by this machine's decode step, measured in a few seconds before the first notebook
 ($SPECNB_DECODE_MS gives it; "skip" scales nothing). `record` adds a finished run to its profile's
-references (--fresh: in place of them, where the code's speed changed). `Progress` prints the time
-left between notebooks, corrected by how the finished ones compared. The estimate is a first figure,
-not a promise: each run's params.json records the actual time beside it ("timing").
+references (--fresh: where the code's speed changed, the recorded runs scaled to it first, `rescaled`).
+`Progress` prints the time left between notebooks, corrected by how the finished ones compared. The
+estimate is a first figure, not a promise: each run's params.json records the actual time beside it
+("timing").
 
 Time on a T4 (`t4_time`, the t4 profile's estimate; docs/t4.md's figure is its output): an ESTIMATE
 from published figures and the profile's sizes, not a measurement. Its inputs (`T4Figures`,
@@ -384,6 +385,36 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
+def rescaled(recorded: Mapping[str, Any], seconds: Mapping[str, float], decode: float, where: str) -> dict[str, Any]:
+    """A profile's recorded runs (`recorded`: its reference_times.json entry) scaled to a run of faster
+    or slower code that took `seconds` per notebook at a decode step of `decode` ms: each notebook's
+    earlier times times its time here over what the line through them says at `decode`, each whole run
+    by the same ratio of the whole; a notebook (or a whole) without such a line is dropped."""
+    old = Reference({}, None, "", tuple(recorded.get("runs", ())), tuple(recorded.get("notebook_runs", ())))
+    factor = {}
+    for notebook, t in seconds.items():
+        fit = old.notebook_line(notebook)
+        if fit is not None and fit[0] + fit[1] * decode > 0:
+            factor[notebook] = t / (fit[0] + fit[1] * decode)
+    note = f" (scaled to the code of {where.split(', on ')[0]})"
+    notebook_runs = [
+        {
+            "decode_ms": r["decode_ms"],
+            "notebooks": {nb: round(v * factor[nb], 1) for nb, v in r["notebooks"].items() if nb in factor},
+            "where": r["where"] + note,
+        }
+        for r in old.notebook_runs
+    ]
+    line = old.line()
+    whole = sum(seconds.values()) / (line[0] + line[1] * decode) if line and line[0] + line[1] * decode > 0 else None
+    runs = (
+        []
+        if whole is None
+        else [r | {"seconds": round(r["seconds"] * whole, 1), "where": r["where"] + note} for r in old.runs]
+    )
+    return {"runs": runs, "notebook_runs": [r for r in notebook_runs if r["notebooks"]]}
+
+
 def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fresh: bool = False) -> Reference:
     """The last run under `outputs` (its run_summary.json, written by the runner) as its profile's
     reference: each finished notebook's actual seconds, the decode step the runner measured, and where
@@ -391,8 +422,9 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
     no measured decode step (its times could not be scaled), and, unless `force`, where the line through
     the profile's recorded runs misses its time by more than `OFF_LINE` (its decode check read the
     machine's speed wrong, or the machine's speed moved during the run: it would bend every estimate).
-    fresh: the run replaces the profile's recorded runs (the code's speed changed since they were taken:
-    a line through them would price today's notebooks by yesterday's code)."""
+    fresh: the code's speed changed since the recorded runs were taken: they are kept scaled to this run
+    (`rescaled`), so that they still tell how the time grows with the decode step while this run sets
+    its level (an assumption: the code's change sped up every machine alike)."""
     outputs = Path(outputs)
     summary = json.loads((outputs / "run_summary.json").read_text())
     runs = {nb: r for nb, r in summary.get("runs", {}).items() if r.get("status") == "finished"}
@@ -410,9 +442,11 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
         f"({(summary.get('plan') or {}).get('decode_how', '')})"
     )
     data = json.loads(Path(path).read_text())
-    kept = {} if fresh else data.get(summary["profile"], {})
-    earlier = list(kept.get("runs", []))
     seconds = {nb: float(r["actual_s"]) for nb, r in runs.items()}
+    kept = data.get(summary["profile"], {})
+    if fresh:
+        kept = rescaled(kept, seconds, float(decode), where)
+    earlier = list(kept.get("runs", []))
     this = {"decode_ms": round(float(decode), 1), "seconds": round(sum(seconds.values()), 1), "where": where}
     timed = {
         "decode_ms": this["decode_ms"],
