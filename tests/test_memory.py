@@ -159,3 +159,9 @@ def test_one_command_gives_each_notebooks_time_on_a_t4_or_a_cpu_and_its_memory(c
     assert f"{2 * reference.decode_ms:.0f} ms (given)" in said
     assert est.main(["memory", "t4"]) == 0 and est.memory_markdown("t4") in capsys.readouterr().out
     assert est.main(["time", "no-such-profile"]) == 2 and "no-such-profile" in capsys.readouterr().err
+    assert est.main(["time", "t4", "--device", "cpu"]) == 2 and "--device t4" in capsys.readouterr().err
+    assert est.main(["time", "t4", "--decode-ms", "100"]) == 2 and "--device cpu" in capsys.readouterr().err
+    assert est.main(["time", "cpu", "-f", "x.yaml"]) == 2 and "-f changes no CPU time" in capsys.readouterr().err
+    assert est.main(["memory", "cpu", "--device", "cpu", "--usable-gb", "5"]) == 0
+    said = capsys.readouterr().out  # the cpu profile's models in float32, sized against 5 GB
+    assert "fits in 5 GB" in said and "on a CPU, models in float32" in said and "**NO**" in said

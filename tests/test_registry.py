@@ -59,6 +59,10 @@ def test_a_spec_with_an_unknown_key_is_refused_with_what_is_allowed(tmp_path):
     nbformat.write(nb, path)
     with pytest.raises(registry.SpecError, match=r"unknown keys \['estimat'\]; allowed: .*'estimate'"):
         registry.read_spec(path)
+    nb.metadata["specnb"] = {"purpose": "odd", "memory": "generation", "t4": "generation"}  # the keys of before
+    nbformat.write(nb, path)
+    with pytest.raises(registry.SpecError, match='became one "estimate"'):
+        registry.read_spec(path)
     nb.metadata["specnb"] = {"headline": "x.png"}  # a headline alone: an undeclared notebook, its figure kept
     nbformat.write(nb, path)
     assert registry.read_spec(path).headline == "x.png" and not registry.read_spec(path).declared

@@ -852,9 +852,8 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
     assert all("scaled to the code of" in r["where"] for r in fresh.notebook_runs[:-1])
     assert all(set(r["notebooks"]) == {"01_tree_shapes"} for r in fresh.notebook_runs), "only notebooks this run timed"
     fit = fresh.notebook_line("01_tree_shapes")  # the line's level is this run's, its slope the runs' shape
-    assert fit[0] + fit[1] * 150.0 == pytest.approx(on_line / 1.3, rel=1e-3) and fit[1] == pytest.approx(
-        factor * per_ms
-    )
+    assert fit[0] + fit[1] * 150.0 == pytest.approx(on_line / 1.3, rel=1e-3)
+    assert fit[1] == pytest.approx(factor * per_ms, rel=1e-3)
     assert fresh.line()[0] + fresh.line()[1] * 150.0 == pytest.approx(on_line / 1.3, rel=1e-3)
     assert estimate.load_references(other)["smoke"] == estimate.REFERENCES["smoke"], "other profiles are kept"
     import tomllib

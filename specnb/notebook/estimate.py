@@ -2,15 +2,30 @@
 module for both, any profile, a CPU or a GPU. Each notebook's spec names its rule (`registry`,
 "estimate"; RULES): a rule sizes the notebook's memory part by part and prices its work on a T4, from
 the notebook's resolved parameters and the models' configs. A notebook without a rule of its own takes
-"generation" (its models, caches and the generations of `methods`), and its estimate says so.
+"generation" (its models, caches and the generations of `methods`), and its estimate says so
+(`rule_of`).
 
     python -m specnb.notebook.estimate time [PROFILE] [-f FILE ...] [--device t4|cpu] [--decode-ms MS]
-    python -m specnb.notebook.estimate memory [PROFILE] [-f FILE ...] [--usable-gb GB]
+    python -m specnb.notebook.estimate memory [PROFILE] [-f FILE ...] [--device cuda|cpu] [--usable-gb GB]
     python -m specnb.notebook.estimate record [--outputs DIR] [--force] [--fresh]
 
--f: parameter files layered on the profile as `run_notebooks.sh -f` layers them (the user's
-`custom_trees` are counted where the notebooks run them; the T4 time and the memory: a CPU's time is
-read from reference runs, not computed from sizes).
+-f: parameter files layered on the profile as `run_notebooks.sh -f` layers them (your `custom_trees`,
+notebooks/my_trees.example.yaml, are counted where the notebooks run them). It applies to the T4 time
+and the memory; a CPU's time is read from reference runs, not computed from sizes.
+
+What it holds:
+    decode_ms, given_decode, Reference, REFERENCES, line_through, plan, Plan, Progress, duration,
+    record, rescaled            a CPU's time from reference runs (below)
+    T4Figures, Costs, t4_time, t4_markdown
+                                a T4's time from published figures (docs/t4.md's figure)
+    RunMemory, PART_NAMES, gb, model_config_of, forward_bytes, widest_rank, notebook_memory,
+    available_bytes, check_run_memory, refusal
+                                a notebook's memory, and the check that refuses a run that does not fit
+    custom_trees, custom_trees_of   the custom trees a notebook's parameters name
+    Rule, RULES, rule_of        each notebook's rule: its memory and its T4 time
+    profile_params, profile_memory, memory_markdown, profile_downloads, published_download,
+    download_markdown, drive_warning, cpu_time
+                                a profile's notebooks: their memory table, downloads, CPU time
 
 Time on a CPU (the runner's estimate, `plan`): measured, not modelled. reference_times.json beside this
 module holds per profile the seconds of each notebook on some machine and that machine's decode step
@@ -23,7 +38,8 @@ references (--fresh: where the code's speed changed, the recorded runs scaled to
 estimate is a first figure, not a promise: each run's params.json records the actual time beside it
 ("timing").
 
-Time on a T4 (`t4_time`, the t4 profile's estimate; docs/t4.md's figure is its output): an ESTIMATE
+Time on a T4 (`t4_time`, the t4 profile's estimate; docs/t4.md's figure is its output, a test checks
+that they agree): an ESTIMATE
 from published figures and the profile's sizes, not a measurement. Its inputs (`T4Figures`,
 t4_figures.json: each value with its source or marked as an assumption) and how they combine:
     decode step      a 4-bit target's single-row step: bitsandbytes' published T4 step for Qwen2.5-3B
@@ -59,9 +75,12 @@ estimate and the parameters to lower, its spec's "lower"), part by part (GB = 10
     grid              the largest attention-grid point (before any model loads)
     training          heads trained in float32 with Adam, their loss logits, the distilled rows
     runtime           the interpreter, torch and transformers (CPU), or the CUDA context (GPU)
-The parts are summed although some never coexist: an upper bound, within ~2x of what a run measures
-where the weights dominate. A model whose config cannot be read without its weights counts 0, and
-`describe()` says so: the estimate never raises for a name it cannot size.
+The parts are summed although some never coexist (03's grid runs before its models load; 01's
+replay after its collection): an upper bound, within ~2x of what a run measures where the weights
+dominate. Attention scores are counted as eager attention makes them (SDPA with a mask may not), and
+on CUDA host-side arrays are counted against the device: a refusal errs on the safe side. A model
+whose config cannot be read without its weights counts 0, and `describe()` says so: the memory
+estimate never raises for a name it cannot size.
 
 `memory` also prints what the profile downloads (`profile_downloads`) and whether it fits a free
 Google Drive (`drive_warning`, which the runner prints).
@@ -324,7 +343,12 @@ class Plan:
 def plan(
     profile: str, chain: Sequence[str], books: Sequence[str], decode: tuple[float | None, str] = (None, "")
 ) -> Plan:
-    """Each notebook's estimate (module docstring): `chain` is the profile and those it extends."""
+    """Each notebook's estimate at this machine's decode step (`decode`: ms and how it was had; `chain`:
+    the profile and those it extends, the first with a reference is used): on the line through the
+    notebook's own times at different decode steps (`Reference.notebook_line`); else its share of the
+    reference times of a whole run at this decode step on the line through the profile's runs
+    (`Reference.line`); without such runs, its reference time x (decode here / decode there);
+    unscaled where either decode step is unknown."""
     found = reference(chain)
     if found is None:
         return Plan(profile, None, "", None, decode[0], decode[1], {b: None for b in books})
@@ -657,15 +681,24 @@ def forward_bytes(
 # ---- trees and methods -------------------------------------------------------------------------
 
 
-def _custom_trees(*specs: Any, notes: list[str]) -> dict[str, Tree]:
-    """Custom trees by name; a spec that is not a tree is left out (the runner refuses it first)."""
+def custom_trees(*specs: Any, notes: list[str] | None = None) -> dict[str, Tree]:
+    """Custom trees by name from tree specs (`io.tree_spec`): a spec that is not a tree raises
+    TreeSpecError, or, given `notes`, is left out and said there (the runner refuses it first)."""
     out: dict[str, Tree] = {}
     for spec in specs:
         try:
             out.update(parse_custom_trees(spec))
         except TreeSpecError as e:
+            if notes is None:
+                raise
             notes.append(f"custom_trees not sized ({str(e).splitlines()[0][:60]})")
     return out
+
+
+def custom_trees_of(params: Mapping[str, Any]) -> dict[str, Tree]:
+    """One notebook's custom trees by name (`custom_trees`, and every pair's own): each is verified,
+    timed or costed at its node count where the notebook takes trees."""
+    return custom_trees(params.get("custom_trees"), *(p.get("custom_trees") for p in params.get("pairs") or []))
 
 
 def widest_rank(shape: str, nodes: int) -> int:
@@ -800,7 +833,7 @@ def _tree_shapes_memory(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
     """01: the pair, a collection with super-trees, every shape and budget replayed, Sequoia's trees
     designed at the largest budget, the verify-cost curve, methods checked end to end."""
     target, draft = s.pair(p)
-    custom = _custom_trees(p.get("custom_trees"), notes=s.notes)
+    custom = custom_trees(p.get("custom_trees"), notes=s.notes)
     new = _int(p, "max_new_tokens")
     cache = max(LONGEST_PROMPT + new, _int(p, "verify_prefix"))
     static = _tree_sizes(p.get("shapes") or [], _ints(p, "budgets"), [], custom)
@@ -849,7 +882,7 @@ def _model_pairs_memory(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
     for i, (q, (target_key, draft_key)) in enumerate(zip(pairs, keys)):
         held = {key for key in held if key in {k for later in keys[i:] for k in later}} | {target_key, draft_key}
         target, draft = models[target_key], models[draft_key]
-        custom = _custom_trees(p.get("custom_trees"), q.get("custom_trees"), notes=s.notes)
+        custom = custom_trees(p.get("custom_trees"), q.get("custom_trees"), notes=s.notes)
         trees = _tree_sizes([], [], [*(q.get("methods") or p.get("methods") or []), *(p.get("measure") or [])], custom)
         grid = _tree_sizes(p.get("shapes") or [], _ints(p, "budgets"), [], custom) if p.get("grid") else []
         nodes = max((t.nodes for t in trees + grid), default=0)
@@ -880,7 +913,7 @@ def _attention_memory(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
     """03: the attention grid (no model loaded), then the verify-cost curve of the pair on a cache of
     verify_prefix tokens (the draft's forward up to the widest level, at most the largest tree)."""
     target, draft = s.pair(p)
-    custom = _custom_trees(p.get("custom_trees"), notes=s.notes)
+    custom = custom_trees(p.get("custom_trees"), notes=s.notes)
     cache = _int(p, "verify_prefix")
     nodes = max(_ints(p, "verify_nodes") + [t.num_nodes for t in custom.values()], default=0)
     return s.memory(
@@ -897,7 +930,7 @@ def _generation_memory(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
     """04 (and a notebook without a rule of its own): the pair, the full cache (window 0) of the
     longest generation, its largest tree and the perplexity score of its output."""
     target, draft = s.pair(p)
-    custom = _custom_trees(p.get("custom_trees"), notes=s.notes)
+    custom = custom_trees(p.get("custom_trees"), notes=s.notes)
     new = _int(p, "max_new_tokens")
     cache = LONGEST_PROMPT + new
     nodes = max((t.nodes for t in _tree_sizes([], [], p.get("methods") or [], custom)), default=0)
@@ -912,7 +945,7 @@ def _batch_memory(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
     """06: the largest batch's caches (prompts of at most max_prompt_tokens), its verify forward over
     the largest tree in every row, the replayed collection of its prompts."""
     target, draft = s.pair(p)
-    custom = _custom_trees(p.get("custom_trees"), notes=s.notes)
+    custom = custom_trees(p.get("custom_trees"), notes=s.notes)
     new, batch = _int(p, "max_new_tokens"), max(_ints(p, "batches"), default=1)
     prompt = min(LONGEST_PROMPT, _int(p, "max_prompt_tokens", LONGEST_PROMPT))
     cache = prompt + new
@@ -933,7 +966,7 @@ def _learned_memory(s: _Setting, p: Mapping[str, Any]) -> RunMemory:
     each) and the training step;
     the heads' super-trees (EAGLE-2's trees re-drafted) and replays of every drafter's trees."""
     target, draft = s.pair(p)
-    custom = _custom_trees(p.get("custom_trees"), notes=s.notes)
+    custom = custom_trees(p.get("custom_trees"), notes=s.notes)
     new, distill = _int(p, "max_new_tokens"), _int(p, "distill_tokens")
     prompt = min(LONGEST_PROMPT, _int(p, "max_prompt_tokens", LONGEST_PROMPT))
     rows = max(_int(p, "gen_batch", 1), 1) * (1 + _int(p, "samples"))
@@ -1013,18 +1046,13 @@ def notebook_memory(
     notebook: str, params: Mapping[str, Any], device: str | None = None, folder: Path = NOTEBOOKS
 ) -> RunMemory:
     """The estimate for one notebook (its stem) from its resolved parameters, by the rule its spec
-    names (`registry`; a notebook in `folder` without a spec, or naming no known rule: its models,
-    caches and one forward, and a note says so). device: "cpu" or "cuda" (None: this machine's, CUDA
-    where torch sees it)."""
+    names (`rule_of`: without a spec, or naming no known rule, "generation", and a note says so).
+    device: "cpu" or "cuda" (None: this machine's, CUDA where torch sees it)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = params.get("model_dtype") or ("float16" if device == "cuda" else "float32")
-    setting = _Setting(notebook, device, dtype, [])
-    rule = registry.spec(notebook, folder).estimate
-    if rule not in RULES:
-        setting.notes.append(f"no estimate rule {rule!r} (have {sorted(RULES)}): its models, caches and one forward")
-    elif not registry.spec(notebook, folder).declared:
-        setting.notes.append("no spec in its metadata: its models, caches and one forward only")
-    return RULES.get(rule, RULES["generation"]).memory(setting, params)
+    rule, note = rule_of(notebook, folder)
+    setting = _Setting(notebook, device, dtype, [note] if note else [])
+    return rule.memory(setting, params)
 
 
 # ---- this machine and the check ----------------------------------------------------------------
@@ -1211,10 +1239,10 @@ def t4_time(
     rows = [r | {"stem": "set-up"} for r in rows]
     decoded: set[tuple[str, str | None]] = set()  # targets whose continuations a notebook decoded already
     for stem, params in p.items():
-        spec = registry.spec(stem, folder)
-        if spec.estimate not in RULES:
-            raise KeyError(f"{stem}: its spec names the estimate rule {spec.estimate!r}; known: {sorted(RULES)}")
-        rows += [r | {"stem": stem} for r in RULES[spec.estimate].t4(params, c, spec.number or stem, decoded)]
+        rule, note = rule_of(stem, folder)
+        number = registry.spec(stem, folder).number or stem
+        said = [_row(number, note, 0, 0.0)] if note else []  # why the generic rule sized it
+        rows += [r | {"stem": stem} for r in said + rule.t4(params, c, number, decoded)]
     return pd.DataFrame(rows)
 
 
@@ -1387,8 +1415,9 @@ def _attention_t4(g: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
     rows: list[dict] = []
     heads = head_shape(g["attention_shape"] or g["target"])  # the target's config unless given
     calls = 0.0
-    custom = list(custom_trees_of(g).values())  # timed at every batch and prefix, at their node count
-    verify_nodes = budget_axis(g["verify_nodes"], custom_trees_of(g))
+    mine = custom_trees_of(g)
+    custom = list(mine.values())  # timed at every batch and prefix, at their node count
+    verify_nodes = budget_axis(g["verify_nodes"], mine)
     trees = [Tree.sparse(n) for n in g["nodes"]] + custom
     for batch in g["batches"]:
         for prefix in g["prefixes"]:
@@ -1557,8 +1586,20 @@ RULES = {  # a notebook's spec names its rule (`registry.NotebookSpec.estimate`)
     "generation": Rule(_generation_memory, _generation_t4),
     "learned_drafters": Rule(_learned_memory, _learned_t4),
     "batch_size": Rule(_batch_memory, _batch_t4),
-    "none": Rule(_no_memory, lambda params, c, nb, decoded: []),
+    "none": Rule(_no_memory, lambda params, c, nb, decoded: []),  # no model: no part worth a T4's time
 }
+
+
+def rule_of(stem: str, folder: Path = NOTEBOOKS) -> tuple[Rule, str | None]:
+    """The rule the notebook's spec names, or "generation" (its models, caches and the generations of
+    `methods`) with a note saying why: no spec in its metadata, or a rule RULES lacks."""
+    spec = registry.spec(stem, folder)
+    if spec.estimate not in RULES:
+        return RULES["generation"], f"no estimate rule {spec.estimate!r} (have {sorted(RULES)}): sized as a generation"
+    if not spec.declared:
+        return RULES["generation"], "no spec in its metadata: sized as a generation"
+    return RULES[spec.estimate], None
+
 
 # ---- a profile's notebooks ---------------------------------------------------------------------
 
@@ -1573,17 +1614,10 @@ def profile_params(
     return resolve(profile, {}, [Path(f) for f in files], notebooks(folder), folder / "profiles")
 
 
-def custom_trees_of(params: dict[str, Any]) -> dict[str, Tree]:
-    """One notebook's custom trees by name (`custom_trees`, and 02's pairs' own): each is verified,
-    timed or costed at its node count where the notebook takes trees."""
-    specs = [params.get("custom_trees")] + [p.get("custom_trees") for p in params.get("pairs", []) or []]
-    return {n: t for s in specs for n, t in parse_custom_trees(s).items()}
-
-
-def profile_memory(profile: str, files: Sequence[str | Path] = ()) -> list[RunMemory]:
-    """Every notebook's memory estimate for the profile's parameters, on CUDA (`notebook_memory`)."""
+def profile_memory(profile: str, files: Sequence[str | Path] = (), device: str = "cuda") -> list[RunMemory]:
+    """Every notebook's memory estimate for the profile's parameters on `device` (`notebook_memory`)."""
     return [
-        notebook_memory(notebook, params, device="cuda") for notebook, params in profile_params(profile, files).items()
+        notebook_memory(notebook, params, device=device) for notebook, params in profile_params(profile, files).items()
     ]
 
 
@@ -1616,7 +1650,7 @@ def published_download(repo_id: str) -> Download:
 def profile_downloads(profile: str, folder: Path = NOTEBOOKS) -> list[Download]:
     """What the profile's notebooks (in `folder`) download from the hub: every hub model they name
     (committed configs, parameters x the dtype of the hub's files) and the published heads they load."""
-    resolved = resolve(profile, {}, [], notebooks(folder), folder / "profiles")
+    resolved = profile_params(profile, (), folder)
     out = []
     for hub_id in hub_models(resolved):
         model = hub_model(hub_id)
@@ -1667,13 +1701,19 @@ def drive_warning(profile: str, environ: dict[str, str]) -> str | None:
     )
 
 
-def memory_markdown(profile: str = "t4", usable: int = T4_USABLE, files: Sequence[str | Path] = ()) -> str:
-    """docs/t4.md's memory table: one row per notebook, its parts and total in GB against `usable`,
-    then what each estimate assumed (`RunMemory.notes`) and the prompt length assumed."""
-    rows = profile_memory(profile, files)
+def memory_markdown(
+    profile: str = "t4", usable: int = T4_USABLE, files: Sequence[str | Path] = (), device: str = "cuda"
+) -> str:
+    """docs/t4.md's memory table (device "cuda"): one row per notebook, its parts and total in GB
+    against `usable`, then what each estimate assumed (`RunMemory.notes`) and the prompt length assumed."""
+    rows = profile_memory(profile, files, device)
+    where = "on CUDA" if device == "cuda" else "on a CPU"
+    runtime = "the CUDA context" if device == "cuda" else "the interpreter, torch and transformers"
     shown = [k for k in PART_NAMES if any(r.parts()[k] for r in rows)]
     lines = [
-        "| notebook | " + " | ".join(PART_NAMES[k] for k in shown) + f" | total | fits in {usable / GB:g} GB |",
+        "| notebook | "
+        + " | ".join(PART_NAMES[k] for k in shown)
+        + f" | total | fits in {round(usable / GB, 1):g} GB |",
         "|---|" + "---|" * (len(shown) + 2),
     ]
     for r in rows:
@@ -1683,9 +1723,9 @@ def memory_markdown(profile: str = "t4", usable: int = T4_USABLE, files: Sequenc
     notes = [f"{r.notebook}: {'; '.join(r.notes)}." for r in rows if r.notes]
     lines += [
         "",
-        f"GB = 10^9 bytes; profile `{profile}` on CUDA, models in {rows[0].dtype if rows else 'float16'} (4-bit "
+        f"GB = 10^9 bytes; profile `{profile}` {where}, models in {rows[0].dtype if rows else 'float16'} (4-bit "
         f"where the profile quantizes them); the longest prompt assumed {LONGEST_PROMPT} tokens (05 and 06: at "
-        "most their max_prompt_tokens); runtime: the CUDA context. `specnb.notebook.estimate` sizes each part; "
+        f"most their max_prompt_tokens); runtime: {runtime}. `specnb.notebook.estimate` sizes each part; "
         "the same estimate refuses a run that does not fit the machine, before any model loads.",
         *notes,
     ]
@@ -1704,45 +1744,67 @@ def cpu_time(profile: str, decode: float | None = None) -> Plan:
 
 
 def main(argv: list[str] | None = None) -> int:
+    intro = __doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1]
     ap = argparse.ArgumentParser(
         prog="python -m specnb.notebook.estimate",
-        description=__doc__,
+        description=intro,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="command", required=True)
-    for name, said in (("time", "each notebook's time"), ("memory", "each notebook's memory and the downloads")):
-        one = sub.add_parser(name, help=said)
-        one.add_argument("profile", nargs="?", default="t4")
+    time_ = sub.add_parser("time", help="each notebook's time: on a T4 from published figures, or on a CPU")
+    memory = sub.add_parser("memory", help="each notebook's memory against a device's, and the profile's downloads")
+    for one in (time_, memory):
+        one.add_argument("profile", nargs="?", default="t4", help="a profile (default: %(default)s)")
         one.add_argument("-f", dest="files", action="append", default=[], help="a parameter file on top (custom_trees)")
-    sub.choices["time"].add_argument("--device", choices=("t4", "cpu"), default="t4")
-    sub.choices["time"].add_argument("--decode-ms", type=float, default=None, help="cpu: this machine's decode step")
-    sub.choices["memory"].add_argument("--usable-gb", type=float, default=T4_USABLE / GB, help="GB the device offers")
+    time_.add_argument("--device", choices=("t4", "cpu"), help="default: t4 for profiles extending t4, else cpu")
+    time_.add_argument("--decode-ms", type=float, help="cpu: this machine's decode step (default: the reference's)")
+    memory.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda for profiles extending t4, else cpu")
+    memory.add_argument(
+        "--usable-gb", type=float, help="GB the device offers (default: a T4's 14, or what this CPU has)"
+    )
     rec = sub.add_parser("record", help="make the last run under OUTPUTS its profile's reference times")
     rec.add_argument("--outputs", type=Path, default=None, help="default: $SPECNB_OUTPUTS, else outputs/")
     rec.add_argument("--force", action="store_true", help="record a run far off the line through the recorded runs")
     rec.add_argument(
-        "--fresh", action="store_true", help="the run replaces the recorded runs (the code's speed changed)"
+        "--fresh", action="store_true", help="the code's speed changed: the recorded runs scaled to this run"
     )
     args = ap.parse_args(argv)
     try:
-        if args.command == "record":
-            made = record(args.outputs or default_outputs(), force=args.force, fresh=args.fresh)
-            print(f"{REFERENCE_FILE}: {made.where}")
-        elif args.command == "memory":
-            print(memory_markdown(args.profile, int(args.usable_gb * GB), args.files))
-            print("\nDownloads:\n\n" + download_markdown(args.profile))
-        elif args.device == "cpu":
-            print("\n".join(cpu_time(args.profile, args.decode_ms).lines()))
-        else:
-            with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.max_rows", 200):
-                print(t4_time(args.profile, files=args.files).round(2).to_string(index=False))
-            print(f"\ninputs ({FIGURES_FILE.name}): {T4Figures.published()}")
-            print(f"longest prompt assumed by the memory table: {LONGEST_PROMPT} tokens")
-            print(t4_markdown(args.profile, files=args.files))
+        print(_command(args))
     except (OSError, ValueError, KeyError, RunnerError, TreeSpecError) as e:
-        print(f"not recorded: {e}" if args.command == "record" else f"estimate {args.command}: {e}", file=sys.stderr)
+        said = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(
+            f"not recorded: {said}" if args.command == "record" else f"estimate {args.command}: {said}", file=sys.stderr
+        )
         return 2
     return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """What one command prints (`main`)."""
+    if args.command == "record":
+        return (
+            f"{REFERENCE_FILE}: {record(args.outputs or default_outputs(), force=args.force, fresh=args.fresh).where}"
+        )
+    on_t4 = T4_PROFILE in profile_chain(args.profile)
+    if args.command == "memory":
+        device = args.device or ("cuda" if on_t4 else "cpu")
+        usable = int(args.usable_gb * GB) if args.usable_gb else T4_USABLE if device == "cuda" else available_bytes()[0]
+        table = memory_markdown(args.profile, usable, args.files, device)
+        return table + "\n\nDownloads:\n\n" + download_markdown(args.profile)
+    if (args.device or ("t4" if on_t4 else "cpu")) == "cpu":
+        if args.files:
+            raise ValueError("-f changes no CPU time (it is read from reference runs): drop -f, or use --device t4")
+        found = reference(profile_chain(args.profile))
+        if found is None or found[1].decode_ms is None and found[0] == T4_PROFILE:
+            raise ValueError(f"no reference runs of profile {args.profile} on a CPU: its time on a T4 is --device t4")
+        return "\n".join(cpu_time(args.profile, args.decode_ms).lines())
+    if args.decode_ms is not None:
+        raise ValueError("--decode-ms scales a CPU's reference times: use it with --device cpu")
+    with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.max_rows", 200):
+        table = t4_time(args.profile, files=args.files).round(2).to_string(index=False)
+    inputs = f"inputs ({FIGURES_FILE.name}): {T4Figures.published()}"
+    return f"{table}\n\n{inputs}\n{t4_markdown(args.profile, files=args.files)}"
 
 
 if __name__ == "__main__":

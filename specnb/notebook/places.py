@@ -1,6 +1,6 @@
 """Where the project's notebooks and profiles are, and where runs are written. It imports nothing of
-specnb (profiles' imports bring torch), so the report, the estimate and the figure check find runs
-without loading torch."""
+specnb (profiles' imports bring torch), so the report and the figure check find runs without loading
+torch (the estimate sizes models from their configs: it loads torch)."""
 
 from __future__ import annotations
 

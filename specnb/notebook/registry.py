@@ -96,7 +96,8 @@ def read_spec(path: Path) -> NotebookSpec:
         return replace(DEFAULT, stem=Path(path).stem, headline=headline)
     unknown = sorted(set(given) - FIELDS)
     if unknown:
-        raise SpecError(f"{path}: metadata {KEY!r} has unknown keys {unknown}; allowed: {sorted(FIELDS)}")
+        renamed = ' ("memory" and "t4" became one "estimate")' if {"memory", "t4"} & set(unknown) else ""
+        raise SpecError(f"{path}: metadata {KEY!r} has unknown keys {unknown}{renamed}; allowed: {sorted(FIELDS)}")
     values: dict[str, Any] = dict(given)
     for name in ("writes", "reads"):
         values[name] = tuple(values.get(name) or ())
