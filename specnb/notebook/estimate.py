@@ -106,6 +106,7 @@ import pandas as pd
 import torch
 from transformers import AutoConfig, PretrainedConfig, Qwen2Config
 
+from ..analysis.collection import CollectConfig
 from ..analysis.memory import (
     DTYPE_BYTES,
     FLOAT16_BYTES,
@@ -503,7 +504,7 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
 # ---- memory ------------------------------------------------------------------------------------
 
 RUNTIME = {"cpu": int(1.0 * GB), "cuda": int(0.5 * GB)}  # interpreter + torch + transformers; the CUDA context
-SUPER_CHUNK = 64  # positions whose super-tree nodes, one each, share one draft forward (`CollectConfig.super_chunk`)
+SUPER_CHUNK = CollectConfig.super_chunk  # positions whose super-tree nodes, one each, share one draft forward
 SOFTMAX_COPIES = 1  # float32 [rows, V] (log-)softmaxes taken of a forward's logits at once
 REPLAY_COPIES = 6  # float64/int64 [positions, nodes] arrays alive at once in a replay (`analysis.replay`)
 ADAM_COPIES = 4  # a trained float32 parameter: itself, its gradient, Adam's two moments
@@ -1196,9 +1197,11 @@ class Costs:
         prefill = self.verify(target, quantization, batch * self.f.prompt_tokens)
         return prefill + tokens * self.verify(target, quantization, batch)
 
-    def super_trees(self, draft: str, tokens: int, depth: int) -> float:
-        """One prompt's super-trees: a draft forward per depth for each chunk of 8 positions."""
-        return math.ceil(tokens / 8) * depth * self.draft(draft)
+    def super_trees(self, draft: str, tokens: int, size: int) -> float:
+        """One prompt's super-trees of up to `size` nodes: each chunk of SUPER_CHUNK positions grows in
+        rounds of one draft forward, each round one fed node per position, so at most `size` rounds
+        (an upper bound: on-path nodes are not fed)."""
+        return math.ceil(tokens / SUPER_CHUNK) * size * self.draft(draft)
 
     def curve(self, target: str, quantization: str | None, draft: str, nodes: Sequence[int], rows: int = 1) -> float:
         """One pass of a verify-cost curve: a verify of rows x (n + 1) and a draft forward per point n."""
@@ -1270,9 +1273,9 @@ def _tree_shapes_t4(a: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
         _row(nb, "teacher-forced draft pass (ranks)", prompts, c.draft(d)),
         _row(
             nb,
-            f"super-trees (depth {a['super_depth']}, chunks of 8 positions)",
+            f"super-trees (up to {max(a['dynamic_budgets'], default=0)} nodes, chunks of {SUPER_CHUNK} positions)",
             min(a["super_prompts"] or prompts, prompts),
-            c.super_trees(d, n, a["super_depth"]),
+            c.super_trees(d, n, max(a["dynamic_budgets"], default=0)),
         ),
         _row(nb, "check runs: target alone", a["check_prompts"], c.generation(t, tq, None, None, r, prompt)),
         _row(
@@ -1344,7 +1347,8 @@ def _model_pairs_t4(b: dict, c: Costs, nb: str, decoded: set) -> list[dict]:
                     nb,
                     f"{label}: one collection for {len(replayed)} replayed trees",
                     prompts2,
-                    c.collection(t, tq, d, n2) + c.super_trees(d, n2, 6),
+                    c.collection(t, tq, d, n2)
+                    + c.super_trees(d, n2, max((m.budget for m in replayed if m.shape == DYNAMIC), default=0)),
                 )
             )
         if b.get("grid"):
@@ -1380,9 +1384,9 @@ def _grid_t4(
             rows.append(
                 _row(
                     nb,
-                    f"{label}: the grid's super-trees (depth {b['super_depth']})",
+                    f"{label}: the grid's super-trees (up to {max(b['dynamic_budgets'], default=0)} nodes)",
                     min(b["super_prompts"] or prompts, prompts),
-                    c.super_trees(d, n, b["super_depth"]),
+                    c.super_trees(d, n, max(b["dynamic_budgets"], default=0)),
                 )
             )
         return rows
