@@ -173,7 +173,7 @@ class ModelDrafter(Drafter):
         self._tree = Tree(())  # the last tree drafted (`draft`)
         self._rows: RaggedCache | None = None  # `draft_rows`: row b's sequence in row b
         self._rows_committed: list[list[int]] = []  # each row's sequence in `_rows`
-        self._columns: list[dict[Path, int]] = []  # each row's nodes fed this step: their scratch columns
+        self._rows_fed: list[list[Path | None]] = []  # each row's scratch columns this step: its nodes, None padding
         self.evictions = 0
 
     def kv_bytes(self) -> int:
@@ -303,12 +303,9 @@ class ModelDrafter(Drafter):
         visible = torch.zeros(b, width, scratch + width, dtype=torch.bool)  # host: moved by block_forward
         valid = torch.zeros(b, width, dtype=torch.bool)  # host
         for r, paths in enumerate(levels):
-            for j, path in enumerate(paths):
-                valid[r, j] = True
-                for a in range(1, depth):  # its ancestors (all fed), and itself
-                    visible[r, j, self._columns[r][path[:a]]] = True
-                visible[r, j, scratch + j] = True
-                self._columns[r][path] = scratch + j
+            visible[r, : len(paths), : scratch + len(paths)] = paths_visible(paths, self._rows_fed[r], 0)
+            valid[r, : len(paths)] = True
+            self._rows_fed[r] += paths + [None] * (width - len(paths))
         positions = (torch.tensor(self._rows.lengths) - 1 + depth)[:, None].expand(b, width)  # host
         return block_forward(self.model, self._rows, ids, positions, visible, valid, head=head, k=k)
 
@@ -346,7 +343,7 @@ class ModelDrafter(Drafter):
         logits = block_forward(self.model, self._rows, *block, logits_to_keep=1, head=self.head if k else None, k=k)
         commit(self._rows, columns)
         self._rows_committed = [list(seq) for seq in sequences]
-        self._columns = [{} for _ in sequences]
+        self._rows_fed = [[] for _ in sequences]
         return logits[:, -1].float()
 
     def _cut(self) -> None:
