@@ -14,14 +14,11 @@ from test_acceptance import not_zeroing_accept
 
 import specnb.core.acceptance
 from specnb import EarlyExitDrafter, ModelDrafter, NgramDrafter, Tree, autoregressive_generate, speculative_generate
-from specnb.core.batch import (
-    BatchModelDrafter,
-    autoregressive_generate_batch,
-    prefill_batch,
-    speculative_generate_batch,
-)
+from specnb.core.batch import autoregressive_generate_batch, prefill_batch, speculative_generate_batch
 from specnb.core.ragged import RaggedCache, block_forward, commit, select_rows
 from specnb.core.sampling import SamplingConfig
+from specnb.core.streaming import StreamingCache
+from specnb.drafters.dynamic import DynamicTreeDrafter
 
 LENGTHS = (3, 29, 11)  # very different prompt lengths in one batch
 SHAPES = {
@@ -211,12 +208,12 @@ def test_the_batch_drafter_follows_a_row_that_rewrites_what_it_held(tiny_draft):
     text from an earlier point): the row keeps the common prefix, is fed from there, and drafts
     exactly what a fresh drafter drafts after the new sequence; the other row is untouched."""
     greedy, tree = specnb.core.batch.SamplingConfig(), Tree.kary(2, 6)
-    drafter = BatchModelDrafter(tiny_draft)
+    drafter = ModelDrafter(tiny_draft)
     drafter.draft_rows([[3, 4, 5], [6, 7]], tree, greedy, [None, None])  # the batch starts
     drafter.draft_rows([[3, 4, 5, 1], [6, 7, 2]], tree, greedy, [None, None])  # each extends its row
     later = [[3, 9, 5, 1, 4], [6, 7, 2, 8]]  # row 0 rewrites its second token; row 1 extends
     drafts = drafter.draft_rows(later, tree, greedy, [None, None])
-    fresh = BatchModelDrafter(tiny_draft).draft_rows(later, tree, greedy, [None, None])
+    fresh = ModelDrafter(tiny_draft).draft_rows(later, tree, greedy, [None, None])
     assert [d.tokens.tolist() for d in drafts] == [d.tokens.tolist() for d in fresh]
     again = drafter.draft_rows(
         [[3, 9, 5, 1, 4], [6, 7, 2, 8]], tree, greedy, [None, None]
@@ -228,25 +225,53 @@ def test_the_batch_drafter_follows_a_row_that_rewrites_what_it_held(tiny_draft):
     "tree", [Tree.chain(3), Tree.kary(2, 6), Tree.preset("sparse", 8)], ids=["chain", "kary", "sparse"]
 )
 @pytest.mark.parametrize("itself", [False, True], ids=["draft", "target_as_draft"])
-def test_the_batch_drafter_is_a_drafter_of_batch_one(tiny_target, tiny_draft, tree, itself):
-    """`BatchModelDrafter` is a `Drafter`: `speculative_generate` runs it as a batch of one row, and
-    its steps are `ModelDrafter`'s, token for token (greedy: the target's own output). The target as
-    its own draft accepts every node, so the accepted ranks compared are not all empty."""
+def test_rows_drafted_together_take_the_steps_of_one_sequence(tiny_target, tiny_draft, tree, itself):
+    """`ModelDrafter` drafts one sequence on its own cache (`draft`, keeping the accepted nodes) or
+    rows together on a ragged cache (`draft_rows`): a batch of one prompt takes the steps of the same
+    prompt alone, token for token (greedy: the target's own output). The target as its own draft
+    accepts every node, so the accepted ranks compared are not all empty. One drafter reused both
+    ways (reset between generations) drafts as a fresh one."""
     draft = tiny_target if itself else tiny_draft
     prompt = random_prompt(5, length=9)
     expected = autoregressive_generate(tiny_target, prompt, max_new_tokens=20, eos_token_id=())
-    batched = speculative_generate(tiny_target, BatchModelDrafter(draft), prompt, tree, 20, eos_token_id=())
+    (batched,) = speculative_generate_batch(
+        tiny_target, ModelDrafter(draft), [prompt[0]], tree, 20, eos_token_id=()
+    ).rows
     single = speculative_generate(tiny_target, ModelDrafter(draft), prompt, tree, 20, eos_token_id=())
     assert torch.equal(batched.tokens, expected.tokens) and torch.equal(single.tokens, expected.tokens)
     assert [s.accepted_ranks for s in batched.steps] == [s.accepted_ranks for s in single.steps]
     assert any(s.num_accepted for s in batched.steps) == itself
-    drafter = BatchModelDrafter(draft)  # reused: reset between generations, a new prompt starts a new cache
+    drafter = ModelDrafter(draft)
     for seed in (6, 7):
-        again, alone = (
-            speculative_generate(tiny_target, d, random_prompt(seed, length=4), tree, 8, eos_token_id=())
-            for d in (drafter, ModelDrafter(draft))
+        ids = random_prompt(seed, length=4)
+        (rows,) = speculative_generate_batch(tiny_target, drafter, [ids[0]], tree, 8, eos_token_id=()).rows
+        again = speculative_generate(tiny_target, drafter, ids, tree, 8, eos_token_id=())
+        alone = speculative_generate(tiny_target, ModelDrafter(draft), ids, tree, 8, eos_token_id=())
+        assert torch.equal(rows.tokens, alone.tokens) and torch.equal(again.tokens, alone.tokens)
+        assert [s.accepted_ranks for s in again.steps] == [s.accepted_ranks for s in alone.steps]
+
+
+@pytest.mark.parametrize(
+    "options,named",
+    [
+        ({"cache_policy": StreamingCache(sink=1, window=5, slack=2)}, "cache_policy"),
+        ({"confidence_threshold": 0.5}, "confidence_threshold"),
+    ],
+)
+def test_rows_drafted_together_refuse_the_options_of_one_sequence(tiny_target, tiny_draft, options, named):
+    """A bounded draft cache and a confidence threshold shape one sequence's drafts: rows drafted
+    together (`draft_rows`, `speculative_generate_batch`) refuse them before any model runs, by name."""
+    drafter = ModelDrafter(tiny_draft, **options)
+    with pytest.raises(ValueError, match=named):
+        speculative_generate_batch(tiny_target, drafter, prompts(), Tree.chain(3), 4, eos_token_id=())
+    with pytest.raises(ValueError, match=named):
+        drafter.draft_rows([[3, 4, 5], [6, 7]], Tree.chain(3), SamplingConfig(), [None, None])
+    with pytest.raises(ValueError, match="cache_policy"):
+        DynamicTreeDrafter(tiny_draft, 6, 3, 4, cache_policy=StreamingCache(1, 5, 2)).draft_rows(
+            [[3, 4, 5]], Tree.chain(4), SamplingConfig(), [None]
         )
-        assert torch.equal(again.tokens, alone.tokens)
+    with pytest.raises(ValueError, match="target's own cache"):
+        speculative_generate_batch(tiny_target, EarlyExitDrafter(tiny_target, 1), prompts(), Tree.chain(3), 4)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

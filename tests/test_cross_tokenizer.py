@@ -530,17 +530,16 @@ def test_redraft_takes_the_steps_of_a_real_run(vocabs, kind, tree_name):
 def test_prompts_redrafted_together_take_each_prompts_own_steps(vocabs, kind, tree_name):
     """Three prompts of different lengths re-drafted at once (`CrossTokenizerRows`: one draft forward
     per depth for every row, rows leaving as they finish, a row's view re-encoded from an earlier
-    point fed again there; dynamic trees by `BatchDynamicDrafter`, each row its own tree) take, prompt
+    point fed again there; dynamic trees by `DynamicTreeDrafter.draft_rows`, each row its own tree) take, prompt
     by prompt, the steps of that prompt re-drafted alone, which a test above holds equal to a real
     run's, up to the continuation's end and its last short steps."""
     from specnb.analysis.redraft import redraft, redraft_rows
     from specnb.drafters.cross_tokenizer import CrossTokenizerRows
-    from specnb.drafters.dynamic import BatchDynamicDrafter
 
     t, d, tt, dt = vocabs
     target, draft = pair(kind, t, d)
     tree = TREES[tree_name] or Tree.chain(5)  # dynamic10: its depth cap (`cross_drafter`'s max_depth)
-    batch = BatchDynamicDrafter(draft, n=10, top_k=4, max_depth=5) if tree_name == "dynamic10" else draft
+    batch = DynamicTreeDrafter(draft, n=10, top_k=4, max_depth=5) if tree_name == "dynamic10" else draft
     texts = [" hello the", " the cat sat on the ma", " a"]
     prompts = [ids_of(t, text) for text in texts]
     conts = [

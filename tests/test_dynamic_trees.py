@@ -78,16 +78,15 @@ def test_sampled_output_follows_the_target(sampling_pair):  # noqa: F811
 
 @pytest.mark.parametrize("n,top_k,depth", [(6, 3, 4), (12, 4, 6)])
 def test_rows_drafted_together_take_each_rows_own_dynamic_trees(tiny_target, tiny_draft, n, top_k, depth):
-    """`BatchDynamicDrafter`: three prompts of different lengths in one batch (one draft forward per
+    """`DynamicTreeDrafter.draft_rows`: three prompts of different lengths in one batch (one draft forward per
     depth for every row, each row's level padded to the widest) take, row by row, the steps of that
     prompt with its own `DynamicTreeDrafter`: the same trees, tokens and acceptances; the output is
     the target's greedy output."""
     from specnb.core.batch import speculative_generate_batch
-    from specnb.drafters.dynamic import BatchDynamicDrafter
 
     prompts = [random_prompt(s, length=m)[0] for s, m in ((3, 5), (4, 17), (5, 9))]
     batch = speculative_generate_batch(
-        tiny_target, BatchDynamicDrafter(tiny_draft, n, top_k, depth), prompts, Tree.chain(depth), 20, eos_token_id=()
+        tiny_target, DynamicTreeDrafter(tiny_draft, n, top_k, depth), prompts, Tree.chain(depth), 20, eos_token_id=()
     )
     shapes = set()
     for prompt, row in zip(prompts, batch.rows):

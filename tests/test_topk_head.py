@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import random_prompt
 
-from specnb.core.batch import BatchModelDrafter, speculative_generate_batch
+from specnb.core.batch import speculative_generate_batch
 from specnb.core.drafting import ModelDrafter
 from specnb.core.generation import autoregressive_generate, speculative_generate
 from specnb.core.sampling import SamplingConfig, top_tokens
@@ -124,14 +124,14 @@ def test_used_only_where_exact(pair, monkeypatch):
 
 @pytest.mark.parametrize("tree", [Tree.chain(4), Tree.kary(2, 10), Tree.from_paths([(0,), (2,), (0, 1), (2, 0)])])
 def test_rows_drafted_together_draft_the_same_with_the_topk_head(pair, tree):
-    """`BatchModelDrafter`: rows of 3, 9 and 17 tokens drafted in one batch take the same steps and
+    """`ModelDrafter.draft_rows`: rows of 3, 9 and 17 tokens drafted in one batch take the same steps and
     tokens with the TopKHead as with the model's own head, the head called with each depth's k on
     greedy drafts; a sampled batch never calls it."""
     target, draft = pair
     lm = draft.get_output_embeddings()
     head = TopKHead(lm.weight, lm.bias)
     prompts = [random_prompt(i, length=n)[0] for i, n in enumerate((3, 9, 17))]
-    plain = speculative_generate_batch(target, BatchModelDrafter(draft, head=None), prompts, tree, 16, eos_token_id=())
+    plain = speculative_generate_batch(target, ModelDrafter(draft, head=None), prompts, tree, 16, eos_token_id=())
     real = TopKHead.__call__
     calls = []
 
@@ -141,14 +141,12 @@ def test_rows_drafted_together_draft_the_same_with_the_topk_head(pair, tree):
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(TopKHead, "__call__", counted)
-        fast = speculative_generate_batch(
-            target, BatchModelDrafter(draft, head=head), prompts, tree, 16, eos_token_id=()
-        )
+        fast = speculative_generate_batch(target, ModelDrafter(draft, head=head), prompts, tree, 16, eos_token_id=())
         assert calls and all(k >= 1 for k in calls)
         calls.clear()
         sampled = SamplingConfig(temperature=1.0, seed=3)
         chain = Tree.chain(4)  # sampling takes trees without rank gaps
-        speculative_generate_batch(target, BatchModelDrafter(draft, head=head), prompts, chain, 8, sampled, ())
+        speculative_generate_batch(target, ModelDrafter(draft, head=head), prompts, chain, 8, sampled, ())
         assert calls == []
     for a, b in zip(fast.rows, plain.rows):
         assert [(s.num_drafted, s.num_accepted, s.accepted_ranks) for s in a.steps] == [
@@ -166,4 +164,3 @@ def test_made_where_it_pays_and_once_per_model(pair):
     first = draft_head(big)
     assert isinstance(first, TopKHead) and draft_head(big) is first  # one copy for every drafter of a model
     assert ModelDrafter(big, head="auto").head is first
-    assert BatchModelDrafter(big).head is first

@@ -9,13 +9,12 @@ loop and the step are batch 1's (`generation.Loop`); this module gives them a ra
                                     every row (the baseline a batched speculative run must beat; with
                                     each greedy token's top-2 margin, `MarginRows`)
     RaggedTarget                    the target's side of a batch step: verify, commit, rows leaving
-    BatchModelDrafter               a draft model drafting every row's tree together: one draft
-                                    forward per depth for the whole batch, on its own ragged cache
-                                    (a `Drafter`: its `draft` is a batch of one row)
     BatchResult                     per-row `GenerationResult`s (their steps carry the batch step's
                                     seconds) and the batch's own wall clock
 
-One tree shape per step for every row. A model draft fills it for all rows; drafters of their own
+One tree shape per step for every row. A draft model fills it for all rows at once
+(`drafting.ModelDrafter.draft_rows`: one draft forward per depth for the whole batch, on the draft's
+own ragged cache); drafters of their own
 (n-gram and other host-side drafters, one per row) may build smaller trees of their own, padded to
 the largest for the verify block. Near a row's length its tree is cut per row (canonical order puts
 a depth's nodes after every shallower one, so the cut tree is the first K nodes: the rest of the
@@ -37,16 +36,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.topk_head import TopKHead, draft_head
-from .acceptance import Acceptance
-from .drafting import Draft, Drafter, NoDraft, fill_levels
+from .drafting import Drafter, ModelDrafter, NoDraft
 from .generation import DrafterRows, GenerationResult, Loop, Meter, Request, RowDrafting
 from .masks import attention_implementation, rooted_ancestor_mask
-from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows, stack, truncate
+from .ragged import RaggedCache, block_forward, causal_block, commit, select_rows, stack
 from .runtime import eos_ids, make_generator, peak_memory, reset_peak_memory
-from .sampling import GREEDY, SamplingConfig, sample_without_replacement
+from .sampling import GREEDY, SamplingConfig
 from .streaming import kv_bytes
-from .trees import Level, Tree
+from .trees import Tree
 
 
 @dataclass(frozen=True)
@@ -82,11 +79,6 @@ def check_prompts(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[
     if any(not p for p in out):
         raise ValueError("every prompt needs at least one token")
     return out
-
-
-def draw_rows(probs: torch.Tensor, level: Level, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """Sampling: each row's children drawn with that row's own generator (probs [B, P, V])."""
-    return torch.stack([sample_without_replacement(probs[i], level.width, g) for i, g in enumerate(generators)])
 
 
 def prefill_batch(model: torch.nn.Module, ragged: RaggedCache, sequences: Sequence[Sequence[int]]) -> None:
@@ -193,121 +185,10 @@ class MarginRows:
         return self.inner.kv_bytes()
 
 
-class BatchModelDrafter(Drafter):
-    """A draft model drafting one tree shape for every row at once (greedy: each node the rank-r
-    token of its parent's draft distribution; sampling: draws without replacement, q returned, as
-    `drafting.ModelDrafter`). Its cache is ragged like the target's: each step first feeds every
-    row's tokens it lacks (the accepted ones and the next root; at a batch's first step, the
-    prompts), then one forward per depth feeds the batch's nodes of that depth; the nodes are
-    discarded afterwards.
-
-    The drafting side of the generation loop for every row at once (`generation.RowDrafting`:
-    `draft_rows`), and a `Drafter`: `draft` drafts one sequence as a batch of one, so
-    `speculative_generate` takes it as it takes any drafter.
-
-    head: as `drafting.ModelDrafter`'s: "auto" (default) ranks greedy drafts with a
-    `topk_head.TopKHead` where one pays (`topk_head.draft_head`), the same top-k tokens as the
-    model's own head; sampled drafts use the model's own head. None: always the model's own head;
-    or a TopKHead to use."""
-
-    def __init__(self, model: torch.nn.Module, head: TopKHead | str | None = "auto") -> None:
-        if isinstance(head, str) and head != "auto":
-            raise ValueError(f"head must be 'auto', None or a TopKHead, got {head!r}")
-        self.model = model
-        self.head = draft_head(model) if head == "auto" else head
-        self.reset()
-
-    def reset(self) -> None:
-        self.ragged: RaggedCache | None = None
-        self.committed: list[list[int]] = []
-
-    def check_request(self, tree: Tree, sampling: SamplingConfig) -> None:
-        if not sampling.greedy and tree.has_rank_gaps:
-            raise ValueError("sampling needs a tree whose sibling ranks have no gaps (0..k-1)")
-
-    def draft(
-        self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
-    ) -> Draft:
-        """One sequence (long [1, T] or [T], its last token the root): the batch of one row."""
-        return self.draft_rows([tokens.reshape(-1).tolist()], tree, sampling, [generator])[0]
-
-    def keep_rows(self, rows: list[int]) -> None:
-        select_rows(self.ragged, rows)
-        self.committed = [self.committed[b] for b in rows]
-
-    def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
-        """Nothing to learn: the next step feeds each row what its cache lacks."""
-
-    def kv_bytes(self) -> int:
-        return kv_bytes(None if self.ragged is None else self.ragged.cache)
-
-    @torch.inference_mode()
-    def draft_rows(
-        self,
-        sequences: Sequence[Sequence[int]],
-        tree: Tree,
-        sampling: SamplingConfig,
-        generators: Sequence[torch.Generator | None],
-        depths: Sequence[int] | None = None,
-    ) -> list[Draft]:
-        """Each row's draft (tokens long [N], q float32 [N + 1, V] or None when greedy) for the rows'
-        sequences (each ending with its root). The first call after `reset` starts the batch: its
-        rows' prompts go into the draft's cache. depths: unused (a row's draft of a cut tree is the
-        first nodes of its draft of the whole: the loop cuts them)."""
-        self.check_request(tree, sampling)
-        if self.ragged is None:
-            self.ragged = RaggedCache.empty(self.model, len(sequences))
-            self.committed = [[] for _ in sequences]
-        # k at each depth's parents: the TopKHead's exact top k (the children chosen there); 0: the model's head
-        k = [lv.width if self.head is not None and sampling.greedy else 0 for lv in tree.levels] + [0]
-        logits = self._advance(sequences, k[0])  # [B, V]
-        b = len(sequences)
-        roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
-        fed_nodes: list[int] = []  # nodes fed so far, in scratch-column order
-
-        def feed(level: Level, ids: torch.Tensor) -> torch.Tensor:
-            """The batch's nodes of `level` that have children (ids long [B, F]), each under its ancestors."""
-            fed = list(level.fed)
-            visible = tree.ancestors[fed][:, fed_nodes + fed][None].expand(b, -1, -1)  # [B, F, S + F]
-            valid = torch.ones(b, len(fed), dtype=torch.bool)  # host
-            positions = (roots + level.depth)[:, None].expand(b, len(fed))
-            fed_nodes.extend(fed)
-            head = self.head if k[level.depth] else None
-            return block_forward(self.model, self.ragged, ids, positions, visible, valid, head=head, k=k[level.depth])
-
-        draft = fill_levels(tree, logits[:, None], sampling, generators, feed, draw=draw_rows)
-        discard(self.ragged)
-        return [Draft(draft.tokens[r], None if draft.q is None else draft.q[r]) for r in range(b)]
-
-    def _advance(self, sequences: Sequence[Sequence[int]], k: int = 0) -> torch.Tensor:
-        """Feed each row what its cache lacks (at least its root); float32 logits [B, V] at each
-        root (top `k` exact from the TopKHead where k > 0, else the model's own head's). A row whose
-        sequence departs from what its cache holds (a text re-encoded from an earlier point) keeps the
-        common prefix and is fed from there."""
-        new = []
-        for b, seq in enumerate(sequences):
-            held, same = self.committed[b], 0
-            for a, c in zip(self.committed[b], seq[:-1]):  # the root is fed again in any case
-                if a != c:
-                    break
-                same += 1
-            if same < len(held):
-                truncate(self.ragged, b, same)
-            new.append(list(seq[same:]))
-        block, columns = causal_block(self.ragged, new)
-        head = self.head if k else None
-        root_logits = block_forward(self.model, self.ragged, *block, logits_to_keep=1, head=head, k=k)[
-            :, -1
-        ].float()  # [B, V]: each root
-        commit(self.ragged, columns)
-        self.committed = [list(seq) for seq in sequences]
-        return root_logits
-
-
 @torch.inference_mode()
 def speculative_generate_batch(
     target: torch.nn.Module,
-    drafter: torch.nn.Module | BatchModelDrafter | Sequence[Drafter],
+    drafter: torch.nn.Module | ModelDrafter | Sequence[Drafter],
     prompts: Sequence[torch.Tensor],
     tree: Tree | None = None,
     max_new_tokens: int = 64,
@@ -315,8 +196,8 @@ def speculative_generate_batch(
     eos_token_id: int | Sequence[int] | None = None,
 ) -> BatchResult:
     """Speculative decoding of B prompts at once (module docstring). drafter: a draft model (or its
-    `BatchModelDrafter`): every row's tree drafted in one forward per depth; or one `Drafter` per
-    prompt (host-side drafters draft per row). prompts: B long tensors [T_b] (or [1, T_b]). tree:
+    `ModelDrafter`, `ModelDrafter.draft_rows`): every row's tree drafted in one forward per depth; or
+    one `Drafter` per prompt (host-side drafters draft per row). prompts: B long tensors [T_b] (or [1, T_b]). tree:
     default `Tree.chain(4)`. Row b samples with its own generator, seeded `sampling.seed` + b."""
     tree = tree or Tree.chain(4)
     sequences = check_prompts(prompts, max_new_tokens)
@@ -392,12 +273,15 @@ def generate_batch(
 
 
 def batch_drafter(
-    drafter: torch.nn.Module | BatchModelDrafter | Sequence[Drafter], rows: int, tree: Tree, sampling: SamplingConfig
-) -> BatchModelDrafter | DrafterRows:
-    """A draft model as a reset `BatchModelDrafter`, or one checked and reset `Drafter` per row."""
+    drafter: torch.nn.Module | ModelDrafter | Sequence[Drafter], rows: int, tree: Tree, sampling: SamplingConfig
+) -> ModelDrafter | DrafterRows:
+    """A draft model as a checked and reset `ModelDrafter` drafting the rows together (`draft_rows`),
+    or one checked and reset `Drafter` per row."""
     if isinstance(drafter, torch.nn.Module):
-        drafter = BatchModelDrafter(drafter)
-    if isinstance(drafter, BatchModelDrafter):
+        drafter = ModelDrafter(drafter)
+    if isinstance(drafter, ModelDrafter):
+        check_batched(drafter)
+        drafter.check_rows()
         drafter.check_request(tree, sampling)
         drafter.reset()
         return drafter
@@ -405,14 +289,19 @@ def batch_drafter(
     if len(drafter) != rows:
         raise ValueError(f"one drafter per prompt: got {len(drafter)} for {rows} prompts")
     for d in drafter:
-        if d.shares_target_cache:
-            raise ValueError(
-                f"{type(d).__name__} drafts on the target's own cache, which a batch does not have "
-                "(its rows share one ragged cache); run it at batch size 1 (speculative_generate)"
-            )
+        check_batched(d)
         d.check_request(tree, sampling)
         d.reset()
     return DrafterRows(drafter)
+
+
+def check_batched(drafter: Drafter) -> None:
+    """Raise ValueError for a drafter that drafts on the target's own cache (a batch has none)."""
+    if drafter.shares_target_cache:
+        raise ValueError(
+            f"{type(drafter).__name__} drafts on the target's own cache, which a batch does not have "
+            "(its rows share one ragged cache); run it at batch size 1 (speculative_generate)"
+        )
 
 
 def row_generators(seed: int | None, rows: int, device: torch.device) -> list[torch.Generator]:

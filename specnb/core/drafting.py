@@ -25,7 +25,9 @@ chosen but never fed. The cache persists across steps: it holds the sequence dra
 nodes fed for the deeper levels. `observe` keeps the accepted nodes that were fed (their mask was
 the sequence itself, their positions the sequence's) and drops the others (`cache.keep_positions`);
 the next call feeds only the tokens the cache lacks (the accepted nodes never fed, and the bonus
-token).
+token). The same drafter drafts B >= 1 rows at once (`ModelDrafter.draft_rows`, the batch loop's
+drafting side): the same levels, one draft forward per depth for every row, on a ragged cache
+(`core.ragged`) whose nodes are discarded after each step.
 
 `ModelDrafter(model, confidence_threshold=t)` drafts chains of adaptive length: it stops after the
 first token whose draft probability is below t (transformers' `assistant_confidence_threshold`;
@@ -37,7 +39,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,7 @@ from .acceptance import Acceptance
 from .cache import cache_length, crop, keep_positions, new_cache
 from .forward import forward
 from .masks import paths_visible
+from .ragged import RaggedCache, block_forward, causal_block, commit, discard, select_rows, truncate
 from .sampling import SamplingConfig, probabilities, sample_without_replacement, top_tokens
 from .streaming import StreamingCache, kv_bytes
 from .trees import Level, Path, Tree
@@ -111,7 +114,17 @@ class NoDraft(Drafter):
 
 
 class ModelDrafter(Drafter):
-    """Drafts with a transformers causal LM that shares the target's vocabulary.
+    """Drafts with a transformers causal LM that shares the target's vocabulary, for one sequence
+    (`draft`) or for B >= 1 rows at once (`draft_rows`, the batch loop's `generation.RowDrafting`).
+
+    One sequence: the draft's own `DynamicCache`, advanced to the sequence each step; `observe` keeps
+    the accepted nodes that were fed (module docstring). Rows: a ragged cache (`core.ragged`) whose
+    row b holds row b's sequence; each step feeds every row what its cache lacks (the accepted tokens
+    and the next root; at the batch's first step, the prompts) in one forward, then one forward per
+    depth feeds the batch's nodes of that depth; the nodes are discarded after the step (`keep_rows`:
+    rows leaving the batch). Either way the per-level feeding is `_feed_nodes` and the tree is filled
+    by `fill_levels`; a row's draft equals its own `draft`, up to the float rounding of another batch
+    shape.
 
     confidence_threshold: 0 (default) fills the requested tree. t > 0 needs a chain request and
     stops the chain after the first token x with q(x) < t, q the draft's distribution at its
@@ -120,10 +133,12 @@ class ModelDrafter(Drafter):
     kept, so t = 1 drafts one token per step (unless q(x) rounds to exactly 1) and t = 0 never
     stops early. The shorter chain is returned in `Draft.tree`. Under sampling q is still returned:
     see `drafters.draft_length` for why stopping on q(x) keeps the output distribution exact.
+    One sequence only: `draft_rows` refuses it (one tree shape per step for every row).
 
     cache_policy: a bounded draft cache (`streaming.StreamingCache`), cut when the cache is advanced
     to the next sequence (between steps, never while a tree is drafted), independently of the
-    target's. It changes only what the draft proposes, never the output.
+    target's. It changes only what the draft proposes, never the output. One sequence only:
+    `draft_rows` refuses it (a ragged cache is never cut).
 
     head: "auto" (default) ranks greedy drafts (no confidence threshold) with a `topk_head.TopKHead`
     where one pays (a float32 CPU draft with a large LM head: `topk_head.draft_head`): the same
@@ -155,11 +170,14 @@ class ModelDrafter(Drafter):
         self._evicted = 0  # of them, cut out of the cache after its first `sink` (a cache policy)
         self._shift = 0  # subtracted from a sequence index to get its position id (policy positions "cache")
         self._fed: list[Path] = []  # the tree nodes fed after them, by rank path, in cache order
-        self._tree, self._k = Tree(()), [0]  # the last tree drafted, and its k per depth (`draft`)
+        self._tree = Tree(())  # the last tree drafted (`draft`)
+        self._rows: RaggedCache | None = None  # `draft_rows`: row b's sequence in row b
+        self._rows_committed: list[list[int]] = []  # each row's sequence in `_rows`
+        self._rows_fed: list[list[Path | None]] = []  # each row's scratch columns this step: its nodes, None padding
         self.evictions = 0
 
     def kv_bytes(self) -> int:
-        return kv_bytes(self._cache)
+        return kv_bytes(self._cache) + kv_bytes(None if self._rows is None else self._rows.cache)
 
     @property
     def _held(self) -> int:
@@ -175,36 +193,121 @@ class ModelDrafter(Drafter):
         if self.confidence_threshold > 0.0 and tree != Tree.chain(tree.num_nodes):
             raise ValueError(f"confidence_threshold applies to chains; got a tree of {tree.describe()}")
 
+    def check_rows(self) -> None:
+        """Raise ValueError if this drafter cannot draft rows together (`draft_rows`)."""
+        if self.cache_policy is not None:
+            raise ValueError(
+                f"cache_policy ({self.cache_policy}) bounds the draft cache of one sequence; rows drafted "
+                "together (draft_rows, speculative_generate_batch) share a ragged cache that is never cut: "
+                "leave cache_policy out, or generate each prompt alone (speculative_generate)"
+            )
+        if self.confidence_threshold > 0.0:
+            raise ValueError(
+                f"confidence_threshold ({self.confidence_threshold}) shapes one sequence's chain; rows drafted "
+                "together (draft_rows, speculative_generate_batch) fill one tree shape: leave it at 0, or "
+                "generate each prompt alone (speculative_generate)"
+            )
+
+    def _head_k(self, tree: Tree, sampling: SamplingConfig) -> list[int]:
+        """k at each depth's parents (and 0 after the last): the TopKHead's exact top k, the children
+        chosen there, where it ranks (greedy, no confidence threshold); 0: the model's own head."""
+        ranked = self.head is not None and sampling.greedy and self.confidence_threshold == 0.0
+        return [lv.width if ranked else 0 for lv in tree.levels] + [0]
+
     @torch.inference_mode()
     def draft(
         self, tokens: torch.Tensor, tree: Tree, sampling: SamplingConfig, generator: torch.Generator | None = None
     ) -> Draft:
         """tokens: long [1, T] or [T], the sequence so far; its last token is the tree's root."""
         self.check_request(tree, sampling)
-        # k at each depth's parents: the TopKHead's exact top k (the children chosen there); 0: the model's head
-        ranked = self.head is not None and sampling.greedy and self.confidence_threshold == 0.0
-        k = [lv.width if ranked else 0 for lv in tree.levels] + [0]
-        self._tree, self._k = tree, k
+        k, self._tree, self._rows = self._head_k(tree, sampling), tree, None  # one sequence: its own cache
+
+        def feed(level: Level, ids: torch.Tensor) -> torch.Tensor:  # ids long [F] -> logits [F, V]
+            paths = [[tree.paths[i] for i in level.fed]]
+            return self._feed_nodes(paths, ids[None], level.depth, k[level.depth], causal=True)[0]
+
         root = self._advance(tokens.reshape(-1).tolist(), k[0])  # [V]
-        return fill_levels(tree, root[None], sampling, generator, self._feed, self.confidence_threshold, self.draw)
+        return fill_levels(tree, root[None], sampling, generator, feed, self.confidence_threshold, self.draw)
+
+    @torch.inference_mode()
+    def draft_rows(
+        self,
+        sequences: Sequence[Sequence[int]],
+        tree: Tree,
+        sampling: SamplingConfig,
+        generators: Sequence[torch.Generator | None],
+        depths: Sequence[int] | None = None,
+    ) -> list[Draft]:
+        """Each row's draft (tokens long [N], q float32 [N + 1, V] or None when greedy) for the rows'
+        sequences (each ending with its root), one tree shape for all. The first call after `reset`
+        starts the batch: its rows' prompts go into the ragged cache. depths: unused (a row's draft of
+        a cut tree is the first nodes of its draft of the whole: the loop cuts them)."""
+        self.check_rows()
+        self.check_request(tree, sampling)
+        k = self._head_k(tree, sampling)
+
+        def feed(level: Level, ids: torch.Tensor) -> torch.Tensor:  # ids long [B, F] -> logits [B, F, V]
+            paths = [tree.paths[i] for i in level.fed]
+            return self._feed_nodes([paths] * len(sequences), ids, level.depth, k[level.depth])
+
+        logits = self._advance_rows(sequences, k[0])  # [B, V]
+        draft = fill_levels(tree, logits[:, None], sampling, generators, feed, draw=self._draw_rows)
+        discard(self._rows)
+        return [Draft(draft.tokens[r], None if draft.q is None else draft.q[r]) for r in range(len(sequences))]
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only these rows stay in the batch (`draft_rows`), in this order."""
+        select_rows(self._rows, rows)
+        self._rows_committed = [self._rows_committed[b] for b in rows]
+
+    def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
+        """Nothing to learn: the next `draft_rows` feeds each row what its cache lacks."""
 
     def draw(self, probs: torch.Tensor, level: Level, generator: torch.Generator | None) -> torch.Tensor:
         """Sampling: the children of `level`'s parents (`draw_children`); a subclass may draw otherwise."""
         return draw_children(probs, level, generator)
 
-    def _feed(self, level: Level, ids: torch.Tensor) -> torch.Tensor:
-        """Feed the nodes of `level` that have children (their tokens `ids`, long [F]) at the root's
-        position + depth; each sees the sequence, its fed ancestors and itself. Returns their logits
-        [F, V], from the TopKHead with its top k exact where k > 0 (`draft`), else the model's head's."""
-        k = self._k[level.depth]
-        paths = [self._tree.paths[i] for i in level.fed]
+    def _draw_rows(
+        self, probs: torch.Tensor, level: Level, generators: Sequence[torch.Generator | None]
+    ) -> torch.Tensor:
+        """Sampling, rows drafted together (probs [B, P, V]): each row's `draw` with its own generator."""
+        return torch.stack([self.draw(probs[i], level, g) for i, g in enumerate(generators)])
+
+    def _feed_nodes(
+        self, levels: list[list[Path]], ids: torch.Tensor, depth: int, k: int = 0, causal: bool = False
+    ) -> torch.Tensor:
+        """Feed in one forward each row's tree nodes of `depth` (levels[r], by rank path; ids long [B, W],
+        row r's first len(levels[r]) its nodes' tokens, the rest padding) at its root's position +
+        depth: each sees its row's sequence, its fed ancestors and itself. Returns logits [B, W, V],
+        from the TopKHead with its top k exact where k > 0, else the model's head's (model dtype).
+        One sequence (`draft`): B = 1 on the draft's own cache, where causal=True lets a single node
+        that sees all the cache, at its next position, take the model's own causal path."""
+        head = self.head if k else None
+        if self._rows is not None:
+            return self._feed_rows(levels, ids, depth, head, k)
+        (paths,) = levels
         visible = paths_visible(paths, self._fed, self._held)  # [F, cache + F]
-        position = len(self._committed) - 1 + level.depth - self._shift
+        position = len(self._committed) - 1 + depth - self._shift
         self._fed += paths
-        if visible.all() and position == cache_length(self._cache):  # one node that sees all the cache,
-            visible = None  # at its next position: the model's own causal path
+        if causal and visible.all() and position == cache_length(self._cache):
+            visible = None
         positions = torch.full((len(paths),), position)  # host: moved by forward
-        return forward(self.model, self._cache, ids, positions, visible, head=self.head if k else None, k=k)
+        return forward(self.model, self._cache, ids[0], positions, visible, head=head, k=k)[None]
+
+    def _feed_rows(
+        self, levels: list[list[Path]], ids: torch.Tensor, depth: int, head: TopKHead | None, k: int
+    ) -> torch.Tensor:
+        """`_feed_nodes` on the ragged cache: the block appended to the step's scratch columns."""
+        b, width = ids.shape
+        scratch = self._rows.width - self._rows.base  # columns fed earlier this step
+        visible = torch.zeros(b, width, scratch + width, dtype=torch.bool)  # host: moved by block_forward
+        valid = torch.zeros(b, width, dtype=torch.bool)  # host
+        for r, paths in enumerate(levels):
+            visible[r, : len(paths), : scratch + len(paths)] = paths_visible(paths, self._rows_fed[r], 0)
+            valid[r, : len(paths)] = True
+            self._rows_fed[r] += paths + [None] * (width - len(paths))
+        positions = (torch.tensor(self._rows.lengths) - 1 + depth)[:, None].expand(b, width)  # host
+        return block_forward(self.model, self._rows, ids, positions, visible, valid, head=head, k=k)
 
     def _advance(self, seq: list[int], k: int = 0) -> torch.Tensor:
         """Bring the cache to `seq`, feeding only what it lacks (the root, seq[-1], always: its logits
@@ -222,6 +325,26 @@ class ModelDrafter(Drafter):
         logits = forward(self.model, self._cache, new, positions, logits_to_keep=1, head=self.head if k else None, k=k)
         self._committed = list(seq)
         return logits[-1].float()
+
+    def _advance_rows(self, sequences: Sequence[Sequence[int]], k: int = 0) -> torch.Tensor:
+        """`_advance` for every row on the ragged cache (made at the batch's first call), in one
+        forward: float32 logits [B, V] at each root. A row whose sequence departs from what its row
+        holds (a text re-encoded from an earlier point) keeps the common prefix and is fed from there."""
+        if self._rows is None:
+            self._rows = RaggedCache.empty(self.model, len(sequences))
+            self._rows_committed = [[] for _ in sequences]
+        new = []
+        for b, seq in enumerate(sequences):
+            keep = len(os.path.commonprefix([self._rows_committed[b], list(seq[:-1])]))  # the root is fed again
+            if keep < len(self._rows_committed[b]):
+                truncate(self._rows, b, keep)
+            new.append(list(seq[keep:]))
+        block, columns = causal_block(self._rows, new)
+        logits = block_forward(self.model, self._rows, *block, logits_to_keep=1, head=self.head if k else None, k=k)
+        commit(self._rows, columns)
+        self._rows_committed = [list(seq) for seq in sequences]
+        self._rows_fed = [[] for _ in sequences]
+        return logits[:, -1].float()
 
     def _cut(self) -> None:
         """The cache policy's cut, between steps (never while a tree is drafted)."""

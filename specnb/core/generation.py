@@ -7,9 +7,10 @@ step: the bounded-cache policy, each row's tree cut to the tokens it has left, t
 leaving the batch. What a step measures is a `Meter` passed in: times (its clock syncs the device only
 if asked) and KV bytes. The target's side of a step is a `Rows` state: one row on a `TargetCache` here
 (`speculative_generate`, `autoregressive_generate`), a ragged batch in `core.batch`, a continuation
-read back in `analysis.redraft`. The drafting side is `DrafterRows` (one `Drafter` per row) or the batched model
-drafter (`batch.BatchModelDrafter`). The target's own decoding is the same loop with a drafter that
-drafts nothing (`NoDraft`, an empty tree): one target call per token. A `Loop` holds what every step
+read back in `analysis.redraft`. The drafting side is `DrafterRows` (one `Drafter` per row) or a
+model drafter drafting every row together (`drafting.ModelDrafter.draft_rows`). The target's own
+decoding is the same loop with a drafter that drafts nothing (`NoDraft`, an empty tree): one target
+call per token. A `Loop` holds what every step
 shares (the step context); a `Request` what a generation is asked for. Every loop returns a
 `GenerationResult` per row with one `Step` per target call that produced tokens.
 """
@@ -94,7 +95,7 @@ class Rows(Protocol):
 
 
 class RowDrafting(Protocol):
-    """The drafting side of a step for B rows: `DrafterRows` or `batch.BatchModelDrafter`."""
+    """The drafting side of a step for B rows: `DrafterRows` or a `drafting.ModelDrafter` (its rows together)."""
 
     def draft_rows(
         self,

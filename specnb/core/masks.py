@@ -65,11 +65,12 @@ def causal_visible(new: int, cached: int, device: torch.device | None = None) ->
     return torch.ones(new, cached + new, dtype=torch.bool, device=device).tril(diagonal=cached)
 
 
-def paths_visible(nodes: Sequence[tuple[int, ...]], fed: Sequence[tuple[int, ...]], cached: int) -> torch.Tensor:
+def paths_visible(nodes: Sequence[tuple[int, ...]], fed: Sequence[tuple[int, ...] | None], cached: int) -> torch.Tensor:
     """Bool [len(nodes), cached + len(fed) + len(nodes)] on the host: tree nodes of one depth, named
     by their rank paths, fed on a cache that holds `cached` tokens of the sequence and then the tree
-    nodes `fed` (in cache order, every ancestor of `nodes` among them). Each node sees the whole
-    sequence, its ancestors and itself: the tree mask of level-by-level drafting."""
+    nodes `fed` (in cache order, every ancestor of `nodes` among them; None: a padding column, seen by
+    none). Each node sees the whole sequence, its ancestors and itself: the tree mask of
+    level-by-level drafting."""
     slot = {p: cached + i for i, p in enumerate(fed)}
     rows, cols = [], []
     for i, path in enumerate(nodes):

@@ -40,8 +40,7 @@ from typing import Any
 import torch
 
 from ..core.acceptance import Acceptance
-from ..core.batch import BatchModelDrafter
-from ..core.drafting import Draft, Drafter, NoDraft, as_drafter
+from ..core.drafting import Draft, Drafter, ModelDrafter, NoDraft, as_drafter
 from ..core.sampling import SamplingConfig
 from ..core.trees import TokenTrie, Tree
 from .retokenize import Mirror, TokenText, continue_text, map_specials, window_start
@@ -193,17 +192,18 @@ class CrossTokenizerRows:
     """B rows drafted across tokenizers at once (a `core.generation.RowDrafting`): each row's text work
     is its own `CrossTokenizerDrafter`'s (`drafters[r]`: its view of the target's sequence in draft
     tokens, the target-token trie of its draft tree), and the draft model drafts every row's tree in
-    one forward per depth (`model`: a draft model, drafted by `core.batch.BatchModelDrafter`, or such a
-    batch drafter, e.g. `dynamic.BatchDynamicDrafter` for each row's own dynamic tree; a view
+    one forward per depth (`model`: a draft model, drafted by `core.drafting.ModelDrafter.draft_rows`,
+    or such a drafter, e.g. `dynamic.DynamicTreeDrafter` for each row's own dynamic tree; a view
     re-encoded from an earlier point is fed again from there). Each row's drafts equal its own
     `CrossTokenizerDrafter`'s of the same inner drafter, up to the float rounding of another batch shape."""
 
     def __init__(
-        self, model: torch.nn.Module | BatchModelDrafter, draft_tokenizer: Any, target_tokenizer: Any, rows: int
+        self, model: torch.nn.Module | ModelDrafter, draft_tokenizer: Any, target_tokenizer: Any, rows: int
     ) -> None:
         draft_text = draft_tokenizer if isinstance(draft_tokenizer, TokenText) else TokenText.of(draft_tokenizer)
         target_text = target_tokenizer if isinstance(target_tokenizer, TokenText) else TokenText.of(target_tokenizer)
-        self.batch = model if isinstance(model, BatchModelDrafter) else BatchModelDrafter(model)
+        self.batch = model if isinstance(model, ModelDrafter) else ModelDrafter(model)
+        self.batch.check_rows()
         self.batch.reset()
         self.drafters = [CrossTokenizerDrafter(NoDraft(), draft_text, target_text) for _ in range(rows)]
 

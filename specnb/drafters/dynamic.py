@@ -23,11 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.batch import BatchModelDrafter
 from ..core.drafting import Draft, ModelDrafter
-from ..core.forward import forward
-from ..core.masks import paths_visible
-from ..core.ragged import RaggedCache, block_forward, discard
+from ..core.ragged import discard
 from ..core.sampling import SamplingConfig, top_tokens
 from ..core.streaming import StreamingCache
 from ..core.trees import Path, Tree
@@ -48,12 +45,17 @@ def top_n(scores: dict[Path, float], n: int) -> list[Path]:
 
 
 class DynamicTreeDrafter(ModelDrafter):
-    """Drafts the global top-`n` tree by cumulative draft probability each step.
+    """Drafts the global top-`n` tree by cumulative draft probability each step, for one sequence
+    (`draft`) or for B >= 1 rows at once (`draft_rows`: each row's own top-n tree, with one draft
+    forward per depth for the whole batch on `ModelDrafter`'s ragged cache, a depth's nodes of every
+    row in one block, each row's padded to the widest row's). A row's draft equals its own `draft`,
+    up to the float rounding of another batch shape.
 
     n: nodes per tree; top_k: children considered below each node; max_depth: deepest level.
     The tree passed to `speculative_generate` only caps the depth (the loop shortens it near
     `max_new_tokens`; the top-n tree is then cut at that depth, as `replay` replays it); leave it
-    out and the drafter's `default_tree` (depth `max_depth`) is used.
+    out and the drafter's `default_tree` (depth `max_depth`) is used. cache_policy: as
+    `ModelDrafter`'s (one sequence only).
     """
 
     def __init__(
@@ -85,49 +87,19 @@ class DynamicTreeDrafter(ModelDrafter):
     def expand(self, tokens: torch.Tensor, max_depth: int, n: int | None = None) -> ScoredTree:
         """The top-n tree (default `self.n`) after `tokens`, at most `max_depth` deep."""
         n = self.n if n is None else n
-        seq = tokens.reshape(-1).tolist()
         if max_depth < 1:
             return ScoredTree(
                 Tree(()), torch.zeros(0, dtype=torch.long, device=self.model.device), torch.zeros(0)
             )  # host: scores
-        root_logits = self._advance(seq)
-        scores: dict[Path, float] = {}
-        token: dict[Path, int] = {}
-        add_children([()], [0.0], root_logits[None], self.top_k, scores, token)
-        chosen = top_n(scores, n)
-        for depth in range(1, max_depth):
-            level = [p for p in chosen if len(p) == depth]
-            if not level:
-                break
-            visible = paths_visible(level, self._fed, self._held)  # the sequence, its ancestors, itself
-            self._fed += level
-            ids = torch.tensor([token[p] for p in level])  # host: moved by forward
-            logits = forward(
-                self.model, self._cache, ids, torch.full((len(level),), len(seq) - 1 + depth - self._shift), visible
-            )  # host: positions
-            add_children(level, [scores[p] for p in level], logits, self.top_k, scores, token)
-            chosen = top_n(scores, n)
+        self._rows = None  # one sequence: its own cache
+        root_logits = self._advance(tokens.reshape(-1).tolist())
+        (chosen,), (scores,), (token,) = self._grow(root_logits[None], max_depth, n)
         tree = Tree.from_paths(chosen)
         return ScoredTree(
             tree,
             torch.tensor([token[p] for p in tree.paths], dtype=torch.long, device=root_logits.device),
             torch.tensor([scores[p] for p in tree.paths], dtype=torch.float32),  # host: scores
         )
-
-
-class BatchDynamicDrafter(BatchModelDrafter):
-    """`DynamicTreeDrafter` for B rows at once (a `core.generation.RowDrafting`): each row's own top-n
-    tree, built as the single drafter builds it, with one draft forward per depth for the whole batch
-    on the ragged draft cache of `core.batch.BatchModelDrafter` (a depth's nodes of every row in one
-    block, each row's padded to the widest row's; the nodes discarded after the step). Each row's
-    draft equals its own `DynamicTreeDrafter`'s, up to the float rounding of another batch shape."""
-
-    def __init__(self, model: torch.nn.Module, n: int = 32, top_k: int = 8, max_depth: int = 6) -> None:
-        if n < 1 or top_k < 1 or max_depth < 1:
-            raise ValueError(f"n, top_k and max_depth must be >= 1, got {n}, {top_k}, {max_depth}")
-        super().__init__(model, head=None)  # scores read every child's log q: the model's own head
-        self.n, self.top_k, self.max_depth = n, top_k, max_depth
-        self.default_tree = Tree.chain(max_depth)
 
     @torch.inference_mode()
     def draft_rows(
@@ -140,50 +112,45 @@ class BatchDynamicDrafter(BatchModelDrafter):
     ) -> list[Draft]:
         """Each row's top-n tree after its sequence, cut to `tree`'s depth (or to depths[r]: as the row
         drafts alone near its end). `sampling` and `generators` are unused: the proposals are chosen."""
-        if self.ragged is None:
-            self.ragged = RaggedCache.empty(self.model, len(sequences))
-            self.committed = [[] for _ in sequences]
-        b = len(sequences)
-        root_logits = self._advance(sequences)  # [B, V]
-        roots = torch.tensor(self.ragged.lengths) - 1  # host: each root's position
+        self.check_rows()
+        root_logits = self._advance_rows(sequences)  # [B, V]
+        chosen, _, token = self._grow(root_logits, self.max_depth, self.n)
+        discard(self._rows)
+        out = []
+        for r in range(len(sequences)):
+            own = Tree.from_paths(chosen[r])
+            own = own.truncated(min(own.depth, tree.depth if depths is None else depths[r]))
+            out.append(Draft(torch.tensor([token[r][p] for p in own.paths], dtype=torch.long), None, own))  # host
+        return out
+
+    def _grow(
+        self, root_logits: torch.Tensor, max_depth: int, n: int
+    ) -> tuple[list[list[Path]], list[dict[Path, float]], list[dict[Path, int]]]:
+        """Each row's top-n paths (at most `max_depth` deep), with every scored path's score and token,
+        from the rows' root logits [B, V] (the cache advanced to each row's sequence): one draft forward
+        per depth feeds every row's chosen nodes of that depth (`ModelDrafter._feed_nodes`)."""
+        b = root_logits.shape[0]
         scores: list[dict[Path, float]] = [{} for _ in range(b)]
         token: list[dict[Path, int]] = [{} for _ in range(b)]
         for r in range(b):
             add_children([()], [0.0], root_logits[r][None], self.top_k, scores[r], token[r])
-        chosen = [top_n(s, self.n) for s in scores]
-        column: list[dict[Path, int]] = [{} for _ in range(b)]  # each row's fed nodes' scratch columns
-        fed = 0  # scratch columns so far, every row's
-        for depth in range(1, self.max_depth):
+        chosen = [top_n(s, n) for s in scores]
+        for depth in range(1, max_depth):
             levels = [[p for p in c if len(p) == depth] for c in chosen]
             width = max(map(len, levels))
             if not width:
                 break
-            ids = torch.zeros(b, width, dtype=torch.long)  # host: moved by block_forward
-            valid = torch.zeros(b, width, dtype=torch.bool)  # host
-            visible = torch.zeros(b, width, fed + width, dtype=torch.bool)  # host
+            ids = torch.zeros(b, width, dtype=torch.long)  # host: moved by the forward
             for r, level in enumerate(levels):
-                for j, path in enumerate(level):
-                    ids[r, j], valid[r, j] = token[r][path], True
-                    for a in range(1, depth):  # its ancestors (all fed), and itself
-                        visible[r, j, column[r][path[:a]]] = True
-                    visible[r, j, fed + j] = True
-                    column[r][path] = fed + j
-            positions = (roots + depth)[:, None].expand(b, width)
-            logits = block_forward(self.model, self.ragged, ids, positions, visible, valid)  # [B, W, V]
-            fed += width
+                ids[r, : len(level)] = torch.tensor([token[r][p] for p in level], dtype=torch.long)  # host
+            logits = self._feed_nodes(levels, ids, depth)  # [B, W, V]
             for r, level in enumerate(levels):
                 if level:
                     add_children(
                         level, [scores[r][p] for p in level], logits[r, : len(level)], self.top_k, scores[r], token[r]
                     )
-                    chosen[r] = top_n(scores[r], self.n)
-        discard(self.ragged)
-        out = []
-        for r in range(b):
-            own = Tree.from_paths(chosen[r])
-            own = own.truncated(min(own.depth, tree.depth if depths is None else depths[r]))
-            out.append(Draft(torch.tensor([token[r][p] for p in own.paths], dtype=torch.long), None, own))  # host
-        return out
+                    chosen[r] = top_n(scores[r], n)
+        return chosen, scores, token
 
 
 def add_children(

@@ -21,7 +21,7 @@ from ..analysis.redraft import Redrafted, redraft_rows
 from ..core.generation import GenerationResult, RowDrafting
 from ..core.trees import Tree
 from ..drafters.cross_tokenizer import CrossTokenizerRows
-from ..drafters.dynamic import BatchDynamicDrafter
+from ..drafters.dynamic import DynamicTreeDrafter
 from ..drafters.methods import DYNAMIC, DYNAMIC_MAX_DEPTH, DYNAMIC_TOP_K
 from ..drafters.retokenize import TokenText
 from ..io.models import load_tokenizer
@@ -40,12 +40,12 @@ def redrafter(draft: torch.nn.Module, target_tokenizer, draft_tokenizer) -> Redr
     """(shape, budget, tree, rows) -> fresh cross-tokenizer drafting of `draft` for that many prompts
     at once (`CrossTokenizerRows`: every row's tree in one draft forward per depth): a static tree (a
     preset's or a custom one, `tree`), or "dynamic", each row's own dynamic tree of that budget
-    (`dynamic.BatchDynamicDrafter`, with the xtok/dynamic method's children per node and depth); the
+    (`dynamic.DynamicTreeDrafter`, with the xtok/dynamic method's children per node and depth); the
     vocabularies read once."""
     texts = (TokenText.of(target_tokenizer), TokenText.of(draft_tokenizer))
 
     def rows_of(shape: str, budget: int, tree: Tree, rows: int) -> RowDrafting:
-        model = draft if shape != DYNAMIC else BatchDynamicDrafter(draft, budget, DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH)
+        model = draft if shape != DYNAMIC else DynamicTreeDrafter(draft, budget, DYNAMIC_TOP_K, DYNAMIC_MAX_DEPTH)
         return CrossTokenizerRows(model, texts[1], texts[0], rows)
 
     return rows_of
