@@ -302,8 +302,12 @@ class ModelDrafter(Drafter):
         scratch = self._rows.width - self._rows.base  # columns fed earlier this step
         visible = torch.zeros(b, width, scratch + width, dtype=torch.bool)  # host: moved by block_forward
         valid = torch.zeros(b, width, dtype=torch.bool)  # host
+        masks: dict[tuple, torch.Tensor] = {}  # rows of one tree shape share their level's mask
         for r, paths in enumerate(levels):
-            visible[r, : len(paths), : scratch + len(paths)] = paths_visible(paths, self._rows_fed[r], 0)
+            key = (tuple(paths), tuple(self._rows_fed[r]))
+            if key not in masks:
+                masks[key] = paths_visible(paths, self._rows_fed[r], 0)
+            visible[r, : len(paths), : scratch + len(paths)] = masks[key]
             valid[r, : len(paths)] = True
             self._rows_fed[r] += paths + [None] * (width - len(paths))
         positions = (torch.tensor(self._rows.lengths) - 1 + depth)[:, None].expand(b, width)  # host
