@@ -272,6 +272,8 @@ def test_rows_drafted_together_refuse_the_options_of_one_sequence(tiny_target, t
         )
     with pytest.raises(ValueError, match="target's own cache"):
         speculative_generate_batch(tiny_target, EarlyExitDrafter(tiny_target, 1), prompts(), Tree.chain(3), 4)
+    with pytest.raises(ValueError, match="target's own cache"):  # called directly, too
+        EarlyExitDrafter(tiny_target, 1).draft_rows([[3, 4, 5]], Tree.chain(3), SamplingConfig(), [None])
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafting import Drafter, ModelDrafter, NoDraft
+from .drafting import Drafter, ModelDrafter, NoDraft, check_batched
 from .generation import DrafterRows, GenerationResult, Loop, Meter, Request, RowDrafting
 from .masks import attention_implementation, rooted_ancestor_mask
 from .ragged import RaggedCache, block_forward, causal_block, commit, select_rows, stack
@@ -280,7 +280,6 @@ def batch_drafter(
     if isinstance(drafter, torch.nn.Module):
         drafter = ModelDrafter(drafter)
     if isinstance(drafter, ModelDrafter):
-        check_batched(drafter)
         drafter.check_rows()
         drafter.check_request(tree, sampling)
         drafter.reset()
@@ -293,15 +292,6 @@ def batch_drafter(
         d.check_request(tree, sampling)
         d.reset()
     return DrafterRows(drafter)
-
-
-def check_batched(drafter: Drafter) -> None:
-    """Raise ValueError for a drafter that drafts on the target's own cache (a batch has none)."""
-    if drafter.shares_target_cache:
-        raise ValueError(
-            f"{type(drafter).__name__} drafts on the target's own cache, which a batch does not have "
-            "(its rows share one ragged cache); run it at batch size 1 (speculative_generate)"
-        )
 
 
 def row_generators(seed: int | None, rows: int, device: torch.device) -> list[torch.Generator]:

@@ -195,6 +195,7 @@ class ModelDrafter(Drafter):
 
     def check_rows(self) -> None:
         """Raise ValueError if this drafter cannot draft rows together (`draft_rows`)."""
+        check_batched(self)
         if self.cache_policy is not None:
             raise ValueError(
                 f"cache_policy ({self.cache_policy}) bounds the draft cache of one sequence; rows drafted "
@@ -366,6 +367,15 @@ class ModelDrafter(Drafter):
             keep_positions(self._cache, [*range(self._held), *(slot[path] for path in kept)])
             self._committed += acceptance.tokens[: len(kept)]
         self._fed = []
+
+
+def check_batched(drafter: Drafter) -> None:
+    """Raise ValueError for a drafter that drafts on the target's own cache (a batch has none)."""
+    if drafter.shares_target_cache:
+        raise ValueError(
+            f"{type(drafter).__name__} drafts on the target's own cache, which a batch does not have "
+            "(its rows share one ragged cache); run it at batch size 1 (speculative_generate)"
+        )
 
 
 def as_drafter(drafter: Drafter | torch.nn.Module) -> Drafter:
