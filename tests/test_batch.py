@@ -6,6 +6,8 @@ rule). Ragged blocks: a row's logits equal that row run alone; commits move exac
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import random_prompt, tiny_model
@@ -230,17 +232,23 @@ def test_rows_drafted_together_take_the_steps_of_one_sequence(tiny_target, tiny_
     rows together on a ragged cache (`draft_rows`): a batch of one prompt takes the steps of the same
     prompt alone, token for token (greedy: the target's own output). The target as its own draft
     accepts every node, so the accepted ranks compared are not all empty. One drafter reused both
-    ways (reset between generations) drafts as a fresh one."""
-    draft = tiny_target if itself else tiny_draft
+    ways (reset between generations) drafts as a fresh one. Both keep the accepted nodes they fed
+    (`observe`, `observe_rows`): the draft model is fed the same tokens either way."""
+    draft = copy.deepcopy(tiny_target if itself else tiny_draft)  # a model of its own: its forwards counted alone
     prompt = random_prompt(5, length=9)
     expected = autoregressive_generate(tiny_target, prompt, max_new_tokens=20, eos_token_id=())
+    fed: list[int] = []
+    hook = draft.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].numel()), with_kwargs=True)
     (batched,) = speculative_generate_batch(
         tiny_target, ModelDrafter(draft), [prompt[0]], tree, 20, eos_token_id=()
     ).rows
+    fed_rows, fed[:] = sum(fed), []
     single = speculative_generate(tiny_target, ModelDrafter(draft), prompt, tree, 20, eos_token_id=())
+    hook.remove()
     assert torch.equal(batched.tokens, expected.tokens) and torch.equal(single.tokens, expected.tokens)
     assert [s.accepted_ranks for s in batched.steps] == [s.accepted_ranks for s in single.steps]
     assert any(s.num_accepted for s in batched.steps) == itself
+    assert fed_rows == sum(fed)
     drafter = ModelDrafter(draft)
     for seed in (6, 7):
         ids = random_prompt(seed, length=4)

@@ -27,7 +27,7 @@ the sequence itself, their positions the sequence's) and drops the others (`cach
 the next call feeds only the tokens the cache lacks (the accepted nodes never fed, and the bonus
 token). The same drafter drafts B >= 1 rows at once (`ModelDrafter.draft_rows`, the batch loop's
 drafting side): the same levels, one draft forward per depth for every row, on a ragged cache
-(`core.ragged`) whose nodes are discarded after each step.
+(`core.ragged`), where `observe_rows` keeps each row's accepted nodes that were fed as `observe` does.
 
 `ModelDrafter(model, confidence_threshold=t)` drafts chains of adaptive length: it stops after the
 first token whose draft probability is below t (transformers' `assistant_confidence_threshold`;
@@ -120,11 +120,11 @@ class ModelDrafter(Drafter):
     One sequence: the draft's own `DynamicCache`, advanced to the sequence each step; `observe` keeps
     the accepted nodes that were fed (module docstring). Rows: a ragged cache (`core.ragged`) whose
     row b holds row b's sequence; each step feeds every row what its cache lacks (the accepted tokens
-    and the next root; at the batch's first step, the prompts) in one forward, then one forward per
-    depth feeds the batch's nodes of that depth; the nodes are discarded after the step (`keep_rows`:
-    rows leaving the batch). Either way the per-level feeding is `_feed_nodes` and the tree is filled
-    by `fill_levels`; a row's draft equals its own `draft`, up to the float rounding of another batch
-    shape.
+    never fed and the next root; at the batch's first step, the prompts) in one forward, then one
+    forward per depth feeds the batch's nodes of that depth; `observe_rows` keeps each row's accepted
+    nodes that were fed and drops the rest (`keep_rows`: rows leaving the batch). Either way the
+    per-level feeding is `_feed_nodes` and the tree is filled by `fill_levels`; a row's draft equals
+    its own `draft`, up to the float rounding of another batch shape.
 
     confidence_threshold: 0 (default) fills the requested tree. t > 0 needs a chain request and
     stops the chain after the first token x with q(x) < t, q the draft's distribution at its
@@ -252,17 +252,33 @@ class ModelDrafter(Drafter):
             return self._feed_nodes([paths] * len(sequences), ids, level.depth, k[level.depth])
 
         logits = self._advance_rows(sequences, k[0])  # [B, V]
+        self._tree = tree
         draft = fill_levels(tree, logits[:, None], sampling, generators, feed, draw=self._draw_rows)
-        discard(self._rows)
         return [Draft(draft.tokens[r], None if draft.q is None else draft.q[r]) for r in range(len(sequences))]
 
     def keep_rows(self, rows: list[int]) -> None:
         """Only these rows stay in the batch (`draft_rows`), in this order."""
+        if self._rows is None:  # nothing drafted yet: the first `draft_rows` makes the batch of its rows
+            return
+        discard(self._rows)  # the nodes of a draft no `observe_rows` kept
         select_rows(self._rows, rows)
         self._rows_committed = [self._rows_committed[b] for b in rows]
+        self._rows_fed = [self._rows_fed[b] for b in rows]
 
     def observe_rows(self, drafts: list[Draft], results: list[Acceptance]) -> None:
-        """Nothing to learn: the next `draft_rows` feeds each row what its cache lacks."""
+        """`observe` row by row: each row's accepted nodes that were fed this step join its sequence
+        (`ragged.commit` moves their columns after its tokens) and the rest of the step's columns go,
+        so the next `draft_rows` feeds a row only its root. A caller that does not observe loses
+        nothing: the next `draft_rows` drops the step's columns and feeds what each row lacks."""
+        keep = []
+        for r, (draft, result) in enumerate(zip(drafts, results)):
+            paths = (self._tree if draft.tree is None else draft.tree).paths
+            slot = {path: column for column, path in enumerate(self._rows_fed[r]) if path is not None}
+            kept = list(itertools.takewhile(slot.__contains__, (paths[i] for i in result.path)))
+            keep.append([slot[path] for path in kept])
+            self._rows_committed[r] += result.tokens[: len(kept)]
+        commit(self._rows, keep)
+        self._rows_fed = [[] for _ in keep]
 
     def draw(self, probs: torch.Tensor, level: Level, generator: torch.Generator | None) -> torch.Tensor:
         """Sampling: the children of `level`'s parents (`draw_children`); a subclass may draw otherwise."""
@@ -338,6 +354,7 @@ class ModelDrafter(Drafter):
         if self._rows is None:
             self._rows = RaggedCache.empty(self.model, len(sequences))
             self._rows_committed = [[] for _ in sequences]
+        discard(self._rows)  # the nodes of a draft no `observe_rows` kept
         new = []
         for b, seq in enumerate(sequences):
             keep = len(os.path.commonprefix([self._rows_committed[b], list(seq[:-1])]))  # the root is fed again

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 from ..core.drafting import Draft, ModelDrafter
-from ..core.ragged import discard
 from ..core.sampling import SamplingConfig, top_tokens
 from ..core.streaming import StreamingCache
 from ..core.trees import Path, Tree
@@ -115,7 +114,6 @@ class DynamicTreeDrafter(ModelDrafter):
         self.check_rows()
         root_logits = self._advance_rows(sequences)  # [B, V]
         chosen, _, token = self._grow(root_logits, self.max_depth, self.n)
-        discard(self._rows)
         out = []
         for r in range(len(sequences)):
             own = Tree.from_paths(chosen[r])
