@@ -695,6 +695,39 @@ def test_estimate_scales_with_the_decode_step(monkeypatch):
     assert "1/3 notebooks" in line and "x 0.50" in line
 
 
+def test_a_reference_with_a_block_step_is_scaled_by_it(monkeypatch):
+    """Where the reference and this machine both have a block step (`machine_speed`), each notebook is
+    its reference time x (block step here / there), whatever the decode step says: on one core of the
+    2-core machine the course took 1.66x its time while the decode step grew 1.2x and the block step
+    1.8x. Without a block step here, the decode step scales as before."""
+    books = ["01_tree_shapes", "02_model_pairs", "03_tree_attention_timing"]
+    ref = replace(estimate.REFERENCES["cpu"], runs=(), notebook_runs=(), block_ms=300.0)
+    monkeypatch.setitem(estimate.REFERENCES, "cpu", ref)
+    plan = estimate.plan("course", ["course", "cpu"], books, (1.2 * ref.decode_ms, "given"), 540.0)
+    assert plan.block_scale == pytest.approx(1.8) and plan.scale == pytest.approx(1.2)
+    assert plan.estimates == pytest.approx({b: 1.8 * ref.seconds[b] for b in books})
+    said = "\n".join(plan.lines())
+    assert "block step 540 ms" in said and "scaled by 1.80 (block step here / 300 ms" in said
+    assert "the decode step would say 1.20" in said
+    assert plan.record(books[0])["block_ms"] == 540.0 and plan.record(books[0])["reference_block_ms"] == 300.0
+    by_decode = estimate.plan("course", ["course", "cpu"], books, (1.2 * ref.decode_ms, "given"))
+    assert by_decode.block_scale is None
+    assert by_decode.estimates == pytest.approx({b: 1.2 * ref.seconds[b] for b in books})
+
+
+def test_the_speed_check_times_a_decode_step_and_a_block_step(tmp_path, monkeypatch):
+    """`machine_speed`: a local model's decode step (one token) and block step (BLOCK_TOKENS at once) on
+    the same cache, both positive, the block the dearer; a hub name is not loaded for it."""
+    from test_models import WORDS_A, save_tiny_model
+
+    monkeypatch.setattr(estimate, "DECODE_PREFIX", 16)  # the tiny model's 64 positions
+    monkeypatch.setattr(estimate, "BLOCK_TOKENS", 33)
+    folder = save_tiny_model(tmp_path / "tiny", WORDS_A, seed=0)
+    decode, block, how = estimate.machine_speed({"target": str(folder), "cpu_linear": "stock"})
+    assert 0 < decode and 0 < block and "one token on a 16-token cache" in how and "33 tokens at once" in how
+    assert estimate.machine_speed({"target": "meta-llama/Llama-2-7b-hf"})[:2] == (None, None)
+
+
 def test_runner_records_the_estimate_and_the_actual_time(tmp_path, monkeypatch, capsys):
     """A one-cell notebook through the runner with a given decode step: the plan is printed, and
     params.json and run_summary.json hold the estimate (scaled) beside the actual time."""
@@ -810,11 +843,12 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
             "01_tree_shapes": {"folder": "01_tree_shapes/cpu-0000", "status": "finished", "actual_s": on_line},
             "02_model_pairs": {"folder": "02_model_pairs/x", "status": "failed", "actual_s": 3.0},
         },
-        "plan": {"decode_ms": 150.0, "decode_how": "measured"},
+        "plan": {"decode_ms": 150.0, "block_ms": 320.0, "decode_how": "measured"},
     }
     (outputs / runner.SUMMARY_FILE).write_text(json.dumps(summary))
     made = estimate.record(outputs, reference)
-    assert made.seconds == {"01_tree_shapes": on_line} and made.decode_ms == 150.0
+    assert made.seconds == {"01_tree_shapes": on_line} and made.decode_ms == 150.0 and made.block_ms == 320.0
+    assert made.runs[-1]["block_ms"] == made.notebook_runs[-1]["block_ms"] == 320.0
     # the run joins the profile's runs, the line through them refitted
     assert made.runs[:-1] == estimate.REFERENCES["cpu"].runs and made.runs[-1]["seconds"] == on_line
     assert made.line() != estimate.REFERENCES["cpu"].line()

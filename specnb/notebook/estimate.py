@@ -14,7 +14,7 @@ notebooks/my_trees.example.yaml, are counted where the notebooks run them). It a
 and the memory; a CPU's time is read from reference runs, not computed from sizes.
 
 What it holds:
-    decode_ms, given_decode, Reference, REFERENCES, line_through, plan, Plan, Progress, duration,
+    machine_speed, given_decode, Reference, REFERENCES, line_through, plan, Plan, Progress, duration,
     record, rescaled            a CPU's time from reference runs (below)
     T4Figures, Costs, t4_time, t4_markdown
                                 a T4's time from published figures (docs/t4.md's figure)
@@ -28,12 +28,17 @@ What it holds:
                                 a profile's notebooks: their memory table, downloads, CPU time
 
 Time on a CPU (the runner's estimate, `plan`): measured, not modelled. reference_times.json beside this
-module holds per profile the seconds of each notebook on some machine and that machine's decode step
-(one token of the target on a DECODE_PREFIX-token cache, `decode_ms`); runs on machines of different
-speed give each notebook a fixed part and a part per ms of decode (`line_through`), and the runner
-scales them by this machine's decode step, measured in a few seconds before the first notebook
-($SPECNB_DECODE_MS gives it; "skip" scales nothing). `record` adds a finished run to its profile's
-references (--fresh: where the code's speed changed, the recorded runs scaled to it first, `rescaled`).
+module holds per profile the seconds of each notebook on some machine and that machine's speed, timed
+in a few seconds before the first notebook (`machine_speed`): its decode step (one token of the target
+on a DECODE_PREFIX-token cache) and, in runs since it was added, its block step (BLOCK_TOKENS at once on
+that cache). The runner scales the reference times by the block step here over there: most of a
+notebook's time is forwards of many tokens, which follow a machine's arithmetic, not its memory
+bandwidth (the course on one core of this machine took 1.66x its time on two, where the decode step
+grew 1.2x and the block step 1.8x). A reference without a block step is scaled by the decode step: runs
+on machines of different speed give each notebook a fixed part and a part per ms of decode
+(`line_through`). $SPECNB_DECODE_MS gives the decode step (then it scales; "skip" scales nothing).
+`record` adds a finished run to its profile's references (--fresh: where the code's speed changed, the
+recorded runs scaled to it first, `rescaled`).
 `Progress` prints the time left between notebooks, corrected by how the finished ones compared. The
 estimate is a first figure, not a promise: each run's params.json records the actual time beside it
 ("timing").
@@ -146,6 +151,8 @@ from .profiles import RunnerError, hub_models, notebooks, profile_chain, publish
 DECODE_PREFIX = 256
 DECODE_WARMUP = 2
 DECODE_REPEATS = 8
+BLOCK_TOKENS = 33  # the block step: a root and 32 tokens in one forward, on the decode step's cache
+BLOCK_REPEATS = 5
 DECODE_ENV = "SPECNB_DECODE_MS"
 
 # ---- time on this machine, from reference runs -------------------------------------------------
@@ -165,6 +172,7 @@ class Reference:
     # runs that timed each notebook on its own, whole or not (a course run times 01-03 and 07 with the
     # cpu profile's values): {"decode_ms", "notebooks": {stem: seconds}, "where"}; `notebook_line`
     notebook_runs: tuple[Mapping[str, Any], ...] = ()
+    block_ms: float | None = None  # that machine's block step (`machine_speed`), where it was measured
 
     def line(self) -> tuple[float, float] | None:
         """`line_through` its runs."""
@@ -210,6 +218,7 @@ def load_references(path: Path = REFERENCE_FILE) -> dict[str, Reference]:
             str(r["where"]),
             tuple(r.get("runs", ())),
             tuple(r.get("notebook_runs", ())),
+            r.get("block_ms"),
         )
         for name, r in data.items()
     }
@@ -235,14 +244,18 @@ def reference(chain: Sequence[str]) -> tuple[str, Reference] | None:
     return None
 
 
-def decode_ms(params_01: Mapping[str, Any]) -> tuple[float | None, str]:
-    """(ms, how): one decode step of 01's target here, or (None, why not). Only an embedded model or a
-    local folder is loaded for it (a hub target would cost a download or a long load first)."""
+def machine_speed(params_01: Mapping[str, Any]) -> tuple[float | None, float | None, str]:
+    """(decode ms, block ms, how): 01's target here, one token on a DECODE_PREFIX-token cache (the decode
+    step) and BLOCK_TOKENS at once on the same cache (the block step), or (None, None, why not). Only an
+    embedded model or a local folder is loaded for it (a hub target would cost a download or a long load
+    first). The two tell a machine's memory bandwidth from its arithmetic: on a CPU a decode step reads
+    the weights, a block step computes with them, and most of a notebook's time goes to forwards of many
+    tokens (prefills, verified trees, rows drafted together), which scale with the block step."""
     from ..io.embedded import EMBEDDED_MODELS
 
     target = str(params_01.get("target") or "")
     if target not in EMBEDDED_MODELS and not Path(target).expanduser().is_dir():
-        return None, f"not measured: 01's target {target!r} is a hub model (loading it is no quick check)"
+        return None, None, f"not measured: 01's target {target!r} is a hub model (loading it is no quick check)"
     import torch
 
     from ..bench.verify_curve import prefilled_cache, verify_and_forward
@@ -258,19 +271,21 @@ def decode_ms(params_01: Mapping[str, Any]) -> tuple[float | None, str]:
         )
         cache = prefilled_cache(model, DECODE_PREFIX)
         timing = verify_and_forward(model, cache, None, tokens=1, warmup=DECODE_WARMUP, repeats=DECODE_REPEATS)
+        block = verify_and_forward(model, cache, None, tokens=BLOCK_TOKENS, warmup=1, repeats=BLOCK_REPEATS)
     except Exception as e:
-        return None, f"not measured: {type(e).__name__}: {e}"
+        return None, None, f"not measured: {type(e).__name__}: {e}"
     finally:
         model = cache = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    ms = timing["plain"].median_s * 1e3
+    ms, block_ms = timing["plain"].median_s * 1e3, block["plain"].median_s * 1e3
     how = (
-        f"{target}: one token on a {DECODE_PREFIX}-token cache, median of {DECODE_REPEATS} "
-        f"(measured in {time.perf_counter() - start:.1f} s, load included)"
+        f"{target}: one token on a {DECODE_PREFIX}-token cache, median of {DECODE_REPEATS}; {BLOCK_TOKENS} tokens "
+        f"at once {block_ms:.0f} ms, median of {BLOCK_REPEATS} (measured in {time.perf_counter() - start:.1f} s, "
+        "load included)"
     )
-    return ms, how
+    return ms, block_ms, how
 
 
 def given_decode() -> tuple[bool, float | None, str]:
@@ -295,12 +310,21 @@ class Plan:
     decode_how: str
     estimates: dict[str, float | None] = field(default_factory=dict)  # seconds; None: no reference time
     how: str = ""  # how the reference times were scaled, where not by the decode ratio alone
+    block_ms: float | None = None  # this machine's block step (`machine_speed`)
+    reference_block_ms: float | None = None
 
     @property
     def scale(self) -> float | None:
         if self.decode_ms is None or self.reference_decode_ms is None:
             return None
         return self.decode_ms / self.reference_decode_ms
+
+    @property
+    def block_scale(self) -> float | None:
+        """Block step here over the reference's: what the estimate scales by, where both are known."""
+        if self.block_ms is None or self.reference_block_ms is None:
+            return None
+        return self.block_ms / self.reference_block_ms
 
     @property
     def total(self) -> float:
@@ -311,16 +335,19 @@ class Plan:
         return {
             "estimate_s": self.estimates.get(notebook),
             "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 1),
+            "block_ms": None if self.block_ms is None else round(self.block_ms, 1),
             "decode": self.decode_how,
             "reference_profile": self.reference_profile,
             "reference_decode_ms": self.reference_decode_ms,
+            "reference_block_ms": self.reference_block_ms,
             "reference": self.reference_where,
         }
 
     def lines(self) -> list[str]:
         """What the runner prints before the first notebook starts."""
         decode = f"{self.decode_ms:.0f} ms" if self.decode_ms is not None else "unknown"
-        out = [f"== this machine's decode step: {decode} ({self.decode_how})"]
+        block = f", block step {self.block_ms:.0f} ms" if self.block_ms is not None else ""
+        out = [f"== this machine's decode step: {decode}{block} ({self.decode_how})"]
         if self.reference_profile is None:
             out.append(f"== no reference times for profile {self.profile}: no estimate")
             return out
@@ -342,19 +369,43 @@ class Plan:
 
 
 def plan(
-    profile: str, chain: Sequence[str], books: Sequence[str], decode: tuple[float | None, str] = (None, "")
+    profile: str,
+    chain: Sequence[str],
+    books: Sequence[str],
+    decode: tuple[float | None, str] = (None, ""),
+    block_ms: float | None = None,
 ) -> Plan:
-    """Each notebook's estimate at this machine's decode step (`decode`: ms and how it was had; `chain`:
-    the profile and those it extends, the first with a reference is used): on the line through the
-    notebook's own times at different decode steps (`Reference.notebook_line`); else its share of the
-    reference times of a whole run at this decode step on the line through the profile's runs
-    (`Reference.line`); without such runs, its reference time x (decode here / decode there);
-    unscaled where either decode step is unknown."""
+    """Each notebook's estimate on this machine (`decode`: its decode step in ms and how it was had;
+    `block_ms`: its block step; `chain`: the profile and those it extends, the first with a reference
+    is used). Where this machine's block step and the reference's are both known: the reference time x
+    (block step here / block step there), the block step being what most of a notebook's time scales
+    with (`machine_speed`). Else by the decode step: on the line through the notebook's own times at
+    different decode steps (`Reference.notebook_line`); else its share of the reference times of a whole
+    run at this decode step on the line through the profile's runs (`Reference.line`); without such
+    runs, its reference time x (decode here / decode there); unscaled where either decode step is
+    unknown."""
     found = reference(chain)
     if found is None:
-        return Plan(profile, None, "", None, decode[0], decode[1], {b: None for b in books})
+        return Plan(profile, None, "", None, decode[0], decode[1], {b: None for b in books}, block_ms=block_ms)
     name, ref = found
-    out = Plan(profile, name, ref.where, ref.decode_ms, decode[0], decode[1])
+    out = Plan(
+        profile,
+        name,
+        ref.where,
+        ref.decode_ms,
+        decode[0],
+        decode[1],
+        block_ms=block_ms,
+        reference_block_ms=ref.block_ms,
+    )
+    if out.block_scale is not None:
+        out.estimates = {b: (ref.seconds[b] * out.block_scale if b in ref.seconds else None) for b in books}
+        decoded = f"; the decode step would say {out.scale:.2f}" if out.scale is not None else ""
+        out.how = (
+            f"scaled by {out.block_scale:.2f} (block step here / {ref.block_ms:.0f} ms where they were measured: "
+            f"most of a notebook's time is forwards of many tokens, which scale with it{decoded})"
+        )
+        return out
     line, factor = ref.line(), out.scale or 1.0
     if line is not None and decode[0] is not None:  # each notebook its share of the fitted whole run
         total = line[0] + line[1] * decode[0]
@@ -454,6 +505,7 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
     summary = json.loads((outputs / "run_summary.json").read_text())
     runs = {nb: r for nb, r in summary.get("runs", {}).items() if r.get("status") == "finished"}
     decode = (summary.get("plan") or {}).get("decode_ms")
+    block = (summary.get("plan") or {}).get("block_ms")
     if not runs or decode is None:
         raise ValueError(
             f"{outputs / 'run_summary.json'}: no finished notebook or no decode step measured; record a run made "
@@ -478,6 +530,8 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
         "notebooks": {nb: round(t, 1) for nb, t in seconds.items()},
         "where": where,
     }
+    if block is not None:
+        this["block_ms"] = timed["block_ms"] = round(float(block), 1)
     line = line_through(earlier)
     if line is not None and not force:
         told = line[0] + line[1] * this["decode_ms"]
@@ -489,10 +543,13 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
                 "verify curve, verify_curve.csv); --force records it anyway"
             )
     timed_before = list(kept.get("notebook_runs", []))
-    reference = Reference(seconds, this["decode_ms"], where, (*earlier, this), (*timed_before, timed))
+    reference = Reference(
+        seconds, this["decode_ms"], where, (*earlier, this), (*timed_before, timed), this.get("block_ms")
+    )
     data[summary["profile"]] = {
         "seconds": seconds,
         "decode_ms": reference.decode_ms,
+        **({"block_ms": reference.block_ms} if reference.block_ms is not None else {}),
         "where": where,
         "runs": list(reference.runs),
         "notebook_runs": list(reference.notebook_runs),
@@ -1739,12 +1796,12 @@ def memory_markdown(
 # ---- the command -------------------------------------------------------------------------------
 
 
-def cpu_time(profile: str, decode: float | None = None) -> Plan:
-    """The runner's estimate of the profile's notebooks on a CPU whose decode step is `decode` ms (None:
-    the reference times unscaled)."""
+def cpu_time(profile: str, decode: float | None = None, block: float | None = None) -> Plan:
+    """The runner's estimate of the profile's notebooks on a CPU whose decode step is `decode` ms and
+    block step `block` ms (`machine_speed`; None: not known, the reference times unscaled)."""
     books = [b.stem for b in notebooks(only=list(runner_settings(profile).notebooks) or None)]
     how = "given" if decode is not None else "not given: the reference times as measured"
-    return plan(profile, profile_chain(profile), books, (decode, how))
+    return plan(profile, profile_chain(profile), books, (decode, how), block)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1762,6 +1819,9 @@ def main(argv: list[str] | None = None) -> int:
         one.add_argument("-f", dest="files", action="append", default=[], help="a parameter file on top (custom_trees)")
     time_.add_argument("--device", choices=("t4", "cpu"), help="default: t4 for profiles extending t4, else cpu")
     time_.add_argument("--decode-ms", type=float, help="cpu: this machine's decode step (default: the reference's)")
+    time_.add_argument(
+        "--block-ms", type=float, help="cpu: this machine's block step (default: scale by the decode step)"
+    )
     memory.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda for profiles extending t4, else cpu")
     memory.add_argument(
         "--usable-gb", type=float, help="GB the device offers (default: a T4's 14, or what this CPU has)"
@@ -1802,9 +1862,9 @@ def _command(args: argparse.Namespace) -> str:
         found = reference(profile_chain(args.profile))
         if found is None or found[1].decode_ms is None and found[0] == T4_PROFILE:
             raise ValueError(f"no reference runs of profile {args.profile} on a CPU: its time on a T4 is --device t4")
-        return "\n".join(cpu_time(args.profile, args.decode_ms).lines())
-    if args.decode_ms is not None:
-        raise ValueError("--decode-ms scales a CPU's reference times: use it with --device cpu")
+        return "\n".join(cpu_time(args.profile, args.decode_ms, args.block_ms).lines())
+    if args.decode_ms is not None or args.block_ms is not None:
+        raise ValueError("--decode-ms and --block-ms scale a CPU's reference times: use them with --device cpu")
     with pd.option_context("display.width", 200, "display.max_colwidth", 80, "display.max_rows", 200):
         table = t4_time(args.profile, files=args.files).round(2).to_string(index=False)
     inputs = f"inputs ({FIGURES_FILE.name}): {T4Figures.published()}"

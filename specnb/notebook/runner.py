@@ -179,21 +179,23 @@ def run(
 def time_plan(
     profile: str, overrides: dict[str, Any], extra_files: list[Path], books: list[Path], books_folder: Path = NOTEBOOKS
 ):
-    """Each notebook's estimated time (`estimate.plan`), scaled by this machine's decode step: the
-    target of the notebook whose spec says "decode" timed for a few steps ($SPECNB_DECODE_MS gives it
-    or skips it; not timed when no notebook run loads a model, as the report alone)."""
+    """Each notebook's estimated time (`estimate.plan`), scaled by this machine's speed: the target of
+    the notebook whose spec says "decode" timed for a few steps, its decode and block steps
+    (`estimate.machine_speed`; $SPECNB_DECODE_MS gives the decode step or skips it; not timed when no
+    notebook run loads a model, as the report alone)."""
     given, ms, how = estimate.given_decode()
+    block = None
     timer = registry.decode_notebook(books_folder)
     if not given and not any("target" in declared_parameters(b) for b in books):
         how = "not measured (no model in the notebooks run)"
     elif not given and timer is not None:
         first = books_folder / f"{timer.stem}.ipynb"
         params = resolve(profile, overrides, extra_files, [first], books_folder / "profiles")[first.stem]
-        ms, how = estimate.decode_ms(params)
+        ms, block, how = estimate.machine_speed(params)
     elif not given:
         how = f'not measured (no notebook in {books_folder} declares "decode" in its spec)'
     chain = profile_chain(profile, books_folder / "profiles")
-    return estimate.plan(profile, chain, [b.stem for b in books], (ms, how))
+    return estimate.plan(profile, chain, [b.stem for b in books], (ms, how), block)
 
 
 def cell_timeout() -> int | None:
