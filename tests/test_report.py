@@ -899,6 +899,30 @@ def test_a_finished_run_becomes_its_profiles_reference(tmp_path):
     )
 
 
+def test_a_course_run_is_recorded_under_the_profile_whose_values_it_ran(tmp_path, monkeypatch):
+    """The course extends one profile per device: its run on a CPU is recorded as course-cpu's reference
+    (the profile whose values it ran), never as the course's, which a GPU run of the course would read."""
+    import torch
+
+    assert profiles.device_profile("course") == "course-cpu" and profiles.device_profile("cpu") == "cpu"
+    reference = tmp_path / "reference_times.json"
+    reference.write_text(estimate.REFERENCE_FILE.read_text())
+    outputs = tmp_path / "outputs"
+    run_folder(outputs, "01_tree_shapes")
+    summary = {
+        "profile": "course",
+        "started": "2026-12-08 00:51:20",
+        "runs": {"01_tree_shapes": {"folder": "01_tree_shapes/cpu-0000", "status": "finished", "actual_s": 250.0}},
+        "plan": {"decode_ms": 99.0, "block_ms": 325.0, "decode_how": "measured"},
+    }
+    (outputs / runner.SUMMARY_FILE).write_text(json.dumps(summary))
+    made = estimate.record(outputs, reference, fresh=True)
+    loaded = estimate.load_references(reference)
+    assert "course" not in loaded and loaded["course-cpu"] == made and made.block_ms == 325.0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert profiles.device_profile("course") == "t4"
+
+
 def test_record_reads_the_runs_where_the_runner_writes_them(tmp_path, monkeypatch, capsys):
     """`estimate record` without --outputs looks where the runner writes ($SPECNB_OUTPUTS, else the
     project's outputs/: `places.default_outputs`), never the working folder's outputs/."""

@@ -146,7 +146,16 @@ from ..io.published import published_checkpoints
 from ..io.tree_spec import TreeSpecError, parse_custom_trees
 from . import registry
 from .places import NOTEBOOKS, default_outputs
-from .profiles import RunnerError, hub_models, notebooks, profile_chain, published_heads, resolve, runner_settings
+from .profiles import (
+    RunnerError,
+    device_profile,
+    hub_models,
+    notebooks,
+    profile_chain,
+    published_heads,
+    resolve,
+    runner_settings,
+)
 
 DECODE_PREFIX = 256
 DECODE_WARMUP = 2
@@ -493,7 +502,8 @@ def rescaled(recorded: Mapping[str, Any], seconds: Mapping[str, float], decode: 
 
 def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fresh: bool = False) -> Reference:
     """The last run under `outputs` (its run_summary.json, written by the runner) as its profile's
-    reference: each finished notebook's actual seconds, the decode step the runner measured, and where
+    reference (the profile whose values it ran on this device, `profiles.device_profile`: a course run
+    on a CPU is course-cpu's): each finished notebook's actual seconds, the decode step the runner measured, and where
     (commit, start, device) from the runs' records. Refused where the run has no finished notebook or
     no measured decode step (its times could not be scaled), and, unless `force`, where the line through
     the profile's recorded runs misses its time by more than `OFF_LINE` (its decode check read the
@@ -520,7 +530,8 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
     )
     data = json.loads(Path(path).read_text())
     seconds = {nb: float(r["actual_s"]) for nb, r in runs.items()}
-    kept = data.get(summary["profile"], {})
+    profile = device_profile(summary["profile"])
+    kept = data.get(profile, {})
     if fresh:
         kept = rescaled(kept, seconds, float(decode), where)
     earlier = list(kept.get("runs", []))
@@ -546,7 +557,7 @@ def record(outputs: Path, path: Path = REFERENCE_FILE, force: bool = False, fres
     reference = Reference(
         seconds, this["decode_ms"], where, (*earlier, this), (*timed_before, timed), this.get("block_ms")
     )
-    data[summary["profile"]] = {
+    data[profile] = {
         "seconds": seconds,
         "decode_ms": reference.decode_ms,
         **({"block_ms": reference.block_ms} if reference.block_ms is not None else {}),

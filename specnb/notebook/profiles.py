@@ -104,6 +104,15 @@ def profile_chain(name: str, folder: Path = PROFILES) -> list[str]:
     return chain
 
 
+def device_profile(name: str, folder: Path = PROFILES) -> str:
+    """The profile a run of `name` takes its values from on this device: where `name` extends one
+    profile per device ({cpu: NAME, cuda: NAME}: the course), that one (followed on), else `name`. A
+    run's times are recorded under it (`estimate.record`), so that a GPU never reads a CPU's."""
+    path = folder / f"{name}.yaml"
+    extends = _read_yaml(path, profile=True).get("extends") if path.exists() else None
+    return device_profile(parent_profile(extends), folder) if isinstance(extends, dict) else name
+
+
 def load_profile(name: str, folder: Path = PROFILES) -> dict[str, dict]:
     """The profile's parameter sections, with `extends:` applied (the parent's first)."""
     return _load_chain(name, folder)[0]
